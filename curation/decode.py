@@ -1,0 +1,205 @@
+"""Safe decode: raw bytes -> one normalised RGB image per row, or a specific error status.
+
+What is done on purpose (recorded in ``notes``):
+
+- ``exif_rotated``: EXIF orientation applied (``ImageOps.exif_transpose``).
+- ``animated_frame0``: animated GIF/WebP/PNG: frame 0 is used.
+- ``cmyk_converted``: CMYK converted to RGB.
+- ``scaled_16bit``: 16/32-bit integer or float pixels scaled to 8 bits (Pillow's own
+  ``convert`` clips them instead).
+- ``alpha_composited``: transparency composited onto ``decode.alpha_background``
+  (Pillow's ``convert("RGB")`` would drop it, exposing whatever colour hides under it).
+- ``palette_converted``, ``grayscale_converted``: expanded to RGB.
+- ``resized``: the long side was brought down to ``decode.max_side``.
+- ``reencoded``: stored as a fresh JPEG (otherwise untouched JPEG bytes are kept).
+
+Errors (``curation.schema``): ``empty_file``, ``not_an_image``, ``decompression_bomb``
+(pixel count from the header, checked before any pixel is decoded), ``truncated`` (only
+a full ``load()`` catches it: ``verify()`` passes truncated JPEGs), ``decode_failed``,
+``unsupported_mode``. A bad file never raises out of the stage.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import warnings
+
+import numpy as np
+import pyarrow as pa
+from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+from curation import schema
+from curation.config import DecodeConfig
+from curation.stages import Resources, Stage
+
+# Pillow's own bomb guard is a global; ours is the per-run decode.max_pixels, checked first.
+Image.MAX_IMAGE_PIXELS = None
+ImageFile.LOAD_TRUNCATED_IMAGES = False
+
+_ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
+_HIGH_DEPTH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
+
+
+class DecodeError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _scale_high_depth(im: Image.Image) -> Image.Image:
+    """Scale 16/32-bit integer or float grey pixels to 8 bits by their nominal range."""
+    arr = np.asarray(im)
+    if im.mode == "F":
+        lo, hi = float(np.nanmin(arr)), float(np.nanmax(arr))
+        scaled = (arr - lo) / (hi - lo) * 255.0 if hi > lo else np.zeros_like(arr)
+    else:
+        top = 65535.0 if im.mode.startswith("I;16") or arr.max() <= 65535 else float(2**32 - 1)
+        scaled = arr.astype(np.float64) * (255.0 / top)
+    return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), "L")
+
+
+def _composite_alpha(im: Image.Image, background: tuple[int, int, int]) -> Image.Image:
+    rgba = im.convert("RGBA")
+    canvas = Image.new("RGBA", rgba.size, background + (255,))
+    return Image.alpha_composite(canvas, rgba).convert("RGB")
+
+
+def to_rgb(im: Image.Image, background: tuple[int, int, int], notes: list[str]) -> Image.Image:
+    """Convert any Pillow mode to RGB deliberately, noting what was done."""
+    mode = im.mode
+    if mode == "RGB":
+        return im
+    if mode == "P":
+        notes.append("palette_converted")
+        if "transparency" in im.info:
+            notes.append("alpha_composited")
+            return _composite_alpha(im, background)
+        return im.convert("RGB")
+    if mode in _ALPHA_MODES:
+        notes.append("alpha_composited")
+        return _composite_alpha(im, background)
+    if mode == "CMYK":
+        notes.append("cmyk_converted")
+        return im.convert("RGB")
+    if mode in _HIGH_DEPTH_MODES:
+        notes.append("scaled_16bit")
+        return _scale_high_depth(im).convert("RGB")
+    if mode in ("L", "1"):
+        notes.append("grayscale_converted")
+        return im.convert("RGB")
+    if mode in ("YCbCr", "LAB", "HSV", "RGBX"):
+        return im.convert("RGB")
+    raise DecodeError(schema.UNSUPPORTED_MODE, f"pixel mode {mode!r} has no deliberate RGB conversion")
+
+
+def open_checked(raw: bytes, max_pixels: int) -> Image.Image:
+    """Open lazily and reject by header before any pixel is decoded."""
+    if not raw:
+        raise DecodeError(schema.EMPTY_FILE, "0 bytes")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(raw))
+    except UnidentifiedImageError as err:
+        raise DecodeError(schema.NOT_AN_IMAGE, str(err)) from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+        raise DecodeError(schema.DECOMPRESSION_BOMB, str(err)) from None
+    except Exception as err:  # noqa: BLE001 - hostile bytes can break any plugin's header parser
+        raise DecodeError(schema.NOT_AN_IMAGE, f"{type(err).__name__}: {err}") from None
+    w, h = im.size
+    if w * h > max_pixels:
+        raise DecodeError(schema.DECOMPRESSION_BOMB, f"{w}x{h} = {w * h} pixels > decode.max_pixels={max_pixels}")
+    if w == 0 or h == 0:
+        raise DecodeError(schema.DECODE_FAILED, f"zero-sized image {w}x{h}")
+    return im
+
+
+def decode_image(raw: bytes, cfg: DecodeConfig) -> tuple[Image.Image, dict]:
+    """Normalised RGB image and its facts (format, mode, notes). Raises DecodeError."""
+    im = open_checked(raw, cfg.max_pixels)
+    fmt, mode = im.format or "", im.mode
+    notes: list[str] = []
+    if getattr(im, "is_animated", False) and getattr(im, "n_frames", 1) > 1:
+        im.seek(0)
+        notes.append("animated_frame0")
+    try:
+        im.load()
+    except OSError as err:
+        text = str(err)
+        reason = schema.TRUNCATED if ("truncated" in text or "broken data stream" in text
+                                      or "unrecognized data stream" in text) else schema.DECODE_FAILED
+        raise DecodeError(reason, text) from None
+    except Exception as err:  # noqa: BLE001
+        raise DecodeError(schema.DECODE_FAILED, f"{type(err).__name__}: {err}") from None
+    try:
+        orientation = im.getexif().get(0x0112, 1)
+        if orientation not in (None, 1):
+            im = ImageOps.exif_transpose(im)
+            notes.append("exif_rotated")
+        rgb = to_rgb(im, tuple(cfg.alpha_background), notes)
+    except DecodeError:
+        raise
+    except Exception as err:  # noqa: BLE001
+        raise DecodeError(schema.DECODE_FAILED, f"{type(err).__name__}: {err}") from None
+    if cfg.max_side and max(rgb.size) > cfg.max_side:
+        rgb = ImageOps.contain(rgb, (cfg.max_side, cfg.max_side), Image.Resampling.LANCZOS)
+        notes.append("resized")
+    return rgb, {"format": fmt, "mode": mode, "notes": notes}
+
+
+def encode_output(raw: bytes, rgb: Image.Image, facts: dict, cfg: DecodeConfig) -> bytes:
+    """Bytes stored in the shards: the original JPEG when nothing changed, else a fresh JPEG."""
+    untouched = facts["format"] == "JPEG" and facts["mode"] == "RGB" and not facts["notes"]
+    if untouched and cfg.reencode == "if_needed":
+        return raw
+    facts["notes"].append("reencoded")
+    out = io.BytesIO()
+    rgb.save(out, format="JPEG", quality=cfg.jpeg_quality, subsampling=0 if cfg.jpeg_quality >= 90 else 2)
+    return out.getvalue()
+
+
+def _phash(rgb: Image.Image) -> str:
+    from curation.dedup.hashing import phash_hex
+    return phash_hex(rgb)
+
+
+OUTPUT_FIELDS = [f for f in schema.BASE_FIELDS]
+
+
+class DecodeStage(Stage):
+    """Raw rows -> decoded rows (``schema.BASE_FIELDS``); the raw bytes are dropped here."""
+
+    name = "decode"
+    reasons = schema.ERROR_REASONS
+
+    def __init__(self, cfg: DecodeConfig, compute_phash: bool = True) -> None:
+        self.cfg = cfg
+        self.compute_phash = compute_phash
+
+    def resources(self) -> Resources:
+        return Resources(num_cpus=self.cfg.num_cpus, batch_size=self.cfg.batch_size)
+
+    def decode_row(self, row: dict) -> dict:
+        out = {k: row.get(k) for k in ("partition", "key", "source", "source_meta", "input_bytes",
+                                       "reason", "error_message")}
+        out.update(decode_ok=False, width=None, height=None, format=None, mode=None, notes=[], image=None,
+                   image_ext=None, phash=None, sha256=None)
+        raw = row.get("raw")
+        if raw is not None:
+            out["sha256"] = hashlib.sha256(raw).hexdigest()
+        if out["reason"] is not None:  # the reader already failed this one
+            return out
+        try:
+            rgb, facts = decode_image(raw or b"", self.cfg)
+            out["image"] = encode_output(raw, rgb, facts, self.cfg)
+        except DecodeError as err:
+            out["reason"], out["error_message"] = err.reason, str(err)[:500]
+            return out
+        out.update(decode_ok=True, width=rgb.width, height=rgb.height, format=facts["format"],
+                   mode=facts["mode"], notes=facts["notes"], image_ext="jpg",
+                   phash=_phash(rgb) if self.compute_phash else None)
+        return out
+
+    def process(self, batch: pa.Table) -> pa.Table:
+        rows = [self.decode_row(r) for r in batch.to_pylist()]
+        return pa.Table.from_pylist(rows, schema=pa.schema(schema.BASE_FIELDS))

@@ -1,0 +1,35 @@
+"""Global deduplication on metadata (hashes, embeddings), never on re-read images.
+
+Every dedup method produces the same thing: duplicate *groups* over candidate rows and one
+kept *representative* per group, chosen by ``representative_sort_key``. Dropped rows record
+their group id and their representative's key (``DECISION_SCHEMA``).
+"""
+from __future__ import annotations
+
+import pyarrow as pa
+
+# One row per dropped duplicate.
+DECISION_SCHEMA = pa.schema([
+    pa.field("key", pa.string(), nullable=False),
+    pa.field("reason", pa.string(), nullable=False),
+    pa.field("duplicate_of", pa.string(), nullable=False),
+    pa.field("duplicate_group", pa.string(), nullable=False),
+])
+
+# Columns dedup reads: metadata only.
+CANDIDATE_COLUMNS = ("key", "sha256", "phash", "width", "height", "person_score_max")
+
+
+def representative_sort_key(row: dict) -> tuple:
+    """The documented rule: largest resolution, then highest person score, then smallest key."""
+    pixels = (row.get("width") or 0) * (row.get("height") or 0)
+    score = row.get("person_score_max")
+    return (-pixels, -(score if score is not None else float("-inf")), row["key"])
+
+
+def group_decisions(members: list[dict], reason: str, group_id: str) -> list[dict]:
+    """Decision rows for one duplicate group: every member but the representative is dropped."""
+    ordered = sorted(members, key=representative_sort_key)
+    rep = ordered[0]["key"]
+    return [{"key": m["key"], "reason": reason, "duplicate_of": rep, "duplicate_group": group_id}
+            for m in ordered[1:]]

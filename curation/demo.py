@@ -1,0 +1,160 @@
+"""The demo corpus: real photos shipped by our dependencies (and ../shared/assets when present),
+plus planted cases every curation run must handle: exact duplicates, tiny and panoramic
+images, corrupt, truncated and empty files, a decompression-bomb header, and the pixel
+formats decode converts on purpose (CMYK, 16-bit, alpha, palette, animation, EXIF rotation).
+
+``build_demo_corpus(folder)`` writes the files and returns what each one is expected to
+become (``EXPECTED``), which the tests check against the manifest.
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+SHARED_IMAGES = Path(__file__).resolve().parents[1].parent / "shared" / "assets" / "images"
+
+
+def _ultralytics_asset(name: str) -> Path:
+    import ultralytics
+
+    return Path(ultralytics.__file__).parent / "assets" / name
+
+
+def _matplotlib_sample(name: str) -> Path:
+    import matplotlib
+
+    return Path(matplotlib.get_data_path()) / "sample_data" / name
+
+
+def _skimage(name: str) -> Image.Image:
+    import skimage.data
+
+    return Image.fromarray(getattr(skimage.data, name)())
+
+
+def person_photos() -> dict[str, Image.Image | Path]:
+    """Real photos of people, by name: files where they ship as files."""
+    photos: dict[str, Image.Image | Path] = {
+        "bus": _ultralytics_asset("bus.jpg"),
+        "zidane": _ultralytics_asset("zidane.jpg"),
+        "grace_hopper": _matplotlib_sample("grace_hopper.jpg"),
+        "astronaut": _skimage("astronaut"),
+        "camera": _skimage("camera"),
+    }
+    for name in ("obama.jpg", "obama2.jpg", "franz_kafka.jpg", "basketball1.png"):
+        if (SHARED_IMAGES / name).is_file():
+            photos[Path(name).stem] = SHARED_IMAGES / name
+    return photos
+
+
+def non_person_photos() -> dict[str, Image.Image | Path]:
+    photos: dict[str, Image.Image | Path] = {"coffee": _skimage("coffee"), "chelsea": _skimage("chelsea"),
+                                             "rocket": _skimage("rocket")}
+    if (SHARED_IMAGES / "starry_night.jpg").is_file():
+        photos["starry_night"] = SHARED_IMAGES / "starry_night.jpg"
+    return photos
+
+
+def _save(src: Image.Image | Path, dest: Path) -> None:
+    if isinstance(src, Path):
+        shutil.copyfile(src, dest)
+    else:
+        src.convert("RGB").save(dest, quality=95)
+
+
+def bomb_png(width: int = 60000, height: int = 60000) -> bytes:
+    """A tiny PNG whose header declares width x height pixels (a decompression bomb's header)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    idat = zlib.compress(b"\x00" * 64)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def jpeg_bytes(im: Image.Image, **kw) -> bytes:
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", **kw)
+    return buf.getvalue()
+
+
+def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]:
+    """File name -> (bytes, expected status, expected reason or decode note). ``base`` is a person photo."""
+    w, h = base.size
+    rgba = base.convert("RGBA")
+    alpha = np.array(rgba)
+    alpha[..., 3] = 128
+    pal = base.convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
+    frames = [base.convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
+              base.transpose(Image.Transpose.FLIP_LEFT_RIGHT).convert("P", palette=Image.Palette.ADAPTIVE, colors=32)]
+    gif = io.BytesIO()
+    frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    grey16 = (np.asarray(base.convert("L"), dtype=np.uint16) * 257)
+    png16 = io.BytesIO()
+    Image.fromarray(grey16).save(png16, format="PNG")
+    rgba_png = io.BytesIO()
+    Image.fromarray(alpha, "RGBA").save(rgba_png, format="PNG")
+    pal_png = io.BytesIO()
+    pal.save(pal_png, format="PNG")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise on display: stored landscape, shown portrait
+    rotated = jpeg_bytes(base.transpose(Image.Transpose.ROTATE_90), quality=92, exif=exif.tobytes())
+    good = jpeg_bytes(base, quality=92)
+    return {
+        "bad/corrupt.jpg": (os.urandom(2048), "error", "not_an_image"),
+        "bad/not_an_image.png": (b"this is a text file, not a picture\n" * 20, "error", "not_an_image"),
+        "bad/empty.jpg": (b"", "error", "empty_file"),
+        "bad/truncated.jpg": (good[: len(good) // 2], "error", "truncated"),
+        "bad/bomb.png": (bomb_png(), "error", "decompression_bomb"),
+        "small/tiny.jpg": (jpeg_bytes(base.resize((max(1, w // 10), max(1, h // 10)))), "dropped", "too_small"),
+        "small/panorama.jpg": (jpeg_bytes(base.resize((w * 2, max(1, h // 3)))), "dropped", "aspect_ratio"),
+        "formats/cmyk.jpg": (jpeg_bytes(base.convert("CMYK")), "kept", "cmyk_converted"),
+        "formats/grey16.png": (png16.getvalue(), "kept", "scaled_16bit"),
+        "formats/alpha.png": (rgba_png.getvalue(), "kept", "alpha_composited"),
+        "formats/palette.png": (pal_png.getvalue(), "kept", "palette_converted"),
+        "formats/animated.gif": (gif.getvalue(), "kept", "animated_frame0"),
+        "formats/exif_rotated.jpg": (rotated, "kept", "exif_rotated"),
+    }
+
+
+def build_demo_corpus(folder: str | Path, with_duplicates: bool = True) -> dict[str, tuple[str, str | None]]:
+    """Write the demo corpus; returns relative path -> (expected status, expected reason or note).
+
+    Expectations for real photos are 'kept' (people) and 'dropped'/'no_salient_person'
+    (no people) under the demo's detector settings; planted cases are exact.
+    """
+    root = Path(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    expected: dict[str, tuple[str, str | None]] = {}
+    people = person_photos()
+    for name, src in people.items():
+        dest = root / "people" / f"{name}.jpg"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(src, Path) and src.suffix != ".jpg":
+            src = Image.open(src)
+        _save(src, dest)
+        expected[f"people/{name}.jpg"] = ("kept", None)
+    for name, src in non_person_photos().items():
+        dest = root / "scenes" / f"{name}.jpg"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _save(src, dest)
+        expected[f"scenes/{name}.jpg"] = ("dropped", "no_salient_person")
+    if with_duplicates:
+        dup = root / "reposts" / "bus_repost.jpg"
+        dup.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / "people" / "bus.jpg", dup)
+        # Of two identical files the smaller key is kept: keys start with the relative path.
+        expected["reposts/bus_repost.jpg"] = ("dropped", "exact_duplicate")
+    base = Image.open(_ultralytics_asset("bus.jpg")).convert("RGB")
+    for rel, (data, status, reason) in planted_cases(base).items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+        expected[rel] = (status, reason)
+    return expected

@@ -1,0 +1,267 @@
+"""The curation job: plan -> score (streaming, Ray Data) -> global dedup -> write -> stats -> MLflow.
+
+1. **Plan** the input into partitions with deterministic ids (``readers.plan_partitions``).
+2. **Score** every partition not yet complete: read -> decode -> cheap filters -> models, as
+   one streaming Ray Data pipeline (model stages on actor pools), into staging part files.
+3. **Dedup** globally on metadata only (hashes), across every partition of the run.
+4. **Write** each partition's shard, sidecar and manifest part (skipping committed ones).
+5. **Stats** from the manifest, MLflow record, then the completion marker ``_SUCCESS``.
+
+Resume is by files: a re-run of the same job into the same output redoes only the
+partitions that were not complete, and produces byte-identical outputs. A re-run with a
+different job configuration into the same output is refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+
+from curation import readers, schema, staging, writer
+from curation.config import CurationConfig
+from curation.decode import DecodeStage
+from curation.dedup import CANDIDATE_COLUMNS, DECISION_SCHEMA
+from curation.dedup.exact import exact_duplicate_decisions
+from curation.detection import PersonDetectionStage, check_detector_config
+from curation.filters import GeometryFilterStage
+from curation.stages import Stage, apply_stage
+from curation.stats import READ_REASONS, compute_stats, format_summary
+from infra import storage
+from infra.config import config_digest, config_to_dict, dump_config
+
+log = logging.getLogger("curation")
+
+CONFIG_FILE, PLAN_FILE, STATS_FILE, SUCCESS_FILE = "config.yaml", "partitions.jsonl", "stats.json", "_SUCCESS"
+DEDUP_DIR = "_dedup"
+
+
+@dataclasses.dataclass
+class CurationResult:
+    output_dir: str
+    stats: dict
+    manifest_uri: str
+    shards: list[str]
+    dataset_digest: str
+    mlflow_run_id: str | None
+    resumed_partitions: int = 0
+    skipped: bool = False
+
+    def summary(self) -> str:
+        lines = [format_summary(self.stats),
+                 f"shards:   {storage.join(self.output_dir, writer.SHARDS)} ({len(self.shards)} files)",
+                 f"manifest: {self.manifest_uri}",
+                 f"stats:    {storage.join(self.output_dir, STATS_FILE)}",
+                 f"dataset digest: {self.dataset_digest}"]
+        if self.mlflow_run_id:
+            lines.append(f"mlflow run: {self.mlflow_run_id}")
+        return "\n".join(lines)
+
+
+def build_stages(cfg: CurationConfig) -> list[Stage]:
+    """The recipe, in order. Each stage annotates; the writer's single decision drops and counts."""
+    stages: list[Stage] = [DecodeStage(cfg.decode), GeometryFilterStage(cfg.filters)]
+    if cfg.detector.backend != "none":
+        stages.append(PersonDetectionStage(cfg.detector))
+    return stages
+
+
+def describe_stages(cfg: CurationConfig, stages: list[Stage]) -> list[dict]:
+    described = [s.describe() for s in stages]
+    if cfg.detector.backend == "none":
+        described.append({"name": "person_detection", "applied": False, "why": "detector.backend=none"})
+    described.append({"name": "exact_dedup", "applied": cfg.dedup.exact})
+    return described
+
+
+def funnel_of(stages: list[Stage]) -> list[tuple[str, tuple[str, ...]]]:
+    funnel = [("read", READ_REASONS)]
+    for s in stages:
+        owned = tuple(r for r in s.reasons if r not in READ_REASONS)
+        funnel.append((s.name, owned))
+    funnel.append(("exact_dedup", (schema.EXACT_DUPLICATE,)))
+    return funnel
+
+
+def job_digest(cfg: CurationConfig) -> str:
+    """Digest of everything that decides the outputs (not where they are logged or how Ray runs)."""
+    d = config_to_dict(cfg)
+    for k in ("tracking", "ray", "output_dir", "name"):
+        d.pop(k, None)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _prepare_output(fs, out: str, cfg: CurationConfig, digest: str) -> None:
+    storage.makedirs(fs, out)
+    marker = storage.join(out, "job_digest")
+    if storage.exists(fs, marker):
+        previous = storage.read_bytes(fs, marker).decode().strip()
+        if previous != digest:
+            raise ValueError(f"output_dir {cfg.output_dir!r} holds a run of a different configuration "
+                             f"(job digest {previous}, this one {digest}); use a new output_dir")
+    else:
+        storage.atomic_write_bytes(fs, marker, digest.encode())
+    storage.atomic_write_bytes(fs, storage.join(out, CONFIG_FILE), dump_config(cfg).encode())
+
+
+def _read_and_list(p: readers.Partition, cfg: CurationConfig, output: str):
+    tables = list(readers.read_partition(p, cfg.input, cfg.decode.max_bytes))
+    fs, root = storage.resolve(output)
+    keys = [k for t in tables for k in t.column("key").to_pylist()]
+    staging.write_listing(fs, root, p.id, keys)
+    yield from tables
+
+
+def score_partitions(partitions: list[readers.Partition], stages: list[Stage], cfg: CurationConfig, output: str) -> None:
+    """Stream the partitions through the stages into staging (the expensive, parallel part)."""
+    import ray.data
+
+    source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, cfg, output))
+    ds = ray.data.read_datasource(source, override_num_blocks=len(partitions))
+    for stage in stages:
+        ds = apply_stage(ds, stage)
+    ds.write_datasink(staging.StagingSink(output))
+
+
+def global_dedup(fs, out: str, pids: list[str], cfg: CurationConfig, stages: list[Stage]) -> pa.Table:
+    """Dedup decisions over the whole run, from metadata only; saved with the output."""
+    have_person = any(isinstance(s, PersonDetectionStage) for s in stages)
+    columns = [c for c in CANDIDATE_COLUMNS if c != "person_score_max" or have_person] + ["partition"]
+    candidates = staging.read_candidates(fs, out, pids, columns)
+    if not have_person:
+        candidates = candidates.append_column("person_score_max", pa.nulls(candidates.num_rows, pa.float32()))
+    decisions = DECISION_SCHEMA.empty_table()
+    if cfg.dedup.exact and candidates.num_rows:
+        decisions = exact_duplicate_decisions(candidates)
+    storage.write_parquet(fs, storage.join(out, DEDUP_DIR, "decisions.parquet"), decisions)
+    return decisions
+
+
+def write_all(partitions: list[str], output: str, decisions: pa.Table) -> list[dict]:
+    import ray
+    import ray.data
+
+    if not partitions:
+        return []
+    decisions_ref = ray.put(decisions)
+
+    def _write(row: dict) -> dict:
+        return writer.write_partition(output, row["pid"], ray.get(decisions_ref))
+
+    ds = ray.data.from_items([{"pid": p} for p in partitions], override_num_blocks=len(partitions))
+    return ds.map(_write, num_cpus=1).take_all()
+
+
+def read_manifest(fs, out: str) -> pa.Table:
+    files = [f.path for f in storage.list_files(fs, storage.join(out, writer.MANIFEST), (".parquet",))]
+    return pads.dataset(files, format="parquet", filesystem=fs).to_table().sort_by("key")
+
+
+def manifest_digest(manifest: pa.Table) -> str:
+    """Content digest of the manifest: key, status, reason and content hash of every row."""
+    h = hashlib.sha256()
+    cols = [manifest.column(c).to_pylist() for c in ("key", "status", "reason", "sha256")]
+    for key, status, reason, sha in zip(*cols):
+        h.update(f"{key}\t{status}\t{reason}\t{sha}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _shard_files(fs, out: str) -> list[str]:
+    d = storage.join(out, writer.SHARDS)
+    return [f.path for f in storage.list_files(fs, d, (".tar",))] if storage.exists(fs, d) else []
+
+
+def _samples_in_shards(fs, out: str) -> int:
+    d = storage.join(out, writer.SHARDS)
+    if not storage.exists(fs, d):
+        return 0
+    total = 0
+    for f in storage.list_files(fs, d, (".parquet",)):
+        with fs.open_input_file(f.path) as fh:
+            total += pq.ParquetFile(fh).metadata.num_rows
+    return total
+
+
+def absolutize(cfg: CurationConfig) -> CurationConfig:
+    """Relative local paths are taken from the driver's working directory, before workers see them."""
+    def local(path: str) -> str:
+        return path if not path or "://" in path else str(Path(path).expanduser().resolve())
+    return dataclasses.replace(cfg, output_dir=local(cfg.output_dir),
+                               input=dataclasses.replace(cfg.input, uri=local(cfg.input.uri)),
+                               detector=dataclasses.replace(cfg.detector, weights=local(cfg.detector.weights)))
+
+
+def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> CurationResult:
+    """Run (or resume, or recognise as done) one curation job."""
+    from infra.ray_runtime import init_ray
+
+    cfg.validate()
+    cfg = absolutize(cfg)
+    check_detector_config(cfg.detector)
+    stages = stages if stages is not None else build_stages(cfg)
+    fs, out = storage.resolve(cfg.output_dir)
+    out_uri = storage.to_uri(fs, out)
+    digest = job_digest(cfg)
+    _prepare_output(fs, out, cfg, digest)
+    if storage.exists(fs, storage.join(out, SUCCESS_FILE)):
+        done = json.loads(storage.read_bytes(fs, storage.join(out, SUCCESS_FILE)))
+        _drop_staging(fs, out)
+        stats = json.loads(storage.read_bytes(fs, storage.join(out, STATS_FILE)))
+        return CurationResult(out_uri, stats, storage.join(out_uri, writer.MANIFEST),
+                              [storage.to_uri(fs, p) for p in _shard_files(fs, out)], done["dataset_digest"],
+                              done.get("mlflow_run_id"), skipped=True)
+    storage.remove_temp_files(fs, out)
+
+    partitions = readers.plan_partitions(cfg.input)
+    storage.atomic_write_bytes(fs, storage.join(out, PLAN_FILE),
+                               "".join(readers.partition_to_json(p) + "\n" for p in partitions).encode())
+    written = {p.id for p in partitions if writer.is_written(fs, out, p.id)}
+    to_score = [p for p in partitions if p.id not in written and not staging.is_complete(fs, out, p.id)]
+    resumed = len(partitions) - len(to_score)
+    for p in to_score:
+        staging.clear_partition(fs, out, p.id)
+    log.info("%d partitions: %d to score, %d already done", len(partitions), len(to_score), resumed)
+
+    init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.progress_bars, cfg.ray.object_store_memory)
+    t0 = time.time()
+    if to_score:
+        score_partitions(to_score, stages, cfg, out_uri)
+    incomplete = [p.id for p in partitions if p.id not in written and not staging.is_complete(fs, out, p.id)]
+    if incomplete:
+        raise RuntimeError(f"{len(incomplete)} partitions did not complete scoring (e.g. {incomplete[:3]}); re-run to resume")
+
+    decisions = global_dedup(fs, out, [p.id for p in partitions], cfg, stages)
+    write_all([p.id for p in partitions if p.id not in written], out_uri, decisions)
+
+    manifest = read_manifest(fs, out)
+    stats = compute_stats(manifest, funnel_of(stages), samples_in_shards=_samples_in_shards(fs, out),
+                          shards=len(_shard_files(fs, out)), stages=describe_stages(cfg, stages))
+    stats["partitions"] = len(partitions)
+    stats["job_digest"] = digest
+    if not stats["reconciled"]:
+        raise RuntimeError(f"accounting does not reconcile: {format_summary(stats)}")
+    storage.atomic_write_bytes(fs, storage.join(out, STATS_FILE), json.dumps(stats, indent=2, sort_keys=True).encode())
+    dataset_digest = manifest_digest(manifest)
+    shards = [storage.to_uri(fs, p) for p in _shard_files(fs, out)]
+    run_id = None
+    if cfg.tracking.enabled:
+        from curation.tracking import log_curation_run
+        run_id = log_curation_run(cfg, out_uri, stats, manifest, dataset_digest, shards, digest)
+    storage.atomic_write_bytes(fs, storage.join(out, SUCCESS_FILE), json.dumps(
+        {"dataset_digest": dataset_digest, "job_digest": digest, "mlflow_run_id": run_id,
+         "seconds": round(time.time() - t0, 3)}, sort_keys=True).encode())
+    _drop_staging(fs, out)
+    return CurationResult(out_uri, stats, storage.join(out_uri, writer.MANIFEST), shards, dataset_digest, run_id,
+                          resumed_partitions=resumed)
+
+
+def _drop_staging(fs, out: str) -> None:
+    d = storage.join(out, staging.STAGING)
+    if storage.exists(fs, d):
+        fs.delete_dir(d)

@@ -1,0 +1,315 @@
+"""Readers: input partitions with deterministic ids, and one raw row per input image.
+
+Supported inputs (local paths or object-store URIs through pyarrow.fs):
+
+- ``folder``: image files under a folder, recursively, cut into partitions of
+  ``images_per_partition`` files in path order.
+- ``webdataset``: WebDataset / img2dataset tar shards, one partition per tar. Members are
+  grouped by key (basename up to the first dot) across the whole tar, so members of one
+  sample need not be contiguous; ``<key>.json`` / ``<key>.txt`` become ``source_meta``.
+  Tar members are only read into memory, never extracted, so hostile member names
+  (``../x``, absolute paths) cannot write anywhere; they are sanitised into keys.
+- ``parquet``: files with an image-bytes column or a path/URI column, partitioned by row
+  groups of about ``images_per_partition`` rows.
+
+A partition id is ``<ordinal>-<digest of its members>``; it names the partition's staging
+folder and its output shard, so a re-run of the same job maps to the same names.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import posixpath
+import re
+import tarfile
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from curation.config import InputConfig
+from curation.schema import EMPTY_FILE, FILE_TOO_LARGE, RAW_SCHEMA, READ_FAILED
+from infra import storage
+
+ROWS_PER_BLOCK = 64  # raw rows per yielded table: keeps read tasks streaming
+_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+IMAGE_BYTES_COLUMNS = ("image", "jpg", "jpeg", "png", "webp", "bytes", "image_bytes")
+PATH_COLUMNS = ("path", "uri", "url", "file", "filepath", "image_path")
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """A unit of work and of resume: its rows become one output shard."""
+
+    id: str
+    kind: str                       # "files" | "tar" | "parquet"
+    uris: tuple[str, ...]           # files: the image files; tar/parquet: the one container file
+    root: str = ""                  # files: the folder keys are made relative to
+    sizes: tuple[int, ...] = ()     # files: byte sizes from the listing
+    row_groups: tuple[int, ...] = ()  # parquet: the row groups of this partition
+
+
+def make_key(name: str, source: str) -> str:
+    """Stable, unique, WebDataset-safe key: readable stem plus a digest of the full source URI."""
+    stem = _KEY_UNSAFE.sub("_", name).strip("_")[-40:] or "img"
+    return f"{stem}-{hashlib.sha1(source.encode()).hexdigest()[:12]}"
+
+
+def _partition_id(ordinal: int, kind: str, members: list[str]) -> str:
+    digest = hashlib.sha1("\n".join([kind, *members]).encode()).hexdigest()[:10]
+    return f"{ordinal:06d}-{digest}"
+
+
+def detect_format(cfg: InputConfig) -> str:
+    if cfg.format != "auto":
+        return cfg.format
+    fs, root = storage.resolve(cfg.uri)
+    files = storage.list_files(fs, root)
+    if any(f.base_name.lower().endswith(".tar") for f in files):
+        return "webdataset"
+    if any(f.base_name.lower().endswith(".parquet") for f in files):
+        return "parquet"
+    return "folder"
+
+
+def plan_partitions(cfg: InputConfig) -> list[Partition]:
+    """List the input and cut it into partitions (on the driver; listing is metadata only)."""
+    kind = detect_format(cfg)
+    fs, root = storage.resolve(cfg.uri)
+    if kind == "folder":
+        files = storage.list_files(fs, root, tuple(cfg.extensions))
+        base = root if fs.get_file_info(root).type.name == "Directory" else posixpath.dirname(root)
+        parts = []
+        for ordinal, start in enumerate(range(0, len(files), cfg.images_per_partition)):
+            chunk = files[start:start + cfg.images_per_partition]
+            uris = tuple(storage.to_uri(fs, f.path) for f in chunk)
+            parts.append(Partition(id=_partition_id(ordinal, "files", list(uris)), kind="files", uris=uris,
+                                   root=storage.to_uri(fs, base), sizes=tuple(int(f.size) for f in chunk)))
+        return parts
+    if kind == "webdataset":
+        tars = storage.list_files(fs, root, (".tar",))
+        return [Partition(id=_partition_id(i, "tar", [storage.to_uri(fs, t.path)]), kind="tar",
+                          uris=(storage.to_uri(fs, t.path),)) for i, t in enumerate(tars)]
+    if kind == "parquet":
+        parts = []
+        for f in storage.list_files(fs, root, (".parquet",)):
+            uri = storage.to_uri(fs, f.path)
+            with fs.open_input_file(f.path) as fh:
+                meta = pq.ParquetFile(fh).metadata
+            group: list[int] = []
+            rows = 0
+            for rg in range(meta.num_row_groups):
+                group.append(rg)
+                rows += meta.row_group(rg).num_rows
+                if rows >= cfg.images_per_partition or rg == meta.num_row_groups - 1:
+                    members = [f"{uri}#rg={g}" for g in group]
+                    parts.append(Partition(id=_partition_id(len(parts), "parquet", members), kind="parquet",
+                                           uris=(uri,), row_groups=tuple(group)))
+                    group, rows = [], 0
+        return parts
+    raise ValueError(f"input.format must be folder, webdataset or parquet, got {kind!r}")
+
+
+class _RowBuffer:
+    """Collects raw rows and hands them out as RAW_SCHEMA tables of ROWS_PER_BLOCK rows."""
+
+    def __init__(self, partition: Partition) -> None:
+        self.partition = partition
+        self.rows: list[dict] = []
+
+    def add(self, key: str, source: str, raw: bytes | None, *, size: int | None = None,
+            meta: str | None = None, reason: str | None = None, error: str | None = None) -> None:
+        if raw is not None and len(raw) == 0 and reason is None:
+            reason = EMPTY_FILE
+        self.rows.append({"partition": self.partition.id, "key": key, "source": source, "source_meta": meta,
+                          "input_bytes": size if size is not None else (len(raw) if raw is not None else None),
+                          "raw": raw if reason is None else None, "reason": reason, "error_message": error})
+
+    def full(self) -> bool:
+        return len(self.rows) >= ROWS_PER_BLOCK
+
+    def flush(self) -> pa.Table:
+        table = pa.Table.from_pylist(self.rows, schema=RAW_SCHEMA)
+        self.rows = []
+        return table
+
+
+def _read_files(p: Partition, max_bytes: int) -> Iterator[pa.Table]:
+    buf = _RowBuffer(p)
+    for uri, size in zip(p.uris, p.sizes):
+        rel = posixpath.relpath(storage.resolve(uri)[1], storage.resolve(p.root)[1]) if p.root else uri
+        key = make_key(posixpath.splitext(rel)[0], uri)
+        if size > max_bytes:
+            buf.add(key, uri, None, size=size, reason=FILE_TOO_LARGE, error=f"{size} bytes > decode.max_bytes={max_bytes}")
+        else:
+            try:
+                fs, path = storage.resolve(uri)
+                buf.add(key, uri, storage.read_bytes(fs, path), size=size)
+            except OSError as err:
+                buf.add(key, uri, None, size=size, reason=READ_FAILED, error=f"{type(err).__name__}: {err}")
+        if buf.full():
+            yield buf.flush()
+    if buf.rows:
+        yield buf.flush()
+
+
+def _tar_sample_key(member_name: str) -> tuple[str, str]:
+    """WebDataset convention: key = path up to the first dot of the basename; rest = extension."""
+    directory, base = posixpath.split(member_name)
+    stem, _, ext = base.partition(".")
+    return posixpath.join(directory, stem), ext.lower()
+
+
+def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iterator[pa.Table]:
+    uri = p.uris[0]
+    tar_stem = posixpath.splitext(posixpath.basename(storage.resolve(uri)[1]))[0]
+    samples: dict[str, dict] = {}
+    order: list[str] = []
+    failure: str | None = None
+    try:
+        fs, path = storage.resolve(uri)
+        with fs.open_input_stream(path) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue  # directories, links and devices carry no image bytes
+                sample_key, ext = _tar_sample_key(member.name)
+                if sample_key not in samples:
+                    samples[sample_key] = {}
+                    order.append(sample_key)
+                entry = samples[sample_key]
+                if ext in image_exts and "image" not in entry:
+                    if member.size > max_bytes:
+                        entry["image"] = (ext, None, member.size)
+                    else:
+                        fh = tar.extractfile(member)
+                        entry["image"] = (ext, fh.read() if fh else b"", member.size)
+                elif ext in ("json", "txt") and member.size <= 1 << 20:
+                    fh = tar.extractfile(member)
+                    entry[ext] = (fh.read() if fh else b"").decode("utf-8", "replace")
+    except (tarfile.TarError, OSError, EOFError) as err:
+        failure = f"{type(err).__name__}: {err}"
+    buf = _RowBuffer(p)
+    for sample_key in order:
+        entry = samples[sample_key]
+        if "image" not in entry:
+            continue  # e.g. img2dataset's records of failed downloads: no image, not an input image
+        ext, raw, size = entry["image"]
+        source = f"{uri}#{sample_key}.{ext}"
+        key = make_key(f"{tar_stem}_{sample_key}", source)
+        meta = entry.get("json", entry.get("txt"))
+        if raw is None:
+            buf.add(key, source, None, size=size, meta=meta, reason=FILE_TOO_LARGE,
+                    error=f"{size} bytes > decode.max_bytes={max_bytes}")
+        else:
+            buf.add(key, source, raw, size=size, meta=meta)
+        if buf.full():
+            yield buf.flush()
+    if failure is not None:
+        # The container broke: what was read is kept; the rest of the tar is one recorded error.
+        buf.add(make_key(f"{tar_stem}_unreadable", uri + "#unreadable"), uri + "#unreadable", None,
+                reason=READ_FAILED, error=failure)
+    if buf.rows:
+        yield buf.flush()
+
+
+def _pick_column(names: list[str], wanted: str | None, candidates: tuple[str, ...], what: str) -> str | None:
+    if wanted:
+        if wanted not in names:
+            raise ValueError(f"parquet input has no {what} column {wanted!r}; columns: {names}")
+        return wanted
+    return next((c for c in candidates if c in names), None)
+
+
+def _read_parquet(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa.Table]:
+    uri = p.uris[0]
+    fs, path = storage.resolve(uri)
+    with fs.open_input_file(path) as fh:
+        pf = pq.ParquetFile(fh)
+        names = pf.schema_arrow.names
+        image_col = _pick_column(names, cfg.parquet_image_column, IMAGE_BYTES_COLUMNS, "image-bytes")
+        path_col = None if image_col else _pick_column(names, cfg.parquet_path_column, PATH_COLUMNS, "path")
+        if image_col is None and path_col is None:
+            raise ValueError(f"parquet input {uri} has neither an image-bytes column {IMAGE_BYTES_COLUMNS} nor a "
+                             f"path column {PATH_COLUMNS}; set input.parquet_image_column or input.parquet_path_column")
+        key_col = _pick_column(names, cfg.parquet_key_column, ("key",), "key")
+        first_row = sum(pf.metadata.row_group(g).num_rows for g in range(p.row_groups[0]))
+        columns = [c for c in (image_col, path_col, key_col) if c]
+        table = pf.read_row_groups(list(p.row_groups), columns=columns)
+    buf = _RowBuffer(p)
+    for i, row in enumerate(table.to_pylist()):
+        row_no = first_row + i
+        name = str(row[key_col]) if key_col and row.get(key_col) is not None else f"row{row_no}"
+        if image_col:
+            source = f"{uri}#row={row_no}"
+            raw = row[image_col]
+            if raw is None:
+                buf.add(make_key(name, source), source, b"", meta=None)
+            elif len(raw) > max_bytes:
+                buf.add(make_key(name, source), source, None, size=len(raw), reason=FILE_TOO_LARGE,
+                        error=f"{len(raw)} bytes > decode.max_bytes={max_bytes}")
+            else:
+                buf.add(make_key(name, source), source, raw)
+        else:
+            target = row[path_col]
+            source = str(target)
+            key = make_key(name if key_col else posixpath.splitext(posixpath.basename(source))[0], source)
+            try:
+                tfs, tpath = storage.resolve(source)
+                size = tfs.get_file_info(tpath).size
+                if size is not None and size > max_bytes:
+                    buf.add(key, source, None, size=size, reason=FILE_TOO_LARGE,
+                            error=f"{size} bytes > decode.max_bytes={max_bytes}")
+                else:
+                    buf.add(key, source, storage.read_bytes(tfs, tpath))
+            except (OSError, ValueError, TypeError) as err:
+                buf.add(key, source, None, reason=READ_FAILED, error=f"{type(err).__name__}: {err}")
+        if buf.full():
+            yield buf.flush()
+    if buf.rows:
+        yield buf.flush()
+
+
+def read_partition(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa.Table]:
+    """Raw rows (RAW_SCHEMA) of one partition, in input order."""
+    exts = tuple(e.lstrip(".").lower() for e in cfg.extensions)
+    if p.kind == "files":
+        yield from _read_files(p, max_bytes)
+    elif p.kind == "tar":
+        yield from _read_tar(p, max_bytes, exts)
+    elif p.kind == "parquet":
+        yield from _read_parquet(p, cfg, max_bytes)
+    else:
+        raise ValueError(f"unknown partition kind {p.kind!r}")
+
+
+def partition_datasource(partitions: list[Partition], read_fn):
+    """A Ray Data datasource with one read task per partition; ``read_fn(p)`` yields its tables."""
+    from ray.data import Datasource, ReadTask
+    from ray.data.block import BlockMetadata
+
+    class _PartitionDatasource(Datasource):
+        def estimate_inmemory_data_size(self):
+            return sum(sum(p.sizes) for p in partitions) or None
+
+        def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
+            tasks = []
+            for p in partitions:
+                meta = BlockMetadata(num_rows=len(p.uris) if p.kind == "files" else None,
+                                     size_bytes=sum(p.sizes) or None, exec_stats=None, input_files=p.uris)
+                tasks.append(ReadTask(lambda p=p: read_fn(p), meta, schema=RAW_SCHEMA))
+            return tasks
+
+        def get_name(self):
+            return "CurationInput"
+
+    return _PartitionDatasource()
+
+
+def partition_to_json(p: Partition) -> str:
+    return json.dumps(dataclasses.asdict(p), sort_keys=True)
+
+
+def partition_from_json(text: str) -> Partition:
+    d = json.loads(text)
+    return Partition(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})

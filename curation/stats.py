@@ -1,0 +1,65 @@
+"""stats.json: counts per stage and reason, derived from the manifest (so they always reconcile)."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+
+from curation import schema
+
+READ_REASONS = (schema.READ_FAILED, schema.EMPTY_FILE, schema.FILE_TOO_LARGE)
+
+
+def compute_stats(manifest: pa.Table, funnel: list[tuple[str, tuple[str, ...]]], *, samples_in_shards: int,
+                  shards: int, stages: list[dict]) -> dict:
+    """Per-stage funnel (in, out, dropped by reason), totals and the accounting check.
+
+    ``funnel`` lists (stage name, reasons it may set) in pipeline order; a row ended by a
+    reason leaves the funnel at the stage owning that reason.
+    """
+    status = Counter(manifest.column("status").to_pylist())
+    reasons = Counter(r for r in manifest.column("reason").to_pylist() if r is not None)
+    notes = Counter(n for ns in manifest.column("notes").to_pylist() if ns for n in ns)
+    inputs = manifest.num_rows
+    steps, remaining, seen = [], inputs, set()
+    for name, owned in funnel:
+        counts = {r: reasons[r] for r in owned if reasons.get(r)}
+        seen.update(owned)
+        removed = sum(counts.values())
+        steps.append({"stage": name, "in": remaining, "out": remaining - removed, "removed": counts})
+        remaining -= removed
+    unknown = {r: c for r, c in reasons.items() if r not in seen}
+    if unknown:
+        steps.append({"stage": "other", "in": remaining, "out": remaining - sum(unknown.values()), "removed": unknown})
+        remaining -= sum(unknown.values())
+    kept, dropped, errors = status.get(schema.KEPT, 0), status.get(schema.DROPPED, 0), status.get(schema.ERROR, 0)
+    return {
+        "inputs": inputs,
+        "kept": kept,
+        "dropped": dropped,
+        "errors": errors,
+        "dropped_by_reason": dict(sorted(Counter(r for r, s in zip(manifest.column("reason").to_pylist(),
+                                                                   manifest.column("status").to_pylist())
+                                                 if s == schema.DROPPED).items())),
+        "errors_by_reason": dict(sorted(Counter(r for r, s in zip(manifest.column("reason").to_pylist(),
+                                                                  manifest.column("status").to_pylist())
+                                                if s == schema.ERROR).items())),
+        "decode_notes": dict(sorted(notes.items())),
+        "funnel": steps,
+        "shards": shards,
+        "samples_in_shards": samples_in_shards,
+        "reconciled": inputs == kept + dropped + errors and kept == samples_in_shards and remaining == kept,
+        "stages": stages,
+    }
+
+
+def format_summary(stats: dict) -> str:
+    """Terminal summary: the funnel, then totals."""
+    lines = [f"{'stage':<22}{'in':>10}{'out':>10}  removed"]
+    for step in stats["funnel"]:
+        removed = ", ".join(f"{r}={c}" for r, c in step["removed"].items()) or "-"
+        lines.append(f"{step['stage']:<22}{step['in']:>10}{step['out']:>10}  {removed}")
+    lines.append(f"inputs={stats['inputs']} kept={stats['kept']} dropped={stats['dropped']} errors={stats['errors']} "
+                 f"shards={stats['shards']} samples_in_shards={stats['samples_in_shards']} "
+                 f"reconciled={stats['reconciled']}")
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""Writer: one WebDataset shard, one Parquet sidecar and one manifest part per input partition.
+
+For partition ``<pid>`` (names derived from the input partition, so re-runs reproduce them):
+
+- ``shards/<pid>.tar``: ``<key>.jpg`` + ``<key>.json`` per kept sample, sorted by key, with
+  fixed member metadata (mtime 0, uid/gid 0), so equal content gives equal bytes.
+- ``shards/<pid>.parquet``: the kept samples' metadata (no pixels), for trainers and audits.
+- ``manifest/<pid>.parquet``: one row per input image of the partition (kept, dropped or
+  error) with its reason, scores and shard.
+
+Each file is written under a temporary name and renamed when complete, in that order; the
+manifest part is the partition's commit marker. A partition with no kept sample writes no
+shard (and no sidecar), only its manifest part.
+"""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from curation import schema, staging
+from infra import storage
+
+SHARDS, MANIFEST = "shards", "manifest"
+_META_SKIP = set(schema.PAYLOAD_COLUMNS) | {"decode_ok", "reason", "error_message", "status", "duplicate_of",
+                                           "duplicate_group", "image_ext"}
+
+
+def manifest_part_path(output: str, pid: str) -> str:
+    return storage.join(output, MANIFEST, f"{pid}.parquet")
+
+
+def empty_marker_path(output: str, pid: str) -> str:
+    return storage.join(output, MANIFEST, f"_empty-{pid}")
+
+
+def is_written(fs, output: str, pid: str) -> bool:
+    return storage.exists(fs, manifest_part_path(output, pid)) or storage.exists(fs, empty_marker_path(output, pid))
+
+
+def sample_metadata(row: dict) -> dict:
+    """The ``<key>.json`` of a kept sample: source, size, person boxes/scores, hashes, scores."""
+    meta = {k: v for k, v in row.items() if k not in _META_SKIP and v is not None}
+    if isinstance(meta.get("source_meta"), str):
+        try:
+            meta["source_meta"] = json.loads(meta["source_meta"])
+        except json.JSONDecodeError:
+            pass
+    meta.pop("clip_embedding", None)  # kept in the sidecar; too bulky for every sample's json
+    return meta
+
+
+def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_tar(fs, path: str, rows: list[dict]) -> None:
+    with storage.atomic_output(fs, path) as out:
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+            for row in rows:
+                _add_member(tar, f"{row['key']}.{row['image_ext']}", row["image"])
+                meta = json.dumps(sample_metadata(row), sort_keys=True, separators=(",", ":"), allow_nan=False)
+                _add_member(tar, f"{row['key']}.json", meta.encode())
+
+
+def apply_decisions(table: pa.Table, decisions: pa.Table) -> pa.Table:
+    """Final status per row: dedup decisions first, then the single decision rule."""
+    by_key = {d["key"]: d for d in decisions.to_pylist()}
+    keys = table.column("key").to_pylist()
+    reasons = table.column("reason").to_pylist()
+    ok = table.column("decode_ok").to_pylist()
+    dup_of, dup_group = [], []
+    for i, key in enumerate(keys):
+        d = by_key.get(key)
+        if d is not None and ok[i] and reasons[i] is None:
+            reasons[i] = d["reason"]
+            dup_of.append(d["duplicate_of"])
+            dup_group.append(d["duplicate_group"])
+        else:
+            dup_of.append(None)
+            dup_group.append(None)
+    status = [schema.final_status(o, r) for o, r in zip(ok, reasons)]
+    table = schema.with_columns(table, {"reason": pa.array(reasons, pa.string())})
+    return schema.with_columns(table, {"status": pa.array(status, pa.string()),
+                                       "duplicate_of": pa.array(dup_of, pa.string()),
+                                       "duplicate_group": pa.array(dup_group, pa.string())})
+
+
+def write_partition(output: str, pid: str, decisions: pa.Table) -> dict:
+    """Write shard, sidecar and manifest part of one partition; returns its counts."""
+    fs, root = storage.resolve(output)
+    staged = staging.read_partition_rows(fs, root, pid)
+    if staged is None:  # no image in this input partition: nothing to account for, but it is done
+        storage.atomic_write_bytes(fs, empty_marker_path(root, pid), b"")
+        return {"partition": pid, "rows": 0, "kept": 0, "shard": None}
+    table = apply_decisions(staged, decisions)
+    kept = table.filter(pc.equal(table.column("status"), schema.KEPT))
+    shard_name = f"{pid}.tar" if kept.num_rows else None
+    if kept.num_rows:
+        write_tar(fs, storage.join(root, SHARDS, shard_name), kept.to_pylist())
+        sidecar = kept.drop_columns([c for c in schema.PAYLOAD_COLUMNS if c in kept.column_names])
+        sidecar = schema.with_columns(sidecar, {"shard": pa.array([shard_name] * kept.num_rows, pa.string())})
+        storage.write_parquet(fs, storage.join(root, SHARDS, f"{pid}.parquet"), sidecar)
+    manifest = table.drop_columns([c for c in schema.PAYLOAD_COLUMNS if c in table.column_names])
+    shard_col = [shard_name if s == schema.KEPT else None for s in manifest.column("status").to_pylist()]
+    manifest = schema.with_columns(manifest, {"shard": pa.array(shard_col, pa.string())})
+    storage.write_parquet(fs, manifest_part_path(root, pid), manifest)
+    return {"partition": pid, "rows": table.num_rows, "kept": kept.num_rows, "shard": shard_name}

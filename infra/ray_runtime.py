@@ -1,0 +1,27 @@
+"""Starting or joining Ray the same way for every job.
+
+Under ``ray job submit`` the job's cluster is joined with a plain ``ray.init()`` (the job
+server sets RAY_ADDRESS; a ``runtime_env`` here would conflict with the job's). A plain
+``python pipelines/...`` run starts a local cluster, which ends with the script.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, progress_bars: str = "auto",
+             object_store_memory: int | None = None) -> None:
+    import ray
+    import ray.data
+
+    if not ray.is_initialized():
+        if address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=address or None, log_to_driver=True)
+        else:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_memory,
+                     log_to_driver=True, configure_logging=True)
+    ctx = ray.data.DataContext.get_current()
+    show = sys.stderr.isatty() if progress_bars == "auto" else progress_bars == "on"
+    ctx.enable_progress_bars = show
+    ctx.print_on_execution_start = show
