@@ -119,6 +119,7 @@ class RayConfig:
     num_cpus: int | None = None        # local cluster only
     progress_bars: Literal["auto", "on", "off"] = "auto"  # auto: on when the terminal is interactive
     object_store_memory: int | None = None  # local cluster only, bytes
+    temp_dir: str | None = None        # local cluster only: Ray's session folder root (short path)
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import warnings
 
 import numpy as np
@@ -40,9 +41,13 @@ _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _HIGH_DEPTH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 class DecodeError(Exception):
     def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
+        # Messages go into the manifest: no object addresses, so re-runs record the same text.
+        super().__init__(_ADDRESS.sub("", message))
         self.reason = reason
 
 

@@ -228,7 +228,8 @@ def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> Cura
         staging.clear_partition(fs, out, p.id)
     log.info("%d partitions: %d to score, %d already done", len(partitions), len(to_score), resumed)
 
-    init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.progress_bars, cfg.ray.object_store_memory)
+    init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.progress_bars, cfg.ray.object_store_memory,
+             cfg.ray.temp_dir)
     t0 = time.time()
     if to_score:
         score_partitions(to_score, stages, cfg, out_uri)

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import yaml
 
 T = TypeVar("T")
+_YAML11_WORDS = {"on", "off", "yes", "no", "y", "n"}
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -34,7 +35,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         dotted, raw = item.split("=", 1)
         if not dotted or any(not part for part in dotted.split(".")):
             raise ValueError(f"override {item!r} has an empty key")
-        value = yaml.safe_load(raw) if raw != "" else ""
+        # YAML 1.1 reads on/off/yes/no as booleans; on the command line they are words.
+        value = raw if raw.lower() in _YAML11_WORDS or raw == "" else yaml.safe_load(raw)
         node = tree
         parts = dotted.split(".")
         for part in parts[:-1]:

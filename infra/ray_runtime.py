@@ -11,7 +11,7 @@ import sys
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, progress_bars: str = "auto",
-             object_store_memory: int | None = None) -> None:
+             object_store_memory: int | None = None, temp_dir: str | None = None) -> None:
     import ray
     import ray.data
 
@@ -20,7 +20,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, progress_b
             ray.init(address=address or None, log_to_driver=True)
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_memory,
-                     log_to_driver=True, configure_logging=True)
+                     log_to_driver=True, configure_logging=True, _temp_dir=temp_dir)
     ctx = ray.data.DataContext.get_current()
     show = sys.stderr.isatty() if progress_bars == "auto" else progress_bars == "on"
     ctx.enable_progress_bars = show
