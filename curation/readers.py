@@ -96,7 +96,9 @@ def plan_partitions(cfg: InputConfig) -> list[Partition]:
         for f in storage.list_files(fs, root, (".parquet",)):
             uri = storage.to_uri(fs, f.path)
             with fs.open_input_file(f.path) as fh:
-                meta = pq.ParquetFile(fh).metadata
+                pf = pq.ParquetFile(fh)
+                meta = pf.metadata
+                parquet_columns(pf.schema_arrow.names, cfg, uri)  # fail on the driver, before any work
             group: list[int] = []
             rows = 0
             for rg in range(meta.num_row_groups):
@@ -216,9 +218,20 @@ def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iter
 def _pick_column(names: list[str], wanted: str | None, candidates: tuple[str, ...], what: str) -> str | None:
     if wanted:
         if wanted not in names:
-            raise ValueError(f"parquet input has no {what} column {wanted!r}; columns: {names}")
+            raise ValueError(f"input.parquet_{what}_column={wanted!r} is not a column of the parquet input; "
+                             f"its columns: {names}")
         return wanted
     return next((c for c in candidates if c in names), None)
+
+
+def parquet_columns(names: list[str], cfg: InputConfig, uri: str) -> tuple[str | None, str | None, str | None]:
+    """(image-bytes column, path column, key column) of a parquet input; a clear error when unusable."""
+    image_col = _pick_column(names, cfg.parquet_image_column, IMAGE_BYTES_COLUMNS, "image")
+    path_col = None if image_col else _pick_column(names, cfg.parquet_path_column, PATH_COLUMNS, "path")
+    if image_col is None and path_col is None:
+        raise ValueError(f"parquet input {uri} has neither an image-bytes column {IMAGE_BYTES_COLUMNS} nor a "
+                         f"path column {PATH_COLUMNS}; set input.parquet_image_column or input.parquet_path_column")
+    return image_col, path_col, _pick_column(names, cfg.parquet_key_column, ("key",), "key")
 
 
 def _read_parquet(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa.Table]:
@@ -227,12 +240,7 @@ def _read_parquet(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa
     with fs.open_input_file(path) as fh:
         pf = pq.ParquetFile(fh)
         names = pf.schema_arrow.names
-        image_col = _pick_column(names, cfg.parquet_image_column, IMAGE_BYTES_COLUMNS, "image-bytes")
-        path_col = None if image_col else _pick_column(names, cfg.parquet_path_column, PATH_COLUMNS, "path")
-        if image_col is None and path_col is None:
-            raise ValueError(f"parquet input {uri} has neither an image-bytes column {IMAGE_BYTES_COLUMNS} nor a "
-                             f"path column {PATH_COLUMNS}; set input.parquet_image_column or input.parquet_path_column")
-        key_col = _pick_column(names, cfg.parquet_key_column, ("key",), "key")
+        image_col, path_col, key_col = parquet_columns(names, cfg, uri)
         first_row = sum(pf.metadata.row_group(g).num_rows for g in range(p.row_groups[0]))
         columns = [c for c in (image_col, path_col, key_col) if c]
         table = pf.read_row_groups(list(p.row_groups), columns=columns)

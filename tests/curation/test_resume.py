@@ -28,7 +28,7 @@ def output_files(out: Path) -> dict[str, bytes]:
 
 
 def leftover_ray_processes(ray_tmp: str) -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
     return [int(line.split()[0]) for line in out.splitlines()[1:] if ray_tmp in line]
 
 

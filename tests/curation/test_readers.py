@@ -1,0 +1,124 @@
+"""Readers: folders, WebDataset tars (hostile ones too) and Parquet, with deterministic partitions."""
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from curation import schema
+from curation.config import CurationConfig, DecodeConfig, InputConfig, TrackingConfig
+from curation.demo import jpeg_bytes
+from curation.pipeline import run_curation
+from curation.readers import plan_partitions, read_partition
+
+
+def _img(color=(200, 10, 10), size=(320, 320)) -> bytes:
+    return jpeg_bytes(Image.new("RGB", size, color))
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes, kind=tarfile.REGTYPE, link: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.type, info.linkname = (len(data) if kind == tarfile.REGTYPE else 0), kind, link
+    tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+
+
+def rows_of(cfg: InputConfig, max_bytes: int = 2**26) -> list[dict]:
+    return [r for p in plan_partitions(cfg) for t in read_partition(p, cfg, max_bytes) for r in t.to_pylist()]
+
+
+def test_folder_is_recursive_and_partitions_are_deterministic(tmp_path):
+    for i in range(5):
+        d = tmp_path / ("a" if i % 2 else "b") / "deep"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"img{i}.jpg").write_bytes(_img())
+    (tmp_path / "notes.txt").write_text("not an image input")
+    cfg = InputConfig(uri=str(tmp_path), images_per_partition=2)
+    first, second = plan_partitions(cfg), plan_partitions(cfg)
+    assert [p.id for p in first] == [p.id for p in second] and len(first) == 3
+    rows = rows_of(cfg)
+    assert len(rows) == 5 and len({r["key"] for r in rows}) == 5
+    assert all("." not in r["key"] for r in rows)  # WebDataset-safe keys
+    assert {Path(r["source"]).name for r in rows} == {f"img{i}.jpg" for i in range(5)}
+
+
+def test_webdataset_tar_groups_members_and_survives_hostile_names(tmp_path):
+    tar_path = tmp_path / "shard-000.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        _add(tar, "000001.jpg", _img())
+        _add(tar, "000002.png", _img((1, 2, 3)))
+        _add(tar, "000001.json", json.dumps({"url": "http://example.com/1.jpg", "caption": "a person"}).encode())
+        _add(tar, "../../escape.jpg", _img())                  # path traversal: read as bytes, never extracted
+        _add(tar, "/abs/path.jpg", _img())
+        _add(tar, "link.jpg", b"", kind=tarfile.SYMTYPE, link="/etc/passwd")  # not a file: ignored
+        _add(tar, "000003.json", b"{}")                          # no image: img2dataset's failed download
+    cfg = InputConfig(uri=str(tmp_path))
+    rows = rows_of(cfg)
+    by_src = {r["source"].split("#", 1)[1]: r for r in rows}
+    assert set(by_src) == {"000001.jpg", "000002.png", "../../escape.jpg", "/abs/path.jpg"}
+    assert json.loads(by_src["000001.jpg"]["source_meta"])["caption"] == "a person"  # json came later: still joined
+    assert all(set(r["key"]) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") for r in rows)
+    assert not (tmp_path / "escape.jpg").exists() and not Path("/abs/path.jpg").exists()
+
+
+def test_truncated_tar_keeps_what_was_read_and_records_the_rest(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for i in range(3):
+            _add(tar, f"{i:06d}.jpg", _img(size=(400, 400)))
+    data = buf.getvalue()
+    (tmp_path / "broken.tar").write_bytes(data[: len(data) // 2])
+    rows = rows_of(InputConfig(uri=str(tmp_path), format="webdataset"))
+    errors = [r for r in rows if r["reason"] == schema.READ_FAILED]
+    assert len(errors) == 1 and errors[0]["source"].endswith("#unreadable")
+    assert 1 <= len([r for r in rows if r["raw"]]) < 3
+
+
+def test_oversized_member_is_recorded_without_reading(tmp_path):
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        _add(tar, "big.jpg", _img(size=(900, 900)))
+        _add(tar, "ok.jpg", _img(size=(16, 16)))
+    rows = {r["source"].split("#")[1]: r for r in rows_of(InputConfig(uri=str(tmp_path)), max_bytes=2000)}
+    assert rows["big.jpg"]["reason"] == schema.FILE_TOO_LARGE and rows["big.jpg"]["raw"] is None
+    assert rows["ok.jpg"]["reason"] is None
+
+
+def test_parquet_with_bytes_column_and_with_path_column(tmp_path):
+    (tmp_path / "files").mkdir()
+    paths = []
+    for i in range(3):
+        p = tmp_path / "files" / f"p{i}.jpg"
+        p.write_bytes(_img())
+        paths.append(str(p))
+    (tmp_path / "pq").mkdir()
+    pq.write_table(pa.table({"key": ["x1", "x2"], "jpg": [_img(), b"garbage"]}), tmp_path / "pq" / "bytes.parquet")
+    rows = rows_of(InputConfig(uri=str(tmp_path / "pq" / "bytes.parquet")))
+    assert [r["source"].rsplit("#", 1)[1] for r in rows] == ["row=0", "row=1"] and rows[0]["key"].startswith("x1-")
+    pq.write_table(pa.table({"url": paths + [str(tmp_path / "missing.jpg")]}), tmp_path / "paths.parquet",
+                   row_group_size=2)
+    cfg = InputConfig(uri=str(tmp_path / "paths.parquet"), images_per_partition=2)
+    assert len(plan_partitions(cfg)) == 2
+    rows = rows_of(cfg)
+    assert [r["reason"] for r in rows] == [None, None, None, schema.READ_FAILED]
+    with pytest.raises(ValueError, match="parquet_image_column"):
+        plan_partitions(InputConfig(uri=str(tmp_path / "pq" / "bytes.parquet"), parquet_image_column="nope"))
+
+
+def test_tar_input_through_the_whole_pipeline(tmp_path, ray_local):
+    with tarfile.open(tmp_path / "in.tar", "w") as tar:
+        _add(tar, "a.jpg", _img((10, 200, 10), (400, 300)))
+        _add(tar, "a.json", b'{"caption": "x"}')
+        _add(tar, "b.jpg", b"\xff\xd8 not really")
+        _add(tar, "c.jpg", _img((10, 200, 10), (400, 300)))
+    cfg = CurationConfig(input=InputConfig(uri=str(tmp_path / "in.tar")), output_dir=str(tmp_path / "out"),
+                         decode=DecodeConfig(), tracking=TrackingConfig(enabled=False))
+    cfg.detector.backend = "none"
+    result = run_curation(cfg)
+    assert (result.stats["inputs"], result.stats["kept"], result.stats["errors"]) == (3, 1, 1)
+    assert result.stats["dropped_by_reason"] == {"exact_duplicate": 1}
+    assert [s for s in result.stats["stages"] if s["name"] == "person_detection"][0]["applied"] is False
