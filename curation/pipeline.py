@@ -32,6 +32,7 @@ from curation.dedup.exact import exact_duplicate_decisions
 from curation.detection import PersonDetectionStage, check_detector_config
 from curation.filters import GeometryFilterStage
 from curation.stages import Stage, apply_stage
+from curation.versions import code_version, dataset_version_id
 from curation.stats import READ_REASONS, compute_stats, format_summary
 from infra import storage
 from infra.config import config_digest, config_to_dict, dump_config
@@ -48,7 +49,7 @@ class CurationResult:
     stats: dict
     manifest_uri: str
     shards: list[str]
-    dataset_digest: str
+    dataset_id: str
     mlflow_run_id: str | None
     resumed_partitions: int = 0
     skipped: bool = False
@@ -58,7 +59,7 @@ class CurationResult:
                  f"shards:   {storage.join(self.output_dir, writer.SHARDS)} ({len(self.shards)} files)",
                  f"manifest: {self.manifest_uri}",
                  f"stats:    {storage.join(self.output_dir, STATS_FILE)}",
-                 f"dataset digest: {self.dataset_digest}"]
+                 f"dataset version: {self.dataset_id}"]
         if self.mlflow_run_id:
             lines.append(f"mlflow run: {self.mlflow_run_id}")
         return "\n".join(lines)
@@ -163,15 +164,6 @@ def read_manifest(fs, out: str) -> pa.Table:
     return pads.dataset(files, format="parquet", filesystem=fs).to_table().sort_by("key")
 
 
-def manifest_digest(manifest: pa.Table) -> str:
-    """Content digest of the manifest: key, status, reason and content hash of every row."""
-    h = hashlib.sha256()
-    cols = [manifest.column(c).to_pylist() for c in ("key", "status", "reason", "sha256")]
-    for key, status, reason, sha in zip(*cols):
-        h.update(f"{key}\t{status}\t{reason}\t{sha}\n".encode())
-    return h.hexdigest()[:16]
-
-
 def _shard_files(fs, out: str) -> list[str]:
     d = storage.join(out, writer.SHARDS)
     return [f.path for f in storage.list_files(fs, d, (".tar",))] if storage.exists(fs, d) else []
@@ -214,7 +206,7 @@ def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> Cura
         _drop_staging(fs, out)
         stats = json.loads(storage.read_bytes(fs, storage.join(out, STATS_FILE)))
         return CurationResult(out_uri, stats, storage.join(out_uri, writer.MANIFEST),
-                              [storage.to_uri(fs, p) for p in _shard_files(fs, out)], done["dataset_digest"],
+                              [storage.to_uri(fs, p) for p in _shard_files(fs, out)], done["dataset_id"],
                               done.get("mlflow_run_id"), skipped=True)
     storage.remove_temp_files(fs, out)
 
@@ -248,17 +240,19 @@ def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> Cura
     if not stats["reconciled"]:
         raise RuntimeError(f"accounting does not reconcile: {format_summary(stats)}")
     storage.atomic_write_bytes(fs, storage.join(out, STATS_FILE), json.dumps(stats, indent=2, sort_keys=True).encode())
-    dataset_digest = manifest_digest(manifest)
+    dataset_id = dataset_version_id(manifest, digest)
+    dataset_name = cfg.tracking.dataset_name or cfg.name
     shards = [storage.to_uri(fs, p) for p in _shard_files(fs, out)]
     run_id = None
     if cfg.tracking.enabled:
         from curation.tracking import log_curation_run
-        run_id = log_curation_run(cfg, out_uri, stats, manifest, dataset_digest, shards, digest)
+        run_id = log_curation_run(cfg, out_uri, stats, manifest, dataset_id, dataset_name, shards, digest)
     storage.atomic_write_bytes(fs, storage.join(out, SUCCESS_FILE), json.dumps(
-        {"dataset_digest": dataset_digest, "job_digest": digest, "mlflow_run_id": run_id,
-         "seconds": round(time.time() - t0, 3)}, sort_keys=True).encode())
+        {"dataset_id": dataset_id, "dataset_name": dataset_name, "job_digest": digest, "code_version": code_version(),
+         "mlflow_run_id": run_id, "kept": stats["kept"], "seconds": round(time.time() - t0, 3)},
+        sort_keys=True).encode())
     _drop_staging(fs, out)
-    return CurationResult(out_uri, stats, storage.join(out_uri, writer.MANIFEST), shards, dataset_digest, run_id,
+    return CurationResult(out_uri, stats, storage.join(out_uri, writer.MANIFEST), shards, dataset_id, run_id,
                           resumed_partitions=resumed)
 
 

@@ -7,11 +7,12 @@ import os
 import pyarrow as pa
 
 from curation.config import CurationConfig
+from curation.versions import code_version
 from infra import tracking
 
 
-def log_curation_run(cfg: CurationConfig, output_uri: str, stats: dict, manifest: pa.Table, dataset_digest: str,
-                     shards: list[str], job_digest: str) -> str:
+def log_curation_run(cfg: CurationConfig, output_uri: str, stats: dict, manifest: pa.Table, dataset_id: str,
+                     dataset_name: str, shards: list[str], job_digest: str) -> str:
     """Log (or find, when an earlier attempt already logged this output) the run; returns its id."""
     import mlflow
 
@@ -22,7 +23,6 @@ def log_curation_run(cfg: CurationConfig, output_uri: str, stats: dict, manifest
     if existing:
         return existing
     name = cfg.tracking.run_name or os.path.basename(output_uri.rstrip("/"))
-    dataset_name = cfg.tracking.dataset_name or name
     with mlflow.start_run(experiment_id=exp_id, run_name=name, tags=tags) as run:
         tracking.log_config(cfg)
         mlflow.log_metrics({"inputs": stats["inputs"], "kept": stats["kept"], "dropped": stats["dropped"],
@@ -38,9 +38,9 @@ def log_curation_run(cfg: CurationConfig, output_uri: str, stats: dict, manifest
         mlflow.log_text("\n".join(shards) + "\n", "shards.txt")
         profile = {"inputs": stats["inputs"], "kept": stats["kept"], "dropped": stats["dropped"],
                    "errors": stats["errors"], "shards": stats["shards"]}
-        dataset = tracking.make_dataset(dataset_name, dataset_digest, output_uri,
+        dataset = tracking.make_dataset(dataset_name, dataset_id, output_uri,
                                         schema=tracking.arrow_to_mlflow_schema(manifest.schema), profile=profile)
         mlflow.log_input(dataset, context="curation_output")
-        mlflow.set_tags({"dataset.digest": dataset_digest, "dataset.uri": output_uri,
-                         "dataset.shards": json.dumps(len(shards))})
+        mlflow.set_tags({"dataset.id": dataset_id, "dataset.name": dataset_name, "dataset.uri": output_uri,
+                         "dataset.shards": json.dumps(len(shards)), "curation.code_version": code_version()})
         return run.info.run_id

@@ -126,7 +126,7 @@ def test_mlflow_records_config_counts_stats_and_dataset(curated):
     assert run.data.metrics["kept"] == result.stats["kept"]
     assert run.data.metrics["dropped.exact_duplicate"] == 1
     inputs = run.inputs.dataset_inputs
-    assert len(inputs) == 1 and inputs[0].dataset.digest == result.dataset_digest
+    assert len(inputs) == 1 and inputs[0].dataset.digest == result.dataset_id
     assert json.loads(inputs[0].dataset.profile)["kept"] == result.stats["kept"]
     client = mlflow.MlflowClient(cfg.tracking.uri)
     stats = json.loads(Path(client.download_artifacts(run.info.run_id, "stats.json", str(root))).read_text())
@@ -137,8 +137,21 @@ def test_mlflow_records_config_counts_stats_and_dataset(curated):
 def test_rerun_reuses_and_other_config_is_refused(curated):
     root, _, cfg, result = curated
     again = run_curation(cfg)
-    assert again.skipped and again.dataset_digest == result.dataset_digest
+    assert again.skipped and again.dataset_id == result.dataset_id
     changed = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights))
     changed.filters.min_short_side = 100
     with pytest.raises(ValueError, match="different configuration"):
         run_curation(changed)
+
+
+def test_a_training_run_finds_the_shards_by_version_id_alone(curated):
+    from curation.versions import resolve_dataset
+
+    root, _, cfg, result = curated
+    by_id = resolve_dataset(result.dataset_id, tracking_uri=cfg.tracking.uri)
+    assert list(by_id.shards) == sorted(result.shards) and by_id.run_id == result.mlflow_run_id
+    assert by_id.num_samples == result.stats["kept"]
+    by_folder = resolve_dataset(str(root / "curated"))
+    assert by_folder.id == result.dataset_id and by_folder.shards == by_id.shards
+    with pytest.raises(ValueError, match="no dataset version"):
+        resolve_dataset("0000000000000000", tracking_uri=cfg.tracking.uri)

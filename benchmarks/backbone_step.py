@@ -1,0 +1,155 @@
+"""Forward+backward step time of a Sapiens2 backbone next to a plain
+``nn.TransformerEncoder`` of the same width and depth, measured in the same run.
+
+The figure is the time ratio (Sapiens2 / baseline); FLOPs per step are printed for both
+(counted with ``FlopCounterMode`` on the meta device, forward and backward), so the ratio
+can be read against the extra work of SwiGLU (12 D^2 vs 8 D^2 per token), QK-norm and
+RoPE. On CUDA the step runs under bf16 autocast and achieved TFLOP/s and MFU are printed.
+
+    python benchmarks/backbone_step.py                       # CPU, sapiens2_small, 256x192
+    python benchmarks/backbone_step.py --device cuda         # sapiens2_0.4b, 1024x768, bf16
+    python benchmarks/backbone_step.py --device cuda --model sapiens2_1b --batch 4 --peak-tflops 989
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from models.registry import build_backbone, get_config
+
+DEFAULTS = {
+    "cpu": {"model": "sapiens2_small", "hw": (256, 192), "batch": 4, "steps": 8, "warmup": 2},
+    "cuda": {"model": "sapiens2_0.4b", "hw": (1024, 768), "batch": 8, "steps": 20, "warmup": 5},
+}
+
+
+class PlainViT(nn.Module):
+    """Baseline: same patch embedding, prefix-token count, width, heads and depth; stock
+    ``nn.TransformerEncoder`` (pre-norm LayerNorm, GELU MLP 4x, learnt position table)."""
+
+    def __init__(self, *, dim: int, depth: int, heads: int, patch: int, num_patches: int, num_prefix: int) -> None:
+        super().__init__()
+        self.patch_embed = nn.Conv2d(3, dim, patch, stride=patch)
+        self.prefix = nn.Parameter(torch.zeros(1, num_prefix, dim))
+        self.pos = nn.Parameter(torch.zeros(1, num_patches, dim))
+        layer = nn.TransformerEncoderLayer(
+            dim, heads, dim_feedforward=4 * dim, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, depth, norm=nn.LayerNorm(dim), enable_nested_tensor=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos
+        return self.encoder(torch.cat((self.prefix.expand(x.shape[0], -1, -1), x), dim=1))
+
+
+def sapiens_tokens(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: model(x).tokens
+
+
+def step_flops(build: Callable[[torch.device], nn.Module], out: Callable, x_shape: tuple[int, ...]) -> int:
+    """Forward + backward FLOPs of one step, counted on the meta device."""
+    model = build(torch.device("meta"))
+    x = torch.empty(x_shape, device="meta")
+    with FlopCounterMode(display=False) as counter:
+        out(model)(x).float().square().mean().backward()
+    return counter.get_total_flops()
+
+
+def one_step(model: nn.Module, fn: Callable, x: torch.Tensor, bf16: bool) -> float:
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+        loss = fn(x).float().square().mean()
+    loss.backward()
+    sync()
+    elapsed = time.perf_counter() - start
+    model.zero_grad(set_to_none=True)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--model", help="registry name (default: sapiens2_small on cpu, sapiens2_0.4b on cuda)")
+    parser.add_argument("--hw", type=int, nargs=2, metavar=("H", "W"))
+    parser.add_argument("--batch", type=int)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s for MFU (H100/H200: 989)")
+    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    args = parser.parse_args()
+    d = DEFAULTS[args.device]
+    name, (H, W) = args.model or d["model"], tuple(args.hw or d["hw"])
+    batch, steps, warmup = args.batch or d["batch"], args.steps or d["steps"], args.warmup or d["warmup"]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bf16 = args.device == "cuda"
+    device = torch.device(args.device)
+
+    cfg = get_config(name)
+    grid = (H // cfg.feature_stride) * (W // cfg.feature_stride)
+    if cfg.use_tokenizer:
+        raise SystemExit("the baseline has no window tokenizer: pick a model without one")
+
+    def build_sapiens(on: torch.device) -> nn.Module:
+        return build_backbone(name, device=on)
+
+    def build_plain(on: torch.device) -> nn.Module:
+        with on:
+            return PlainViT(
+                dim=cfg.embed_dim, depth=cfg.depth, heads=cfg.num_heads, patch=cfg.patch_size,
+                num_patches=grid, num_prefix=1 + cfg.num_storage_tokens,
+            )
+
+    x_shape = (batch, 3, H, W)
+    runs = {"sapiens2": (build_sapiens, sapiens_tokens), "plain": (build_plain, lambda m: m)}
+    print(f"model {name}: dim {cfg.embed_dim}, depth {cfg.depth}, heads {cfg.num_heads}, "
+          f"kv heads {cfg.kv_heads} in blocks {list(cfg.gqa_blocks) or 'none'}")
+    print(f"input {batch}x3x{H}x{W} ({grid} patches + {1 + cfg.num_storage_tokens} prefix tokens), device "
+          f"{torch.cuda.get_device_name() if bf16 else 'cpu'} ({'bf16 autocast' if bf16 else 'fp32'}, "
+          f"{torch.get_num_threads()} threads), torch {torch.__version__}, {steps} timed steps after {warmup}")
+    torch.manual_seed(0)
+    x = torch.randn(x_shape, device=device)
+    models, times, flops = {}, {}, {}
+    for label, (build, out) in runs.items():
+        flops[label] = step_flops(build, out, x_shape)
+        model = build(device).train()
+        models[label] = (model, out(torch.compile(model) if args.compile else model))
+        times[label] = []
+    # Steps alternate between the two models, so load from other processes (or clock
+    # changes) hits both alike and the ratio stays meaningful on a shared machine.
+    for i in range(warmup + steps):
+        for label, (model, fn) in models.items():
+            elapsed = one_step(model, fn, x, bf16)
+            if i >= warmup:
+                times[label].append(elapsed)
+    results = {}
+    for label, (model, _) in models.items():
+        med = statistics.median(times[label])
+        results[label] = (med, flops[label])
+        params = sum(p.numel() for p in model.parameters())
+        line = (f"{label:>9}: {params / 1e6:8.1f} M params  {med * 1e3:9.1f} ms/step (median; min "
+                f"{min(times[label]) * 1e3:.1f})  {batch / med:8.2f} img/s  {flops[label] / 1e9:9.1f} GFLOP/step  "
+                f"{flops[label] / med / 1e12:7.3f} TFLOP/s")
+        if bf16:
+            line += f"  MFU {flops[label] / med / 1e12 / args.peak_tflops:6.1%} of {args.peak_tflops:g}"
+        print(line)
+    if bf16:
+        print(f"peak GPU memory (both models): {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    (t_s, f_s), (t_p, f_p) = results["sapiens2"], results["plain"]
+    best = min(times["sapiens2"]) / min(times["plain"])
+    print(f"ratio sapiens2/plain: time {t_s / t_p:.2f}x (median), {best:.2f}x (best step); FLOPs {f_s / f_p:.2f}x; "
+          f"time per FLOP {(t_s / f_s) / (t_p / f_p):.2f}x (median)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The Sapiens2 model family: backbone, 4K tokenizer, pretraining and task heads.
+
+Entry points: ``build_backbone(name)`` (``list_models()`` for the names),
+``load_weights`` / ``save_state_dict_file`` for official-layout checkpoints,
+``MAEDecoder`` / ``DINOHead`` for pretraining and ``build_task_head(task, in_dim)``
+for probing.
+"""
+
+from models.io import StateDictMismatchError, load_state_dict_file, load_weights, save_state_dict_file
+from models.pretrain_heads import (
+    DINOHead,
+    MAEDecoder,
+    MAEDecoderConfig,
+    normalized_pixel_targets,
+    patchify,
+    unpatchify,
+)
+from models.registry import MODEL_REGISTRY, build_backbone, count_flops, count_params, get_config, list_models
+from models.sapiens2 import BackboneOutput, Sapiens2Backbone, Sapiens2Config
+from models.task_heads import TASK_HEADS, build_task_head
+
+__all__ = [
+    "MODEL_REGISTRY",
+    "TASK_HEADS",
+    "BackboneOutput",
+    "DINOHead",
+    "MAEDecoder",
+    "MAEDecoderConfig",
+    "Sapiens2Backbone",
+    "Sapiens2Config",
+    "StateDictMismatchError",
+    "build_backbone",
+    "build_task_head",
+    "count_flops",
+    "count_params",
+    "get_config",
+    "list_models",
+    "load_state_dict_file",
+    "load_weights",
+    "normalized_pixel_targets",
+    "patchify",
+    "save_state_dict_file",
+    "unpatchify",
+]
