@@ -5,6 +5,21 @@ import dataclasses
 from dataclasses import field
 from typing import Literal
 
+from curation.content import ContentFiltersConfig
+
+
+def weightless_content_filters(text: bool = True, num_cpus: float = 0.5) -> ContentFiltersConfig:
+    """Content filters that need no model weights from outside: only OCR (rapidocr ships its models).
+
+    The CLIP, artistic and watermark filters are explicitly disabled, which stats.json and
+    MLflow record as "not applied". For laptops, demos and tests.
+    """
+    cfg = ContentFiltersConfig()
+    cfg.embedding.enabled = cfg.artistic.enabled = cfg.watermark.enabled = False
+    cfg.text.enabled = text
+    cfg.text.num_cpus = num_cpus
+    return cfg
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 
 
@@ -130,6 +145,7 @@ class CurationConfig:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     filters: FilterConfig = field(default_factory=FilterConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    content: ContentFiltersConfig = field(default_factory=ContentFiltersConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     ray: RayConfig = field(default_factory=RayConfig)

@@ -123,6 +123,19 @@ def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]
     }
 
 
+def captioned(im: Image.Image, text: str = "WHEN THE DEMO\nFINALLY RUNS") -> Image.Image:
+    """A meme: two lines of large outlined text across the bottom of a photo (text-dominated)."""
+    import matplotlib
+    from PIL import ImageDraw, ImageFont
+
+    out = im.convert("RGB").copy()
+    w, h = out.size
+    font = ImageFont.truetype(str(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans-Bold.ttf"), w // 12)
+    ImageDraw.Draw(out).multiline_text((w / 2, h * 0.97), text, font=font, fill="white", anchor="md",
+                                       align="center", stroke_width=max(2, w // 200), stroke_fill="black")
+    return out
+
+
 def build_demo_corpus(folder: str | Path, with_duplicates: bool = True) -> dict[str, tuple[str, str | None]]:
     """Write the demo corpus; returns relative path -> (expected status, expected reason or note).
 
@@ -151,6 +164,14 @@ def build_demo_corpus(folder: str | Path, with_duplicates: bool = True) -> dict[
         shutil.copyfile(root / "people" / "bus.jpg", dup)
         # Of two identical files the smaller key is kept: keys start with the relative path.
         expected["reposts/bus_repost.jpg"] = ("dropped", "exact_duplicate")
+    # Content-filter cases: a real watermark (messi5.jpg's "WEEK media") and a rendered meme caption.
+    if (SHARED_IMAGES / "messi5.jpg").is_file():
+        (root / "web").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(SHARED_IMAGES / "messi5.jpg", root / "web" / "messi5.jpg")
+        expected["web/messi5.jpg"] = ("dropped", "watermark_text")
+    (root / "web").mkdir(parents=True, exist_ok=True)
+    captioned(Image.open(_matplotlib_sample("grace_hopper.jpg"))).save(root / "web" / "hopper_meme.jpg", quality=92)
+    expected["web/hopper_meme.jpg"] = ("dropped", "text")
     base = Image.open(_ultralytics_asset("bus.jpg")).convert("RGB")
     for rel, (data, status, reason) in planted_cases(base).items():
         dest = root / rel

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from curation import readers, schema, staging, writer
 from curation.config import CurationConfig
+from curation.content import build_content_stages, content_filter_report
 from curation.decode import DecodeStage
 from curation.dedup import CANDIDATE_COLUMNS, DECISION_SCHEMA
 from curation.dedup.exact import exact_duplicate_decisions
@@ -65,18 +66,26 @@ class CurationResult:
         return "\n".join(lines)
 
 
+_CONTENT_STAGE_NAMES_BY_KEY = {"embedding": "clip_embedding", "artistic": "artistic_filter",
+                               "watermark": "watermark_filter", "text": "text_filter"}
+_CONTENT_STAGE_NAMES = set(_CONTENT_STAGE_NAMES_BY_KEY.values())
+
+
 def build_stages(cfg: CurationConfig) -> list[Stage]:
     """The recipe, in order. Each stage annotates; the writer's single decision drops and counts."""
     stages: list[Stage] = [DecodeStage(cfg.decode), GeometryFilterStage(cfg.filters)]
     if cfg.detector.backend != "none":
         stages.append(PersonDetectionStage(cfg.detector))
+    stages += build_content_stages(cfg.content)  # after detection: models only see images with people
     return stages
 
 
 def describe_stages(cfg: CurationConfig, stages: list[Stage]) -> list[dict]:
-    described = [s.describe() for s in stages]
+    described = [s.describe() for s in stages if s.name not in _CONTENT_STAGE_NAMES]
     if cfg.detector.backend == "none":
         described.append({"name": "person_detection", "applied": False, "why": "detector.backend=none"})
+    for key, report in content_filter_report(cfg.content).items():
+        described.append({"name": _CONTENT_STAGE_NAMES_BY_KEY[key], **{k: v for k, v in report.items() if k != "name"}})
     described.append({"name": "exact_dedup", "applied": cfg.dedup.exact})
     return described
 

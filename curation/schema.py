@@ -130,7 +130,7 @@ def set_reasons(table: pa.Table, reasons: list[str | None]) -> pa.Table:
 
 
 def final_status(decode_ok: bool | None, reason: str | None) -> str:
-    """The pipeline's single decision: error, dropped or kept."""
-    if not decode_ok:
+    """The pipeline's single decision: error (the bytes are unusable), dropped (a filter said so) or kept."""
+    if not decode_ok or reason in ERROR_REASONS:
         return ERROR
     return DROPPED if reason is not None else KEPT

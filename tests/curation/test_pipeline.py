@@ -9,7 +9,8 @@ from pathlib import Path
 import pyarrow.dataset as pads
 import pytest
 
-from curation.config import CurationConfig, DetectorConfig, FilterConfig, InputConfig, TrackingConfig
+from curation.config import (CurationConfig, DetectorConfig, FilterConfig, InputConfig, TrackingConfig,
+                             weightless_content_filters)
 from curation.demo import build_demo_corpus
 from curation.pipeline import run_curation
 
@@ -20,7 +21,8 @@ def demo_config(raw: Path, out: Path, centernet: Path, **overrides) -> CurationC
         output_dir=str(out),
         filters=FilterConfig(min_short_side=256),
         detector=DetectorConfig(backend="centernet_onnx", weights=str(centernet), score_threshold=0.3,
-                                min_box_size=200, batch_size=4),
+                                min_box_size=200, batch_size=4, num_cpus=0.5),
+        content=weightless_content_filters(),
         tracking=TrackingConfig(uri=f"sqlite:///{out.parent / 'mlflow.db'}", experiment="test-curation"),
         **overrides,
     )

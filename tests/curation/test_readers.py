@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from curation import schema
-from curation.config import CurationConfig, DecodeConfig, InputConfig, TrackingConfig
+from curation.config import CurationConfig, DecodeConfig, InputConfig, TrackingConfig, weightless_content_filters
 from curation.demo import jpeg_bytes
 from curation.pipeline import run_curation
 from curation.readers import plan_partitions, read_partition
@@ -116,9 +116,12 @@ def test_tar_input_through_the_whole_pipeline(tmp_path, ray_local):
         _add(tar, "b.jpg", b"\xff\xd8 not really")
         _add(tar, "c.jpg", _img((10, 200, 10), (400, 300)))
     cfg = CurationConfig(input=InputConfig(uri=str(tmp_path / "in.tar")), output_dir=str(tmp_path / "out"),
-                         decode=DecodeConfig(), tracking=TrackingConfig(enabled=False))
+                         decode=DecodeConfig(), tracking=TrackingConfig(enabled=False),
+                         content=weightless_content_filters(text=False))
     cfg.detector.backend = "none"
     result = run_curation(cfg)
     assert (result.stats["inputs"], result.stats["kept"], result.stats["errors"]) == (3, 1, 1)
     assert result.stats["dropped_by_reason"] == {"exact_duplicate": 1}
     assert [s for s in result.stats["stages"] if s["name"] == "person_detection"][0]["applied"] is False
+    for name in ("clip_embedding", "artistic_filter", "watermark_filter", "text_filter"):
+        assert [s for s in result.stats["stages"] if s["name"] == name][0]["applied"] is False
