@@ -26,7 +26,7 @@ def _parity_file() -> Path:
     for c in candidates:
         if c and (Path(c) / "sapiens2_parity_tiny.safetensors").exists():
             return Path(c) / "sapiens2_parity_tiny.safetensors"
-    pytest.skip("shared/reference not found; set SAPIENS2_REFERENCE_DIR")
+    pytest.fail("shared/reference not found; set SAPIENS2_REFERENCE_DIR")
 
 
 GROUPS = {"plain": "sapiens2_tiny", "tokenizer4k": "sapiens2_tiny_4k"}

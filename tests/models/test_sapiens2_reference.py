@@ -17,7 +17,7 @@ def _reference_dir() -> Path:
     for c in candidates:
         if c and (Path(c) / "sapiens2_reference.json").exists():
             return Path(c)
-    pytest.skip("shared/reference not found; set SAPIENS2_REFERENCE_DIR")
+    pytest.fail("shared/reference not found; set SAPIENS2_REFERENCE_DIR")
 
 
 @pytest.fixture(scope="module")
