@@ -6,6 +6,8 @@ from dataclasses import field
 from typing import Literal
 
 from curation.content import ContentFiltersConfig
+from curation.dedup.near import NearDupConfig
+from curation.dedup.semantic import SemanticDupConfig
 
 
 def weightless_content_filters(text: bool = True, num_cpus: float = 0.5) -> ContentFiltersConfig:
@@ -116,7 +118,13 @@ class DetectorConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class DedupConfig:
+    """Global dedup over the whole run, on metadata (hashes, embeddings) only."""
+
     exact: bool = True                 # identical input bytes keep one copy, across the whole run
+    near: NearDupConfig = field(default_factory=NearDupConfig)          # PHash within max_distance bits
+    semantic: SemanticDupConfig = field(default_factory=SemanticDupConfig)  # CLIP cosine (needs content.embedding)
+    engine: Literal["local", "ray"] = "local"  # ray: the shuffles run as Ray Data jobs
+    against: str | None = None         # an earlier curation output: dedup incrementally against its kept images
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -156,6 +164,9 @@ class CurationConfig:
             raise ValueError("input.uri is required: a folder, tar or parquet file (or folder of them), e.g. input.uri=data/raw")
         if not self.output_dir:
             raise ValueError("output_dir is required, e.g. output_dir=runs/curate")
+        if self.dedup.semantic.enabled and not self.content.embedding.enabled:
+            raise ValueError("dedup.semantic compares CLIP embeddings: enable content.embedding "
+                             "or set dedup.semantic.enabled=false")
         if self.detector.backend != "none" and not self.detector.weights:
             raise ValueError(f"detector.weights is required for backend {self.detector.backend!r} (a local model "
                              "file), or set detector.backend=none to run without person detection")

@@ -163,11 +163,6 @@ def encode_output(raw: bytes, rgb: Image.Image, facts: dict, cfg: DecodeConfig) 
     return out.getvalue()
 
 
-def _phash(rgb: Image.Image) -> str:
-    from curation.dedup.hashing import phash_hex
-    return phash_hex(rgb)
-
-
 OUTPUT_FIELDS = [f for f in schema.BASE_FIELDS]
 
 
@@ -188,7 +183,7 @@ class DecodeStage(Stage):
         out = {k: row.get(k) for k in ("partition", "key", "source", "source_meta", "input_bytes",
                                        "reason", "error_message")}
         out.update(decode_ok=False, width=None, height=None, format=None, mode=None, notes=[], image=None,
-                   image_ext=None, phash=None, sha256=None)
+                   image_ext=None, phash=None, phash_mirror=None, sha256=None)
         raw = row.get("raw")
         if raw is not None:
             out["sha256"] = hashlib.sha256(raw).hexdigest()
@@ -202,8 +197,16 @@ class DecodeStage(Stage):
             return out
         out.update(decode_ok=True, width=rgb.width, height=rgb.height, format=facts["format"],
                    mode=facts["mode"], notes=facts["notes"], image_ext="jpg",
-                   phash=_phash(rgb) if self.compute_phash else None)
+                   **self._hashes(rgb))
         return out
+
+    def _hashes(self, rgb: Image.Image) -> dict:
+        if not self.compute_phash:
+            return {"phash": None, "phash_mirror": None}
+        from curation.dedup.hashing import phash_hex_pair
+
+        phash, mirror = phash_hex_pair(rgb)
+        return {"phash": phash, "phash_mirror": mirror}
 
     def process(self, batch: pa.Table) -> pa.Table:
         rows = [self.decode_row(r) for r in batch.to_pylist()]

@@ -84,18 +84,31 @@ def jpeg_bytes(im: Image.Image, **kw) -> bytes:
     return buf.getvalue()
 
 
-def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]:
-    """File name -> (bytes, expected status, expected reason or decode note). ``base`` is a person photo."""
+def _view(base: Image.Image, i: int) -> Image.Image:
+    """The i-th of several distinct crop windows of ``base`` (each >16% apart: not near-duplicates)."""
     w, h = base.size
-    rgba = base.convert("RGBA")
-    alpha = np.array(rgba)
+    cw, ch = int(w * 0.72), int(h * 0.72)
+    dx, dy = [(0, 0), (1, 0), (0, 1), (1, 1), (0.5, 0.5), (0.5, 0), (0, 0.5), (1, 0.5)][i]
+    x, y = int(dx * (w - cw)), int(dy * (h - ch))
+    return base.crop((x, y, x + cw, y + ch))
+
+
+def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]:
+    """File name -> (bytes, expected status, expected reason or decode note). ``base`` is a person photo.
+
+    Each pixel-format case is cut from its own window of ``base`` so that no two of them
+    are near-duplicates; the near-duplicate cases are resized / mirrored copies of ``base``.
+    """
+    w, h = base.size
+    alpha = np.array(_view(base, 0).convert("RGBA"))
     alpha[..., 3] = 128
-    pal = base.convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
-    frames = [base.convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
-              base.transpose(Image.Transpose.FLIP_LEFT_RIGHT).convert("P", palette=Image.Palette.ADAPTIVE, colors=32)]
+    pal = _view(base, 1).convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
+    anim = _view(base, 2)
+    frames = [anim.convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
+              anim.transpose(Image.Transpose.FLIP_LEFT_RIGHT).convert("P", palette=Image.Palette.ADAPTIVE, colors=32)]
     gif = io.BytesIO()
     frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
-    grey16 = (np.asarray(base.convert("L"), dtype=np.uint16) * 257)
+    grey16 = (np.asarray(_view(base, 3).convert("L"), dtype=np.uint16) * 257)
     png16 = io.BytesIO()
     Image.fromarray(grey16).save(png16, format="PNG")
     rgba_png = io.BytesIO()
@@ -104,7 +117,8 @@ def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]
     pal.save(pal_png, format="PNG")
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90 degrees clockwise on display: stored landscape, shown portrait
-    rotated = jpeg_bytes(base.transpose(Image.Transpose.ROTATE_90), quality=92, exif=exif.tobytes())
+    upright = _view(base, 4)
+    rotated = jpeg_bytes(upright.transpose(Image.Transpose.ROTATE_90), quality=92, exif=exif.tobytes())
     good = jpeg_bytes(base, quality=92)
     return {
         "bad/corrupt.jpg": (os.urandom(2048), "error", "not_an_image"),
@@ -114,12 +128,18 @@ def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]
         "bad/bomb.png": (bomb_png(), "error", "decompression_bomb"),
         "small/tiny.jpg": (jpeg_bytes(base.resize((max(1, w // 10), max(1, h // 10)))), "dropped", "too_small"),
         "small/panorama.jpg": (jpeg_bytes(base.resize((w * 2, max(1, h // 3)))), "dropped", "aspect_ratio"),
-        "formats/cmyk.jpg": (jpeg_bytes(base.convert("CMYK")), "kept", "cmyk_converted"),
+        "formats/cmyk.jpg": (jpeg_bytes(_view(base, 5).convert("CMYK")), "kept", "cmyk_converted"),
         "formats/grey16.png": (png16.getvalue(), "kept", "scaled_16bit"),
         "formats/alpha.png": (rgba_png.getvalue(), "kept", "alpha_composited"),
         "formats/palette.png": (pal_png.getvalue(), "kept", "palette_converted"),
         "formats/animated.gif": (gif.getvalue(), "kept", "animated_frame0"),
         "formats/exif_rotated.jpg": (rotated, "kept", "exif_rotated"),
+        # near-duplicates of the full photo: smaller copies lose to the original (largest resolution wins)
+        "reposts/bus_small.jpg": (jpeg_bytes(base.resize((w * 3 // 4, h * 3 // 4)), quality=80),
+                                  "dropped", "near_duplicate"),
+        "reposts/bus_mirror_small.jpg": (jpeg_bytes(base.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+                                                    .resize((w * 7 // 8, h * 7 // 8)), quality=85),
+                                         "dropped", "near_duplicate"),
     }
 
 

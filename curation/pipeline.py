@@ -28,8 +28,7 @@ from curation import readers, schema, staging, writer
 from curation.config import CurationConfig
 from curation.content import build_content_stages, content_filter_report
 from curation.decode import DecodeStage
-from curation.dedup import CANDIDATE_COLUMNS, DECISION_SCHEMA
-from curation.dedup.exact import exact_duplicate_decisions
+from curation.dedup.run import NEAR_INDEX_DIR, global_decisions
 from curation.detection import PersonDetectionStage, check_detector_config
 from curation.filters import GeometryFilterStage
 from curation.stages import Stage, apply_stage
@@ -86,7 +85,11 @@ def describe_stages(cfg: CurationConfig, stages: list[Stage]) -> list[dict]:
         described.append({"name": "person_detection", "applied": False, "why": "detector.backend=none"})
     for key, report in content_filter_report(cfg.content).items():
         described.append({"name": _CONTENT_STAGE_NAMES_BY_KEY[key], **{k: v for k, v in report.items() if k != "name"}})
-    described.append({"name": "exact_dedup", "applied": cfg.dedup.exact})
+    described.append({"name": "exact_dedup", "applied": cfg.dedup.exact, "against": cfg.dedup.against})
+    described.append({"name": "near_dedup", "applied": cfg.dedup.near.enabled, "hash": cfg.dedup.near.hash,
+                      "max_distance": cfg.dedup.near.max_distance, "match_mirrored": cfg.dedup.near.match_mirrored})
+    described.append({"name": "semantic_dedup", "applied": cfg.dedup.semantic.enabled,
+                      "threshold": cfg.dedup.semantic.threshold})
     return described
 
 
@@ -95,7 +98,8 @@ def funnel_of(stages: list[Stage]) -> list[tuple[str, tuple[str, ...]]]:
     for s in stages:
         owned = tuple(r for r in s.reasons if r not in READ_REASONS)
         funnel.append((s.name, owned))
-    funnel.append(("exact_dedup", (schema.EXACT_DUPLICATE,)))
+    funnel += [("exact_dedup", (schema.EXACT_DUPLICATE,)), ("near_dedup", (schema.NEAR_DUPLICATE,)),
+               ("semantic_dedup", (schema.SEMANTIC_DUPLICATE,))]
     return funnel
 
 
@@ -142,15 +146,35 @@ def score_partitions(partitions: list[readers.Partition], stages: list[Stage], c
 def global_dedup(fs, out: str, pids: list[str], cfg: CurationConfig, stages: list[Stage]) -> pa.Table:
     """Dedup decisions over the whole run, from metadata only; saved with the output."""
     have_person = any(isinstance(s, PersonDetectionStage) for s in stages)
-    columns = [c for c in CANDIDATE_COLUMNS if c != "person_score_max" or have_person] + ["partition"]
+    columns = ["key", "sha256", "phash", "phash_mirror", "width", "height", "partition"]
+    columns += ["person_score_max"] if have_person else []
+    columns += [cfg.dedup.semantic.embedding_column] if cfg.dedup.semantic.enabled else []
     candidates = staging.read_candidates(fs, out, pids, columns)
     if not have_person:
         candidates = candidates.append_column("person_score_max", pa.nulls(candidates.num_rows, pa.float32()))
-    decisions = DECISION_SCHEMA.empty_table()
-    if cfg.dedup.exact and candidates.num_rows:
-        decisions = exact_duplicate_decisions(candidates)
+    against_kept = against_index = None
+    if cfg.dedup.against:
+        against_kept, against_index = _load_against(cfg)
+    decisions, index = global_decisions(candidates, cfg.dedup, engine=cfg.dedup.engine,
+                                        against_kept=against_kept, against_index=against_index)
     storage.write_parquet(fs, storage.join(out, DEDUP_DIR, "decisions.parquet"), decisions)
+    if index is not None and storage.is_local(fs):
+        index.save(storage.join(out, DEDUP_DIR, NEAR_INDEX_DIR))
     return decisions
+
+
+def _load_against(cfg: CurationConfig):
+    """The earlier version's kept images (key, sha256) and its saved near-dup index."""
+    from curation.dedup.incremental import NearDupIndex
+
+    afs, aroot = storage.resolve(cfg.dedup.against)
+    if not storage.exists(afs, storage.join(aroot, SUCCESS_FILE)):
+        raise ValueError(f"dedup.against={cfg.dedup.against!r} is not a finished curation output (no _SUCCESS)")
+    manifest = read_manifest(afs, aroot)
+    kept = manifest.filter(pa.compute.equal(manifest.column("status"), schema.KEPT)).select(["key", "sha256"])
+    index_dir = storage.join(aroot, DEDUP_DIR, NEAR_INDEX_DIR)
+    index = NearDupIndex.load(index_dir) if cfg.dedup.near.enabled else None
+    return kept, index
 
 
 def write_all(partitions: list[str], output: str, decisions: pa.Table) -> list[dict]:

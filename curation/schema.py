@@ -21,7 +21,8 @@ Row columns written by the reader and the decode stage (the base schema):
 - ``notes``: what decode did on purpose (``exif_rotated``, ``animated_frame0``, ...).
 - ``image``: the normalised image as encoded bytes (JPEG), null for errors.
 - ``image_ext``: extension of ``image`` in the shards (``jpg``).
-- ``phash``: 64-bit perceptual hash (imagededup PHash) as 16 hex characters.
+- ``phash``/``phash_mirror``: 64-bit perceptual hash (imagededup's PHash algorithm) of the
+  image and of its mirror, as 16 hex characters.
 """
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ TOO_SMALL = "too_small"
 BAD_ASPECT_RATIO = "aspect_ratio"
 NO_SALIENT_PERSON = "no_salient_person"
 EXACT_DUPLICATE = "exact_duplicate"
+NEAR_DUPLICATE = "near_duplicate"
+SEMANTIC_DUPLICATE = "semantic_duplicate"
 
 BASE_FIELDS = [
     pa.field("partition", pa.string(), nullable=False),
@@ -66,6 +69,7 @@ BASE_FIELDS = [
     pa.field("image", pa.binary()),
     pa.field("image_ext", pa.string()),
     pa.field("phash", pa.string()),
+    pa.field("phash_mirror", pa.string()),  # PHash of the horizontal mirror: flipped copies are near-duplicates
 ]
 
 # The reader's raw rows, before decode.

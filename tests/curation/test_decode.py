@@ -10,7 +10,7 @@ from PIL import Image
 from curation import schema
 from curation.config import DecodeConfig
 from curation.decode import DecodeStage
-from curation.demo import _ultralytics_asset, bomb_png, jpeg_bytes, planted_cases
+from curation.demo import _ultralytics_asset, _view, bomb_png, jpeg_bytes, planted_cases
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +33,8 @@ def test_every_planted_case_gets_its_exact_outcome(base):
             assert row["image"] is None
         else:
             assert row["decode_ok"], (name, row["reason"], row["error_message"])
-            if reason in ("too_small", "aspect_ratio"):
-                continue  # decode is fine; the geometry filter drops these
+            if reason in ("too_small", "aspect_ratio", "near_duplicate"):
+                continue  # decode is fine; a filter or dedup drops these later
             assert reason in row["notes"], (name, row["notes"])
             assert Image.open(io.BytesIO(row["image"])).mode == "RGB"
 
@@ -76,7 +76,8 @@ def test_alpha_is_composited_onto_the_background():
 def test_exif_orientation_is_applied(base):
     raw = planted_cases(base)["formats/exif_rotated.jpg"][0]
     row = decode(raw)
-    assert (row["width"], row["height"]) == base.size  # stored rotated, shown upright
+    upright = _view(base, 4)
+    assert (row["width"], row["height"]) == upright.size != upright.size[::-1]  # stored rotated, shown upright
     assert "exif_rotated" in row["notes"]
 
 

@@ -53,8 +53,10 @@ def test_every_input_gets_its_expected_status_and_reason(curated):
             assert row["reason"] == reason, (rel, row["reason"])
         elif reason is not None:
             assert reason in row["notes"], (rel, row["notes"])
-    dup = by_source["reposts/bus_repost.jpg"]
-    assert dup["duplicate_of"] == by_source["people/bus.jpg"]["key"]
+    bus = by_source["people/bus.jpg"]["key"]
+    for rel in ("reposts/bus_repost.jpg", "reposts/bus_small.jpg", "reposts/bus_mirror_small.jpg"):
+        assert by_source[rel]["duplicate_of"] == bus, rel  # exact copy, resized copy, mirrored copy
+    assert by_source["reposts/bus_small.jpg"]["duplicate_group"] == by_source["reposts/bus_mirror_small.jpg"]["duplicate_group"]
 
 
 def test_real_detector_keeps_people_and_drops_scenes(curated):

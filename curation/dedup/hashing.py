@@ -1,0 +1,100 @@
+"""Perceptual hashes of decoded images, computed once per image in the decode stage.
+
+``phash_hex`` is imagededup's PHash, bit for bit: it equals
+``PHash().encode_image(image_file=path)`` for the file the image came from, so hashes in a
+manifest can be checked or recomputed with imagededup alone. What that hash does (0.3.3):
+
+- the whole image (any aspect ratio, no crop, no padding) is resized to 32x32 with Lanczos
+  in RGB, then turned into 8-bit grey (Pillow's ITU-R 601-2 luma): colour counts only
+  through luma, so a grey copy hashes the same; non-RGB modes go through RGBA -> RGB first
+  (alpha dropped), as imagededup's file loader does;
+- a 2-D DCT-II of the 32x32 grey thumbnail; bit = coefficient >= median of the 63 AC ones,
+  over the top-left 8x8 coefficients (DC first, row-major, most significant bit first).
+  So the DC bit is always 1 and (barring ties) exactly 32 AC bits are set: every Hamming
+  distance between two hashes is even, and unrelated photos sit around 32 bits apart;
+- a horizontal mirror moves about 30 of the 64 bits. ``phash_hex_pair`` also returns the
+  hash of the mirrored thumbnail (one more 32x32 DCT, ~0.03 ms); it equalled the hash of
+  the mirrored image itself on every real photo we tried, so near-duplicate search can
+  match flipped copies (``NearDupConfig.match_mirrored``) without re-reading images.
+
+Cost: ~1.8 ms for a 512x512 image and ~5 ms at 1024x768 on one core, almost all of it the
+Lanczos resize of the full image (the DCT is 0.03 ms); 12 MP images take ~60 ms.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from PIL import Image
+
+HASH_HEX_CHARS = 16  # 64 bits
+
+
+@functools.lru_cache(maxsize=None)
+def _hasher(kind: str):
+    from imagededup.methods import DHash, PHash
+
+    return {"phash": PHash, "dhash": DHash}[kind](verbose=False)
+
+
+def _rgb(img: Image.Image) -> Image.Image:
+    return img if img.mode == "RGB" else img.convert("RGBA").convert("RGB")
+
+
+def _grey_thumbnail(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
+    """imagededup's preprocessing: resize in RGB with Lanczos, then 8-bit luma."""
+    from imagededup.utils.image_utils import preprocess_image
+
+    return preprocess_image(_rgb(img), target_size=size, grayscale=True)
+
+
+def phash_hex(img: Image.Image) -> str:
+    """imagededup's PHash of ``img`` as 16 hex characters (64 bits)."""
+    return _hasher("phash")._hash_func(_grey_thumbnail(img, (32, 32)))
+
+
+def phash_hex_pair(img: Image.Image, fast: bool = True) -> tuple[str, str]:
+    """(PHash of ``img``, PHash of its horizontal mirror), from one resize.
+
+    ``fast`` (the pipeline's choice) first shrinks the image by an integer factor with a box
+    filter (Pillow's ``reducing_gap=3``), then applies the same Lanczos resize to 32x32: the
+    same algorithm on a pre-reduced image, ~5x faster at 1 MP and ~80x at 8 MP, and within
+    a few bits of imagededup's own hash (exactly equal for images under ~100 px). Hashes in
+    one manifest are all computed the same way, so distances between them are comparable.
+    ``fast=False`` is imagededup's ``PHash`` bit for bit.
+    """
+    hasher = _hasher("phash")
+    if fast:
+        small = _rgb(img).resize((32, 32), Image.Resampling.LANCZOS, reducing_gap=3.0)
+        thumb = np.asarray(small.convert("L"))
+    else:
+        thumb = _grey_thumbnail(img, (32, 32))
+    return hasher._hash_func(thumb), hasher._hash_func(np.ascontiguousarray(thumb[:, ::-1]))
+
+
+def dhash_hex(img: Image.Image) -> str:
+    """imagededup's DHash (9x8 grey thumbnail, horizontal gradient signs) as 16 hex characters."""
+    return _hasher("dhash")._hash_func(_grey_thumbnail(img, (9, 8)))
+
+
+def hex_to_uint64(hashes) -> np.ndarray:
+    """16-hex-character hashes (a list or a pyarrow string array) as a uint64 array."""
+    values = hashes.to_pylist() if hasattr(hashes, "to_pylist") else list(hashes)
+    if any(h is None or len(h) != HASH_HEX_CHARS for h in values):
+        bad = [h for h in values if h is None or len(h) != HASH_HEX_CHARS][:3]
+        raise ValueError(f"hashes must be {HASH_HEX_CHARS} hex characters (64 bits); got {bad!r}")
+    try:
+        raw = bytes.fromhex("".join(values))
+    except ValueError as exc:
+        raise ValueError(f"hashes must be hexadecimal: {exc}") from None
+    return np.frombuffer(raw, dtype=">u8").astype(np.uint64)
+
+
+def uint64_to_hex(values: np.ndarray) -> list[str]:
+    """Inverse of ``hex_to_uint64``."""
+    return [f"{int(v):016x}" for v in values]
+
+
+def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Bitwise Hamming distance between uint64 arrays (broadcasting)."""
+    return np.bitwise_count(np.bitwise_xor(a, b))

@@ -1,0 +1,204 @@
+"""Incremental near-duplicate dedup: a new batch against an existing dataset version.
+
+The existing version is summarised by a ``NearDupIndex``: its near-dedup candidate rows
+(key, hashes, size, person score), each row's representative (itself when kept, else its
+``duplicate_of``), the distinct hash values, and per band the sort order of the values by
+band key, so a new batch is searched against it without re-sorting or re-deciding the old
+rows. It saves to and loads from a directory of Parquet files.
+
+Contract of ``incremental_decisions(new, index, cfg)``:
+
+- existing rows are never dropped, and an existing kept row always stays the
+  representative: a new row joined (through any chain of duplicate edges, which may pass
+  through existing rows and their groups) to an existing group is dropped with
+  ``duplicate_of`` = the best existing representative of its component by the rule;
+- new rows whose component has no existing row are grouped as in full mode.
+
+Equality with a full recomputation, precisely: if the index was built from version V's
+candidates and V's ``near_duplicate_decisions(V, cfg)`` with the same settings, then for
+any batch B
+    incremental_decisions(B, index, cfg)
+    == near_duplicate_decisions(V + B, cfg, prefer=keys of V) restricted to keys of B,
+row for row (key, reason, duplicate_of, duplicate_group). ``prefer`` makes V's rows win the
+representative choice before the rule; where the rule alone already picks a row of V in
+every component that touches V (e.g. the old copies are larger), plain
+``near_duplicate_decisions(V + B, cfg)`` gives the same rows. Only with ``prefer`` can a
+full recomputation drop an existing row (when a new row bridges two old groups, the worse
+old representative); incremental mode keeps it, by design.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from curation.dedup import DECISION_SCHEMA
+from curation.dedup.components import META_COLUMNS, component_labels, decisions_from_labels
+from curation.dedup.hashing import hamming
+from curation.dedup.near import (GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, _check_columns, _prepare,
+                                 band_masks, plan_blocks, row_values, value_edges)
+
+_FORMAT = 1
+
+
+@dataclasses.dataclass
+class NearDupIndex:
+    """An existing version's near-dedup candidates, ready to be searched by a new batch.
+
+    ``rows``: key-sorted candidates with a ``representative`` column. ``values``: sorted
+    distinct hash values of those rows; ``band_orders[j]``: argsort of ``values & masks[j]``.
+    Built for ``max_distance`` (searches with any smaller distance stay exact).
+    """
+
+    rows: pa.Table
+    values: np.ndarray
+    band_orders: list[np.ndarray]
+    hash: str
+    match_mirrored: bool
+    max_distance: int
+    num_blocks: int
+
+    @property
+    def masks(self) -> np.ndarray:
+        return band_masks(self.num_blocks, self.max_distance)
+
+    @classmethod
+    def build(cls, candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table | None = None) -> NearDupIndex:
+        """Index of a version's candidates; ``decisions``: its near-dup decisions (None: all kept)."""
+        table = _prepare(candidates, cfg)
+        rep = table.column("key").to_pylist()
+        if decisions is not None and decisions.num_rows:
+            dup_of = dict(zip(decisions.column("key").to_pylist(), decisions.column("duplicate_of").to_pylist()))
+            rep = [dup_of.get(k, k) for k in rep]
+        table = table.append_column("representative", pa.array(rep, pa.string()))
+        _, values = row_values(table, cfg)
+        distinct = np.unique(values)
+        blocks = cfg.num_blocks or plan_blocks(len(distinct), cfg.max_distance)
+        orders = [np.argsort(distinct & m) for m in band_masks(blocks, cfg.max_distance)]
+        return cls(table, distinct, orders, cfg.hash, cfg.match_mirrored, cfg.max_distance, blocks)
+
+    def extended(self, new: pa.Table, new_decisions: pa.Table, cfg: NearDupConfig) -> NearDupIndex:
+        """The index of the next version: these rows plus a new batch and its decisions."""
+        old = self.rows.drop_columns(["representative"])
+        rep = dict(zip(self.rows.column("key").to_pylist(), self.rows.column("representative").to_pylist()))
+        decisions = pa.concat_tables([
+            pa.Table.from_pylist([{"key": k, "reason": NEAR_DUPLICATE, "duplicate_of": r, "duplicate_group": ""}
+                                  for k, r in rep.items() if r != k], schema=DECISION_SCHEMA),
+            new_decisions.cast(DECISION_SCHEMA)])
+        merged = pa.concat_tables([old, _prepare(new, cfg).cast(old.schema)])
+        return NearDupIndex.build(merged, dataclasses.replace(cfg, num_blocks=self.num_blocks,
+                                                              max_distance=self.max_distance), decisions)
+
+    def save(self, path: str) -> None:
+        """Write ``rows.parquet``, ``bands.parquet`` (values + one order column per band) and ``index.json``."""
+        os.makedirs(path, exist_ok=True)
+        pq.write_table(self.rows, os.path.join(path, "rows.parquet"))
+        bands = {"value": pa.array(self.values, pa.uint64())}
+        bands.update({f"band_{j:04d}": pa.array(o.astype(np.int64)) for j, o in enumerate(self.band_orders)})
+        pq.write_table(pa.table(bands), os.path.join(path, "bands.parquet"))
+        meta = {"format": _FORMAT, "hash": self.hash, "match_mirrored": self.match_mirrored,
+                "max_distance": self.max_distance, "num_blocks": self.num_blocks}
+        with open(os.path.join(path, "index.json"), "w") as f:
+            json.dump(meta, f, indent=2, sort_keys=True)
+
+    @classmethod
+    def load(cls, path: str) -> NearDupIndex:
+        with open(os.path.join(path, "index.json")) as f:
+            meta = json.load(f)
+        if meta.pop("format") != _FORMAT:
+            raise ValueError(f"{path}: near-dup index format is not {_FORMAT}; rebuild it with NearDupIndex.build")
+        bands = pq.read_table(os.path.join(path, "bands.parquet"))
+        orders = [bands.column(n).to_numpy() for n in bands.column_names if n.startswith("band_")]
+        return cls(pq.read_table(os.path.join(path, "rows.parquet")), bands.column("value").to_numpy(),
+                   orders, **meta)
+
+    def check(self, cfg: NearDupConfig) -> None:
+        if cfg.hash != self.hash or cfg.match_mirrored != self.match_mirrored:
+            raise ValueError(f"the index was built with hash={self.hash!r}, match_mirrored={self.match_mirrored}; "
+                             f"the config asks hash={cfg.hash!r}, match_mirrored={cfg.match_mirrored}")
+        if cfg.max_distance > self.max_distance:
+            raise ValueError(f"the index was built for max_distance <= {self.max_distance}, the config asks "
+                             f"{cfg.max_distance}: rebuild the index (NearDupIndex.build) with the new setting")
+
+
+def _cross_edges(new_values: np.ndarray, index: NearDupIndex, max_distance: int,
+                 max_pairs: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs (new value idx, index value idx) within ``max_distance``, one searchsorted per band."""
+    found = [np.zeros(0, dtype=np.int64)]
+    n_old = len(index.values)
+    for mask, order in zip(index.masks, index.band_orders):
+        old_keys = index.values[order] & mask
+        keys = new_values & mask
+        lo = np.searchsorted(old_keys, keys, side="left")
+        counts = np.searchsorted(old_keys, keys, side="right") - lo
+        hit = np.flatnonzero(counts)
+        for chunk in np.array_split(hit, max(1, int(counts.sum()) // max_pairs + 1)):
+            c = counts[chunk]
+            a = np.repeat(chunk, c)
+            b = order[np.repeat(lo[chunk], c) + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c))]
+            close = hamming(new_values[a], index.values[b]) <= max_distance
+            found.append(a[close].astype(np.int64) * n_old + b[close])
+    codes = np.unique(np.concatenate(found))
+    return codes // max(n_old, 1), codes % max(n_old, 1)
+
+
+def incremental_decisions(new: pa.Table, existing: NearDupIndex | pa.Table, cfg: NearDupConfig, *,
+                          existing_decisions: pa.Table | None = None) -> pa.Table:
+    """Decision rows for a new batch only (see the module docstring for the contract).
+
+    ``existing``: a ``NearDupIndex``, or the existing version's candidate table (then
+    ``existing_decisions`` are its near-dup decisions; None means all its rows were kept).
+    """
+    if not cfg.enabled or new.num_rows == 0:
+        return DECISION_SCHEMA.empty_table()
+    index = existing if isinstance(existing, NearDupIndex) else NearDupIndex.build(existing, cfg, existing_decisions)
+    index.check(cfg)
+    _check_columns(new.column_names, cfg)
+    table = _prepare(new, cfg)
+    old_keys = index.rows.column("key")
+    clash = pc.is_in(table.column("key"), value_set=old_keys)
+    if pc.any(clash).as_py():
+        raise ValueError("new rows reuse keys of the existing version: "
+                         f"{table.filter(clash).column('key')[0].as_py()!r}")
+
+    n_new = table.num_rows
+    rows, values = row_values(table, cfg)
+    distinct = np.unique(values)
+    ea, eb = value_edges(distinct, index.masks, cfg.max_distance, cfg.max_pairs_per_chunk)
+    ca, cb = _cross_edges(distinct, index, cfg.max_distance, cfg.max_pairs_per_chunk)
+
+    # Existing side of the graph: hit values, the rows holding them, and those rows' representatives.
+    hit = np.unique(cb)
+    old_rows, old_values = row_values(index.rows, cfg)
+    holds = np.isin(old_values, index.values[hit])
+    holder_rows, holder_vals = old_rows[holds], np.searchsorted(hit, np.searchsorted(index.values, old_values[holds]))
+    old_key_list = old_keys.to_pylist()
+    rep_keys = index.rows.column("representative").to_pylist()
+    involved = np.unique(holder_rows)
+    position = {k: i for i, k in enumerate(old_key_list)}
+    reps = np.array([position[rep_keys[r]] for r in involved], dtype=np.int64)
+    old_nodes = np.unique(np.concatenate([involved, reps]))
+
+    v0 = n_new                    # new distinct values
+    h0 = v0 + len(distinct)       # hit existing values
+    r0 = h0 + len(hit)            # existing rows (compact)
+    a = np.concatenate([rows, v0 + ea, v0 + ca, h0 + holder_vals, r0 + np.searchsorted(old_nodes, involved)])
+    b = np.concatenate([v0 + np.searchsorted(distinct, values), v0 + eb, h0 + np.searchsorted(hit, cb),
+                        r0 + np.searchsorted(old_nodes, holder_rows), r0 + np.searchsorted(old_nodes, reps)])
+    labels = component_labels(r0 + len(old_nodes), a, b)
+
+    # Candidates for the decision: new rows and the existing representatives in their components.
+    is_rep = np.array([rep_keys[r] == old_key_list[r] for r in old_nodes], dtype=bool)
+    rep_nodes = old_nodes[is_rep]
+    new_meta = table.select(list(META_COLUMNS))
+    meta = pa.concat_tables([new_meta, index.rows.select(list(META_COLUMNS)).take(rep_nodes).cast(new_meta.schema)])
+    meta_labels = np.concatenate([labels[:n_new], labels[r0 + np.searchsorted(old_nodes, rep_nodes)]])
+    existing_keys = {old_key_list[r] for r in rep_nodes}
+    decisions = decisions_from_labels(meta, meta_labels, NEAR_DUPLICATE, GROUP_PREFIX, prefer=existing_keys)
+    old = pc.is_in(decisions.column("key"), value_set=pa.array(sorted(existing_keys), pa.string()))
+    return decisions.filter(pc.invert(old))

@@ -1,0 +1,241 @@
+"""Semantic dedup on CLIP image embeddings: k-means, then pairwise cosine within each cluster.
+
+As in SemDeDup / NeMo Curator: embeddings are L2-normalised and clustered with spherical
+k-means; inside each cluster every pair with cosine similarity >= ``threshold`` is a
+duplicate edge. Groups are the connected components of those edges (so always inside one
+cluster) and keep one representative by the documented rule
+(``curation.dedup.representative_sort_key``); NeMo's "keep the hardest/easiest by centroid
+distance" is not used. Pairs split across two clusters are missed: that is the price of
+cost linear in the run (N x cluster size comparisons instead of N^2).
+
+Determinism: k-means trains on a sample chosen by a hash of each row's key (the
+``kmeans_sample_size`` smallest hashes, then sorted by key) with a seeded initialisation,
+and every later step works on key-sorted rows, so input and partition order never matter.
+The local and Ray variants share every step and give identical decisions (for one choice
+of k-means backend: faiss and numpy give different centroids).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Collection
+
+import numpy as np
+import pyarrow as pa
+
+from curation.dedup import DECISION_SCHEMA
+from curation.dedup.components import META_COLUMNS, canonical_order, component_labels, decisions_from_labels
+
+from curation.schema import SEMANTIC_DUPLICATE  # noqa: E402  (one place for every reason)
+GROUP_PREFIX = "semantic:"
+_ROW_BLOCK = 2048  # rows of a cluster's similarity matrix computed at once
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True)
+class SemanticDupConfig:
+    """Settings of semantic dedup.
+
+    Off by default: embeddings come from the CLIP stage, which may be off. ``threshold``:
+    cosine similarity at or above which two images are duplicates; 0.99 is NeMo Curator's
+    default (eps 0.01). It was not calibrated here (no real CLIP weights on these machines):
+    calibrate it on real embeddings before lowering it to catch crops and burst frames.
+    ``n_clusters``: k of k-means; None uses ceil(rows / ``target_cluster_size``), which keeps
+    the within-cluster work at rows x cluster size. ``use_faiss``: "auto" (faiss when
+    installed), "always" or "never" (numpy Lloyd iterations).
+    """
+
+    enabled: bool = False
+    embedding_column: str = "clip_embedding"
+    threshold: float = 0.99
+    n_clusters: int | None = None
+    target_cluster_size: int = 1000
+    kmeans_iterations: int = 20
+    kmeans_sample_size: int = 100_000
+    seed: int = 0
+    use_faiss: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"semantic_dup.threshold is a cosine similarity in (0, 1], got {self.threshold}")
+        if self.n_clusters is not None and self.n_clusters < 1:
+            raise ValueError(f"semantic_dup.n_clusters must be >= 1 or None, got {self.n_clusters}")
+        if self.target_cluster_size < 2:
+            raise ValueError(f"semantic_dup.target_cluster_size must be >= 2, got {self.target_cluster_size}")
+        if self.kmeans_iterations < 1 or self.kmeans_sample_size < 1:
+            raise ValueError("semantic_dup.kmeans_iterations and kmeans_sample_size must be >= 1")
+        if self.use_faiss not in ("auto", "always", "never"):
+            raise ValueError(f"semantic_dup.use_faiss must be 'auto', 'always' or 'never', got {self.use_faiss!r}")
+
+    def clusters_for(self, n_rows: int) -> int:
+        return max(1, min(n_rows, self.n_clusters or math.ceil(n_rows / self.target_cluster_size)))
+
+
+# ---- k-means ----------------------------------------------------------------------------
+
+def key_rank(keys: list[str]) -> np.ndarray:
+    """A stable pseudo-random uint64 per key (BLAKE2b): picks the k-means sample."""
+    return np.array([int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "big") for k in keys],
+                    dtype=np.uint64)
+
+
+def embeddings(table: pa.Table, column: str) -> np.ndarray:
+    """The embedding column as a float64 matrix with unit rows."""
+    col = table.column(column).combine_chunks()
+    if col.null_count:
+        raise ValueError(f"semantic dedup candidates need a non-null {column!r} on every row")
+    flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float64)
+    x = flat.reshape(len(col), -1) if len(col) else np.zeros((0, 1))
+    if len(col) and len(flat) != len(col) * x.shape[1]:
+        raise ValueError(f"all {column!r} embeddings must have the same length")
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0)
+
+
+def _faiss_or_none(use_faiss: str):
+    if use_faiss == "never":
+        return None
+    try:
+        import faiss
+    except ImportError:
+        if use_faiss == "always":
+            raise ValueError("semantic_dup.use_faiss='always' needs faiss: pip install faiss-cpu") from None
+        return None
+    return faiss
+
+
+def fit_centroids(sample: np.ndarray, k: int, cfg: SemanticDupConfig) -> np.ndarray:
+    """Spherical k-means centroids (unit rows) of a key-sorted sample, seeded by ``cfg.seed``."""
+    k = min(k, len(sample))
+    faiss = _faiss_or_none(cfg.use_faiss)
+    if faiss is not None:
+        km = faiss.Kmeans(sample.shape[1], k, niter=cfg.kmeans_iterations, seed=cfg.seed, spherical=True,
+                          verbose=False)
+        km.train(np.ascontiguousarray(sample, dtype=np.float32))
+        centroids = km.centroids.astype(np.float64)
+    else:
+        rng = np.random.default_rng(cfg.seed)
+        centroids = sample[np.sort(rng.choice(len(sample), size=k, replace=False))].copy()
+        for _ in range(cfg.kmeans_iterations):
+            assign = np.argmax(sample @ centroids.T, axis=1)
+            sums = np.zeros_like(centroids)
+            np.add.at(sums, assign, sample)
+            filled = np.bincount(assign, minlength=k) > 0  # an empty cluster keeps its centroid
+            centroids[filled] = sums[filled]
+            centroids /= np.maximum(np.linalg.norm(centroids, axis=1, keepdims=True), 1e-12)
+    return centroids
+
+
+def assign_clusters(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    return np.argmax(x @ centroids.T, axis=1).astype(np.int32)
+
+
+# ---- within a cluster -------------------------------------------------------------------
+
+def cluster_decisions(cluster: pa.Table, cfg: SemanticDupConfig, prefer: Collection[str] = ()) -> pa.Table:
+    """Decisions inside one cluster: components of the pairs with cosine >= threshold."""
+    table = canonical_order(cluster)
+    x = embeddings(table, cfg.embedding_column)
+    a_parts, b_parts = [], []
+    for start in range(0, len(x), _ROW_BLOCK):
+        sim = x[start:start + _ROW_BLOCK] @ x.T
+        i, j = np.nonzero(sim >= cfg.threshold)
+        upper = j > i + start
+        a_parts.append(i[upper] + start)
+        b_parts.append(j[upper])
+    a = np.concatenate(a_parts) if a_parts else np.zeros(0, dtype=np.int64)
+    b = np.concatenate(b_parts) if b_parts else np.zeros(0, dtype=np.int64)
+    labels = component_labels(table.num_rows, a, b)
+    return decisions_from_labels(table, labels, SEMANTIC_DUPLICATE, GROUP_PREFIX, prefer)
+
+
+def _cluster_group(group: pa.Table, cfg: SemanticDupConfig, prefer: Collection[str]) -> pa.Table:
+    return cluster_decisions(group.drop_columns(["cluster"]), cfg, prefer)
+
+
+# ---- entry points -----------------------------------------------------------------------
+
+def _columns(cfg: SemanticDupConfig) -> list[str]:
+    return [*META_COLUMNS, cfg.embedding_column]
+
+
+def _check_columns(names, cfg: SemanticDupConfig) -> None:
+    missing = [c for c in _columns(cfg) if c not in names]
+    if missing:
+        raise ValueError(f"semantic dedup candidates lack columns {missing}"
+                         + (" (the CLIP embedding stage must run first)" if cfg.embedding_column in missing else ""))
+
+
+def _sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> np.ndarray:
+    """Centroids from the rows of ``sample`` with the smallest key ranks (then in key order)."""
+    ranks = key_rank(sample.column("key").to_pylist())
+    chosen = np.sort(np.argsort(ranks, kind="stable")[:cfg.kmeans_sample_size])
+    sample = canonical_order(sample.take(chosen))
+    return fit_centroids(embeddings(sample, cfg.embedding_column), cfg.clusters_for(n_rows), cfg)
+
+
+def semantic_duplicate_decisions(candidates: pa.Table, cfg: SemanticDupConfig, *,
+                                 prefer: Collection[str] = ()) -> pa.Table:
+    """Decision rows (``DECISION_SCHEMA``, reason ``semantic_duplicate``, sorted by key), in one process.
+
+    ``candidates``: key, width, height, person_score_max and ``cfg.embedding_column``
+    (list<float32>, any fixed length; normalised here). Row order does not matter.
+    """
+    if not cfg.enabled or candidates.num_rows == 0:
+        return DECISION_SCHEMA.empty_table()
+    _check_columns(candidates.column_names, cfg)
+    table = canonical_order(candidates.select(_columns(cfg)))
+    centroids = _sample_centroids(table.select(["key", cfg.embedding_column]), table.num_rows, cfg)
+    clusters = assign_clusters(embeddings(table, cfg.embedding_column), centroids)
+    order = np.argsort(clusters, kind="stable")
+    bounds = np.flatnonzero(np.diff(clusters[order])) + 1
+    parts = [cluster_decisions(table.take(idx), cfg, prefer) for idx in np.split(order, bounds) if len(idx) > 1]
+    return pa.concat_tables([DECISION_SCHEMA.empty_table(), *parts]).sort_by("key")
+
+
+def _with_rank(batch: pa.Table) -> pa.Table:
+    return batch.append_column("_rank", pa.array(key_rank(batch.column("key").to_pylist()), pa.uint64()))
+
+
+def _below(batch: pa.Table, limit: int) -> pa.Table:
+    return batch.filter(pa.array(batch.column("_rank").to_numpy() < np.uint64(limit))).drop_columns(["_rank"])
+
+
+def _assign(batch: pa.Table, column: str, centroids: np.ndarray) -> pa.Table:
+    return batch.append_column("cluster", pa.array(assign_clusters(embeddings(batch, column), centroids)))
+
+
+def _gather(ds) -> pa.Table | None:
+    batches = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None) if b.num_rows]
+    return pa.concat_tables(batches) if batches else None
+
+
+def semantic_duplicate_decisions_ray(candidates_ds, cfg: SemanticDupConfig, *,
+                                     prefer: Collection[str] = ()) -> pa.Table:
+    """The same decisions with Ray Data: k-means on the driver over a key-hash sample,
+    cluster assignment in ``map_batches``, pairwise cosine per cluster in ``map_groups``."""
+    if not cfg.enabled:
+        return DECISION_SCHEMA.empty_table()
+    _check_columns(list(candidates_ds.schema().names), cfg)
+    ds = candidates_ds.select_columns(_columns(cfg)).materialize()
+    n_rows = ds.count()
+    if n_rows == 0:
+        return DECISION_SCHEMA.empty_table()
+    keyed = ds.select_columns(["key", cfg.embedding_column])
+    fraction = 2.0 * cfg.kmeans_sample_size / n_rows
+    while True:  # the sample is the kmeans_sample_size smallest ranks: fetch all ranks below a margin
+        if fraction >= 1.0:
+            sample = _gather(keyed)
+            break
+        sample = _gather(keyed.map_batches(_with_rank, batch_format="pyarrow")
+                         .map_batches(_below, fn_kwargs={"limit": int(fraction * 2**64)}, batch_format="pyarrow"))
+        if sample is not None and sample.num_rows >= cfg.kmeans_sample_size:
+            break
+        fraction *= 4
+    centroids = _sample_centroids(sample, n_rows, cfg)
+    out = (ds.map_batches(_assign, fn_kwargs={"column": cfg.embedding_column, "centroids": centroids},
+                          batch_format="pyarrow")
+           .groupby("cluster")
+           .map_groups(_cluster_group, fn_kwargs={"cfg": cfg, "prefer": prefer}, batch_format="pyarrow"))
+    parts = [b for b in out.iter_batches(batch_format="pyarrow", batch_size=None) if b.num_rows]
+    return pa.concat_tables([DECISION_SCHEMA.empty_table(), *[p.cast(DECISION_SCHEMA) for p in parts]]).sort_by("key")

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+from imagededup.methods import DHash, PHash
+from PIL import Image, ImageOps
+
+from curation.dedup.hashing import dhash_hex, hamming, hex_to_uint64, phash_hex, phash_hex_pair, uint64_to_hex
+
+ASSETS = "/work/shared/assets/images"
+
+
+@pytest.mark.parametrize("name", ["obama.jpg", "basketball1.png", "messi5.jpg"])
+def test_phash_is_imagededups(name):
+    path = f"{ASSETS}/{name}"
+    img = Image.open(path)
+    assert phash_hex(img) == PHash(verbose=False).encode_image(image_file=path)
+    assert phash_hex(img) == PHash(verbose=False).encode_image(image_array=np.asarray(img.convert("RGB")))
+    assert dhash_hex(img) == DHash(verbose=False).encode_image(image_file=path)
+    assert len(phash_hex(img)) == 16
+
+
+def test_phash_ignores_colour_and_mode():
+    img = Image.open(f"{ASSETS}/obama.jpg").convert("RGB")
+    assert phash_hex(img.convert("RGBA")) == phash_hex(img)
+    assert phash_hex(img.convert("L")) == phash_hex(img.convert("L").convert("RGB"))
+
+
+def test_mirror_hash_is_the_hash_of_the_mirrored_image():
+    img = Image.open(f"{ASSETS}/franz_kafka.jpg").convert("RGB")
+    h, m = phash_hex_pair(img, fast=False)
+    assert h == phash_hex(img)
+    assert m == phash_hex(ImageOps.mirror(img))
+    assert hamming(*hex_to_uint64([h, m])) > 16  # PHash alone does not match a mirror image
+
+
+def test_fast_pair_stays_within_a_few_bits_of_imagededup():
+    for name in ("franz_kafka.jpg", "obama.jpg", "messi5.jpg", "basketball1.png"):
+        img = Image.open(f"{ASSETS}/{name}").convert("RGB")
+        big = img.resize((img.width * 3, img.height * 3))  # where the pre-reduction actually kicks in
+        fh, fm = phash_hex_pair(big)
+        eh, em = phash_hex_pair(big, fast=False)
+        assert hamming(*hex_to_uint64([fh, eh])) <= 4 and hamming(*hex_to_uint64([fm, em])) <= 4, name
+        assert phash_hex_pair(big) == (fh, fm)  # deterministic
+
+
+def test_hex_round_trip_and_bad_input():
+    values = np.array([0, 1, 2**63, 2**64 - 1], dtype=np.uint64)
+    assert (hex_to_uint64(uint64_to_hex(values)) == values).all()
+    with pytest.raises(ValueError, match="16 hex"):
+        hex_to_uint64(["abc"])
+    with pytest.raises(ValueError, match="hexadecimal"):
+        hex_to_uint64(["zzzzzzzzzzzzzzzz"])

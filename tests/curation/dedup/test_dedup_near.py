@@ -1,0 +1,161 @@
+import itertools
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from dedup_fixtures import BASE, flip_bits, planted_table, rows, shuffled
+
+from curation.dedup import DECISION_SCHEMA
+from curation.dedup.hashing import hamming, hex_to_uint64
+from curation.dedup.near import NearDupConfig, band_masks, near_duplicate_decisions, plan_blocks, value_edges
+
+def decisions(table, **cfg):
+    return near_duplicate_decisions(table, NearDupConfig(**cfg)).to_pylist()
+
+
+def test_representative_rule_resolution_then_score_then_key():
+    t = rows(("a", BASE, 100, 100, 0.9),
+             ("b", flip_bits(BASE, [3]), 200, 100, 0.1),          # largest: kept
+             ("c", flip_bits(BASE, [5, 9]), 200, 100, None),
+             ("x", BASE ^ 0xFFFF_0000_FFFF_0000, 300, 300, 0.5))  # 32 bits away: alone
+    assert decisions(t) == [
+        {"key": "a", "reason": "near_duplicate", "duplicate_of": "b", "duplicate_group": "phash:b"},
+        {"key": "c", "reason": "near_duplicate", "duplicate_of": "b", "duplicate_group": "phash:b"},
+    ]
+    t = rows(("a", BASE, 200, 100, 0.2), ("b", flip_bits(BASE, [1]), 100, 200, 0.7),
+             ("c", flip_bits(BASE, [2]), 100, 200, None))
+    assert [(d["key"], d["duplicate_of"]) for d in decisions(t)] == [("a", "b"), ("c", "b")]  # same pixels: score
+    t = rows(("b", BASE, 100, 100, None), ("a", flip_bits(BASE, [1]), 100, 100, None))
+    assert [(d["key"], d["duplicate_of"]) for d in decisions(t)] == [("b", "a")]  # all tied: smallest key
+
+
+def test_groups_are_connected_components():
+    # a~b and b~c within 4 bits, a and c 8 bits apart: one group, one representative.
+    b = flip_bits(BASE, [0, 1, 2, 3])
+    c = flip_bits(b, [10, 11, 12, 13])
+    t = rows(("a", BASE, 100, 100, None), ("b", b, 10, 10, None), ("c", c, 100, 100, 0.5),
+             ("d", BASE ^ 0x0F0F_F0F0_0F0F_F0F0, 500, 500, None))
+    assert hamming(*hex_to_uint64([f"{BASE:016x}", f"{c:016x}"])) == 8
+    out = decisions(t)
+    assert [(d["key"], d["duplicate_of"], d["duplicate_group"]) for d in out] == [
+        ("a", "c", "phash:c"), ("b", "c", "phash:c")]  # b (smallest) is dropped and represents nothing
+
+
+def test_distance_threshold_is_inclusive_and_exact_copies_group():
+    t = rows(("a", BASE, 10, 10, None), ("b", flip_bits(BASE, [1, 2, 3, 4]), 10, 10, None),
+             ("c", flip_bits(BASE, [20, 21, 22, 23, 24, 25]), 10, 10, None), ("d", BASE, 10, 10, None))
+    assert [d["key"] for d in decisions(t, max_distance=4)] == ["b", "d"]
+    assert [d["key"] for d in decisions(t, max_distance=6)] == ["b", "c", "d"]
+    assert decisions(t, max_distance=0) == [{"key": "d", "reason": "near_duplicate", "duplicate_of": "a",
+                                             "duplicate_group": "phash:a"}]
+
+
+def test_mirror_hash_matches_flipped_copies_only_when_enabled():
+    flipped_copy = flip_bits(BASE, [7])
+    t = rows(("orig", BASE, 100, 100, None, 0x1234_5678_9ABC_DEF0),
+             ("flip", 0x0F0F_0F0F_0F0F_0F0F, 50, 50, None, flipped_copy))
+    assert [(d["key"], d["duplicate_of"]) for d in decisions(t)] == [("flip", "orig")]
+    assert decisions(t, match_mirrored=False) == []
+    with pytest.raises(ValueError, match="phash_mirror"):
+        near_duplicate_decisions(t.drop_columns(["phash_mirror"]), NearDupConfig())
+    assert near_duplicate_decisions(t.drop_columns(["phash_mirror"]), NearDupConfig(match_mirrored=False)).num_rows == 0
+
+
+@pytest.mark.parametrize("t", [0, 1, 3, 4, 6, 8])
+def test_banded_search_finds_exactly_the_brute_force_pairs(t):
+    table = planted_table(1500, seed=t, max_flips=t + 2)
+    values = np.unique(hex_to_uint64(table.column("phash")))
+    d = hamming(values[:, None], values[None, :])
+    i, j = np.triu_indices(len(values), 1)
+    truth = set(zip(i[d[i, j] <= t].tolist(), j[d[i, j] <= t].tolist()))
+    assert truth or t == 0  # planted pairs exist (distinct values are never 0 bits apart)
+    for blocks in {plan_blocks(len(values), t), t + 1, t + 3}:
+        a, b = value_edges(values, band_masks(blocks, t), t, max_pairs=5000)
+        assert set(zip(a.tolist(), b.tolist())) == truth, blocks
+
+
+def test_decisions_do_not_depend_on_row_order():
+    table = planted_table(3000, seed=1)
+    expected = near_duplicate_decisions(table, NearDupConfig())
+    assert expected.num_rows > 500
+    assert expected.schema == DECISION_SCHEMA
+    for seed in range(3):
+        assert near_duplicate_decisions(shuffled(table, seed), NearDupConfig()).equals(expected)
+    # the number of blocks changes the cost only
+    assert near_duplicate_decisions(table, NearDupConfig(num_blocks=9)).equals(expected)
+
+
+def test_every_dropped_row_points_at_a_kept_row_of_its_group():
+    table = planted_table(3000, seed=2, max_flips=6)
+    out = near_duplicate_decisions(table, NearDupConfig(max_distance=6))
+    dropped = set(out.column("key").to_pylist())
+    groups = {}
+    for d in out.to_pylist():
+        assert d["duplicate_of"] not in dropped
+        assert d["duplicate_group"] == "phash:" + d["duplicate_of"]
+        groups.setdefault(d["duplicate_group"], set()).add(d["duplicate_of"])
+    assert all(len(reps) == 1 for reps in groups.values())
+
+
+def test_prefer_makes_rows_win_the_representative_choice():
+    t = rows(("old", BASE, 10, 10, None), ("new", flip_bits(BASE, [4]), 1000, 1000, 0.9))
+    out = near_duplicate_decisions(t, NearDupConfig(), prefer={"old"}).to_pylist()
+    assert [(d["key"], d["duplicate_of"]) for d in out] == [("new", "old")]
+
+
+def test_disabled_and_empty():
+    t = planted_table(50)
+    assert near_duplicate_decisions(t, NearDupConfig(enabled=False)).num_rows == 0
+    assert near_duplicate_decisions(t.slice(0, 0), NearDupConfig()).num_rows == 0
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_distance": 40}, "0..16"),
+    ({"max_distance": -1}, "0..16"),
+    ({"max_distance": 4, "num_blocks": 4}, "num_blocks"),
+    ({"max_distance": 8, "num_blocks": 40}, "bands"),
+    ({"hash": "ahash"}, "phash"),
+    ({"num_partitions": 0}, "num_partitions"),
+])
+def test_invalid_settings_say_what_to_fix(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        NearDupConfig(**kwargs)
+
+
+def test_duplicate_keys_are_refused():
+    t = rows(("a", BASE, 10, 10, None), ("a", BASE, 10, 10, None))
+    with pytest.raises(ValueError, match="unique"):
+        near_duplicate_decisions(t, NearDupConfig())
+
+
+def reference_decisions(table: pa.Table, t: int) -> list[dict]:
+    """Brute force over row pairs and hash variants, naive union-find, the package's group rule."""
+    from curation.dedup import group_decisions
+
+    recs = table.to_pylist()
+    hv = [(int(r["phash"], 16), int(r["phash_mirror"], 16)) for r in recs]
+    parent = list(range(len(recs)))
+
+    def find(x):
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for i, j in itertools.combinations(range(len(recs)), 2):
+        if min(bin(x ^ y).count("1") for x in hv[i] for y in hv[j]) <= t:
+            parent[find(i)] = find(j)
+    groups = {}
+    for i, r in enumerate(recs):
+        groups.setdefault(find(i), []).append(r)
+    out = []
+    for members in groups.values():
+        if len(members) > 1:
+            rep = group_decisions(members, "near_duplicate", "")[0]["duplicate_of"]
+            out.extend({**d, "duplicate_group": "phash:" + rep} for d in group_decisions(members, "near_duplicate", ""))
+    return sorted(out, key=lambda d: d["key"])
+
+
+@pytest.mark.parametrize("t", [2, 4, 6])
+def test_decisions_equal_a_brute_force_reference(t):
+    table = planted_table(400, seed=10 + t, max_flips=t + 2)
+    assert near_duplicate_decisions(table, NearDupConfig(max_distance=t)).to_pylist() == reference_decisions(table, t)

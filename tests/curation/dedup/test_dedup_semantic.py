@@ -1,0 +1,62 @@
+import numpy as np
+import pyarrow as pa
+import pytest
+from dedup_fixtures import EMB, embedding_table, shuffled
+
+from curation.dedup.components import component_labels, decisions_from_labels
+from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
+
+def brute_force(table: pa.Table, threshold: float) -> pa.Table:
+    table = table.sort_by("key")
+    x = np.stack(table.column("clip_embedding").to_numpy(zero_copy_only=False)).astype(np.float64)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    i, j = np.nonzero(np.triu(x @ x.T >= threshold, 1))
+    return decisions_from_labels(table, component_labels(table.num_rows, i, j), "semantic_duplicate", "semantic:")
+
+
+def test_exact_outcome_on_a_tiny_set():
+    t = pa.table({"key": ["a", "b", "c", "d"], "width": pa.array([10, 20, 20, 5], pa.int32()),
+                  "height": pa.array([10, 10, 10, 5], pa.int32()),
+                  "person_score_max": pa.array([None, 0.2, 0.8, None], pa.float32()),
+                  "clip_embedding": pa.array([[1, 0, 0], [0.999, 0.03, 0], [2, 0.02, 0.01], [0, 1, 0]], EMB)})
+    out = semantic_duplicate_decisions(t, SemanticDupConfig(enabled=True, n_clusters=2)).to_pylist()
+    assert out == [
+        {"key": "a", "reason": "semantic_duplicate", "duplicate_of": "c", "duplicate_group": "semantic:c"},
+        {"key": "b", "reason": "semantic_duplicate", "duplicate_of": "c", "duplicate_group": "semantic:c"},
+    ]
+
+
+def test_planted_duplicates_are_found_like_all_pairs_search_and_order_does_not_matter():
+    table = embedding_table()
+    cfg = SemanticDupConfig(enabled=True, target_cluster_size=100, kmeans_sample_size=300)
+    out = semantic_duplicate_decisions(table, cfg)
+    assert out.num_rows > 150
+    assert out.equals(brute_force(table, cfg.threshold))  # well-separated duplicates never straddle clusters
+    for seed in range(2):
+        assert semantic_duplicate_decisions(shuffled(table, seed), cfg).equals(out)
+
+
+def test_disabled_by_default_and_needs_embeddings():
+    table = embedding_table(20)
+    assert semantic_duplicate_decisions(table, SemanticDupConfig()).num_rows == 0
+    with pytest.raises(ValueError, match="embedding stage"):
+        semantic_duplicate_decisions(table.drop_columns(["clip_embedding"]), SemanticDupConfig(enabled=True))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"threshold": 1.5}, "cosine"), ({"threshold": 0}, "cosine"), ({"n_clusters": 0}, "n_clusters"),
+    ({"target_cluster_size": 1}, "target_cluster_size"), ({"use_faiss": "yes"}, "use_faiss"),
+])
+def test_invalid_settings_say_what_to_fix(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SemanticDupConfig(**kwargs)
+
+
+def test_faiss_always_without_faiss_says_how_to_install():
+    try:
+        import faiss  # noqa: F401
+        pytest.skip("faiss is installed")
+    except ImportError:
+        pass
+    with pytest.raises(ValueError, match="faiss-cpu"):
+        semantic_duplicate_decisions(embedding_table(50), SemanticDupConfig(enabled=True, use_faiss="always"))
