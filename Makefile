@@ -16,7 +16,7 @@ export RAY_USAGE_STATS_ENABLED=0
 export YOLO_CONFIG_DIR=$(TMPENV)/yolo
 export MPLCONFIGDIR=$(TMPENV)/mpl
 
-.PHONY: venv demo test test-fast clean-demo
+.PHONY: venv demo test test-fast browser clean-demo
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,10 +30,14 @@ venv: $(STAMP)
 demo: venv
 	$(BIN)/python pipelines/demo.py
 
-test: venv
+# The audit report is checked in a real browser: Debian's chromium (never `playwright install`).
+browser:
+	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
+
+test: venv browser
 	$(BIN)/python -m pytest -q
 
-test-fast: venv
+test-fast: venv browser
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean-demo:

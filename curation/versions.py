@@ -3,8 +3,8 @@
 A version id is a digest of (a) the kept samples (every kept key with the SHA-256 of its
 input bytes), (b) the job digest of the resolved curation config (everything that decides
 outputs; not where they are logged) and (c) the curation code version (a digest of the
-``curation`` package's source). Two runs that produce the same content with the same
-config and code get the same id; changing a threshold changes it.
+``curation`` package's source, less the read-only ``audit`` reports). Two runs that produce
+the same content with the same config and code get the same id; changing a threshold changes it.
 
 The curation run registers the version in MLflow (tags ``dataset.id``, ``dataset.name``,
 ``dataset.uri`` and the artifact ``shards.txt``); ``resolve_dataset`` turns an id, a name
@@ -23,6 +23,8 @@ import pyarrow as pa
 from infra import storage
 
 CODE_ROOT = Path(__file__).resolve().parent
+# Subpackages that only read outputs (reports): editing them cannot change a version's content.
+READ_ONLY_PACKAGES = ("audit",)
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,6 +32,8 @@ def code_version() -> str:
     """Digest of the curation package's source files (what the outputs depend on)."""
     h = hashlib.sha256()
     for path in sorted(CODE_ROOT.rglob("*.py")):
+        if path.relative_to(CODE_ROOT).parts[0] in READ_ONLY_PACKAGES:
+            continue
         h.update(path.relative_to(CODE_ROOT).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:12]
@@ -80,7 +84,9 @@ def resolve_dataset(ref: str, tracking_uri: str | None = None) -> DatasetVersion
     client = mlflow.MlflowClient(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     for query in (f"tags.`dataset.id` = '{ref}'", f"tags.`dataset.name` = '{ref}'"):
-        runs = client.search_runs(experiments, filter_string=query + " and attributes.status = 'FINISHED'",
+        # Only curation runs register versions; training runs may tag the version they read.
+        runs = client.search_runs(experiments, filter_string=query + " and tags.`humanvision.stage` = 'curation'"
+                                  " and attributes.status = 'FINISHED'",
                                   order_by=["attributes.start_time DESC"], max_results=1)
         if runs:
             run = runs[0]

@@ -1,0 +1,136 @@
+"""Counts recomputed from the manifest: funnel, reasons, source groups, and the terminal summary.
+
+The manifest is the source of truth: the audit recounts it (with ``curation.stats``, the
+code that wrote stats.json) and reports any disagreement with the stats.json on disk.
+"""
+from __future__ import annotations
+
+import posixpath
+from collections import Counter
+
+import pyarrow.parquet as pq
+
+from curation import schema
+from curation.audit.loading import AuditedVersion
+from curation.stats import compute_stats, format_summary
+from infra import storage
+
+_TAR = ".tar#"
+_PARQUET_ROW = "#row="
+
+
+def funnel_spec(stats: dict) -> list[tuple[str, tuple[str, ...]]]:
+    """(stage, reasons it owns) in pipeline order, as the run recorded them."""
+    return [(s["stage"], tuple(s["removed"])) for s in stats["funnel"] if s["stage"] != "other"]
+
+
+def samples_in_shards(output: str) -> int:
+    """Samples in the shards, from the sidecars' Parquet footers (no shard is read)."""
+    fs, root = storage.resolve(output)
+    shard_dir = storage.join(root, "shards")
+    if not storage.exists(fs, shard_dir):
+        return 0
+    total = 0
+    for f in storage.list_files(fs, shard_dir, (".parquet",)):
+        with fs.open_input_file(f.path) as fh:
+            total += pq.ParquetFile(fh).metadata.num_rows
+    return total
+
+
+def recount(v: AuditedVersion) -> dict:
+    """stats.json's structure, recomputed from the manifest and the shards' sidecars."""
+    return compute_stats(v.manifest, funnel_spec(v.stats), samples_in_shards=samples_in_shards(v.uri),
+                         shards=len(v.version.shards), stages=v.stats.get("stages", []))
+
+
+def disagreements(counted: dict, recorded: dict) -> list[str]:
+    """Where stats.json on disk differs from the recount (empty when they agree)."""
+    keys = ("inputs", "kept", "dropped", "errors", "dropped_by_reason", "errors_by_reason", "funnel",
+            "samples_in_shards", "shards")
+    return [f"{k}: stats.json has {recorded.get(k)!r}, the manifest gives {counted.get(k)!r}"
+            for k in keys if counted.get(k) != recorded.get(k)]
+
+
+def split_source(source: str) -> tuple[str, str | None]:
+    """(container or file URI, member) of a manifest ``source``: ``tar#member``, ``parquet#row=N`` or a file."""
+    if _PARQUET_ROW in source:
+        uri, _, row = source.rpartition(_PARQUET_ROW)
+        if row.isdigit():
+            return uri, f"row={row}"
+    cut = source.lower().find(_TAR)
+    if cut >= 0:
+        return source[:cut + len(".tar")], source[cut + len(_TAR):]
+    return source, None
+
+
+def source_group(source: str, input_root: str) -> str:
+    """Where an input came from, for "drops by source": its tar or parquet file, else its folder,
+    relative to the run's ``input.uri``."""
+    container, member = split_source(source)
+    target = container if member is not None else posixpath.dirname(container)
+    root = input_root.rstrip("/")
+    if root and (target == root or target.startswith(root + "/")):
+        rel = target[len(root):].lstrip("/")
+        return rel or "(top level)"
+    return target or "(top level)"
+
+
+def stage_of_reason(stats: dict) -> dict[str, str]:
+    return {r: s["stage"] for s in stats["funnel"] for r in s["removed"]}
+
+
+def by_reason(rows: list[dict], stats: dict) -> list[dict]:
+    """One entry per (status, reason) of removed rows: count and the stage that removed them."""
+    stages = stage_of_reason(stats)
+    counts = Counter((r["status"], r["reason"]) for r in rows if r["status"] != schema.KEPT)
+    order = {schema.DROPPED: 0, schema.ERROR: 1}
+    return [{"status": st, "reason": reason, "count": n, "stage": stages.get(reason, "other")}
+            for (st, reason), n in sorted(counts.items(), key=lambda kv: (order.get(kv[0][0], 2), -kv[1], kv[0][1]))]
+
+
+def by_source(rows: list[dict], input_root: str) -> list[dict]:
+    """Per source group: inputs, kept, dropped, errors and the removal reasons."""
+    groups: dict[str, dict] = {}
+    for r in rows:
+        g = groups.setdefault(source_group(r["source"], input_root),
+                              {"inputs": 0, schema.KEPT: 0, schema.DROPPED: 0, schema.ERROR: 0, "reasons": Counter()})
+        g["inputs"] += 1
+        g[r["status"]] += 1
+        if r["reason"] is not None:
+            g["reasons"][r["reason"]] += 1
+    return [{"group": name, **g} for name, g in sorted(groups.items())]
+
+
+def _table(header: list[str], rows: list[list], right: set[int]) -> list[str]:
+    cells = [header] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    fmt = lambda row: "  ".join(c.rjust(w) if i in right else c.ljust(w)  # noqa: E731
+                                for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+    return [fmt(r) for r in cells]
+
+
+def summary_text(v: AuditedVersion) -> str:
+    """The terminal summary: funnel, counts by reason and by source (for users who do not open HTML)."""
+    counted = recount(v)
+    rows = v.rows
+    lines = [f"dataset version {v.id} ({v.version.name})  output {v.uri}",
+             f"job digest {v.job_digest}  code version {v.code_version}  mlflow run {v.version.run_id or '-'}", "",
+             format_summary(counted), ""]
+    reasons = by_reason(rows, v.stats)
+    if reasons:
+        total = max(1, counted["inputs"])
+        lines.append("removed, by reason:")
+        lines += ["  " + s for s in _table(["status", "reason", "count", "share", "stage"],
+                                           [[e["status"], e["reason"], e["count"], f"{100 * e['count'] / total:.1f}%",
+                                             e["stage"]] for e in reasons], {2, 3})]
+        lines.append("")
+    lines.append("by source:")
+    lines += ["  " + s for s in _table(
+        ["source", "inputs", "kept", "dropped", "errors", "reasons"],
+        [[g["group"], g["inputs"], g["kept"], g["dropped"], g["error"],
+          ", ".join(f"{r}={n}" for r, n in sorted(g["reasons"].items())) or "-"]
+         for g in by_source(rows, v.setting("input.uri", ""))], {1, 2, 3, 4})]
+    problems = disagreements(counted, v.stats)
+    if problems:
+        lines += ["", "WARNING: stats.json disagrees with the manifest:"] + [f"  {p}" for p in problems]
+    return "\n".join(lines)

@@ -1,0 +1,287 @@
+"""The audit report of one dataset version: one self-contained HTML page.
+
+Sections: totals; the funnel (inputs -> each stage -> kept); removals by reason and by
+source; the filters that ran and their settings; score distributions per filter with the
+threshold marked; person counts and box sizes; galleries of removed images per reason and of
+kept images (deterministic samples); the MLflow runs that produced and used the version; the
+resolved config. Every count is recomputed from the manifest.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+
+import yaml
+
+from curation import schema
+from curation.audit import charts, counts, images, page
+from curation.audit.loading import AuditedVersion
+from curation.audit.record import RunRef
+from curation.detection import box_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """A per-image value a filter decides on, and the stage setting holding its threshold."""
+
+    name: str
+    stage: str
+    setting: str | None
+    label: str
+    value: Callable[[dict], float | None]
+    integer: bool = False
+
+
+def _column(name: str) -> Callable[[dict], float | None]:
+    return lambda r: r.get(name)
+
+
+def _short_side(r: dict) -> float | None:
+    return min(r["width"], r["height"]) if r.get("width") and r.get("height") else None
+
+
+def _aspect(r: dict) -> float | None:
+    return max(r["width"], r["height"]) / min(r["width"], r["height"]) if r.get("width") and r.get("height") else None
+
+
+SCORES = (
+    Score("short_side", "geometry", "min_short_side", "short side (px)", _short_side),
+    Score("aspect_ratio", "geometry", "max_aspect_ratio", "long side / short side", _aspect),
+    Score("person_score_max", "person_detection", "score_threshold", "best person score", _column("person_score_max")),
+    Score("artistic_score", "artistic_filter", "threshold", "P(non-natural depiction)", _column("artistic_score")),
+    Score("watermark_score", "watermark_filter", "threshold", "P(watermark)", _column("watermark_score")),
+    Score("text_coverage", "text_filter", "coverage_threshold", "fraction of the image in text boxes",
+          _column("text_coverage")),
+    Score("text_box_count", "text_filter", "box_count_threshold", "text boxes", _column("text_box_count"), integer=True),
+)
+
+
+def _stage(v: AuditedVersion, name: str) -> dict | None:
+    return next((s for s in v.stats.get("stages", []) if s["name"] == name), None)
+
+
+def scores_of(v: AuditedVersion) -> list[Score]:
+    """The known scores of applied stages present in the manifest, then any other ``*_score`` column."""
+    names = set(v.manifest.column_names)
+    found = []
+    for s in SCORES:
+        stage = _stage(v, s.stage)
+        needed = s.name if s.name not in ("short_side", "aspect_ratio") else "width"
+        if stage and stage.get("applied") and needed in names:
+            found.append(s)
+    known = {s.name for s in SCORES}
+    for f in v.manifest.schema:
+        if f.name.endswith("_score") and f.name not in known and str(f.type) in ("float", "double"):
+            found.append(Score(f.name, "", None, f.name, _column(f.name)))
+    return found
+
+
+def _split(rows: list[dict], value: Callable[[dict], float | None], own: set[str]) -> list[tuple[str, list, str]]:
+    kept, mine, other = [], [], []
+    for r in rows:
+        x = value(r)
+        if x is None:
+            continue
+        (kept if r["status"] == schema.KEPT else mine if r["reason"] in own else other).append(float(x))
+    return [("kept", kept, charts.COLOURS["kept"]), ("removed by this stage", mine, charts.COLOURS["dropped"]),
+            ("removed by another stage", other, charts.COLOURS["other"])]
+
+
+def score_charts(v: AuditedVersion) -> list[str]:
+    owned = {s["stage"]: set(s["removed"]) for s in v.stats["funnel"]}
+    out = []
+    for s in scores_of(v):
+        series = _split(v.rows, s.value, owned.get(s.stage, set()))
+        if not any(values for _, values, _ in series):
+            continue
+        stage = _stage(v, s.stage) or {}
+        threshold = stage.get(s.setting) if s.setting else None
+        threshold = float(threshold) if isinstance(threshold, (int, float)) else None
+        png = charts.histogram(series, title=f"{s.stage or 'score'}: {s.name}", xlabel=s.label, threshold=threshold,
+                               threshold_label=f"{s.setting} = {threshold:g}" if threshold is not None else "",
+                               integer=s.integer)
+        out.append(page.chart(png, f"{s.name} distribution", **{"data-score": s.name, "data-threshold": threshold}))
+    return out
+
+
+def people_charts(v: AuditedVersion) -> list[str]:
+    stage = _stage(v, "person_detection")
+    if not stage or not stage.get("applied") or "person_count" not in v.manifest.column_names:
+        return []
+    own = {schema.NO_SALIENT_PERSON}
+    counts_png = charts.histogram(_split(v.rows, _column("person_count"), own), integer=True, xlabel="person_count",
+                                  title="people per image (boxes scoring >= the detector threshold)")
+    out = [page.chart(counts_png, "person count distribution", **{"data-score": "person_count"})]
+    rule = images.box_rule(v.config, v.stats)
+    sizes = {"kept": [], "dropped": []}
+    for r in v.rows:
+        for box, score in zip(r.get("person_boxes") or [], r.get("person_scores") or []):
+            if score >= rule.threshold:
+                sizes["kept" if r["status"] == schema.KEPT else "dropped"].append(box_size(box, rule.measure))
+    if sizes["kept"] or sizes["dropped"]:
+        series = [("boxes in kept images", sizes["kept"], charts.COLOURS["kept"]),
+                  ("boxes in removed images", sizes["dropped"], charts.COLOURS["dropped"])]
+        png = charts.histogram(series, title=f"person box size ({rule.measure}, boxes scoring >= {rule.threshold:g})",
+                               xlabel=f"box {rule.measure} (px)", threshold=rule.min_box_size,
+                               threshold_label=f"min_box_size = {rule.min_box_size:g}")
+        out.append(page.chart(png, "person box size distribution",
+                              **{"data-score": "box_size", "data-threshold": rule.min_box_size}))
+    return out
+
+
+def caption(r: dict, input_root: str) -> list[str]:
+    lines = [r["reason"] or r["status"], r["key"]]
+    facts = []
+    if r.get("width"):
+        facts.append(f"{r['width']}x{r['height']}")
+    if r.get("person_count") is not None:
+        facts.append(f"people {r['person_count']} (salient {r.get('salient_person_count')})")
+    if r.get("person_score_max") is not None:
+        facts.append(f"best {r['person_score_max']:.2f}")
+    if r.get("text_coverage") is not None:
+        facts.append(f"text {r['text_coverage']:.3f}")
+    for name in ("watermark_score", "artistic_score"):
+        if r.get(name) is not None:
+            facts.append(f"{name.split('_')[0]} {r[name]:.2f}")
+    if facts:
+        lines.append(" · ".join(facts))
+    if r.get("duplicate_of"):
+        lines.append(f"duplicate of {r['duplicate_of']}")
+    lines.append(f"from {counts.source_group(r['source'], input_root)}")
+    return lines
+
+
+def galleries(v: AuditedVersion, per_reason: int, kept: int) -> tuple[list[str], str]:
+    root = v.setting("input.uri", "")
+    cap = lambda r: caption(r, root)  # noqa: E731
+    grouped: dict[tuple[str, str], list[dict]] = {}
+    for r in v.rows:
+        grouped.setdefault((r["status"], r["reason"]), []).append(r)
+    removed = []
+    for e in counts.by_reason(v.rows, v.stats):
+        chosen = images.sample(grouped[(e["status"], e["reason"])], per_reason)
+        tiles = images.tiles(chosen, cap, config=v.config, stats=v.stats)
+        removed.append(f"<h3>{page.esc(e['reason'])} <span class=note>({page.esc(e['status'])} by "
+                       f"{page.esc(e['stage'])}; showing {len(chosen)} of {e['count']})</span></h3>"
+                       + page.gallery(tiles, **{"data-reason": e["reason"], "data-total": e["count"]}))
+    kept_rows = grouped.get((schema.KEPT, None), [])
+    chosen = images.sample(kept_rows, kept)
+    kept_html = (f"<p class=note>showing {len(chosen)} of {len(kept_rows)} kept images</p>"
+                 + page.gallery(images.tiles(chosen, cap, config=v.config, stats=v.stats, output_uri=v.uri),
+                                **{"data-kept-total": len(kept_rows)}))
+    return removed, kept_html
+
+
+def _settings_text(stage: dict) -> str:
+    shown = {k: v for k, v in stage.items() if k not in ("name", "applied")}
+    text = json.dumps(shown, sort_keys=True)
+    return text if len(text) <= 400 else text[:400] + " ..."
+
+
+def runs_section(runs: tuple[list[RunRef], list[RunRef]] | None) -> str:
+    if runs is None:
+        return page.section("runs", "MLflow runs", note="MLflow was not consulted (--no-mlflow or no tracking store).")
+    produced, used = runs
+    header = ["run id", "experiment", "run name", "stage", "status"]
+    row = lambda r: [r.run_id, r.experiment, r.name, r.stage or "-", r.status]  # noqa: E731
+    return page.section(
+        "runs", "MLflow runs",
+        "<h3>produced by (curation runs)</h3>",
+        page.table(header, [row(r) for r in produced], table_attrs={"id": "produced-by"}),
+        "<h3>used by (runs that logged this version as an input)</h3>",
+        page.table(header, [row(r) for r in used], table_attrs={"id": "used-by"}) if used
+        else page.Markup("<p class=note>no run has logged this version as an input yet</p>"))
+
+
+def totals_section(v: AuditedVersion, counted: dict) -> str:
+    problems = counts.disagreements(counted, v.stats)
+    cards = page.cards([("inputs", counted["inputs"], ""), ("kept", counted["kept"], "kept"),
+                        ("dropped", counted["dropped"], "dropped"), ("errors", counted["errors"], "error"),
+                        ("shards", counted["shards"], ""), ("samples in shards", counted["samples_in_shards"], "")],
+                       id="totals")
+    warn = (page.Markup("<div class=warn>stats.json disagrees with the manifest (the page shows the manifest's "
+                        "counts): " + "; ".join(page.esc(p) for p in problems) + "</div>") if problems else "")
+    return page.section("summary", "Totals", cards, warn)
+
+
+def funnel_section(counted: dict) -> str:
+    steps = counted["funnel"]
+    rows = [[s["stage"], s["in"], s["out"], s["in"] - s["out"],
+             ", ".join(f"{r}={n}" for r, n in s["removed"].items()) or "-"] for s in steps]
+    attrs = [{"data-stage": s["stage"], "data-in": s["in"], "data-out": s["out"], "data-removed": s["in"] - s["out"],
+              "data-reasons": json.dumps(s["removed"], sort_keys=True)} for s in steps]
+    return page.section("funnel", "Funnel", page.chart(charts.funnel(steps), "funnel"),
+                        page.table(["stage", "in", "out", "removed", "by reason"], rows, numeric={1, 2, 3},
+                                   table_attrs={"id": "funnel-table"}, row_attrs=attrs))
+
+
+def reasons_section(v: AuditedVersion) -> str:
+    reasons = counts.by_reason(v.rows, v.stats)
+    return page.section(
+        "reasons", "Removed, by reason",
+        page.chart(charts.removed_by_reason(reasons), "removed by reason") if reasons else "",
+        page.table(["status", "reason", "stage", "count"], [[e["status"], e["reason"], e["stage"], e["count"]]
+                                                            for e in reasons], numeric={3},
+                   table_attrs={"id": "reasons-table"},
+                   row_attrs=[{"data-status": e["status"], "data-reason": e["reason"], "data-count": e["count"]}
+                              for e in reasons]))
+
+
+def sources_section(v: AuditedVersion) -> str:
+    groups = counts.by_source(v.rows, v.setting("input.uri", ""))
+    rows = [[g["group"], g["inputs"], g["kept"], g["dropped"], g["error"],
+             ", ".join(f"{r}={n}" for r, n in sorted(g["reasons"].items())) or "-"] for g in groups]
+    attrs = [{"data-group": g["group"], "data-inputs": g["inputs"], "data-kept": g["kept"],
+              "data-dropped": g["dropped"], "data-errors": g["error"]} for g in groups]
+    return page.section("sources", "By source", page.chart(charts.by_source(groups), "outcome by source"),
+                        page.table(["source", "inputs", "kept", "dropped", "errors", "reasons"], rows,
+                                   numeric={1, 2, 3, 4}, table_attrs={"id": "sources-table"}, row_attrs=attrs),
+                        note="grouped by input folder, tar file or parquet file, relative to input.uri")
+
+
+def stages_section(v: AuditedVersion) -> str:
+    stages = v.stats.get("stages", [])
+    return page.section("filters", "Stages and their settings", page.table(
+        ["stage", "applied", "settings"],
+        [[s["name"], "yes" if s.get("applied") else "NO", _settings_text(s)] for s in stages],
+        table_attrs={"id": "stages-table"},
+        row_attrs=[{"data-stage": s["name"], "data-applied": str(bool(s.get("applied"))).lower()} for s in stages]))
+
+
+def render_report(v: AuditedVersion, *, per_reason: int = 12, kept: int = 24,
+                  runs: tuple[list[RunRef], list[RunRef]] | None = None) -> str:
+    """The report page (HTML text) of version ``v``."""
+    counted = counts.recount(v)
+    removed_galleries, kept_gallery = galleries(v, per_reason, kept)
+    sections = [
+        totals_section(v, counted),
+        funnel_section(counted),
+        reasons_section(v),
+        sources_section(v),
+        stages_section(v),
+        page.section("scores", "Score distributions per filter",
+                     page.Markup('<div class="charts">' + "".join(score_charts(v)) + "</div>"),
+                     note="each histogram stacks kept images, images this stage removed and images removed by "
+                          "another stage; the dashed line is the stage's threshold"),
+        page.section("people", "People", page.Markup('<div class="charts">' + "".join(people_charts(v)) + "</div>"),
+                     note="box colours in the galleries: green = salient (kept by the rule), orange = confident "
+                          "but too small, grey = below the score threshold"),
+        page.section("removed-gallery", "Removed images, by reason", *removed_galleries,
+                     note="deterministic samples (by SHA-1 of the key); dropped images are read from their "
+                          "sources, inputs that were errors are shown as their reason"),
+        page.section("kept-gallery", "Kept images", kept_gallery),
+        runs_section(runs),
+        page.section("config", "Resolved configuration", page.Markup(
+            "<details><summary>config.yaml</summary><pre>" + page.esc(yaml.safe_dump(v.config, sort_keys=False))
+            + "</pre></details>")),
+    ]
+    header = [f"name {v.version.name} · output {v.uri}",
+              f"job digest {v.job_digest} · code version {v.code_version} · "
+              f"mlflow run {v.version.run_id or '-'} · {len(v.version.shards)} shards"]
+    return page.document(f"Dataset version {v.id}", header, sections)
+
+
+def version_summary(v: AuditedVersion) -> str:
+    """The terminal summary of ``v`` (counts by stage, reason and source)."""
+    return counts.summary_text(v)

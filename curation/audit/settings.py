@@ -1,0 +1,123 @@
+"""Config diffs, and which settings own each drop reason (to say which change removed an image).
+
+``flatten`` turns a resolved config.yaml into ``dotted.key -> value``; ``config_changes``
+lists the keys whose values differ between two versions. A change is *bookkeeping* when it
+cannot change outputs (where runs are logged, how Ray runs, the output folder): the same
+keys ``curation.pipeline.job_digest`` leaves out.
+
+``REASON_SETTINGS`` names, per drop reason, the settings that decide it (a trailing dot means
+a whole section). A removed image is explained by the changed settings that own its reason;
+reasons not listed fall back to the settings of the stage that set them (``STAGE_SETTINGS``).
+When no setting owning the reason changed, a change in an earlier stage (or an earlier check of
+the same stage) may still be why: it changes what reaches the stage. ``explain`` then names
+those settings, prefixed ``upstream``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from curation import schema
+
+BOOKKEEPING = ("tracking.", "ray.", "output_dir", "name")
+
+REASON_SETTINGS: dict[str, tuple[str, ...]] = {
+    schema.READ_FAILED: ("input.",),
+    schema.EMPTY_FILE: ("input.",),
+    schema.FILE_TOO_LARGE: ("decode.max_bytes",),
+    schema.DECOMPRESSION_BOMB: ("decode.max_pixels",),
+    schema.NOT_AN_IMAGE: ("decode.",),
+    schema.TRUNCATED: ("decode.",),
+    schema.DECODE_FAILED: ("decode.",),
+    schema.UNSUPPORTED_MODE: ("decode.",),
+    schema.TOO_SMALL: ("filters.min_short_side", "decode.max_side"),
+    schema.BAD_ASPECT_RATIO: ("filters.max_aspect_ratio",),
+    schema.NO_SALIENT_PERSON: ("detector.",),
+    schema.EXACT_DUPLICATE: ("dedup.",),
+    "near_duplicate": ("dedup.",),
+    "semantic_duplicate": ("dedup.", "content.embedding."),
+    "artistic": ("content.artistic.", "content.embedding."),
+    "watermark": ("content.watermark.", "content.embedding."),
+    "text": ("content.text.",),
+    "watermark_text": ("content.text.",),
+}
+
+STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "read": ("input.", "decode.max_bytes"), "decode": ("decode.",), "geometry": ("filters.",),
+    "person_detection": ("detector.",), "clip_embedding": ("content.embedding.",),
+    "artistic_filter": ("content.artistic.", "content.embedding."), "watermark_filter": ("content.watermark.",),
+    "text_filter": ("content.text.",), "exact_dedup": ("dedup.",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    key: str
+    old: Any
+    new: Any
+
+    @property
+    def bookkeeping(self) -> bool:
+        return matches(self.key, BOOKKEEPING)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {_show(self.old)} -> {_show(self.new)}"
+
+
+_MISSING = "<absent>"
+
+
+def _show(value: Any) -> str:
+    return value if value == _MISSING else json.dumps(value, sort_keys=True)
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"filters": {"min_short_side": 256}}`` -> ``{"filters.min_short_side": 256}``; lists stay values."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def config_changes(old: dict, new: dict) -> list[Change]:
+    """Every setting whose value differs (or exists on one side only), sorted by key."""
+    a, b = flatten(old), flatten(new)
+    return [Change(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in sorted(set(a) | set(b))
+            if a.get(k, _MISSING) != b.get(k, _MISSING)]
+
+
+def matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(key.startswith(p) if p.endswith(".") else key == p for p in patterns)
+
+
+def settings_of(reason: str | None, stage: str | None = None) -> tuple[str, ...]:
+    """The settings that decide ``reason`` (via the stage that set it when the reason is unknown)."""
+    if reason in REASON_SETTINGS:
+        return REASON_SETTINGS[reason]
+    if stage in STAGE_SETTINGS:
+        return STAGE_SETTINGS[stage]
+    if reason and reason.endswith("duplicate"):
+        return ("dedup.",)
+    return ()
+
+
+def explaining(reason: str | None, changes: list[Change], stage: str | None = None) -> list[str]:
+    """The changed (non-bookkeeping) settings that own ``reason``."""
+    owners = settings_of(reason, stage)
+    return [c.key for c in changes if not c.bookkeeping and matches(c.key, owners)]
+
+
+def explain(reason: str | None, stage: str | None, funnel_stages: list[str], changes: list[Change]) -> list[str]:
+    """The changed settings owning ``reason``; else ``upstream <key>`` for changed settings of the
+    stages up to ``stage`` in ``funnel_stages`` (pipeline order)."""
+    own = explaining(reason, changes, stage)
+    if own or stage not in funnel_stages:
+        return own
+    before = funnel_stages[:funnel_stages.index(stage) + 1]
+    owners = tuple(p for s in before for p in STAGE_SETTINGS.get(s, ()))
+    return [f"upstream {c.key}" for c in changes if not c.bookkeeping and matches(c.key, owners)]

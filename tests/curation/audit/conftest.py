@@ -1,0 +1,133 @@
+"""Fixtures of the audit tests: real curation runs of the demo corpus, and headless Chromium.
+
+Three runs of the same corpus: A, B (A's configuration into another folder) and C (A with
+``filters.min_short_side`` raised), all logged to one MLflow store. The browser is Debian's
+chromium driven by playwright (never a downloaded one).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from curation.config import (CurationConfig, DetectorConfig, FilterConfig, InputConfig, TrackingConfig,
+                             weightless_content_filters)
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+MIN_SHORT_SIDE_A, MIN_SHORT_SIDE_C = 256, 500
+
+
+@dataclasses.dataclass
+class Run:
+    cfg: CurationConfig
+    result: object  # curation.pipeline.CurationResult
+
+    @property
+    def output(self) -> str:
+        return self.result.output_dir
+
+
+def audit_config(raw: Path, out: Path, centernet: Path, min_short_side: int) -> CurationConfig:
+    """The demo recipe (real CenterNet detector, real OCR) with one MLflow store for all runs."""
+    return CurationConfig(
+        input=InputConfig(uri=str(raw), images_per_partition=8),
+        output_dir=str(out),
+        filters=FilterConfig(min_short_side=min_short_side),
+        detector=DetectorConfig(backend="centernet_onnx", weights=str(centernet), score_threshold=0.3,
+                                min_box_size=200, batch_size=4, num_cpus=0.5),
+        content=weightless_content_filters(),
+        tracking=TrackingConfig(uri=f"sqlite:///{out.parent / 'mlflow.db'}", experiment="test-audit"),
+    )
+
+
+@pytest.fixture(scope="session")
+def audit_root(tmp_path_factory) -> Path:
+    from curation.demo import build_demo_corpus
+
+    root = tmp_path_factory.mktemp("audit")
+    build_demo_corpus(root / "raw")
+    return root
+
+
+@pytest.fixture(scope="session")
+def run_a(audit_root, ray_local, centernet_path) -> Run:
+    from curation.pipeline import run_curation
+
+    cfg = audit_config(audit_root / "raw", audit_root / "a", centernet_path, MIN_SHORT_SIDE_A)
+    return Run(cfg, run_curation(cfg))
+
+
+@pytest.fixture(scope="session")
+def runs_abc(audit_root, run_a, centernet_path) -> tuple[Run, Run, Run]:
+    """A; B = A's configuration into another folder; C = A with filters.min_short_side raised."""
+    from curation.pipeline import run_curation
+
+    cfg_b = audit_config(audit_root / "raw", audit_root / "b", centernet_path, MIN_SHORT_SIDE_A)
+    cfg_c = audit_config(audit_root / "raw", audit_root / "c", centernet_path, MIN_SHORT_SIDE_C)
+    return run_a, Run(cfg_b, run_curation(cfg_b)), Run(cfg_c, run_curation(cfg_c))
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Headless Debian chromium through playwright; fails (never skips) when it is not installed."""
+    if not CHROMIUM.is_file() or not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: the audit report is tested in a real browser. Install Debian's "
+                    "chromium first: apt-get update && apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@dataclasses.dataclass
+class Loaded:
+    """A page opened in the browser, with what went wrong while loading it."""
+
+    page: object
+    errors: list[str]      # console errors, page errors, failed loads
+    requests: list[str]    # every URL the page asked for, other than the page itself and data: URIs
+
+    def images(self) -> dict:
+        """How many <img> the page has, how many loaded (complete, naturalWidth > 0), which did not."""
+        return self.page.evaluate("""() => {
+            const imgs = Array.from(document.images);
+            const bad = imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt);
+            return {total: imgs.length, loaded: imgs.length - bad.length, bad: bad};
+        }""")
+
+    def outside_references(self) -> list[str]:
+        """Every src/href in the page that is not an inline data URI."""
+        return self.page.evaluate("""() => Array.from(document.querySelectorAll('[src],[href]'))
+            .map(e => e.getAttribute('src') || e.getAttribute('href')).filter(u => !u.startsWith('data:'))""")
+
+    def rows(self, selector: str) -> list[dict]:
+        """The data-* attributes of each element matching ``selector``."""
+        return self.page.eval_on_selector_all(selector, "els => els.map(e => Object.assign({}, e.dataset))")
+
+
+@pytest.fixture
+def open_html(chromium):
+    """``open_html(path)`` -> ``Loaded``: a local HTML file opened from its file:// URL, fully loaded."""
+    pages = []
+
+    def _open(path: Path) -> Loaded:
+        page = chromium.new_page(viewport={"width": 1400, "height": 1000})
+        pages.append(page)
+        loaded = Loaded(page, [], [])
+        page.on("console", lambda m: loaded.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+        page.on("pageerror", lambda e: loaded.errors.append(f"page error: {e}"))
+        page.on("requestfailed", lambda r: loaded.errors.append(f"failed: {r.url[:120]} {r.failure}"))
+        page.on("request", lambda r: loaded.requests.append(r.url[:120])
+                if r.url != path.as_uri() and not r.url.startswith("data:") else None)
+        page.goto(path.as_uri(), wait_until="load")
+        return loaded
+
+    yield _open
+    for page in pages:
+        page.close()
