@@ -9,7 +9,6 @@ become (``EXPECTED``), which the tests check against the manifest.
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import struct
 import zlib
@@ -121,7 +120,7 @@ def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]
     rotated = jpeg_bytes(upright.transpose(Image.Transpose.ROTATE_90), quality=92, exif=exif.tobytes())
     good = jpeg_bytes(base, quality=92)
     return {
-        "bad/corrupt.jpg": (os.urandom(2048), "error", "not_an_image"),
+        "bad/corrupt.jpg": (np.random.default_rng(0).bytes(2048), "error", "not_an_image"),
         "bad/not_an_image.png": (b"this is a text file, not a picture\n" * 20, "error", "not_an_image"),
         "bad/empty.jpg": (b"", "error", "empty_file"),
         "bad/truncated.jpg": (good[: len(good) // 2], "error", "truncated"),

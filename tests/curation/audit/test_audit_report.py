@@ -109,7 +109,7 @@ def test_terminal_summary_gives_counts_by_stage_and_reason(run_a, capsys):
     for (status, reason), n in Counter((r["status"], r["reason"]) for r in rows if r["status"] != "kept").items():
         assert re.search(rf"^\s+{status}\s+{reason}\s+{n}\s", out, re.M), (status, reason, n)
     kept = sum(r["status"] == "kept" for r in rows)
-    assert re.search(rf"^exact_dedup\s+\d+\s+{kept}\s", out, re.M)
+    assert re.search(rf"^semantic_dedup\s+\d+\s+{kept}\s", out, re.M)  # the last step of the funnel
     assert f"inputs={len(rows)} kept={kept}" in out and "WARNING" not in out
 
 
