@@ -231,10 +231,14 @@ def run_probe(cfg: ProbeConfig, dag: DagConfig) -> dict:
 # ---- the DAG ---------------------------------------------------------------------------------
 
 def _stage_configs(dag: DagConfig, ws: Path, uri: str):
-    """Stage configs with the DAG's tracking store and experiment (children must share it)."""
-    curate = dataclasses.replace(dag.curate, tracking=dataclasses.replace(
+    """Stage configs with the DAG's tracking store and experiment (children must share it), and
+    local paths made absolute (a Ray job runs in a copy of the repo, not in this folder)."""
+    from curation.pipeline import absolutize as absolute_curation
+    from training.run import absolutize as absolute_pretrain
+
+    curate = dataclasses.replace(absolute_curation(dag.curate), tracking=dataclasses.replace(
         dag.curate.tracking, uri=uri, experiment=dag.tracking.experiment))
-    pretrain = dataclasses.replace(dag.pretrain, storage_path=str(ws / "pretrain"), mlflow=dataclasses.replace(
+    pretrain = dataclasses.replace(absolute_pretrain(dag.pretrain), storage_path=str(ws / "pretrain"), mlflow=dataclasses.replace(
         dag.pretrain.mlflow, uri=uri, experiment=dag.tracking.experiment))
     probe = dataclasses.replace(dag.probe, tracking=dataclasses.replace(
         dag.probe.tracking, uri=uri, experiment=dag.tracking.experiment))

@@ -1,0 +1,169 @@
+"""The staged DAG: reuse what did not change, re-run what did, resume what was killed,
+record parent/child runs with lineage in MLflow, and run stages as real Ray jobs."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from curation.demo import build_demo_corpus
+from infra.config import load_config
+from infra.dag import DagConfig, run_dag
+from tests.conftest import CENTERNET, REPO
+
+FAST = ["pretrain.steps=4", "pretrain.checkpoint.every=2", "pretrain.mlflow.log_every=1",
+        "pretrain.mlflow.images_every=4", "probe.tasks=[seg, knn]", "probe.seg.steps=10",
+        "probe.synthetic.train_images=24", "probe.synthetic.val_images=8", "probe.ray.num_cpus=null"]
+
+
+def dag_config(raw: Path, workspace: Path, *overrides: str) -> DagConfig:
+    return load_config(DagConfig, REPO / "configs" / "dag_demo.yaml",
+                       [f"curate.input.uri={raw}", f"workspace={workspace}", f"curate.detector.weights={CENTERNET}",
+                        "curate.ray.num_cpus=null", "curate.ray.progress_bars=off", *FAST, *overrides])
+
+
+def stage_runs(uri: str, stage: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return client.search_runs(exps, filter_string=f"tags.`dag.stage` = '{stage}'")
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory, ray_local):
+    root = tmp_path_factory.mktemp("dag")
+    build_demo_corpus(root / "raw")
+    cfg = dag_config(root / "raw", root / "ws")
+    return root, cfg, run_dag(cfg)
+
+
+def test_first_run_runs_every_stage_and_links_them_in_mlflow(first):
+    from mlflow import MlflowClient
+
+    root, cfg, result = first
+    assert [(o.stage, o.reused) for o in result.outcomes] == [("curate", False), ("pretrain", False), ("probe", False)]
+    curate, pretrain, probe = result.outcomes
+    client = MlflowClient(result.tracking_uri)
+    parent = client.get_run(result.parent_run_id)
+    assert parent.info.status == "FINISHED" and parent.data.tags["humanvision.stage"] == "dag"
+    for o in result.outcomes:
+        run = client.get_run(o.run_id)
+        assert run.data.tags["mlflow.parentRunId"] == result.parent_run_id
+        assert run.data.tags["dag.identity"] == o.identity == Path(o.folder).name
+    # lineage: the probe's metric -> checkpoint -> pretraining run -> dataset version -> curation run
+    probe_tags = client.get_run(probe.run_id).data.tags
+    assert probe_tags["lineage.checkpoint_digest"] == pretrain.result["checkpoint_digest"]
+    assert probe_tags["lineage.pretrain_run_id"] == pretrain.run_id
+    assert probe_tags["lineage.dataset_id"] == curate.result["dataset_id"] == pretrain.result["dataset_id"]
+    assert probe_tags["lineage.curation_run_id"] == curate.run_id
+    assert client.get_run(pretrain.run_id).data.tags["lineage.dataset_id"] == curate.result["dataset_id"]
+    assert parent.data.tags["lineage.checkpoint_digest"] == pretrain.result["checkpoint_digest"]
+    assert "mIoU" in probe.result["metrics"]["seg"] and "top1_k10" in probe.result["metrics"]["knn"]
+
+
+def test_second_run_with_nothing_changed_reruns_nothing(first):
+    root, cfg, result = first
+    before = {s: len(stage_runs(result.tracking_uri, s)) for s in ("curate", "pretrain", "probe")}
+    again = run_dag(cfg)
+    assert [o.reused for o in again.outcomes] == [True, True, True]
+    assert [o.identity for o in again.outcomes] == [o.identity for o in result.outcomes]
+    from mlflow import MlflowClient
+    client = MlflowClient(result.tracking_uri)
+    for o, prev in zip(again.outcomes, result.outcomes):
+        assert o.run_id == prev.run_id  # the result's run is the one that produced it
+    reused = [r for s in ("curate", "pretrain", "probe") for r in stage_runs(result.tracking_uri, s)
+              if r.data.tags.get("dag.reused") == "true"]
+    assert len(reused) == 3 and all(r.data.tags["mlflow.parentRunId"] == again.parent_run_id for r in reused)
+    assert {r.data.tags["dag.reused_run_id"] for r in reused} == {o.run_id for o in result.outcomes}
+    after = {s: len([r for r in stage_runs(result.tracking_uri, s) if r.data.tags.get("dag.reused") != "true"])
+             for s in ("curate", "pretrain", "probe")}
+    assert after == before
+    assert client.get_run(again.parent_run_id).data.tags["dag.curate.reused"] == "true"
+
+
+def test_changing_a_probe_setting_reruns_only_probing(first):
+    root, _, result = first
+    changed = run_dag(dag_config(root / "raw", root / "ws", "probe.seg.steps=12"))
+    assert [o.reused for o in changed.outcomes] == [True, True, False]
+    assert changed.outcomes[2].identity != result.outcomes[2].identity
+
+
+def test_changing_a_curation_threshold_reruns_all_three(first):
+    root, _, result = first
+    changed = run_dag(dag_config(root / "raw", root / "ws", "curate.filters.min_short_side=300"))
+    assert [o.reused for o in changed.outcomes] == [False, False, False]
+    assert changed.outcomes[0].result["dataset_id"] != result.outcomes[0].result["dataset_id"]
+    assert changed.outcomes[1].result["dataset_id"] == changed.outcomes[0].result["dataset_id"]
+
+
+def test_bad_stage_lists_are_refused():
+    with pytest.raises(ValueError, match="contiguous"):
+        DagConfig(stages=["curate", "probe"]).validate()
+    with pytest.raises(ValueError, match="inputs.dataset"):
+        DagConfig(stages=["pretrain", "probe"]).validate()
+
+
+@pytest.mark.slow
+def test_a_stage_killed_mid_run_resumes(tmp_path):
+    raw, ws = tmp_path / "raw", tmp_path / "ws"
+    build_demo_corpus(raw)
+    args = [f"curate.input.uri={raw}", f"workspace={ws}", f"curate.detector.weights={CENTERNET}",
+            "curate.ray.progress_bars=off", *FAST, "pretrain.steps=10", "pretrain.checkpoint.every=2",
+            f"curate.ray.temp_dir=/tmp/hvdag-{os.getpid()}"]
+    cmd = [sys.executable, str(REPO / "pipelines" / "dag.py"), "--config", str(REPO / "configs" / "dag_demo.yaml"), *args]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if list((ws / "pretrain").glob("*/*/checkpoint_*")):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, "the DAG ended before pretraining checkpointed"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        time.sleep(2)
+        out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
+        for line in out.splitlines()[1:]:
+            if f"/tmp/hvdag-{os.getpid()}" in line:
+                try:
+                    os.kill(int(line.split()[0]), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    killed_checkpoints = sorted(p.name for p in (ws / "pretrain").glob("*/*/checkpoint_*"))
+    assert killed_checkpoints and not list((ws / "pretrain").glob("*/DONE.json"))
+    result = run_dag(dag_config(raw, ws, "pretrain.steps=10", "pretrain.checkpoint.every=2"))
+    assert [o.reused for o in result.outcomes] == [True, False, False]  # curation was done; pretraining resumed
+    pretrain = result.outcomes[1]
+    assert pretrain.result["final_step"] == 10
+    from mlflow import MlflowClient
+    history = MlflowClient(result.tracking_uri).get_metric_history(pretrain.run_id, "loss")
+    assert sorted({m.step for m in history}) == list(range(1, 11))  # one MLflow run across both sessions
+
+
+@pytest.mark.slow
+def test_stages_run_as_ray_jobs_against_a_head(tmp_path, monkeypatch):
+    from infra.local_cluster import LocalRayHead
+
+    raw, ws = tmp_path / "raw", tmp_path / "ws"
+    build_demo_corpus(raw)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    with LocalRayHead(num_cpus=2, env=env) as head:
+        for key, value in head.client_env({}).items():
+            monkeypatch.setenv(key, value)
+        cfg = dag_config(raw, ws, "submit=ray_job", f"job_address={head.dashboard_url}")
+        result = run_dag(cfg)
+        from ray.job_submission import JobSubmissionClient
+        jobs = JobSubmissionClient(head.dashboard_url).list_jobs()
+    assert [o.reused for o in result.outcomes] == [False, False, False]
+    entrypoints = sorted(j.entrypoint.split()[1] for j in jobs if j.status == "SUCCEEDED")
+    assert entrypoints == ["pipelines/curate.py", "pipelines/pretrain.py", "pipelines/probe.py"]
+    assert result.outcomes[2].result["metrics"]["seg"]["mIoU"] > 0
+    assert not head.pids()
