@@ -121,7 +121,7 @@ def test_a_stage_killed_mid_run_resumes(tmp_path):
     deadline = time.time() + 600
     try:
         while time.time() < deadline and proc.poll() is None:
-            if list((ws / "pretrain").glob("*/*/checkpoint_*")):
+            if list((ws / "pretrain").glob("*/checkpoint_*")):
                 break
             time.sleep(0.5)
         assert proc.poll() is None, "the DAG ended before pretraining checkpointed"
@@ -136,7 +136,7 @@ def test_a_stage_killed_mid_run_resumes(tmp_path):
                     os.kill(int(line.split()[0]), signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-    killed_checkpoints = sorted(p.name for p in (ws / "pretrain").glob("*/*/checkpoint_*"))
+    killed_checkpoints = sorted(p.name for p in (ws / "pretrain").glob("*/checkpoint_*"))
     assert killed_checkpoints and not list((ws / "pretrain").glob("*/DONE.json"))
     result = run_dag(dag_config(raw, ws, "pretrain.steps=10", "pretrain.checkpoint.every=2"))
     assert [o.reused for o in result.outcomes] == [True, False, False]  # curation was done; pretraining resumed
@@ -148,7 +148,7 @@ def test_a_stage_killed_mid_run_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_stages_run_as_ray_jobs_against_a_head(tmp_path, monkeypatch):
+def test_stages_run_as_ray_jobs_against_a_head(tmp_path):
     from infra.local_cluster import LocalRayHead
 
     raw, ws = tmp_path / "raw", tmp_path / "ws"
@@ -156,14 +156,19 @@ def test_stages_run_as_ray_jobs_against_a_head(tmp_path, monkeypatch):
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     with LocalRayHead(num_cpus=2, env=env) as head:
-        for key, value in head.client_env({}).items():
-            monkeypatch.setenv(key, value)
-        cfg = dag_config(raw, ws, "submit=ray_job", f"job_address={head.dashboard_url}")
-        result = run_dag(cfg)
-        from ray.job_submission import JobSubmissionClient
-        jobs = JobSubmissionClient(head.dashboard_url).list_jobs()
-    assert [o.reused for o in result.outcomes] == [False, False, False]
-    entrypoints = sorted(j.entrypoint.split()[1] for j in jobs if j.status == "SUCCEEDED")
-    assert entrypoints == ["pipelines/curate.py", "pipelines/pretrain.py", "pipelines/probe.py"]
+        # The DAG driver runs as its own process with this head's token (Ray caches a process's token).
+        cmd = [sys.executable, str(REPO / "pipelines" / "dag.py"), "--config", str(REPO / "configs" / "dag_demo.yaml"),
+               f"curate.input.uri={raw}", f"workspace={ws}", f"curate.detector.weights={CENTERNET}", *FAST,
+               "submit=ray_job", f"job_address={head.dashboard_url}"]
+        done = subprocess.run(cmd, env=head.client_env(env), capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+        listing = subprocess.run([str(Path(sys.executable).with_name("ray")), "job", "list", "--address",
+                                  head.dashboard_url], env=head.client_env(env), capture_output=True, text=True).stdout
+    assert listing.count("SUCCEEDED") >= 3
+    for script in ("pipelines/curate.py", "pipelines/pretrain.py", "pipelines/probe.py"):
+        assert script in listing, script
+    assert "ran" in done.stdout and "reused" not in done.stdout
+    result = run_dag(dag_config(raw, ws))  # same workspace, in process: every stage's result is found and reused
+    assert [o.reused for o in result.outcomes] == [True, True, True]
     assert result.outcomes[2].result["metrics"]["seg"]["mIoU"] > 0
     assert not head.pids()
