@@ -1,0 +1,14 @@
+"""Frozen-backbone probing: dense probes for pose, body-part segmentation, pointmap, normal
+and albedo, and k-NN on the CLS token, trained with Ray Train and recorded in MLflow.
+
+Entry point: ``run_probes(cfg)`` (``pipelines/probe.py`` from the command line); the pieces
+are ``evaluation.datasets`` (COCO keypoints, PNG masks, float maps, labelled images),
+``evaluation.metrics``, ``evaluation.tasks`` (head + loss + evaluator per task),
+``evaluation.train`` (one probe; the Ray Train worker), ``evaluation.synthetic`` (the
+offline probe set) and ``evaluation.lineage`` (checkpoint digest and pretraining run).
+"""
+
+from evaluation.config import ProbeConfig
+from evaluation.run import ProbeResult, run_probes
+
+__all__ = ["ProbeConfig", "ProbeResult", "run_probes"]

@@ -1,0 +1,74 @@
+"""Configurations, run identity and the command line."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from infra.config import load_config
+from models.registry import get_config
+from training.config import PretrainConfig, default_run_name, identity_digest
+from training.flops import step_cost, tokens_per_step
+
+from tests.training.conftest import tiny_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("pretrain_*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_pretrain_config_loads_and_validates(path):
+    cfg = load_config(PretrainConfig, path, ["data.dataset=some-version-id"])
+    cfg.validate()
+    get_config(cfg.model)
+    assert (cfg.loss.mae_weight, cfg.loss.cl_weight, cfg.loss.koleo_weight) == (1.0, 0.4, 0.04)
+    assert (cfg.masking.ratio, cfg.masking.block_prob) == (0.75, 0.4)
+    assert (cfg.crops.num_global, cfg.crops.num_local) == (2, 4) and cfg.teacher.momentum == 0.992
+    if path.stem != "pretrain_tiny":
+        assert cfg.crops.global_size == (1024, 768) and cfg.ray.use_gpu and cfg.parallel.precision == "bf16"
+        assert (cfg.optim.lr, cfg.optim.weight_decay, cfg.steps) == (1e-4, 0.05, 500000)
+
+
+def test_real_sizes_cover_04b_to_5b():
+    models = {load_config(PretrainConfig, p).model for p in CONFIGS}
+    assert {"sapiens2_0.4b", "sapiens2_0.8b", "sapiens2_1b", "sapiens2_5b", "sapiens2_tiny"} <= models
+
+
+def test_invalid_settings_name_the_setting():
+    with pytest.raises(ValueError, match="data.dataset"):
+        tiny_config().__class__().validate()
+    with pytest.raises(ValueError, match="crops.global_size"):
+        tiny_config("crops.global_size=[100, 64]").validate()
+    with pytest.raises(ValueError, match="unknown setting 'loss.cl_wieght'"):
+        tiny_config("loss.cl_wieght=0.4")
+    with pytest.raises(ValueError, match="num_global"):
+        tiny_config("crops.num_global=1").validate()
+
+
+def test_identity_ignores_session_settings_only():
+    base = tiny_config()
+    same = tiny_config("max_steps_this_session=3", "mlflow.log_every=1", "checkpoint.keep=9", "ray.max_failures=5")
+    other = tiny_config("optim.lr=0.5")
+    assert identity_digest(base) == identity_digest(same) != identity_digest(other)
+    assert default_run_name(base) == default_run_name(same) != default_run_name(other)
+    assert default_run_name(base) != default_run_name(dataclasses.replace(base, data=dataclasses.replace(
+        base.data, dataset="another")))
+    assert default_run_name(base).startswith("pretrain-sapiens2_tiny-")
+
+
+def test_step_cost_counts_teacher_and_student_work():
+    cfg = tiny_config()
+    cost = step_cost(cfg, 2)
+    # 96x64 -> 24 patches, 18 masked, 6 visible; 48x32 -> 6 patches
+    assert tokens_per_step(cfg, 2) == cost.tokens == 2 * (2 * (24 + 6) + 4 * 6)
+    assert cost.flops == cost.teacher_flops + 3 * cost.student_forward_flops
+    assert cost.teacher_flops > 0 and cost.student_forward_flops > 0
+    assert step_cost(cfg, 4).flops == pytest.approx(2 * cost.flops, rel=1e-6)
+
+
+def test_cli_reports_config_errors_with_exit_code_2(capsys, tmp_path):
+    from pipelines.pretrain import main
+
+    assert main(["--config", "configs/pretrain_tiny.yaml", "bogus.key=1"]) == 2
+    assert "unknown setting 'bogus'" in capsys.readouterr().err
+    assert main(["--config", "configs/pretrain_tiny.yaml", f"storage_path={tmp_path}",
+                 f"data.dataset={tmp_path}/nonexistent"]) == 2
+    assert "does not exist" in capsys.readouterr().err

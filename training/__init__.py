@@ -1,0 +1,22 @@
+"""Sapiens2 pretraining on Ray Train with FSDP2: MAE + DINO CLS loss + KoLeo, from the
+WebDataset shards of a curated dataset version.
+
+Entry point: ``run_pretraining(cfg)`` (``pipelines/pretrain.py`` on the command line).
+Pieces: ``config`` (settings), ``data`` (resumable shard stream), ``augment`` (multi-crop),
+``masking``, ``losses``, ``meta_arch`` (student/teacher/heads/losses), ``parallelize``
+(FSDP2, activation checkpointing, compile), ``step`` (one optimisation step),
+``checkpoint`` (DCP + exports), ``loop`` (the Ray Train worker), ``run`` (the driver).
+"""
+
+from training.config import PretrainConfig
+
+__all__ = ["PretrainConfig", "PretrainResult", "run_pretraining"]
+
+
+def __getattr__(name: str):
+    # The driver pulls in Ray and MLflow; import it only when asked for.
+    if name in ("PretrainResult", "run_pretraining"):
+        from training import run
+
+        return getattr(run, name)
+    raise AttributeError(name)

@@ -1,0 +1,284 @@
+"""Settings of a pretraining run: typed, keyword-only dataclasses.
+
+The defaults are the Sapiens2 recipe (SPEC section 3) at 1024x768: MAE + 0.4 DINO CLS loss
++ 0.04 KoLeo, EMA teacher 0.992 -> 1, 2 global + 4 local crops, mixed block/patch masking
+at 0.75, AdamW lr 1e-4 wd 0.05 with warm-up + cosine. ``configs/pretrain_*.yaml`` override
+what differs per size; ``configs/pretrain_tiny.yaml`` trains on a CPU in minutes.
+
+Fields that only steer *this session* (``RESUME_FREE``) may change between a run and its
+resumption; every other field is part of the run's identity and must not.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from infra.config import config_digest, config_to_dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the images come from and how they are streamed.
+
+    ``dataset``: a dataset version id, a dataset name (its latest version) or a curation
+    output folder; ids and names are looked up in ``tracking_uri`` (default: the run's
+    MLflow store). ``shuffle_buffer``: samples held per loader worker (raw bytes).
+    ``loader_workers``: decode/augment processes per training worker (0 = in the training
+    process).
+    """
+
+    dataset: str = ""
+    tracking_uri: str | None = None
+    shuffle_buffer: int = 256
+    loader_workers: int = 6
+    prefetch_factor: int = 2
+    mp_context: Literal["fork", "forkserver", "spawn"] = "fork"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CropConfig:
+    """Multi-crop views; sizes are (H, W) and must be multiples of the patch size.
+
+    No colour augmentation ever touches the global views (colour is signal for the
+    human-centric tasks); the local views get colour jitter, grayscale and blur.
+    ``ratio``: range of the crop's aspect (w/h) relative to the output's aspect.
+    """
+
+    global_size: tuple[int, int] = (1024, 768)
+    local_size: tuple[int, int] = (256, 192)
+    num_global: int = 2
+    num_local: int = 4
+    global_scale: tuple[float, float] = (0.32, 1.0)
+    local_scale: tuple[float, float] = (0.05, 0.32)
+    ratio: tuple[float, float] = (0.75, 1.3333333333333333)
+    hflip_prob: float = 0.5
+    local_jitter_prob: float = 0.8
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.2
+    hue: float = 0.1
+    local_grayscale_prob: float = 0.2
+    local_blur_prob: float = 0.5
+    blur_sigma: tuple[float, float] = (0.1, 2.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaskingConfig:
+    """MAE masking of the student's global views: blockwise with ``block_prob``, else
+    patchwise; exactly ``round(ratio * P)`` patches are masked in every view."""
+
+    ratio: float = 0.75
+    block_prob: float = 0.4
+    min_block_patches: int = 4
+    max_block_fraction: float = 0.5
+    block_aspect: tuple[float, float] = (0.3, 3.3333333333333335)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderConfig:
+    """The MAE decoder (Sapiens v1: 8 layers x 512 wide)."""
+
+    embed_dim: int = 512
+    depth: int = 8
+    num_heads: int = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig:
+    """Loss weights (MAE : CLS : KoLeo = 1 : 0.4 : 0.04), the DINO head and temperatures.
+
+    The teacher temperature rises linearly from ``warmup_teacher_temp`` to
+    ``teacher_temp`` over ``teacher_temp_warmup_steps``.
+    """
+
+    mae_weight: float = 1.0
+    cl_weight: float = 0.4
+    koleo_weight: float = 0.04
+    num_prototypes: int = 65536
+    head_hidden_dim: int = 2048
+    head_bottleneck_dim: int = 256
+    head_layers: int = 3
+    student_temp: float = 0.1
+    teacher_temp: float = 0.07
+    warmup_teacher_temp: float = 0.04
+    teacher_temp_warmup_steps: int = 30000
+    center_momentum: float = 0.9
+    freeze_last_layer_steps: int = 1250
+    norm_pix: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """Fused AdamW (falls back to foreach where the device has no fused kernel), linear
+    warm-up then cosine to ``min_lr``; weight decay skips norms, biases and tokens."""
+
+    lr: float = 1e-4
+    min_lr: float = 1e-6
+    warmup_steps: int = 10000
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    clip_grad: float = 3.0
+    fused: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class TeacherConfig:
+    """EMA teacher: momentum follows a cosine from ``momentum`` to ``final_momentum``."""
+
+    momentum: float = 0.992
+    final_momentum: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """FSDP2 and compute settings. ``precision``: bf16 = ``MixedPrecisionPolicy(param_dtype
+    =bf16, reduce_dtype=fp32)`` over fp32 master weights."""
+
+    precision: Literal["bf16", "fp32"] = "bf16"
+    activation_checkpointing: bool = True
+    compile: bool = False
+    reshard_after_forward: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """DCP checkpoints every ``every`` steps (and at the end of every session), newest
+    ``keep`` kept; ``export``: student/teacher backbones as official-layout safetensors at
+    the end. Every ``preemption_check_every`` steps the ranks ask Ray whether a node is
+    about to be preempted and, if so, checkpoint at once (0 = never ask)."""
+
+    every: int = 1000
+    keep: int = 3
+    export: bool = True
+    preemption_check_every: int = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class RayConfig:
+    """Ray Train scaling. ``cpus_per_worker`` < 1 lets two workers share a small machine."""
+
+    address: str | None = None
+    num_workers: int = 8
+    cpus_per_worker: float = 8.0
+    use_gpu: bool = True
+    max_failures: int = 3
+    timeout_s: int = 1800
+
+
+@dataclass(frozen=True, kw_only=True)
+class MlflowConfig:
+    """Tracking. Rank 0 logs every step's values (``log_every``: how often it flushes);
+    ``images_every``: MAE reconstruction grid period (0 = never)."""
+
+    uri: str | None = None
+    experiment: str = "pretrain"
+    log_every: int = 10
+    images_every: int = 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class PretrainConfig:
+    """A Sapiens2 pretraining run. ``steps``: total optimiser steps of the run;
+    ``max_steps_this_session``: stop (with a checkpoint) after this many steps in this
+    session (0 = no limit), to be resumed by re-running with the same ``run_name``.
+    ``deterministic``: deterministic kernels (bit-exact resume on CPU).
+    ``peak_tflops``: per-device peak for MFU (0 = look up the GPU; no MFU on CPU).
+    ``record_batch_keys``: each rank appends its batch keys per step to
+    ``<run>/batch_keys/rank_<r>.jsonl`` (a debugging aid for data-order checks).
+    """
+
+    model: str = "sapiens2_0.4b"
+    run_name: str = ""
+    storage_path: str = "runs/pretrain"
+    steps: int = 500000
+    batch_size_per_worker: int = 8
+    seed: int = 0
+    deterministic: bool = False
+    max_steps_this_session: int = 0
+    peak_tflops: float = 0.0
+    record_batch_keys: bool = False
+    data: DataConfig = field(default_factory=DataConfig)
+    crops: CropConfig = field(default_factory=CropConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the setting when the run cannot work."""
+        from models.registry import get_config
+
+        model = get_config(self.model)
+        stride = model.feature_stride
+        if not self.data.dataset:
+            raise ValueError("data.dataset is empty: give a dataset version id, a dataset name or a curation output folder")
+        for name, (h, w) in (("crops.global_size", self.crops.global_size), ("crops.local_size", self.crops.local_size)):
+            if h % stride or w % stride or h <= 0 or w <= 0:
+                raise ValueError(f"{name} = {h}x{w} must be positive multiples of the model's stride {stride}")
+        if self.crops.num_global < 2:
+            raise ValueError("crops.num_global must be >= 2 (the CLS loss pairs each teacher view with another view)")
+        if self.crops.num_local < 0:
+            raise ValueError("crops.num_local must be >= 0")
+        if not 0.0 < self.masking.ratio < 1.0:
+            raise ValueError(f"masking.ratio must lie in (0, 1), got {self.masking.ratio}")
+        h, w = self.crops.global_size
+        if round(self.masking.ratio * (h // stride) * (w // stride)) >= (h // stride) * (w // stride):
+            raise ValueError("masking.ratio masks every patch of the global view: lower it or enlarge crops.global_size")
+        if self.steps < 1 or self.batch_size_per_worker < 1:
+            raise ValueError("steps and batch_size_per_worker must be >= 1")
+        if self.batch_size_per_worker < 2 and self.loss.koleo_weight > 0:
+            raise ValueError("KoLeo needs batch_size_per_worker >= 2 (nearest neighbours within the batch)")
+        if self.checkpoint.every < 1 or self.checkpoint.keep < 1 or self.checkpoint.preemption_check_every < 0:
+            raise ValueError("checkpoint.every and checkpoint.keep must be >= 1, checkpoint.preemption_check_every >= 0")
+        if self.ray.num_workers < 1 or self.ray.cpus_per_worker <= 0:
+            raise ValueError("ray.num_workers must be >= 1 and ray.cpus_per_worker > 0")
+        if self.data.shuffle_buffer < 1 or self.data.loader_workers < 0:
+            raise ValueError("data.shuffle_buffer must be >= 1 and data.loader_workers >= 0")
+        if self.optim.warmup_steps < 0 or self.optim.lr <= 0:
+            raise ValueError("optim.lr must be > 0 and optim.warmup_steps >= 0")
+        if self.mlflow.log_every < 1 or self.mlflow.images_every < 0:
+            raise ValueError("mlflow.log_every must be >= 1 and mlflow.images_every >= 0")
+        if self.decoder.embed_dim % self.decoder.num_heads or (self.decoder.embed_dim // self.decoder.num_heads) % 4:
+            raise ValueError("decoder.embed_dim / decoder.num_heads must be an integer divisible by 4 (2-D RoPE)")
+
+
+RESUME_FREE = ("run_name", "storage_path", "max_steps_this_session", "peak_tflops", "record_batch_keys",
+               "data.dataset", "data.tracking_uri", "data.prefetch_factor", "data.mp_context",
+               "checkpoint.keep", "checkpoint.export", "checkpoint.preemption_check_every", "ray.address", "ray.max_failures", "ray.timeout_s",
+               "mlflow")
+"""Settings that may differ between a run and its resumption (where and how, not what).
+``data.dataset`` is checked separately: it must resolve to the run's recorded version."""
+
+
+def identity_dict(cfg: PretrainConfig) -> dict:
+    """The settings that define a run's trajectory (all but ``RESUME_FREE``)."""
+    d = config_to_dict(cfg)
+    for dotted in RESUME_FREE:
+        node, *rest = dotted.split(".")
+        if rest:
+            d[node].pop(rest[0], None)
+        else:
+            d.pop(node, None)
+    return d
+
+
+def identity_digest(cfg: PretrainConfig) -> str:
+    return config_digest(identity_dict(cfg))
+
+
+def default_run_name(cfg: PretrainConfig) -> str:
+    """``pretrain-<model>-<digest of the run-defining settings and the dataset reference>``:
+    re-running the same command resumes."""
+    digest = config_digest({"identity": identity_dict(cfg), "dataset": cfg.data.dataset})
+    return f"pretrain-{cfg.model.replace('.', '')}-{digest[:10]}"
+
+
+def with_run_name(cfg: PretrainConfig) -> PretrainConfig:
+    return cfg if cfg.run_name else dataclasses.replace(cfg, run_name=default_run_name(cfg))
