@@ -13,6 +13,7 @@ time, images/s, tokens/s, achieved TFLOP/s per GPU and MFU (FLOPs counted by
     python benchmarks/pretrain_step.py                                  # CPU, tiny, 1 vs 2 workers
     python benchmarks/pretrain_step.py --workers 1 2 --steps 20 --dataset runs/demo/curated
     python benchmarks/pretrain_step.py --device cuda                    # sapiens2_0.4b, 1024x768, all local GPUs
+    python benchmarks/pretrain_step.py --step-only --gpus 2             # the same step-only code on CPU/gloo (tiny)
     python benchmarks/pretrain_step.py --device cuda --config configs/pretrain_5b.yaml --batch 4 --compile
 """
 from __future__ import annotations
@@ -124,10 +125,10 @@ def cpu_main(args) -> None:
               f"{rows[-1]['images_per_s'] / rows[0]['images_per_s']:.2f}x images/s")
 
 
-# ----------------------------------------------------------------------------- GPU mode
+# ----------------------------------------------------------------------------- step-only (GPU) mode
 
 
-def gpu_worker(rank: int, world: int, args, port: int) -> None:
+def step_worker(rank: int, world: int, args, port: int) -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -142,14 +143,19 @@ def gpu_worker(rank: int, world: int, args, port: int) -> None:
     from training.step import train_step
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    device = torch.device("cuda", rank)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
     overrides = [f"parallel.compile={args.compile}", f"parallel.activation_checkpointing={not args.no_ac}",
                  "data.dataset=synthetic", *args.set]
     if args.batch:
         overrides.append(f"batch_size_per_worker={args.batch}")
-    cfg = load_config(PretrainConfig, args.config or REPO / "configs" / "pretrain_0.4b.yaml", overrides)
+    default = "pretrain_0.4b.yaml" if cuda else "pretrain_tiny.yaml"
+    cfg = load_config(PretrainConfig, args.config or REPO / "configs" / default, overrides)
     set_determinism(cfg, device)
     arch, optimizer = build(cfg, device, world)
     B, G, L = cfg.batch_size_per_worker, cfg.crops.num_global, cfg.crops.num_local
@@ -160,19 +166,21 @@ def gpu_worker(rank: int, world: int, args, port: int) -> None:
     batch = Batch(torch.randn(G * B, 3, H, W), torch.randn(L * B, 3, h, w), masks, [str(i) for i in range(B)]).to(device)
     cost = step_cost(cfg, B)
     peak = peak_tflops(args.peak_tflops, device)
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     times = []
     for i in range(args.warmup + args.steps):
-        torch.cuda.synchronize(device)
+        sync()
         start = time.perf_counter()
         result = train_step(arch, optimizer, batch, values_at(cfg, cfg.optim.warmup_steps), step=i + 1,
                             clip_grad=cfg.optim.clip_grad)
-        torch.cuda.synchronize(device)
+        sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
     med = statistics.median(times)
     if rank == 0:
         params = sum(p.numel() for p in arch.student["backbone"].parameters())  # DTensor.numel(): the global size
-        print(f"{cfg.model} ({params / 1e9:.2f} B backbone params), {world} x {torch.cuda.get_device_name(device)}, "
+        name = torch.cuda.get_device_name(device) if cuda else f"CPU process ({torch.get_num_threads()} threads)"
+        print(f"{cfg.model} ({params / 1e9:.2f} B backbone params), {world} x {name}, "
               f"torch {torch.__version__}, bf16={cfg.parallel.precision == 'bf16'}, "
               f"activation checkpointing={cfg.parallel.activation_checkpointing}, compile={cfg.parallel.compile}, "
               f"fused AdamW={bool(optimizer.defaults.get('fused'))}")
@@ -185,23 +193,24 @@ def gpu_worker(rank: int, world: int, args, port: int) -> None:
         if peak:
             line += f"  MFU {cost.flops / med / 1e12 / peak:.1%} of {peak:g} TFLOP/s"
         print(line)
-        print(f"peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB/GPU; last loss {result.values['loss']:.4f}")
+        memory = f"peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB/GPU; " if cuda else ""
+        print(f"{memory}last loss {result.values['loss']:.4f}")
     dist.destroy_process_group()
 
 
-def gpu_main(args) -> None:
+def step_main(args) -> None:
     import socket
 
     import torch
     import torch.multiprocessing as mp
 
-    world = args.gpus or torch.cuda.device_count()
+    world = args.gpus or (torch.cuda.device_count() if args.device == "cuda" else 1)
     if world < 1:
         raise SystemExit("--device cuda: no GPU visible")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(gpu_worker, args=(world, args, port), nprocs=world, join=True)
+    mp.spawn(step_worker, args=(world, args, port), nprocs=world, join=True)
 
 
 def main() -> None:
@@ -215,18 +224,20 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="cpu: Ray Train worker counts to compare")
     parser.add_argument("--cpus", type=int, default=2, help="cpu: CPUs given to Ray (shared by the workers)")
     parser.add_argument("--dataset", help="cpu: dataset version/folder (default: synthetic shards of real photos)")
-    parser.add_argument("--gpus", type=int, help="cuda: GPUs to use (default: all visible)")
+    parser.add_argument("--gpus", type=int, help="step-only: processes, one per GPU (default: all visible GPUs; 1 on cpu)")
+    parser.add_argument("--step-only", action="store_true",
+                        help="cpu: time the model step alone (synthetic batches, no Ray, no loader), as cuda mode does")
     parser.add_argument("--compile", action="store_true", help="cuda: torch.compile each block")
     parser.add_argument("--no-ac", action="store_true", help="cuda: no activation checkpointing")
     parser.add_argument("--peak-tflops", type=float, default=0.0, help="cuda: peak bf16 TFLOP/s per GPU (default: by name)")
     args = parser.parse_args()
-    if args.device == "cpu":
+    if args.device == "cpu" and not args.step_only:
         args.batch = args.batch or 4
         args.steps, args.warmup = args.steps or 12, args.warmup if args.warmup is not None else 3
         cpu_main(args)
     else:
         args.steps, args.warmup = args.steps or 20, args.warmup if args.warmup is not None else 5
-        gpu_main(args)
+        step_main(args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Trained versus random backbones through the whole probe suite on the synthetic probe set.
 
     python benchmarks/probe_trained_vs_random.py                  # ~45-60 min on 2 busy CPU cores
-    python benchmarks/probe_trained_vs_random.py --standins ssl --warmup-steps 50 --probe-steps 100   # a quick look
+    python benchmarks/probe_trained_vs_random.py --standins ssl --warmup-steps 50 --set pose.steps=100   # a quick look
     python benchmarks/probe_trained_vs_random.py --standins none --checkpoint runs/x/export/student_backbone.safetensors
 
 Backbones (all ``sapiens2_tiny``): "random", randomly initialised (seed 0); and the trained
@@ -11,8 +11,8 @@ stand-ins of ``evaluation.warmup`` (``--standins``), each trained from the same 
 probe finds it by digest): "ssl" (MAE + contrastive CLS, no labels) and "supervised"
 (patch part-class shares + CLS pose category). ``--checkpoint`` adds any official-layout
 file, e.g. the pretraining stage's export. Every backbone goes through ``run_probes`` (Ray
-Train, MLflow) with the same probe settings; the script prints the metric table and
-writes ``table.md`` and ``bench.json`` under ``--out``.
+Train, MLflow) with the same probe settings (``configs/probe_tiny.yaml`` plus ``--set``);
+the script prints the metric table and writes ``table.md`` and ``bench.json`` under ``--out``.
 """
 from __future__ import annotations
 
@@ -88,9 +88,8 @@ def main() -> int:
     p.add_argument("--checkpoint", default="", help="also probe this official-layout file")
     p.add_argument("--warmup-steps", type=int, default=300)
     p.add_argument("--warmup-images", type=int, default=1024)
-    p.add_argument("--probe-steps", type=int, default=800,
-                   help="seg steps; pose gets 2x (heatmap heads start late: at 600 steps AP still jumps), "
-                        "the dense tasks 0.75x")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="probe settings over configs/probe_tiny.yaml, e.g. --set pose.steps=100 seg.steps=50")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -108,14 +107,10 @@ def main() -> int:
         backbones["checkpoint"] = Path(args.checkpoint)
     backbones["random"] = ""
 
-    n = args.probe_steps
-    common = [f"pose.steps={2 * n}", f"seg.steps={n}", "knn.k=[10,20]"]
-    common += [f"{t}.steps={int(0.75 * n)}" for t in ("pointmap", "normal", "albedo")]
-    common += [f"{t}.batch_size=8" for t in ("pointmap", "normal", "albedo")]
     results, seconds = {}, {}
     for name, checkpoint in backbones.items():
         cfg = load_config(ProbeConfig, REPO / "configs" / "probe_tiny.yaml",
-                          [f"output_dir={out / ('probe-' + name)}", f"backbone.checkpoint={checkpoint}", *common])
+                          [f"output_dir={out / ('probe-' + name)}", f"backbone.checkpoint={checkpoint}", *args.set])
         t1 = time.time()
         results[name] = run_probes(cfg)
         seconds[name] = time.time() - t1
@@ -136,7 +131,8 @@ def main() -> int:
               f"(found by {lin.source}), dataset {lin.dataset_id or '-'}; probes {seconds[name]:.0f}s")
     (out / "table.md").write_text(table + "\n")
     (out / "bench.json").write_text(json.dumps({
-        "warmup_steps": args.warmup_steps, "warmup_seconds": warm_seconds, "probe_steps": n, "seconds": seconds,
+        "warmup_steps": args.warmup_steps, "warmup_seconds": warm_seconds, "probe_overrides": args.set,
+        "seconds": seconds,
         "metrics": {k: r.metrics for k, r in results.items()},
         "lineage": {k: dataclasses.asdict(r.lineage) for k, r in results.items()}}, indent=1))
     return 0
