@@ -81,11 +81,10 @@ def cpu_run(workers: int, args, dataset: str, work: Path) -> dict:
     from training.config import PretrainConfig
     from training.run import run_pretraining
 
-    total_cpus = args.cpus
     overrides = [f"data.dataset={dataset}", f"storage_path={work / 'runs'}", f"mlflow.uri=sqlite:///{work / 'mlflow.db'}",
                  f"run_name=bench-{workers}w-{int(time.time())}", f"steps={args.warmup + args.steps}",
                  f"checkpoint.every={10**9}", "checkpoint.export=false", "mlflow.images_every=0",
-                 f"ray.num_workers={workers}", f"ray.cpus_per_worker={total_cpus / workers}",
+                 f"ray.num_workers={workers}", f"ray.cpus_per_worker={args.threads}",
                  f"batch_size_per_worker={args.batch}", *args.set]
     cfg = load_config(PretrainConfig, args.config or REPO / "configs" / "pretrain_tiny.yaml", overrides)
     started = time.perf_counter()
@@ -98,7 +97,7 @@ def cpu_run(workers: int, args, dataset: str, work: Path) -> dict:
         return [m.value for m in history if m.step > args.warmup]
 
     steps, waits, images = timed("step_time_s"), timed("data_wait_s"), timed("images_per_s")
-    return {"workers": workers, "threads": max(1, int(total_cpus / workers)), "step_s": statistics.median(steps),
+    return {"workers": workers, "threads": args.threads, "step_s": statistics.median(steps),
             "images_per_s": statistics.median(images), "wait_share": statistics.median(w / s for w, s in zip(waits, steps)),
             "batch": cfg.batch_size_per_worker, "wall_s": wall, "loader_workers": cfg.data.loader_workers}
 
@@ -106,6 +105,8 @@ def cpu_run(workers: int, args, dataset: str, work: Path) -> dict:
 def cpu_main(args) -> None:
     import ray
 
+    if max(args.workers) * args.threads > args.cpus:
+        raise SystemExit(f"--workers {max(args.workers)} x --threads {args.threads} exceeds --cpus {args.cpus}")
     work = Path(tempfile.mkdtemp(prefix="pretrain-bench-"))
     dataset = args.dataset or synthetic_dataset(work / "data")
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
@@ -223,6 +224,9 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra config overrides")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="cpu: Ray Train worker counts to compare")
     parser.add_argument("--cpus", type=int, default=2, help="cpu: CPUs given to Ray (shared by the workers)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="cpu: torch threads (= Ray CPUs) per worker. On a shared machine more than one "
+                             "thread per process can be far slower: OpenMP threads spin against other processes")
     parser.add_argument("--dataset", help="cpu: dataset version/folder (default: synthetic shards of real photos)")
     parser.add_argument("--gpus", type=int, help="step-only: processes, one per GPU (default: all visible GPUs; 1 on cpu)")
     parser.add_argument("--step-only", action="store_true",
