@@ -56,7 +56,8 @@ def record_pretrain_run(workspace: Path, checkpoint: Path, kind: str, steps: int
     uri = tracking.resolve_tracking_uri(None, str(workspace / "probe"))
     exp = tracking.get_experiment_id("pretraining-standins", uri)
     tags = {"humanvision.stage": "pretrain", "pretrain.kind": f"{kind}-warmup-standin",
-            "dataset.id": f"synthetic-figures-seed1000-{kind}-{steps}steps", "dataset.uri": "generated:evaluation.synthetic",
+            "dataset.id": f"synthetic-figures-seed1000-{kind}-{steps}steps",
+            "dataset.uri": "generated:evaluation.synthetic",
             "checkpoint.student": str(checkpoint), "checkpoint.digest": sha256_file(checkpoint)}
     with mlflow.start_run(experiment_id=exp, run_name=f"{kind}-warmup-standin", tags=tags) as run:
         for step, loss in enumerate(losses):

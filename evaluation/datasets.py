@@ -107,7 +107,8 @@ def load_coco_keypoints(path: str | Path, sigmas: list[float] | None = None) -> 
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read COCO keypoint file {path}: {err}") from None
     where = f"COCO keypoint file {path}"
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "annotations", "categories")):
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list)
+                                             for k in ("images", "annotations", "categories")):
         raise ValueError(f"{where}: needs top-level lists 'images', 'annotations' and 'categories'")
     cats = [c for c in data["categories"] if isinstance(c, dict) and c.get("keypoints")]
     if len(cats) != 1:
@@ -236,7 +237,8 @@ def _detector_instances(path: str | Path, files: dict, category_id: int, thresho
     out = []
     for n, d in enumerate(dets):
         if not isinstance(d, dict) or d.get("image_id") not in files or len(d.get("bbox", [])) != 4:
-            raise ValueError(f"person boxes {path}, entry {n}: needs an 'image_id' of the annotation file and a 4-number 'bbox'")
+            raise ValueError(f"person boxes {path}, entry {n}: needs an 'image_id' of the annotation file "
+                             "and a 4-number 'bbox'")
         if d.get("category_id", category_id) == category_id and d.get("score", 1.0) >= threshold \
                 and d["bbox"][2] > 0 and d["bbox"][3] > 0:
             out.append(PersonInstance(d["image_id"], files[d["image_id"]], d["bbox"], float(d.get("score", 1.0)), None))
@@ -260,7 +262,8 @@ def _pair_by_stem(images_dir: str | Path, labels_dir: str | Path, suffixes: tupl
     return pairs[:max_samples] if max_samples else pairs
 
 
-def _read_same_size(image_path: Path, label_path: Path, label_hw: tuple[int, int], out_hw: tuple[int, int]) -> np.ndarray:
+def _read_same_size(image_path: Path, label_path: Path, label_hw: tuple[int, int],
+                    out_hw: tuple[int, int]) -> np.ndarray:
     rgb = read_rgb(image_path)
     if rgb.shape[:2] != tuple(label_hw):
         raise ValueError(f"{image_path} is {rgb.shape[1]}x{rgb.shape[0]} but its label {label_path} is "
@@ -293,7 +296,8 @@ class SegmentationDataset(ProbeDataset):
         if bad.any():
             raise ValueError(f"{mask_path}: class indices {sorted(np.unique(labels[bad]).tolist())[:5]} outside "
                              f"0..{self.num_classes - 1} (ignore_index {self.ignore_index}); check seg.num_classes")
-        item = {"index": i, "labels": torch.from_numpy(resize(labels.astype(np.int32), self.image_size, True).astype(np.int64))}
+        resized = resize(labels.astype(np.int32), self.image_size, nearest=True)
+        item = {"index": i, "labels": torch.from_numpy(resized.astype(np.int64))}
         if self.with_image:
             item["image"] = to_tensor(_read_same_size(image_path, mask_path, labels.shape, self.image_size))
         return item
@@ -356,7 +360,8 @@ class DenseMapDataset(ProbeDataset):
             valid &= np.linalg.norm(target, axis=2) > 0.5
         target = resize(target, self.image_size, nearest=True)
         valid = resize(valid.astype(np.uint8), self.image_size, nearest=True).astype(bool)
-        item = {"index": i, "target": torch.from_numpy(target.transpose(2, 0, 1).copy()), "mask": torch.from_numpy(valid)}
+        item = {"index": i, "target": torch.from_numpy(target.transpose(2, 0, 1).copy()),
+                "mask": torch.from_numpy(valid)}
         if self.with_image:
             item["image"] = to_tensor(_read_same_size(image_path, map_path, valid_hw, self.image_size))
         return item

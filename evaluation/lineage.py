@@ -47,7 +47,8 @@ def digest_matches(tag_value: str, sha256_hex: str) -> bool:
     return len(tag) >= MIN_DIGEST_PREFIX and sha256_hex.startswith(tag)
 
 
-def resolve_lineage(checkpoint: str, *, seed: int, pretrain_run_id: str = "", tracking_uri: str | None = None) -> Lineage:
+def resolve_lineage(checkpoint: str, *, seed: int, pretrain_run_id: str = "",
+                    tracking_uri: str | None = None) -> Lineage:
     """The lineage of ``checkpoint`` (empty = random init from ``seed``); MLflow is asked
     only when ``tracking_uri`` is given."""
     if not checkpoint:
@@ -69,7 +70,8 @@ def resolve_lineage(checkpoint: str, *, seed: int, pretrain_run_id: str = "", tr
         try:
             run = mlflow.get_run(pretrain_run_id)
         except mlflow.exceptions.MlflowException as err:
-            raise ValueError(f"backbone.pretrain_run_id {pretrain_run_id!r} is not a run in {tracking_uri}: {err}") from None
+            raise ValueError(f"backbone.pretrain_run_id {pretrain_run_id!r} is not a run in {tracking_uri}: "
+                             f"{err}") from None
         lineage.source = "given"
         recorded = run.data.tags.get("checkpoint.digest")
         if recorded:

@@ -51,7 +51,8 @@ def depth_scale(points_B3HW: torch.Tensor, mask_BHW: torch.Tensor) -> torch.Tens
     return ((points_B3HW[:, 2] * m).sum(dim=(1, 2)) / m.sum(dim=(1, 2)).clamp_min(1)).clamp_min(1e-6)
 
 
-def pointmap_loss(xyz_B3HW: torch.Tensor, scale_B1: torch.Tensor, gt_B3HW: torch.Tensor, mask_BHW: torch.Tensor) -> torch.Tensor:
+def pointmap_loss(xyz_B3HW: torch.Tensor, scale_B1: torch.Tensor, gt_B3HW: torch.Tensor,
+                  mask_BHW: torch.Tensor) -> torch.Tensor:
     s_gt = depth_scale(gt_B3HW, mask_BHW)
     norm_gt = gt_B3HW / s_gt[:, None, None, None]
     return _masked_mean((xyz_B3HW - norm_gt).abs(), mask_BHW) + (scale_B1[:, 0].log() - s_gt.log()).abs().mean()

@@ -206,7 +206,7 @@ def _split_digest(paths: SplitPaths) -> str:
 
 def _write_results(out: Path, result: ProbeResult) -> Path:
     path = out / "results.json"
+    mlflow_ids = {"parent_run_id": result.parent_run_id, "child_run_ids": result.child_run_ids}
     path.write_text(json.dumps({"metrics": result.metrics, "lineage": dataclasses.asdict(result.lineage),
-                                "mlflow": {"parent_run_id": result.parent_run_id, "child_run_ids": result.child_run_ids}},
-                               indent=1))
+                                "mlflow": mlflow_ids}, indent=1))
     return path

@@ -192,7 +192,8 @@ def render_sample(rng: np.random.Generator, hw: tuple[int, int]) -> dict:
     ys, xs = np.mgrid[0:H, 0:W]
     pointmap = np.zeros((H, W, 3))
     zm = z[mask]
-    pointmap[mask] = np.stack([(xs[mask] - (W - 1) / 2) * zm / FOCAL_PX, (ys[mask] - (H - 1) / 2) * zm / FOCAL_PX, zm], -1)
+    pointmap[mask] = np.stack([(xs[mask] - (W - 1) / 2) * zm / FOCAL_PX, (ys[mask] - (H - 1) / 2) * zm / FOCAL_PX,
+                               zm], axis=-1)
     inside = (keypoints[:, 0] >= 0) & (keypoints[:, 0] <= W - 1) & (keypoints[:, 1] >= 0) & (keypoints[:, 1] <= H - 1)
     return {"image": image, "seg": part, "normal": normal.astype(np.float32), "albedo": albedo.astype(np.float32),
             "pointmap": pointmap.astype(np.float32), "mask": mask, "keypoints": keypoints, "visible": inside,

@@ -120,15 +120,15 @@ class PoseEvaluator(Evaluator):
         return coco_keypoint_ap(gt, self.results, self.val.coco.sigmas)
 
     def visuals(self) -> list[tuple[str, np.ndarray]]:
-        out = []
+        out, skeleton = [], self.val.coco.skeleton
         for idx, M, xy, score in self.shown:
             crop = self.val.display_image(idx)
             inst = self.val.instances[idx]
             tiles = [viz.upscale(crop)]
             if inst.keypoints is not None:
                 gt_xy = apply_affine(M, inst.keypoints[:, :2])
-                tiles.append(viz.draw_skeleton(crop, gt_xy, inst.keypoints[:, 2] > 0, self.val.coco.skeleton, viz.TRUTH_COLOUR))
-            tiles.append(viz.draw_skeleton(crop, xy, score > KEYPOINT_SCORE_THRESHOLD, self.val.coco.skeleton, viz.PRED_COLOUR))
+                tiles.append(viz.draw_skeleton(crop, gt_xy, inst.keypoints[:, 2] > 0, skeleton, viz.TRUTH_COLOUR))
+            tiles.append(viz.draw_skeleton(crop, xy, score > KEYPOINT_SCORE_THRESHOLD, skeleton, viz.PRED_COLOUR))
             titles = ["input", "truth", "prediction"] if len(tiles) == 3 else ["input", "prediction"]
             out.append((f"pose_{idx:03d}", viz.panel(tiles, titles, upscaled=True)))
         return out
@@ -153,7 +153,8 @@ class SegTask:
     def loss(self, s: SegSettings, train: SegmentationDataset) -> LossFn:
         if s.class_weights:
             if len(s.class_weights) != train.num_classes:
-                raise ValueError(f"seg.class_weights has {len(s.class_weights)} entries for {train.num_classes} classes")
+                raise ValueError(f"seg.class_weights has {len(s.class_weights)} entries for "
+                                 f"{train.num_classes} classes")
             weights = torch.tensor(s.class_weights, dtype=torch.float32)
         else:  # inverse square-root frequency, mean 1 over the classes that occur
             freq = train.class_frequencies()

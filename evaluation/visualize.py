@@ -31,7 +31,8 @@ def colorize_labels(labels_HW: np.ndarray, num_classes: int) -> np.ndarray:
     return out
 
 
-def blend(image_HW3: np.ndarray, overlay_HW3: np.ndarray, alpha: float = 0.6, where_HW: np.ndarray | None = None) -> np.ndarray:
+def blend(image_HW3: np.ndarray, overlay_HW3: np.ndarray, alpha: float = 0.6,
+          where_HW: np.ndarray | None = None) -> np.ndarray:
     mixed = (image_HW3 * (1 - alpha) + overlay_HW3 * alpha).astype(np.uint8)
     return mixed if where_HW is None else np.where(where_HW[..., None], mixed, image_HW3)
 
@@ -42,7 +43,8 @@ def normal_to_rgb(normal_3HW: np.ndarray, mask_HW: np.ndarray | None = None) -> 
     return rgb if mask_HW is None else rgb * mask_HW[..., None].astype(np.uint8)
 
 
-def scalar_to_rgb(values_HW: np.ndarray, mask_HW: np.ndarray, vmin: float, vmax: float, cmap: str = "viridis") -> np.ndarray:
+def scalar_to_rgb(values_HW: np.ndarray, mask_HW: np.ndarray, vmin: float, vmax: float,
+                  cmap: str = "viridis") -> np.ndarray:
     import matplotlib
 
     t = np.clip((values_HW - vmin) / max(vmax - vmin, 1e-9), 0, 1)

@@ -23,7 +23,8 @@ from infra.config import load_config  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML file of settings (configs/probe_*.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value settings, e.g. backbone.checkpoint=x.safetensors pose.steps=50")
+    parser.add_argument("overrides", nargs="*",
+                        help="key=value settings, e.g. backbone.checkpoint=x.safetensors pose.steps=50")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:

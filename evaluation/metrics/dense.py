@@ -21,7 +21,8 @@ _HIST_BINS = 18000  # 0.01 degree over [0, 180]
 
 def _check(pred: np.ndarray, gt: np.ndarray, mask: np.ndarray) -> None:
     if pred.shape != gt.shape or pred.ndim != 4 or mask.shape != (gt.shape[0], *gt.shape[2:]):
-        raise ValueError(f"expected pred/gt (B, C, H, W) and mask (B, H, W); got {pred.shape}, {gt.shape}, {mask.shape}")
+        raise ValueError(f"expected pred/gt (B, C, H, W) and mask (B, H, W); "
+                         f"got {pred.shape}, {gt.shape}, {mask.shape}")
 
 
 class PointmapMetrics:
