@@ -134,12 +134,15 @@ class TeacherConfig:
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:
     """FSDP2 and compute settings. ``precision``: bf16 = ``MixedPrecisionPolicy(param_dtype
-    =bf16, reduce_dtype=fp32)`` over fp32 master weights."""
+    =bf16, reduce_dtype=fp32)`` over fp32 master weights. ``shard_blocks``: one FSDP unit per
+    transformer block (memory scales to the largest sizes); false = one unit per sub-model
+    (fewer, larger collectives: for small models, where per-collective latency dominates)."""
 
     precision: Literal["bf16", "fp32"] = "bf16"
     activation_checkpointing: bool = True
     compile: bool = False
     reshard_after_forward: bool = True
+    shard_blocks: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -59,9 +59,10 @@ def parallelize(arch: nn.Module, mesh: DeviceMesh | None, cfg: ParallelConfig) -
 
     policy = mp_policy(cfg.precision)
     reshard = cfg.reshard_after_forward
-    for blocks in lists:
-        for block in blocks:
-            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    if cfg.shard_blocks:
+        for blocks in lists:
+            for block in blocks:
+                fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     for model in (arch.student, arch.teacher):
         for name, sub in model.items():
             fully_shard(sub, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra import storage
-from infra.config import config_to_dict, dump_config
+from infra.config import config_to_dict, dump_config, from_dict
 from infra.tracking import get_experiment_id, log_config, make_dataset, resolve_tracking_uri
 from training.config import PretrainConfig, identity_dict, identity_digest, with_run_name
 from training.loop import EXPORT_DIR, EXPORT_MANIFEST, train_loop_per_worker
@@ -182,10 +182,19 @@ def _read_record(fs, run_dir: str) -> dict | None:
     return json.loads(storage.read_bytes(fs, path)) if storage.exists(fs, path) else None
 
 
+def _recorded_identity(record: dict) -> dict:
+    """The run's recorded settings, with settings added to the code since then at their
+    defaults (so a new option does not make every older run unresumable)."""
+    try:
+        return identity_dict(from_dict(PretrainConfig, record["identity"]))
+    except ValueError:  # a recorded setting no longer exists: compare as recorded
+        return record["identity"]
+
+
 def _check_resumable(cfg: PretrainConfig, record: dict, digest: str, dataset_id: str) -> None:
-    if record["identity_digest"] != digest:
-        ours = identity_dict(cfg)
-        changed = sorted(_diff(record["identity"], ours))
+    ours = identity_dict(cfg)
+    if record["identity_digest"] != digest and _recorded_identity(record) != ours:
+        changed = sorted(_diff(_recorded_identity(record), ours))
         raise ValueError(f"run {cfg.run_name!r} exists with different settings ({', '.join(changed)}); "
                          "resume it with its own settings, or choose a new run_name")
     if record["dataset"]["id"] != dataset_id:

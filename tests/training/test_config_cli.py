@@ -72,3 +72,18 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys, tmp_path):
     assert main(["--config", "configs/pretrain_tiny.yaml", f"storage_path={tmp_path}",
                  f"data.dataset={tmp_path}/nonexistent"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_run_recorded_before_a_setting_existed_still_resumes():
+    from training.config import identity_dict
+    from training.run import _check_resumable
+
+    cfg = tiny_config()
+    old = identity_dict(cfg)
+    del old["parallel"]["shard_blocks"]  # as written by a version without that setting
+    record = {"identity_digest": "from-an-older-version", "identity": old, "dataset": {"id": "d1"}}
+    _check_resumable(cfg, record, identity_digest(cfg), "d1")  # default value: same run
+    with pytest.raises(ValueError, match=r"different settings \(parallel.shard_blocks\)"):
+        _check_resumable(tiny_config("parallel.shard_blocks=false"), record, "x", "d1")
+    with pytest.raises(ValueError, match="dataset version d1"):
+        _check_resumable(cfg, record, identity_digest(cfg), "d2")

@@ -154,3 +154,16 @@ def test_fsdp2_wrapping_in_a_one_rank_group_trains_in_bf16_with_checkpointing(ba
         assert all(torch.isfinite(torch.tensor(v["loss"])) for v in values)
     finally:
         dist.destroy_process_group()
+
+
+def test_shard_blocks_false_makes_one_fsdp_unit_per_sub_model():
+    from torch.distributed.fsdp import FSDPModule
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        cfg = tiny_config("parallel.shard_blocks=false", "parallel.activation_checkpointing=false")
+        arch, _ = build(cfg, torch.device("cpu"), 1)
+        assert isinstance(arch.student["backbone"], FSDPModule) and isinstance(arch.teacher["dino_head"], FSDPModule)
+        assert not any(isinstance(b, FSDPModule) for b in arch.student["backbone"].blocks)
+    finally:
+        dist.destroy_process_group()
