@@ -65,13 +65,9 @@ def ssl_warmup(backbone: torch.nn.Module, images_NCHW: torch.Tensor, *, steps: i
     decoder = MAEDecoder(dim, pixels_per_token=stride * stride * images_NCHW.shape[1],
                          config=MAEDecoderConfig(embed_dim=dim, depth=2, num_heads=max(1, dim // 16)))
     projection = torch.nn.Linear(dim, dim)
-    params = list(backbone.parameters()) + list(decoder.parameters()) + list(projection.parameters())
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.05)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, steps, max(1, steps // 10)))
-    backbone.train().requires_grad_(True)
     num_visible = max(1, round(h * w * (1 - mask_ratio)))
-    losses = []
-    for _ in range(steps):
+
+    def step_loss() -> torch.Tensor:
         x = images_NCHW[torch.randint(len(images_NCHW), (batch_size,), generator=gen)]
         recon, cls = [], []
         for view in (_view(x, gen), _view(x, gen)):
@@ -84,15 +80,9 @@ def ssl_warmup(backbone: torch.nn.Module, images_NCHW: torch.Tensor, *, steps: i
         logits = cls[0] @ cls[1].T / 0.1
         target = torch.arange(batch_size)
         contrastive = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
-        loss = (recon[0] + recon[1]) / 2 + contrastive_weight * contrastive
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    backbone.eval().requires_grad_(False)
-    return losses
+        return (recon[0] + recon[1]) / 2 + contrastive_weight * contrastive
+
+    return _train(backbone, [decoder, projection], step_loss, steps=steps, lr=lr)
 
 
 def supervised_warmup(backbone: torch.nn.Module, stream: dict[str, torch.Tensor], *, steps: int, batch_size: int = 16,
@@ -104,16 +94,27 @@ def supervised_warmup(backbone: torch.nn.Module, stream: dict[str, torch.Tensor]
     shares_NPC = F.avg_pool2d(F.one_hot(stream["parts"], num_parts).permute(0, 3, 1, 2).float(), stride)
     shares_NPC = shares_NPC.flatten(2).transpose(1, 2)
     part_head, category_head = torch.nn.Linear(dim, num_parts), torch.nn.Linear(dim, int(stream["category"].max()) + 1)
-    params = list(backbone.parameters()) + list(part_head.parameters()) + list(category_head.parameters())
+
+    def step_loss() -> torch.Tensor:
+        idx = torch.randint(len(stream["images"]), (batch_size,), generator=gen)
+        out = backbone(stream["images"][idx])
+        part_loss = -(shares_NPC[idx] * F.log_softmax(part_head(out.patch_tokens), dim=-1)).sum(dim=-1).mean()
+        return part_loss + F.cross_entropy(category_head(out.cls), stream["category"][idx])
+
+    return _train(backbone, [part_head, category_head], step_loss, steps=steps, lr=lr)
+
+
+def _train(backbone: torch.nn.Module, heads: list[torch.nn.Module], step_loss, *, steps: int, lr: float) -> list[float]:
+    """AdamW (weight decay 0.05) with warm-up + cosine and gradient clipping at 1 on the
+    backbone and ``heads``; ``step_loss()`` samples a batch and returns its loss. The backbone
+    is left in eval mode and frozen; returns the loss per step."""
+    params = list(backbone.parameters()) + [p for head in heads for p in head.parameters()]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.05)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, steps, max(1, steps // 10)))
     backbone.train().requires_grad_(True)
     losses = []
     for _ in range(steps):
-        idx = torch.randint(len(stream["images"]), (batch_size,), generator=gen)
-        out = backbone(stream["images"][idx])
-        part_loss = -(shares_NPC[idx] * F.log_softmax(part_head(out.patch_tokens), dim=-1)).sum(dim=-1).mean()
-        loss = part_loss + F.cross_entropy(category_head(out.cls), stream["category"][idx])
+        loss = step_loss()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -103,8 +103,8 @@ class DagResult:
         for o in self.outcomes:
             lines.append(f"{o.stage:9s} {'reused ' if o.reused else 'ran    '} {o.identity}  {o.folder}")
             for key, value in o.result.items():
-                if key in ("dataset_id", "shards", "student_weights", "checkpoint_digest", "metrics", "final_loss",
-                           "first_loss", "report"):
+                if key in ("dataset_id", "shards", "student_weights", "checkpoint_digest", "metrics", "loss_trend",
+                           "report"):
                     text = f"{len(value)} files" if key == "shards" else value
                     lines.append(f"{'':10s}{key}: {text}")
         return "\n".join(lines)
@@ -212,7 +212,10 @@ def run_pretrain(cfg: PretrainConfig, dag: DagConfig) -> dict:
     if not res.completed:
         raise RuntimeError(f"pretraining stopped at step {res.final_step} of {cfg.steps}; re-run the DAG to resume")
     out = pretrain_result_from_files(cfg)
-    out.update(first_loss=res.losses[0] if res.losses else None, final_loss=res.losses[-1] if res.losses else None)
+    trend = res.loss_trend()
+    if "loss" in trend:
+        first, last, window = trend["loss"]
+        out.update(loss_trend=f"{first:.4f} (mean of the first {window} steps) -> {last:.4f} (last {window})")
     return out
 
 

@@ -20,6 +20,21 @@ import urllib.request
 from pathlib import Path
 
 
+def pids_naming(text: str) -> list[int]:
+    """PIDs of processes whose command line contains ``text`` (a temp dir only we use):
+    how a Ray cluster we started is found and ended, never by process name."""
+    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()[1:] if text in line and int(line.split()[0]) != os.getpid()]
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -80,8 +95,7 @@ class LocalRayHead:
 
     def pids(self) -> list[int]:
         """Processes of this head: the `ray start` group plus anything naming its temp dir."""
-        out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
-        return [int(line.split()[0]) for line in out.splitlines()[1:] if self.temp_dir in line]
+        return pids_naming(self.temp_dir)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -91,11 +105,7 @@ class LocalRayHead:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         time.sleep(1)
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_pids(self.pids())
         if self.proc is not None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)

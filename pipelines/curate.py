@@ -5,33 +5,25 @@
 """
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
 
-from curation.config import CurationConfig
-from curation.pipeline import run_curation
-from infra.config import load_config
+from curation.config import CurationConfig  # noqa: E402
+from curation.pipeline import run_curation  # noqa: E402
+from infra.cli import config_main  # noqa: E402
+
+
+def curate(cfg: CurationConfig) -> str:
+    result = run_curation(cfg)
+    return ("already complete (nothing re-run)\n" if result.skipped else "") + result.summary()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file of settings (defaults: the Humans-1B recipe)")
-    parser.add_argument("overrides", nargs="*", help="key=value settings, e.g. detector.score_threshold=0.5")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        cfg = load_config(CurationConfig, args.config, args.overrides)
-        cfg.validate()
-    except ValueError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
-    result = run_curation(cfg)
-    print(("already complete (nothing re-run)\n" if result.skipped else "") + result.summary())
-    return 0
+    return config_main(__doc__, CurationConfig, curate, argv,
+                       config_help="YAML file of settings (defaults: the Humans-1B recipe)",
+                       overrides_example="detector.score_threshold=0.5")
 
 
 if __name__ == "__main__":

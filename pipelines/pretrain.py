@@ -8,37 +8,20 @@ Re-running with the same run_name (and storage_path) resumes from its newest che
 """
 from __future__ import annotations
 
-import argparse
-import logging
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
 
-from infra.config import load_config  # noqa: E402
+from infra.cli import config_main  # noqa: E402
 from training.config import PretrainConfig  # noqa: E402
 from training.run import run_pretraining  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="YAML file of settings (defaults: the Sapiens2 recipe, sapiens2_0.4b)")
-    parser.add_argument("overrides", nargs="*", help="key=value settings, e.g. steps=1000 ray.num_workers=16")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        cfg = load_config(PretrainConfig, args.config, args.overrides)
-        cfg.validate()
-    except ValueError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
-    try:
-        result = run_pretraining(cfg)
-    except ValueError as err:  # a setting or a reference that cannot work (raised before training starts)
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(result.summary())
-    return 0
+    return config_main(__doc__, PretrainConfig, lambda cfg: run_pretraining(cfg).summary(), argv,
+                       config_help="YAML file of settings (defaults: the Sapiens2 recipe, sapiens2_0.4b)",
+                       overrides_example="steps=1000 ray.num_workers=16")
 
 
 if __name__ == "__main__":

@@ -45,3 +45,25 @@ def centernet_path() -> Path:
     if not CENTERNET.is_file():
         pytest.fail(f"the real person detector is missing: {CENTERNET} (see shared/assets/PROVENANCE.md)")
     return CENTERNET
+
+
+def kill_when(proc, ready, *, timeout: float, leftovers: str, poll: float = 0.2) -> None:
+    """Wait until ``ready()`` holds, then SIGKILL ``proc``'s whole process group (it must have
+    been started with ``start_new_session=True``), and any process still naming ``leftovers``
+    (the Ray temp dir only this test uses). Fails if ``proc`` ended before it could be killed."""
+    import os
+    import signal
+    import time
+
+    from infra.local_cluster import kill_pids, pids_naming
+
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline and proc.poll() is None and not ready():
+            time.sleep(poll)
+        assert proc.poll() is None, "the job ended before it could be killed; make it longer"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        time.sleep(2)
+        kill_pids(pids_naming(leftovers))

@@ -58,14 +58,25 @@ class PretrainResult:
     seconds: float
     history: dict[int, dict[str, float]] = field(default_factory=dict)
 
+    def loss_trend(self, window: int = 10) -> dict[str, tuple[float, float, int]]:
+        """Mean of each loss over the first and the last ``window`` logged steps (one step's
+        value is too noisy to say whether training went down): {key: (first, last, window)}."""
+        out = {}
+        for key in ("loss", "loss_mae", "loss_cl", "loss_koleo"):
+            values = [v[key] for _, v in sorted(self.history.items()) if key in v]
+            if values:
+                n = max(1, min(window, len(values) // 2))
+                out[key] = (sum(values[:n]) / n, sum(values[-n:]) / n, n)
+        return out
+
     def summary(self) -> str:
         lines = [f"run:        {self.run_name} ({'completed' if self.completed else 'paused'} at step {self.final_step})",
                  f"run dir:    {self.run_dir}",
                  f"checkpoint: {self.checkpoint_uri}",
                  f"dataset:    {self.dataset_id} ({self.dataset_uri})",
                  f"mlflow:     {self.tracking_uri} run {self.mlflow_run_id}"]
-        if self.losses:
-            lines.append(f"loss:       {self.losses[0]:.4f} (step 1) -> {self.losses[-1]:.4f} (step {len(self.losses)})")
+        for key, (first, last, window) in self.loss_trend().items():
+            lines.append(f"{key + ':':11s} {first:.4f} (mean of the first {window} steps) -> {last:.4f} (last {window})")
         if self.student_weights:
             lines += [f"student:    {self.student_weights}", f"teacher:    {self.teacher_weights}",
                       f"digest:     {self.checkpoint_digest}"]

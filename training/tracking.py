@@ -29,21 +29,29 @@ class MetricsLogger:
         self.buffer: list[tuple[str, float, int, int]] = []
         self._last_warning = 0.0
         self._client = None
-        self._connect = threading.Thread(target=self._open, args=(tracking_uri,), daemon=True)
+        self._tracking_uri, self._open_error, self._last_open = tracking_uri, None, 0.0
+        self._connect = threading.Thread(target=self._open, daemon=True)
         self._connect.start()
 
-    def _open(self, tracking_uri: str) -> None:
-        from mlflow import MlflowClient
+    def _open(self) -> None:
+        """Open the store (SQLite schema checks, the run exists); a failure is kept, not raised."""
+        self._last_open = time.monotonic()
+        try:
+            from mlflow import MlflowClient
 
-        client = MlflowClient(tracking_uri)
-        client.get_run(self.run_id)  # opens the store (SQLite schema checks) off the training path
-        self._client = client
+            client = MlflowClient(self._tracking_uri)
+            client.get_run(self.run_id)
+            self._client, self._open_error = client, None
+        except Exception as err:  # noqa: BLE001 - tracking outages must not stop training
+            self._open_error = err
 
     @property
     def client(self):
         self._connect.join()
+        if self._client is None and time.monotonic() - self._last_open > 60:
+            self._open()  # a store that was down may be back; at most once a minute
         if self._client is None:
-            raise RuntimeError("MLflow client could not be opened (see the worker log)")
+            raise RuntimeError(f"MLflow store {self._tracking_uri} could not be opened: {self._open_error}")
         return self._client
 
     def log(self, step: int, values: dict[str, float]) -> None:
@@ -62,9 +70,10 @@ class MetricsLogger:
             del self.buffer[: len(chunk)]
 
     def _log_batch(self, chunk) -> None:
+        client = self.client  # first: waits for the background import of mlflow to finish
         from mlflow.entities import Metric
 
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in chunk])
+        client.log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in chunk])
 
     def log_image(self, image: Image.Image, artifact_file: str) -> None:
         self._guard("log an image", lambda: self.client.log_image(self.run_id, image, artifact_file=artifact_file))

@@ -2,16 +2,15 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from curation.demo import build_demo_corpus
-from tests.conftest import REPO
+from infra.local_cluster import pids_naming
+from tests.conftest import REPO, kill_when
 
 pytestmark = pytest.mark.slow
 
@@ -25,11 +24,6 @@ def curate_cmd(raw: Path, out: Path, centernet: Path, ray_tmp: str) -> list[str]
 def output_files(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes()
             for p in sorted(out.rglob("*")) if p.is_file() and p.parts[len(out.parts)] in ("shards", "manifest")}
-
-
-def leftover_ray_processes(ray_tmp: str) -> list[int]:
-    out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()[1:] if ray_tmp in line]
 
 
 def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet_path):
@@ -46,23 +40,8 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
     out = tmp_path / "out"
     proc = subprocess.Popen(curate_cmd(raw, out, centernet_path, ray_b), env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    try:
-        while time.time() < deadline:
-            staged = list((out / "_staging").glob("*/part-*.parquet")) if (out / "_staging").exists() else []
-            if len(staged) >= 3 or proc.poll() is not None:
-                break
-            time.sleep(0.2)
-        assert proc.poll() is None, "the job finished before it could be killed; make it longer"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        time.sleep(2)
-        for pid in leftover_ray_processes(ray_b):  # only what this test started
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    kill_when(proc, lambda: len(list((out / "_staging").glob("*/part-*.parquet"))) >= 3, timeout=300,
+              leftovers=ray_b)
     assert not (out / "_SUCCESS").exists()
     staged_before = {p.parent.name for p in (out / "_staging").glob("*/part-*.parquet")}
     assert staged_before, "nothing was staged before the kill"
@@ -75,4 +54,4 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
     assert output_files(ref)                                # (and there is something to compare)
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     assert "already done" in done.stderr and "0 already done" not in done.stderr
-    assert not leftover_ray_processes(ray_a) and not leftover_ray_processes(ray_b)
+    assert not pids_naming(ray_a) and not pids_naming(ray_b)

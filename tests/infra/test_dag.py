@@ -3,10 +3,8 @@ record parent/child runs with lineage in MLflow, and run stages as real Ray jobs
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from curation.demo import build_demo_corpus
 from infra.config import load_config
 from infra.dag import DagConfig, run_dag
-from tests.conftest import CENTERNET, REPO
+from tests.conftest import CENTERNET, REPO, kill_when
 
 FAST = ["pretrain.steps=4", "pretrain.checkpoint.every=2", "pretrain.mlflow.log_every=1",
         "pretrain.mlflow.images_every=4", "probe.tasks=[seg, knn]", "probe.seg.steps=10",
@@ -118,24 +116,8 @@ def test_a_stage_killed_mid_run_resumes(tmp_path):
             f"curate.ray.temp_dir=/tmp/hvdag-{os.getpid()}"]
     cmd = [sys.executable, str(REPO / "pipelines" / "dag.py"), "--config", str(REPO / "configs" / "dag_demo.yaml"), *args]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 600
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            if list((ws / "pretrain").glob("*/checkpoint_*")):
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, "the DAG ended before pretraining checkpointed"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        time.sleep(2)
-        out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
-        for line in out.splitlines()[1:]:
-            if f"/tmp/hvdag-{os.getpid()}" in line:
-                try:
-                    os.kill(int(line.split()[0]), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    kill_when(proc, lambda: bool(list((ws / "pretrain").glob("*/checkpoint_*"))), timeout=600, poll=0.5,
+              leftovers=f"/tmp/hvdag-{os.getpid()}")
     killed_checkpoints = sorted(p.name for p in (ws / "pretrain").glob("*/checkpoint_*"))
     assert killed_checkpoints and not list((ws / "pretrain").glob("*/DONE.json"))
     result = run_dag(dag_config(raw, ws, "pretrain.steps=10", "pretrain.checkpoint.every=2"))

@@ -44,9 +44,6 @@ VERSIONS = k8s_versions()
 PROJECT_VERSION = pyproject()["project"]["version"]
 IMAGE = f"registry.example.com/humanvision:{PROJECT_VERSION}"
 TRACKING_URI = "http://mlflow.mlflow.svc:5000"
-# Files a manifest refers to that another part of issue 9 adds; until they exist, the checks
-# that need them are skipped (with this reason), and every other file must exist.
-PENDING: set[str] = set()
 
 
 def _id(item) -> str:
@@ -298,8 +295,6 @@ def _entrypoint(doc):
 def test_rayjob_entrypoint_runs_a_script_of_this_repo(name):
     for path in _entrypoint(_doc(name)):
         rel = str(path.relative_to(REPO))
-        if rel in PENDING and not path.exists():
-            pytest.skip(f"{rel} is not in the repository yet (issue 9, pipelines/dag.py)")
         assert path.is_file(), rel
 
 
