@@ -256,14 +256,19 @@ def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> Cura
     init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.progress_bars, cfg.ray.object_store_memory,
              cfg.ray.temp_dir)
     t0 = time.time()
+    phases: dict[str, float] = {}
     if to_score:
         score_partitions(to_score, stages, cfg, out_uri)
+    phases["score"] = time.time() - t0
     incomplete = [p.id for p in partitions if p.id not in written and not staging.is_complete(fs, out, p.id)]
     if incomplete:
         raise RuntimeError(f"{len(incomplete)} partitions did not complete scoring (e.g. {incomplete[:3]}); re-run to resume")
 
+    t = time.time()
     decisions = global_dedup(fs, out, [p.id for p in partitions], cfg, stages)
+    phases["dedup"], t = time.time() - t, time.time()
     write_all([p.id for p in partitions if p.id not in written], out_uri, decisions)
+    phases["write"], t = time.time() - t, time.time()
 
     manifest = read_manifest(fs, out)
     stats = compute_stats(manifest, funnel_of(stages), samples_in_shards=_samples_in_shards(fs, out),
@@ -280,10 +285,13 @@ def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> Cura
     if cfg.tracking.enabled:
         from curation.tracking import log_curation_run
         run_id = log_curation_run(cfg, out_uri, stats, manifest, dataset_id, dataset_name, shards, digest)
+    phases["stats_and_tracking"] = time.time() - t
+    phases = {k: round(v, 3) for k, v in phases.items()}
+    log.info("seconds per phase (this session): %s", phases)
     storage.atomic_write_bytes(fs, storage.join(out, SUCCESS_FILE), json.dumps(
         {"dataset_id": dataset_id, "dataset_name": dataset_name, "job_digest": digest, "code_version": code_version(),
-         "mlflow_run_id": run_id, "kept": stats["kept"], "seconds": round(time.time() - t0, 3)},
-        sort_keys=True).encode())
+         "mlflow_run_id": run_id, "kept": stats["kept"], "seconds": round(time.time() - t0, 3),
+         "phase_seconds": phases}, sort_keys=True).encode())
     _drop_staging(fs, out)
     return CurationResult(out_uri, stats, storage.join(out_uri, writer.MANIFEST), shards, dataset_id, run_id,
                           resumed_partitions=resumed)

@@ -22,19 +22,10 @@ Lanczos resize of the full image (the DCT is 0.03 ms); 12 MP images take ~60 ms.
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from PIL import Image
 
 HASH_HEX_CHARS = 16  # 64 bits
-
-
-@functools.lru_cache(maxsize=None)
-def _hasher(kind: str):
-    from imagededup.methods import DHash, PHash
-
-    return {"phash": PHash, "dhash": DHash}[kind](verbose=False)
 
 
 def _rgb(img: Image.Image) -> Image.Image:
@@ -43,14 +34,29 @@ def _rgb(img: Image.Image) -> Image.Image:
 
 def _grey_thumbnail(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
     """imagededup's preprocessing: resize in RGB with Lanczos, then 8-bit luma."""
-    from imagededup.utils.image_utils import preprocess_image
+    return np.array(_rgb(img).resize(size, Image.Resampling.LANCZOS).convert("L")).astype("uint8")
 
-    return preprocess_image(_rgb(img), target_size=size, grayscale=True)
+
+def _bits_hex(bits: np.ndarray) -> str:
+    """A boolean matrix as hex, row-major, most significant bit first (imagededup's layout)."""
+    return np.packbits(bits).tobytes().hex()
+
+
+def _phash_of_thumbnail(thumb: np.ndarray) -> str:
+    """imagededup's PHash algorithm on a 32x32 uint8 grey thumbnail: 2-D DCT-II (scipy.fftpack,
+    unnormalised), top-left 8x8 coefficients, bit = coefficient >= median of the 63 AC ones.
+    Written here rather than called in imagededup: importing imagededup.methods imports torch
+    and torchvision (~10 s per fresh worker process on a small machine), to hash 64 bits.
+    tests/curation/dedup/test_dedup_hashing.py checks it against imagededup bit for bit."""
+    from scipy.fftpack import dct
+
+    coef = dct(dct(thumb, axis=0), axis=1)[:8, :8]
+    return _bits_hex(coef >= np.median(coef.flatten()[1:]))
 
 
 def phash_hex(img: Image.Image) -> str:
     """imagededup's PHash of ``img`` as 16 hex characters (64 bits)."""
-    return _hasher("phash")._hash_func(_grey_thumbnail(img, (32, 32)))
+    return _phash_of_thumbnail(_grey_thumbnail(img, (32, 32)))
 
 
 def phash_hex_pair(img: Image.Image, fast: bool = True) -> tuple[str, str]:
@@ -63,18 +69,18 @@ def phash_hex_pair(img: Image.Image, fast: bool = True) -> tuple[str, str]:
     one manifest are all computed the same way, so distances between them are comparable.
     ``fast=False`` is imagededup's ``PHash`` bit for bit.
     """
-    hasher = _hasher("phash")
     if fast:
         small = _rgb(img).resize((32, 32), Image.Resampling.LANCZOS, reducing_gap=3.0)
         thumb = np.asarray(small.convert("L"))
     else:
         thumb = _grey_thumbnail(img, (32, 32))
-    return hasher._hash_func(thumb), hasher._hash_func(np.ascontiguousarray(thumb[:, ::-1]))
+    return _phash_of_thumbnail(thumb), _phash_of_thumbnail(np.ascontiguousarray(thumb[:, ::-1]))
 
 
 def dhash_hex(img: Image.Image) -> str:
     """imagededup's DHash (9x8 grey thumbnail, horizontal gradient signs) as 16 hex characters."""
-    return _hasher("dhash")._hash_func(_grey_thumbnail(img, (9, 8)))
+    thumb = _grey_thumbnail(img, (9, 8))
+    return _bits_hex(thumb[:, 1:] > thumb[:, :-1])
 
 
 def hex_to_uint64(hashes) -> np.ndarray:
