@@ -36,10 +36,13 @@ class InputConfig:
     parquet_image_column: str | None = None  # auto: first of image, jpg, png, webp, bytes
     parquet_path_column: str | None = None   # auto: first of path, uri, url, file
     parquet_key_column: str | None = None    # auto: "key" when present
+    num_cpus: float = 1.0              # per read task; reading is mostly I/O, so 0.25-0.5 leaves cores to the stages
 
     def __post_init__(self) -> None:
         if self.images_per_partition < 1:
             raise ValueError(f"input.images_per_partition must be >= 1, got {self.images_per_partition}")
+        if self.num_cpus <= 0:
+            raise ValueError(f"input.num_cpus must be > 0, got {self.num_cpus}")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -143,6 +146,10 @@ class RayConfig:
     progress_bars: Literal["auto", "on", "off"] = "auto"  # auto: on when the terminal is interactive
     object_store_memory: int | None = None  # local cluster only, bytes
     temp_dir: str | None = None        # local cluster only: Ray's session folder root (short path)
+    # Model stages' actor pools: "fixed" starts every one of a stage's num_actors at once (measured on
+    # 2 CPUs: 2 detector actors 18.3 images/s fixed vs 12.7 when Ray Data was left to grow the pool,
+    # which kept one busy); "autoscaling" starts one and lets Ray Data add up to num_actors.
+    actor_pools: Literal["fixed", "autoscaling"] = "fixed"
 
 
 @dataclasses.dataclass(kw_only=True)

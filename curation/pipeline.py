@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from curation.decode import DecodeStage
 from curation.dedup.run import NEAR_INDEX_DIR, global_decisions
 from curation.detection import PersonDetectionStage, check_detector_config
 from curation.filters import GeometryFilterStage
-from curation.stages import Stage, apply_stage
+from curation.stages import Stage, apply_stage, check_fits
 from curation.versions import code_version, dataset_version_id
 from curation.stats import READ_REASONS, compute_stats, format_summary
 from infra import storage
@@ -103,12 +104,24 @@ def funnel_of(stages: list[Stage]) -> list[tuple[str, tuple[str, ...]]]:
     return funnel
 
 
+# Where and how wide a stage runs, never what it decides: a job killed on one cluster shape can
+# resume on another (more GPUs, fewer actors) into the same output.
+RESOURCE_KEYS = frozenset({"num_cpus", "num_gpus", "num_actors"})
+
+
+def _without_resources(value):
+    if isinstance(value, dict):
+        return {k: _without_resources(v) for k, v in value.items() if k not in RESOURCE_KEYS}
+    return value
+
+
 def job_digest(cfg: CurationConfig) -> str:
-    """Digest of everything that decides the outputs (not where they are logged or how Ray runs)."""
+    """Digest of everything that decides the outputs (not where they are logged, how Ray runs,
+    or the resources each stage gets)."""
     d = config_to_dict(cfg)
     for k in ("tracking", "ray", "output_dir", "name"):
         d.pop(k, None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(_without_resources(d), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _prepare_output(fs, out: str, cfg: CurationConfig, digest: str) -> None:
@@ -137,9 +150,9 @@ def score_partitions(partitions: list[readers.Partition], stages: list[Stage], c
     import ray.data
 
     source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, cfg, output))
-    ds = ray.data.read_datasource(source, override_num_blocks=len(partitions))
+    ds = ray.data.read_datasource(source, override_num_blocks=len(partitions), num_cpus=cfg.input.num_cpus)
     for stage in stages:
-        ds = apply_stage(ds, stage)
+        ds = apply_stage(ds, stage, autoscale=cfg.ray.actor_pools == "autoscaling")
     ds.write_datasink(staging.StagingSink(output))
 
 
@@ -253,8 +266,14 @@ def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> Cura
         staging.clear_partition(fs, out, p.id)
     log.info("%d partitions: %d to score, %d already done", len(partitions), len(to_score), resumed)
 
+    local = not (cfg.ray.address or os.environ.get("RAY_ADDRESS"))
     init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.progress_bars, cfg.ray.object_store_memory,
              cfg.ray.temp_dir)
+    if local and to_score:  # a cluster's size is not known up front (it may autoscale)
+        import ray
+
+        check_fits(stages, cfg.input.num_cpus, ray.cluster_resources().get("CPU", 0.0),
+                   autoscale=cfg.ray.actor_pools == "autoscaling")
     t0 = time.time()
     phases: dict[str, float] = {}
     if to_score:

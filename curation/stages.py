@@ -77,8 +77,9 @@ def _run_task(batch: pa.Table, stage: Stage) -> pa.Table:
     return stage.process(batch)
 
 
-def apply_stage(ds, stage: Stage):
-    """Append ``stage`` to a Ray Dataset pipeline with the stage's declared resources."""
+def apply_stage(ds, stage: Stage, autoscale: bool = False):
+    """Append ``stage`` to a Ray Dataset pipeline with the stage's declared resources. A model
+    stage's pool is ``num_actors`` actors from the start, or (``autoscale``) 1 growing to it."""
     import ray.data
 
     res = stage.resources()
@@ -88,7 +89,8 @@ def apply_stage(ds, stage: Stage):
         common["num_gpus"] = res.num_gpus
     if stage.uses_model:
         return ds.map_batches(_StageWorker, fn_constructor_args=(stage,),
-                              compute=ray.data.ActorPoolStrategy(min_size=1, max_size=res.num_actors),
+                              compute=ray.data.ActorPoolStrategy(min_size=1 if autoscale else res.num_actors,
+                                                                 max_size=res.num_actors),
                               **common)
     return ds.map_batches(_run_task, fn_kwargs={"stage": stage}, **common)
 
@@ -101,3 +103,21 @@ def run_stages_locally(batch: pa.Table, stages: list[Stage]) -> pa.Table:
             stage._ready = True
         batch = stage.process(batch)
     return batch
+
+
+def check_fits(stages: list[Stage], read_cpus: float, total_cpus: float, autoscale: bool) -> None:
+    """On a cluster of known size (a local one): fixed actor pools hold their CPUs for the whole
+    run, so the largest task (the read, or a cheap stage) must still fit beside them, or the
+    job would wait forever. Raises ``ValueError`` naming what to change."""
+    if autoscale:
+        return
+    held = sum(s.resources().num_cpus * s.resources().num_actors for s in stages if s.uses_model)
+    tasks = [("input.num_cpus", read_cpus)] + [(f"{s.name} num_cpus", s.resources().num_cpus)
+                                               for s in stages if not s.uses_model]
+    name, largest = max(tasks, key=lambda t: t[1])
+    if held + largest > total_cpus + 1e-9:
+        pools = ", ".join(f"{s.name} {s.resources().num_actors} x {s.resources().num_cpus:g}"
+                          for s in stages if s.uses_model)
+        raise ValueError(f"the model stages' actor pools hold {held:g} of {total_cpus:g} CPUs ({pools}), leaving "
+                         f"too little for {name}={largest:g}: lower their num_actors or num_cpus, lower {name}, "
+                         "or set ray.actor_pools=autoscaling")

@@ -12,7 +12,7 @@ import pytest
 from curation.config import (CurationConfig, DetectorConfig, FilterConfig, InputConfig, TrackingConfig,
                              weightless_content_filters)
 from curation.demo import build_demo_corpus
-from curation.pipeline import run_curation
+from curation.pipeline import job_digest, run_curation
 
 
 def demo_config(raw: Path, out: Path, centernet: Path, **overrides) -> CurationConfig:
@@ -141,6 +141,13 @@ def test_mlflow_records_config_counts_stats_and_dataset(curated):
 def test_rerun_reuses_and_other_config_is_refused(curated):
     root, _, cfg, result = curated
     again = run_curation(cfg)
+    assert again.skipped and again.dataset_id == result.dataset_id
+    # other resources (a different cluster shape) are the same job: recognised, not refused
+    wider = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights))
+    wider.decode.num_cpus, wider.detector.num_actors, wider.detector.num_gpus = 0.5, 4, 0.25
+    wider.content.text.num_cpus = 2.0
+    assert job_digest(wider) == job_digest(cfg)
+    again = run_curation(wider)
     assert again.skipped and again.dataset_id == result.dataset_id
     changed = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights))
     changed.filters.min_short_side = 100
