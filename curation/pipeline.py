@@ -115,13 +115,15 @@ def _without_resources(value):
     return value
 
 
-def job_digest(cfg: CurationConfig) -> str:
+def job_digest(cfg: CurationConfig, *, with_resources: bool = False) -> str:
     """Digest of everything that decides the outputs (not where they are logged, how Ray runs,
-    or the resources each stage gets)."""
+    or the resources each stage gets). ``with_resources``: the digest as outputs written before
+    2026-11-29 recorded it (resources included), so those outputs still resume."""
     d = config_to_dict(cfg)
     for k in ("tracking", "ray", "output_dir", "name"):
         d.pop(k, None)
-    return hashlib.sha256(json.dumps(_without_resources(d), sort_keys=True).encode()).hexdigest()[:16]
+    d = d if with_resources else _without_resources(d)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _prepare_output(fs, out: str, cfg: CurationConfig, digest: str) -> None:
@@ -129,7 +131,7 @@ def _prepare_output(fs, out: str, cfg: CurationConfig, digest: str) -> None:
     marker = storage.join(out, "job_digest")
     if storage.exists(fs, marker):
         previous = storage.read_bytes(fs, marker).decode().strip()
-        if previous != digest:
+        if previous not in (digest, job_digest(cfg, with_resources=True)):
             raise ValueError(f"output_dir {cfg.output_dir!r} holds a run of a different configuration "
                              f"(job digest {previous}, this one {digest}); use a new output_dir")
     else:

@@ -149,6 +149,15 @@ def test_rerun_reuses_and_other_config_is_refused(curated):
     assert job_digest(wider) == job_digest(cfg)
     again = run_curation(wider)
     assert again.skipped and again.dataset_id == result.dataset_id
+    # an output written when resources were part of the digest is still the same job
+    marker = root / "curated" / "job_digest"
+    current = marker.read_text()
+    marker.write_text(job_digest(cfg, with_resources=True))
+    assert job_digest(cfg, with_resources=True) != current
+    try:
+        assert run_curation(cfg).skipped
+    finally:
+        marker.write_text(current)
     changed = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights))
     changed.filters.min_short_side = 100
     with pytest.raises(ValueError, match="different configuration"):
