@@ -67,12 +67,13 @@ def pillow_loop(paths: list[Path]) -> float:
 
 
 def pipeline(raw: Path, out: Path, detector: bool, partition: int, actors: int = 1,
-             actor_cpus: float = 1.0, decode_cpus: float = 1.0) -> tuple[float, dict, dict]:
+             actor_cpus: float = 1.0, task_cpus: float = 1.0) -> tuple[float, dict, dict]:
     det = (DetectorConfig(backend="centernet_onnx", weights=str(CENTERNET), score_threshold=0.3, min_box_size=100,
                           batch_size=8, num_actors=actors, num_cpus=actor_cpus)
            if detector else DetectorConfig(backend="none"))
-    cfg = CurationConfig(input=InputConfig(uri=str(raw), images_per_partition=partition, num_cpus=decode_cpus),
-                         output_dir=str(out), decode=DecodeConfig(num_cpus=decode_cpus), filters=FilterConfig(min_short_side=64),
+    cfg = CurationConfig(input=InputConfig(uri=str(raw), images_per_partition=partition, num_cpus=task_cpus),
+                         output_dir=str(out), decode=DecodeConfig(num_cpus=task_cpus),
+                         filters=FilterConfig(min_short_side=64),
                          detector=det, content=weightless_content_filters(text=False),
                          tracking=TrackingConfig(enabled=False), ray=RayConfig(progress_bars="off"))
     t0 = time.perf_counter()
@@ -112,7 +113,7 @@ def main() -> None:
             for actors, cpus, label in ((max(1, args.cpus - 1), 1.0, "cpus-1 actors x 1 CPU"),
                                         (args.cpus, share, f"{args.cpus} actors x {share:.3g} CPU")):
                 rate, stats, phases = pipeline(work / "raw", work / f"out-det-{actors}", True, args.partition,
-                                               actors, cpus, decode_cpus=0.25 if cpus < 1 else 1.0)
+                                               actors, cpus, task_cpus=0.25 if cpus < 1 else 1.0)
                 print(f"{'pipeline + CenterNet, ' + label:<48}{rate:8.1f} img/s   {rate / base:.2f}x   "
                       f"(kept {stats['kept']}, no person {stats['dropped_by_reason'].get('no_salient_person', 0)})")
                 print(f"{'':<8}seconds per phase: {phases}")

@@ -17,7 +17,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -239,7 +238,7 @@ def absolutize(cfg: CurationConfig) -> CurationConfig:
 
 def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> CurationResult:
     """Run (or resume, or recognise as done) one curation job."""
-    from infra.ray_runtime import init_ray
+    from infra.ray_runtime import init_ray, joins_a_cluster
 
     cfg.validate()
     cfg = absolutize(cfg)
@@ -268,7 +267,7 @@ def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> Cura
         staging.clear_partition(fs, out, p.id)
     log.info("%d partitions: %d to score, %d already done", len(partitions), len(to_score), resumed)
 
-    local = not (cfg.ray.address or os.environ.get("RAY_ADDRESS"))
+    local = not joins_a_cluster(cfg.ray.address)
     init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.progress_bars, cfg.ray.object_store_memory,
              cfg.ray.temp_dir)
     if local and to_score:  # a cluster's size is not known up front (it may autoscale)

@@ -10,13 +10,19 @@ import os
 import sys
 
 
+def joins_a_cluster(address: str | None = None) -> bool:
+    """True when ``init_ray(address)`` joins an existing cluster (an address, or ``RAY_ADDRESS``
+    set by ``ray job submit``); False when it starts a local one whose size is known."""
+    return bool(address or os.environ.get("RAY_ADDRESS"))
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None, progress_bars: str = "auto",
              object_store_memory: int | None = None, temp_dir: str | None = None) -> None:
     import ray
     import ray.data
 
     if not ray.is_initialized():
-        if address or os.environ.get("RAY_ADDRESS"):
+        if joins_a_cluster(address):
             ray.init(address=address or None, log_to_driver=True)
         else:
             ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_memory,
