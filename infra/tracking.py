@@ -9,6 +9,7 @@ checkpoints stay in storage and are referenced by URI.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import posixpath
@@ -16,6 +17,23 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import config_to_dict, dump_config
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrackingConfig:
+    """The ``tracking`` section of every stage's config (curation, pretraining, probing, DAG).
+
+    Each stage gives its own default experiment name (``default_factory``)."""
+
+    enabled: bool = True
+    uri: str | None = None             # None: $MLFLOW_TRACKING_URI, else sqlite:///<output parent>/mlflow.db
+    experiment: str = "default"
+    run_name: str | None = None        # None: the stage's own default (usually its output folder's name)
+
+
+def tracking_section(experiment: str) -> Any:
+    """A dataclass ``field`` for a stage config's ``tracking`` section with its default experiment."""
+    return dataclasses.field(default_factory=lambda: TrackingConfig(experiment=experiment))
 
 
 def resolve_tracking_uri(configured: str | None, output_dir: str) -> str:
