@@ -81,9 +81,9 @@ def cpu_run(workers: int, args, dataset: str, work: Path) -> dict:
     from training.config import PretrainConfig
     from training.run import run_pretraining
 
-    overrides = [f"data.dataset={dataset}", f"storage_path={work / 'runs'}", f"mlflow.uri=sqlite:///{work / 'mlflow.db'}",
+    overrides = [f"data.dataset={dataset}", f"storage_path={work / 'runs'}", f"tracking.uri=sqlite:///{work / 'mlflow.db'}",
                  f"run_name=bench-{workers}w-{int(time.time())}", f"steps={args.warmup + args.steps}",
-                 f"checkpoint.every={10**9}", "checkpoint.export=false", "mlflow.images_every=0",
+                 f"checkpoint.every={10**9}", "checkpoint.export=false", "metrics.images_every=0",
                  f"ray.num_workers={workers}", f"ray.cpus_per_worker={args.threads}",
                  f"batch_size_per_worker={args.batch}", *args.set]
     cfg = load_config(PretrainConfig, args.config or REPO / "configs" / "pretrain_tiny.yaml", overrides)

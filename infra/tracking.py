@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import posixpath
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +145,156 @@ def find_run(experiment_id: str, tags: dict[str, str]) -> str | None:
 
 def artifact_path_join(*parts: str) -> str:
     return posixpath.join(*parts)
+
+
+# ---- runs of the model stages: parent/child records, step metrics, run status ------------------
+# (pretraining and probing; the stage-specific tags and files are chosen by the stages)
+
+_log = logging.getLogger(__name__)
+
+def log_params(params: dict[str, str]) -> None:
+    """``params`` on the active run: values cut to MLflow's 6000 characters, 100 per call (its batch limit)."""
+    import mlflow
+
+    items = sorted((k, v[:6000]) for k, v in params.items())
+    for start in range(0, len(items), 100):
+        mlflow.log_params(dict(items[start:start + 100]))
+
+
+def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numeric, non-NaN entries (MLflow rejects the others, or stores NaN as a gap)."""
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
+
+
+def start_run(experiment_id: str, run_name: str, tags: dict[str, str]):
+    """A new active run in ``experiment_id`` (a context manager that ends it)."""
+    import mlflow
+
+    return mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
+
+
+def log_child_run(run_name: str, tags: dict[str, str], *, params: dict[str, str], metrics: dict[str, Any],
+                  series: dict[str, list[tuple[int, float]]], files: list[str], folders: dict[str, str],
+                  datasets: list[tuple[Any, str]]) -> str:
+    """A finished child of the active run, in the parent's experiment; returns its id.
+
+    ``series``: metric -> [(step, value)]; ``folders``: artifact path -> local folder;
+    ``datasets``: (``make_dataset(...)``, context) pairs."""
+    import mlflow
+
+    # nested=True alone would file the child under the default experiment, not the parent's.
+    with mlflow.start_run(experiment_id=mlflow.active_run().info.experiment_id, run_name=run_name, nested=True,
+                          tags=tags) as run:
+        log_params(params)
+        mlflow.log_metrics(finite_metrics(metrics))
+        for key, points in series.items():
+            for step, value in points:
+                mlflow.log_metric(key, value, step=step)
+        for file in files:
+            mlflow.log_artifact(file)
+        for artifact_path, folder in folders.items():
+            mlflow.log_artifacts(folder, artifact_path)
+        for dataset, context in datasets:
+            mlflow.log_input(dataset, context=context)
+        return run.info.run_id
+
+
+def end_run(tracking_uri: str, run_id: str, status: str) -> None:
+    """Mark a run ended with ``status``; a failure is logged, not raised (the caller's own error matters more)."""
+    from mlflow import MlflowClient
+
+    try:
+        MlflowClient(tracking_uri).set_terminated(run_id, status=status)
+    except Exception as err:  # noqa: BLE001 - see the docstring
+        _log.warning("could not mark MLflow run %s %s: %s", run_id, status, err)
+
+
+def metric_history(tracking_uri: str, run_id: str, keys: tuple[str, ...]) -> dict[int, dict[str, float]]:
+    """{step: {key: value}} of a run's ``keys``; a step logged twice (replayed after a restart)
+    keeps its latest value."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    out: dict[int, dict[str, float]] = {}
+    for key in keys:
+        for m in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)):
+            out.setdefault(m.step, {})[key] = m.value
+    return dict(sorted(out.items()))
+
+
+class MetricsLogger:
+    """Step metrics, images and tags for one run, from a process that must not wait for or
+    fail because of the store (a training worker).
+
+    Importing MLflow and opening its store take seconds: that happens in a background
+    thread while the caller goes on. A failed flush is logged as a warning (at most once a
+    minute) and its metrics stay buffered (up to ``max_buffer``) for the next attempt.
+    """
+
+    def __init__(self, tracking_uri: str, run_id: str, *, flush_every: int, max_buffer: int = 200_000) -> None:
+        self.run_id, self.flush_every, self.max_buffer = run_id, flush_every, max_buffer
+        self.buffer: list[tuple[str, float, int, int]] = []
+        self._last_warning = 0.0
+        self._client = None
+        self._tracking_uri, self._open_error, self._last_open = tracking_uri, None, 0.0
+        self._connect = threading.Thread(target=self._open, daemon=True)
+        self._connect.start()
+
+    def _open(self) -> None:
+        """Open the store (SQLite schema checks, the run exists); a failure is kept, not raised."""
+        self._last_open = time.monotonic()
+        try:
+            from mlflow import MlflowClient
+
+            client = MlflowClient(self._tracking_uri)
+            client.get_run(self.run_id)
+            self._client, self._open_error = client, None
+        except Exception as err:  # noqa: BLE001 - tracking outages must not stop the caller
+            self._open_error = err
+
+    @property
+    def client(self):
+        self._connect.join()
+        if self._client is None and time.monotonic() - self._last_open > 60:
+            self._open()  # a store that was down may be back; at most once a minute
+        if self._client is None:
+            raise RuntimeError(f"MLflow store {self._tracking_uri} could not be opened: {self._open_error}")
+        return self._client
+
+    def log(self, step: int, values: dict[str, float]) -> None:
+        now = int(time.time() * 1000)
+        self.buffer.extend((key, float(v), now, step) for key, v in values.items() if v is not None)
+        if len(self.buffer) > self.max_buffer:
+            del self.buffer[: len(self.buffer) - self.max_buffer]
+        if step % self.flush_every == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        while self.buffer:
+            chunk = self.buffer[:1000]  # MLflow's log_batch limit
+            if not self._guard("log metrics", lambda: self._log_batch(chunk)):
+                return
+            del self.buffer[: len(chunk)]
+
+    def _log_batch(self, chunk) -> None:
+        client = self.client  # first: waits for the background import of mlflow to finish
+        from mlflow.entities import Metric
+
+        client.log_batch(self.run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in chunk])
+
+    def log_image(self, image: Any, artifact_file: str) -> None:
+        """``image``: a PIL image (or a numpy array), stored at ``artifact_file``."""
+        self._guard("log an image", lambda: self.client.log_image(self.run_id, image, artifact_file=artifact_file))
+
+    def set_tag(self, key: str, value: str) -> None:
+        self._guard("set a tag", lambda: self.client.set_tag(self.run_id, key, value))
+
+    def _guard(self, what: str, fn) -> bool:
+        try:
+            fn()
+            return True
+        except Exception as err:  # noqa: BLE001 - tracking outages must not stop the caller
+            if time.monotonic() - self._last_warning > 60:
+                _log.warning("MLflow: could not %s (%s); training goes on, will retry", what, err)
+                self._last_warning = time.monotonic()
+            return False

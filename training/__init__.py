@@ -5,7 +5,8 @@ Entry point: ``run_pretraining(cfg)`` (``pipelines/pretrain.py`` on the command 
 Pieces: ``config`` (settings), ``data`` (resumable shard stream), ``augment`` (multi-crop),
 ``masking``, ``losses``, ``meta_arch`` (student/teacher/heads/losses), ``parallelize``
 (FSDP2, activation checkpointing, compile), ``step`` (one optimisation step),
-``checkpoint`` (DCP + exports), ``loop`` (the Ray Train worker), ``run`` (the driver).
+``checkpoint`` (DCP + exports), ``loop`` (the Ray Train worker), ``run`` (the driver),
+``visualize`` (the MAE reconstruction grid). MLflow calls go through ``infra.tracking``.
 """
 
 from training.config import PretrainConfig

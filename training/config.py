@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from infra.config import config_digest, config_to_dict
+from infra.ray_runtime import RayConfig, ray_section
+from infra.tracking import TrackingConfig, tracking_section
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -22,8 +24,10 @@ class DataConfig:
     """Where the images come from and how they are streamed.
 
     ``dataset``: a dataset version id, a dataset name (its latest version) or a curation
-    output folder; ids and names are looked up in ``tracking_uri`` (default: the run's
-    MLflow store). ``shuffle_buffer``: samples held per loader worker (raw bytes).
+    output folder; ids and names are looked up in ``tracking_uri``, the MLflow store the
+    curation recorded the version in (default: the run's own store, ``tracking.uri``; a
+    separate key because a dataset may be curated into another store than the one this run
+    logs to). ``shuffle_buffer``: samples held per loader worker (raw bytes).
     ``loader_workers``: decode/augment processes per training worker (0 = in the training
     process).
     """
@@ -159,24 +163,11 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RayConfig:
-    """Ray Train scaling. ``cpus_per_worker`` < 1 lets two workers share a small machine."""
+class MetricsConfig:
+    """What rank 0 sends to the run's MLflow record (``tracking``): every step's values,
+    flushed every ``log_every`` steps; the MAE reconstruction grid every ``images_every``
+    steps (0 = never)."""
 
-    address: str | None = None
-    num_workers: int = 8
-    cpus_per_worker: float = 8.0
-    use_gpu: bool = True
-    max_failures: int = 3
-    timeout_s: int = 1800
-
-
-@dataclass(frozen=True, kw_only=True)
-class MlflowConfig:
-    """Tracking. Rank 0 logs every step's values (``log_every``: how often it flushes);
-    ``images_every``: MAE reconstruction grid period (0 = never)."""
-
-    uri: str | None = None
-    experiment: str = "pretrain"
     log_every: int = 10
     images_every: int = 1000
 
@@ -211,8 +202,11 @@ class PretrainConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    # Ray Train scaling (num_workers, cpus_per_worker, use_gpu, max_failures, timeout_s) and
+    # where the cluster is; one GPU node of 8 by default.
+    ray: RayConfig = ray_section(num_workers=8, cpus_per_worker=8.0, use_gpu=True)
+    tracking: TrackingConfig = tracking_section("pretrain")
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the setting when the run cannot work."""
@@ -240,24 +234,29 @@ class PretrainConfig:
             raise ValueError("KoLeo needs batch_size_per_worker >= 2 (nearest neighbours within the batch)")
         if self.checkpoint.every < 1 or self.checkpoint.keep < 1 or self.checkpoint.preemption_check_every < 0:
             raise ValueError("checkpoint.every and checkpoint.keep must be >= 1, checkpoint.preemption_check_every >= 0")
-        if self.ray.num_workers < 1 or self.ray.cpus_per_worker <= 0:
-            raise ValueError("ray.num_workers must be >= 1 and ray.cpus_per_worker > 0")
         if self.data.shuffle_buffer < 1 or self.data.loader_workers < 0:
             raise ValueError("data.shuffle_buffer must be >= 1 and data.loader_workers >= 0")
         if self.optim.warmup_steps < 0 or self.optim.lr <= 0:
             raise ValueError("optim.lr must be > 0 and optim.warmup_steps >= 0")
-        if self.mlflow.log_every < 1 or self.mlflow.images_every < 0:
-            raise ValueError("mlflow.log_every must be >= 1 and mlflow.images_every >= 0")
+        if self.metrics.log_every < 1 or self.metrics.images_every < 0:
+            raise ValueError("metrics.log_every must be >= 1 and metrics.images_every >= 0")
+        if not self.tracking.enabled:
+            raise ValueError("tracking.enabled=false: a pretraining run keeps its losses, resume record and lineage "
+                             "in MLflow; leave tracking enabled (tracking.uri chooses the store)")
         if self.decoder.embed_dim % self.decoder.num_heads or (self.decoder.embed_dim // self.decoder.num_heads) % 4:
             raise ValueError("decoder.embed_dim / decoder.num_heads must be an integer divisible by 4 (2-D RoPE)")
 
 
 RESUME_FREE = ("run_name", "storage_path", "max_steps_this_session", "peak_tflops", "record_batch_keys",
                "data.dataset", "data.tracking_uri", "data.prefetch_factor", "data.mp_context",
-               "checkpoint.keep", "checkpoint.export", "checkpoint.preemption_check_every", "ray.address", "ray.max_failures", "ray.timeout_s",
-               "mlflow")
+               "checkpoint.keep", "checkpoint.export", "checkpoint.preemption_check_every",
+               "ray.address", "ray.num_cpus", "ray.object_store_memory", "ray.temp_dir", "ray.progress_bars",
+               "ray.actor_pools", "ray.max_failures", "ray.timeout_s", "metrics", "tracking")
 """Settings that may differ between a run and its resumption (where and how, not what).
-``data.dataset`` is checked separately: it must resolve to the run's recorded version."""
+``data.dataset`` is checked separately: it must resolve to the run's recorded version.
+Of the ``ray`` section only ``num_workers``, ``cpus_per_worker`` (the CPU thread count) and
+``use_gpu`` shape the trajectory; with the rest (and ``metrics``, ``tracking``) left out, a
+run's identity digest is what it was before these sections were shared with the other stages."""
 
 
 def identity_dict(cfg: PretrainConfig) -> dict:

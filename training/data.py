@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,15 +37,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from curation.output import split_member
 from infra import storage
 from training.augment import MultiCrop
-from training.config import CropConfig, MaskingConfig
+from training.config import CropConfig, DataConfig, MaskingConfig, PretrainConfig
 from training.masking import MaskGenerator
 
 log = logging.getLogger(__name__)
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
-_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")  # webdataset's base_plus_ext
 _MASK64 = (1 << 64) - 1
 
 
@@ -61,11 +60,6 @@ def mix64(*values: int) -> int:
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
         h = z ^ (z >> 31)
     return h
-
-
-def split_key(name: str) -> tuple[str, str] | None:
-    match = _KEY_EXT.match(name)
-    return (match.group(1), match.group(2).lower()) if match else None
 
 
 def open_shard(uri: str):
@@ -177,7 +171,7 @@ class ShardStream:
             tar = tarfile.open(fileobj=f, mode="r:")
             key, members, blobs, keep = None, [], {}, True
             for m in iter(tar.next, None):
-                parsed = split_key(m.name) if m.isfile() else None
+                parsed = split_member(m.name) if m.isfile() else None
                 if parsed is None:
                     continue
                 k, ext = parsed
@@ -241,29 +235,40 @@ def _worker_init(_worker_id: int) -> None:
     torch.set_num_threads(1)  # decode/augment processes must not compete with training for cores
 
 
+@dataclass(frozen=True, kw_only=True)
+class RankSpec:
+    """What one rank's loader makes (the stream settings come from ``DataConfig``): its place
+    among ``world_size`` ranks, batches of ``batch_size`` samples cropped and masked for a
+    model of patch size ``patch_stride``, draws seeded by ``seed``."""
+
+    rank: int
+    world_size: int
+    batch_size: int
+    crops: CropConfig
+    masking: MaskingConfig
+    patch_stride: int
+    seed: int
+    pin_memory: bool = False
+
+    @classmethod
+    def of(cls, cfg: PretrainConfig, *, rank: int, world_size: int, patch_stride: int,
+           pin_memory: bool = False) -> RankSpec:
+        return cls(rank=rank, world_size=world_size, batch_size=cfg.batch_size_per_worker, crops=cfg.crops,
+                   masking=cfg.masking, patch_stride=patch_stride, seed=cfg.seed, pin_memory=pin_memory)
+
+
 class BatchStream(IterableDataset):
     """Batches of one rank. Each loader worker (or the process itself with 0 workers)
     plays the slot whose state ``states[worker_id]`` holds."""
 
-    def __init__(
-        self,
-        shards: tuple[str, ...],
-        states: list[SlotState],
-        *,
-        batch_size: int,
-        crops: CropConfig,
-        masking: MaskingConfig,
-        patch_stride: int,
-        seed: int,
-        buffer_size: int,
-    ) -> None:
+    def __init__(self, shards: tuple[str, ...], states: list[SlotState], spec: RankSpec, *, buffer_size: int) -> None:
         super().__init__()
         self.shards, self.states = shards, states
-        self.batch_size, self.seed, self.buffer_size = batch_size, seed, buffer_size
-        self.crops = crops
-        h, w = crops.global_size
-        self.grid_hw = (h // patch_stride, w // patch_stride)
-        self.masking = masking
+        self.batch_size, self.seed, self.buffer_size = spec.batch_size, spec.seed, buffer_size
+        self.crops = spec.crops
+        h, w = spec.crops.global_size
+        self.grid_hw = (h // spec.patch_stride, w // spec.patch_stride)
+        self.masking = spec.masking
 
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
@@ -310,26 +315,10 @@ class ResumableLoader:
     back as ``state`` to continue exactly after the last batch this loader handed out.
     """
 
-    def __init__(
-        self,
-        shards: tuple[str, ...],
-        *,
-        rank: int,
-        world_size: int,
-        loader_workers: int,
-        batch_size: int,
-        crops: CropConfig,
-        masking: MaskingConfig,
-        patch_stride: int,
-        seed: int,
-        buffer_size: int,
-        prefetch_factor: int = 2,
-        mp_context: str = "fork",
-        pin_memory: bool = False,
-        state: dict | None = None,
-    ) -> None:
+    def __init__(self, shards: tuple[str, ...], data: DataConfig, spec: RankSpec, *, state: dict | None = None) -> None:
         if not shards:
             raise ValueError("the dataset version has no shards")
+        world_size, loader_workers = spec.world_size, data.loader_workers
         self.world_size, self.loader_workers = world_size, loader_workers
         self.consumed = 0
         if state is not None and (state["world_size"], state["loader_workers"]) == (world_size, loader_workers):
@@ -340,18 +329,19 @@ class ResumableLoader:
                 log.warning("data position was saved for %s ranks x %s loader workers, this run has %s x %s: "
                             "the stream restarts at a new epoch (the exact sample order cannot carry over)",
                             state["world_size"], state["loader_workers"], world_size, loader_workers)
-            self.states = fresh_states(len(shards), rank=rank, world_size=world_size, loader_workers=loader_workers)
+            self.states = fresh_states(len(shards), rank=spec.rank, world_size=world_size,
+                                       loader_workers=loader_workers)
             if state is not None:
                 next_epoch = 1 + max(s["epoch"] for s in state["slots"])
                 for s in self.states:
                     s.epoch = next_epoch
-        self.dataset = BatchStream(tuple(shards), self.states, batch_size=batch_size, crops=crops, masking=masking,
-                                   patch_stride=patch_stride, seed=seed, buffer_size=buffer_size)
+        self.dataset = BatchStream(tuple(shards), self.states, spec, buffer_size=data.shuffle_buffer)
         kwargs = {}
         if loader_workers > 0:
-            kwargs = dict(num_workers=loader_workers, prefetch_factor=prefetch_factor, persistent_workers=False,
-                          multiprocessing_context=mp_context, worker_init_fn=_worker_init)
-        self.loader = DataLoader(self.dataset, batch_size=None, collate_fn=_identity, pin_memory=pin_memory, **kwargs)
+            kwargs = dict(num_workers=loader_workers, prefetch_factor=data.prefetch_factor, persistent_workers=False,
+                          multiprocessing_context=data.mp_context, worker_init_fn=_worker_init)
+        self.loader = DataLoader(self.dataset, batch_size=None, collate_fn=_identity, pin_memory=spec.pin_memory,
+                                 **kwargs)
         self._iter: Iterator[Batch] | None = None
         self._handed = 0  # batches handed out since this loader started (worker = _handed % workers)
 

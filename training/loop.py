@@ -12,6 +12,7 @@ import os
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,15 +20,17 @@ import torch.distributed as dist
 
 from infra import storage
 from infra.config import from_dict
+from infra.tracking import MetricsLogger
 from training import checkpoint
 from training.config import PretrainConfig
-from training.data import ResumableLoader
+from training.data import RankSpec, ResumableLoader
 from training.flops import peak_tflops, step_cost, tokens_per_step
 from training.meta_arch import SSLMetaArch
 from training.optim import build_optimizer
 from training.parallelize import parallelize
 from training.schedules import values_at
 from training.step import train_step
+from training.visualize import reconstruction_grid
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +65,72 @@ def build(cfg: PretrainConfig, device: torch.device, world_size: int):
     return arch, build_optimizer(arch.student, cfg.optim)
 
 
+@dataclass
+class Session:
+    """One rank's state in this session: what was built and restored in ``_start``, and where
+    the loop is (``step``; ``last``: the latest step's values; ``tick``: when the step clock
+    last started)."""
+
+    cfg: PretrainConfig
+    payload: dict
+    rank: int
+    world: int
+    device: torch.device
+    arch: SSLMetaArch
+    optimizer: torch.optim.Optimizer
+    loader: ResumableLoader
+    logger: MetricsLogger | None
+    keys_file: Path | None
+    step: int
+    last: dict = field(default_factory=dict)
+    tick: float = 0.0
+    saved_for_notice: bool = False
+
+    @property
+    def run_dir(self) -> str:
+        return self.payload["run_dir"]
+
+    @property
+    def meta(self) -> dict:
+        return {"run_name": self.cfg.run_name, "dataset_id": self.payload["dataset"]["id"], "model": self.cfg.model}
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """What throughput and MFU are computed from: tokens and (only with a known peak) FLOPs per step."""
+
+    tokens: int
+    flops: float | None
+    peak_tflops: float
+
+
 def train_loop_per_worker(payload: dict) -> None:
+    """Build, shard, restore, train (checkpointing as it goes), export."""
     import ray.train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # BackboneOutput's cls/patch_tokens are views of its tokens; nothing here modifies
     # them in place, which is what this FSDP2 warning is about.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-    cfg = from_dict(PretrainConfig, payload["config"])
+    session = _start(from_dict(PretrainConfig, payload["config"]), payload)
+    try:
+        _train(session)
+        cfg = session.cfg
+        if session.step >= cfg.steps and cfg.checkpoint.export:
+            exported = _export(session.arch, step=session.step, rank=session.rank, run_dir=session.run_dir, cfg=cfg,
+                               meta=session.meta)
+            ray.train.report({"step": session.step, **session.last, **exported}, checkpoint=None)
+    finally:
+        session.loader.close()
+        if session.logger is not None:
+            session.logger.flush()
+
+
+def _start(cfg: PretrainConfig, payload: dict) -> Session:
+    """This rank's device, the sharded model and optimiser, restored with the data position
+    from the newest checkpoint, the rank's data stream, and (rank 0) the metrics logger."""
+    import ray.train
+
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = torch.device("cuda", ctx.get_local_rank()) if cfg.ray.use_gpu else torch.device("cpu")
@@ -77,87 +138,90 @@ def train_loop_per_worker(payload: dict) -> None:
         torch.cuda.set_device(device)
     set_determinism(cfg, device)
     arch, optimizer = build(cfg, device, world)
-
-    step, data_state = 0, None
-    restored = ray.train.get_checkpoint()
-    if restored is not None:
-        with restored.as_directory() as directory:
-            step, data_state, train_state = checkpoint.load(directory, arch, optimizer, rank=rank)
-        if train_state.get("dataset_id") != payload["dataset"]["id"]:
-            raise ValueError(f"checkpoint {restored.path} was trained on dataset {train_state.get('dataset_id')}, "
-                             f"this run streams {payload['dataset']['id']}")
-        log.info("rank %d resumed from %s at step %d", rank, restored.path, step)
-
-    loader = ResumableLoader(
-        tuple(payload["shards"]), rank=rank, world_size=world, loader_workers=cfg.data.loader_workers,
-        batch_size=cfg.batch_size_per_worker, crops=cfg.crops, masking=cfg.masking, patch_stride=arch.stride,
-        seed=cfg.seed, buffer_size=cfg.data.shuffle_buffer, prefetch_factor=cfg.data.prefetch_factor,
-        mp_context=cfg.data.mp_context, pin_memory=device.type == "cuda", state=data_state)
-    run_dir = payload["run_dir"]
+    step, data_state = _restore(arch, optimizer, rank, payload["dataset"]["id"])
+    spec = RankSpec.of(cfg, rank=rank, world_size=world, patch_stride=arch.stride, pin_memory=device.type == "cuda")
+    loader = ResumableLoader(tuple(payload["shards"]), cfg.data, spec, state=data_state)
     logger = None
     if rank == 0 and payload.get("mlflow_run_id") and _tracking_reachable(payload["tracking_uri"]):
-        from training.tracking import MetricsLogger
+        logger = MetricsLogger(payload["tracking_uri"], payload["mlflow_run_id"], flush_every=cfg.metrics.log_every)
+    return Session(cfg=cfg, payload=payload, rank=rank, world=world, device=device, arch=arch, optimizer=optimizer,
+                   loader=loader, logger=logger, keys_file=_keys_file(cfg, payload["run_dir"], rank), step=step)
 
-        logger = MetricsLogger(payload["tracking_uri"], payload["mlflow_run_id"], flush_every=cfg.mlflow.log_every)
-    keys_file = None
-    if cfg.record_batch_keys and "://" not in run_dir:
-        keys_file = Path(run_dir) / "batch_keys" / f"rank_{rank:05d}.jsonl"
-        keys_file.parent.mkdir(parents=True, exist_ok=True)
 
-    peak = peak_tflops(cfg.peak_tflops, device)
-    tokens = tokens_per_step(cfg, cfg.batch_size_per_worker)
-    flops = step_cost(cfg, cfg.batch_size_per_worker).flops if peak else None  # counting takes seconds: only for MFU
-    session_end = cfg.steps if cfg.max_steps_this_session <= 0 else min(cfg.steps, step + cfg.max_steps_this_session)
-    meta = {"run_name": cfg.run_name, "dataset_id": payload["dataset"]["id"], "model": cfg.model}
-    last = {}
-    saved_for_notice = False
-    tick = time.perf_counter()
-    try:
-        while step < session_end:
-            waited = time.perf_counter()
-            batch = next(loader)
-            data_wait = time.perf_counter() - waited
-            batch = batch.to(device, non_blocking=True)
-            images_now = bool(logger and cfg.mlflow.images_every and (step + 1) % cfg.mlflow.images_every == 0)
-            result = train_step(arch, optimizer, batch, values_at(cfg, step), step=step + 1,
-                                clip_grad=cfg.optim.clip_grad, return_viz=images_now)
-            step += 1
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            now = time.perf_counter()
-            elapsed, tick = now - tick, now
-            last = dict(result.values)
-            last.update(step_time_s=elapsed, data_wait_s=data_wait,
-                        images_per_s=world * batch.size / elapsed, tokens_per_s=world * tokens / elapsed)
-            if flops:
-                last["mfu"] = flops / elapsed / (peak * 1e12)
-            if keys_file is not None:
-                with open(keys_file, "a") as f:
-                    f.write(json.dumps({"step": step, "keys": batch.keys}) + "\n")
-            if logger is not None:
-                logger.log(step, last)
-                if images_now:
-                    from training.tracking import reconstruction_grid
+def _restore(arch, optimizer, rank: int, dataset_id: str) -> tuple[int, dict | None]:
+    """(step, data position) of Ray Train's newest checkpoint, loaded into ``arch`` and
+    ``optimizer``; (0, None) for a fresh run."""
+    import ray.train
 
-                    grid = reconstruction_grid(result.viz, arch.stride, scale=max(1, 256 // cfg.crops.global_size[0]))
-                    logger.log_image(grid, f"reconstructions/step_{step:08d}.png")
-            if step % cfg.checkpoint.every == 0 or step == session_end:
-                _save_and_report(arch, optimizer, loader, step=step, rank=rank, meta=meta, metrics=last,
-                                 run_dir=run_dir, logger=logger)
-                tick = time.perf_counter()  # checkpoint time is not step time
-            elif _preemption_notice(cfg, step, saved_for_notice):
-                log.warning("rank %d: a node of this run is about to be preempted: checkpointing at step %d", rank, step)
-                _save_and_report(arch, optimizer, loader, step=step, rank=rank, meta=meta, metrics=last,
-                                 run_dir=run_dir, logger=logger)
-                saved_for_notice = True
-                tick = time.perf_counter()
-        if step >= cfg.steps and cfg.checkpoint.export:
-            exported = _export(arch, step=step, rank=rank, run_dir=run_dir, cfg=cfg, meta=meta)
-            ray.train.report({"step": step, **last, **exported}, checkpoint=None)
-    finally:
-        loader.close()
-        if logger is not None:
-            logger.flush()
+    restored = ray.train.get_checkpoint()
+    if restored is None:
+        return 0, None
+    with restored.as_directory() as directory:
+        step, data_state, train_state = checkpoint.load(directory, arch, optimizer, rank=rank)
+    if train_state.get("dataset_id") != dataset_id:
+        raise ValueError(f"checkpoint {restored.path} was trained on dataset {train_state.get('dataset_id')}, "
+                         f"this run streams {dataset_id}")
+    log.info("rank %d resumed from %s at step %d", rank, restored.path, step)
+    return step, data_state
+
+
+def _keys_file(cfg: PretrainConfig, run_dir: str, rank: int) -> Path | None:
+    if not cfg.record_batch_keys or "://" in run_dir:
+        return None
+    keys_file = Path(run_dir) / "batch_keys" / f"rank_{rank:05d}.jsonl"
+    keys_file.parent.mkdir(parents=True, exist_ok=True)
+    return keys_file
+
+
+def _train(s: Session) -> None:
+    """Steps until the session's end, with a checkpoint every ``checkpoint.every`` steps, at
+    the end, and when Ray says a node is about to be preempted."""
+    cfg = s.cfg
+    peak = peak_tflops(cfg.peak_tflops, s.device)
+    cost = StepCost(tokens=tokens_per_step(cfg, cfg.batch_size_per_worker),
+                    flops=step_cost(cfg, cfg.batch_size_per_worker).flops if peak else None,  # counting takes seconds
+                    peak_tflops=peak)
+    session_end = cfg.steps if cfg.max_steps_this_session <= 0 else min(cfg.steps, s.step + cfg.max_steps_this_session)
+    s.tick = time.perf_counter()
+    while s.step < session_end:
+        _one_step(s, cost)
+        if s.step % cfg.checkpoint.every == 0 or s.step == session_end:
+            _save_and_report(s)
+        elif _preemption_notice(cfg, s.step, s.saved_for_notice):
+            log.warning("rank %d: a node of this run is about to be preempted: checkpointing at step %d", s.rank, s.step)
+            _save_and_report(s)
+            s.saved_for_notice = True
+
+
+def _one_step(s: Session, cost: StepCost) -> None:
+    """Next batch, one optimiser step, its values (with timings and throughput) recorded."""
+    cfg = s.cfg
+    waited = time.perf_counter()
+    batch = next(s.loader)
+    data_wait = time.perf_counter() - waited
+    batch = batch.to(s.device, non_blocking=True)
+    images_every = cfg.metrics.images_every
+    images_now = bool(s.logger and images_every and (s.step + 1) % images_every == 0)
+    result = train_step(s.arch, s.optimizer, batch, values_at(cfg, s.step), step=s.step + 1,
+                        clip_grad=cfg.optim.clip_grad, return_viz=images_now)
+    s.step += 1
+    if s.device.type == "cuda":
+        torch.cuda.synchronize(s.device)
+    now = time.perf_counter()
+    elapsed, s.tick = now - s.tick, now
+    s.last = dict(result.values)
+    s.last.update(step_time_s=elapsed, data_wait_s=data_wait, images_per_s=s.world * batch.size / elapsed,
+                  tokens_per_s=s.world * cost.tokens / elapsed)
+    if cost.flops:
+        s.last["mfu"] = cost.flops / elapsed / (cost.peak_tflops * 1e12)
+    if s.keys_file is not None:
+        with open(s.keys_file, "a") as f:
+            f.write(json.dumps({"step": s.step, "keys": batch.keys}) + "\n")
+    if s.logger is not None:
+        s.logger.log(s.step, s.last)
+        if images_now:
+            grid = reconstruction_grid(result.viz, s.arch.stride, scale=max(1, 256 // cfg.crops.global_size[0]))
+            s.logger.log_image(grid, f"reconstructions/step_{s.step:08d}.png")
 
 
 def _tracking_reachable(uri: str) -> bool:
@@ -165,7 +229,7 @@ def _tracking_reachable(uri: str) -> bool:
     file system) would silently start an empty database of its own."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         log.warning("MLflow store %s is not visible from this node: no per-step metrics will be logged. "
-                    "Use an MLflow server (mlflow.uri=http://...) for multi-node runs.", uri)
+                    "Use an MLflow server (tracking.uri=http://...) for multi-node runs.", uri)
         return False
     return True
 
@@ -180,18 +244,22 @@ def _preemption_notice(cfg: PretrainConfig, step: int, already_saved: bool) -> b
     return ray.train.get_preemption_info() is not None
 
 
-def _save_and_report(arch, optimizer, loader, *, step, rank, meta, metrics, run_dir, logger) -> None:
+def _save_and_report(s: Session) -> None:
+    """A DCP checkpoint with the data position, reported to Ray Train; the step clock restarts
+    after it (checkpoint time is not step time)."""
     import ray.train
 
-    name = f"checkpoint_{step:08d}"
+    name = f"checkpoint_{s.step:08d}"
     with tempfile.TemporaryDirectory(prefix="pretrain-ckpt-") as tmp:
-        checkpoint.save(tmp, arch, optimizer, step=step, rank=rank, data_state=loader.state_dict(), meta=meta)
-        ray.train.report({"step": step, **metrics}, checkpoint=ray.train.Checkpoint.from_directory(tmp),
+        checkpoint.save(tmp, s.arch, s.optimizer, step=s.step, rank=s.rank, data_state=s.loader.state_dict(),
+                        meta=s.meta)
+        ray.train.report({"step": s.step, **s.last}, checkpoint=ray.train.Checkpoint.from_directory(tmp),
                          checkpoint_dir_name=name)
-    if logger is not None:
-        logger.flush()
-        logger.set_tag("checkpoint.latest", storage.join(run_dir, name))
-        logger.log(step, {"checkpoint_step": float(step)})
+    if s.logger is not None:
+        s.logger.flush()
+        s.logger.set_tag("checkpoint.latest", storage.join(s.run_dir, name))
+        s.logger.log(s.step, {"checkpoint_step": float(s.step)})
+    s.tick = time.perf_counter()
 
 
 def _export(arch, *, step: int, rank: int, run_dir: str, cfg: PretrainConfig, meta: dict) -> dict:

@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra import storage
 from infra.config import config_to_dict, dump_config, from_dict
-from infra.tracking import get_experiment_id, log_config, make_dataset, resolve_tracking_uri
+from curation.output import DatasetVersion, resolve_dataset
+from infra.ray_runtime import start_ray
+from infra.tracking import end_run, get_experiment_id, log_config, make_dataset, metric_history, resolve_tracking_uri
 from training.config import PretrainConfig, identity_dict, identity_digest, with_run_name
 from training.loop import EXPORT_DIR, EXPORT_MANIFEST, train_loop_per_worker
 
-log = logging.getLogger(__name__)
 
 RUN_RECORD = "run.json"
 HISTORY_KEYS = ("loss", "loss_mae", "loss_cl", "loss_koleo", "lr", "momentum", "grad_norm")
@@ -94,54 +94,30 @@ def absolutize(cfg: PretrainConfig) -> PretrainConfig:
                                data=dataclasses.replace(cfg.data, dataset=dataset))
 
 
-def resolve_version(ref: str, tracking_uri: str):
-    """A curated dataset version by id, name (latest) or output folder.
+# The name infra/dag.py imports; curation.output.resolve_dataset is the function.
+resolve_version = resolve_dataset
 
-    Like ``curation.versions.resolve_dataset``, but an id or name only matches runs of the
-    curation stage: pretraining runs carry ``dataset.id`` tags too (they name what they
-    trained on), and the newest of those must not be taken for the version itself.
-    """
-    from curation.versions import DatasetVersion, from_output
 
-    if "/" in ref or "://" in ref:
-        fs, path = storage.resolve(ref)
-        if not storage.exists(fs, path):
-            raise ValueError(f"dataset folder {ref!r} does not exist")
-        try:
-            return from_output(ref)
-        except KeyError as err:
-            raise ValueError(f"{ref!r} was written by an older curation version (its _SUCCESS marker has no "
-                             f"{err}); re-run the curation") from None
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    for query in (f"tags.`dataset.id` = '{ref}'", f"tags.`dataset.name` = '{ref}'"):
-        runs = client.search_runs(experiments, filter_string=f"{query} and tags.`humanvision.stage` = 'curation' "
-                                  "and attributes.status = 'FINISHED'",
-                                  order_by=["attributes.start_time DESC"], max_results=1)
-        if runs:
-            run = runs[0]
-            listing = Path(client.download_artifacts(run.info.run_id, "shards.txt")).read_text()
-            return DatasetVersion(id=run.data.tags["dataset.id"], name=run.data.tags["dataset.name"],
-                                  uri=run.data.tags["dataset.uri"], shards=tuple(x for x in listing.splitlines() if x),
-                                  run_id=run.info.run_id, num_samples=int(run.data.metrics.get("kept", 0)) or None)
-    raise ValueError(f"no curated dataset version with id or name {ref!r} in {tracking_uri}; "
-                     "give data.tracking_uri (the curation's MLflow store) or the curation output folder")
+def _dataset_version(cfg: PretrainConfig, tracking_uri: str) -> DatasetVersion:
+    """The curated version ``data.dataset`` names (ids and names looked up in ``data.tracking_uri``,
+    else the run's store)."""
+    try:
+        return resolve_dataset(cfg.data.dataset, cfg.data.tracking_uri or tracking_uri)
+    except ValueError as err:
+        raise ValueError(f"data.dataset={cfg.data.dataset!r}: {err} (pretraining looks ids and names up in "
+                         "data.tracking_uri, default: this run's tracking.uri)") from None
 
 
 def run_pretraining(cfg: PretrainConfig) -> PretrainResult:
-    from infra.ray_runtime import init_ray
-
     started = time.time()
     cfg.validate()
     cfg = with_run_name(absolutize(cfg))
     fs, storage_root = storage.resolve(cfg.storage_path)
     run_dir = storage.to_uri(fs, storage.join(storage_root, cfg.run_name))
-    tracking_uri = resolve_tracking_uri(cfg.mlflow.uri, cfg.storage_path)
+    tracking_uri = resolve_tracking_uri(cfg.tracking.uri, cfg.storage_path)
 
     record = _read_record(fs, run_dir)
-    dataset = resolve_version(cfg.data.dataset, cfg.data.tracking_uri or tracking_uri)
+    dataset = _dataset_version(cfg, tracking_uri)
     digest = identity_digest(cfg)
     if record is not None:
         _check_resumable(cfg, record, digest, dataset.id)
@@ -160,13 +136,13 @@ def run_pretraining(cfg: PretrainConfig) -> PretrainResult:
                                json.dumps(record, indent=2).encode())
     storage.atomic_write_bytes(fs, storage.join(storage.resolve(run_dir)[1], "config.yaml"), dump_config(cfg).encode())
 
-    init_ray(cfg.ray.address)
+    start_ray(cfg.ray)
     payload = {"config": config_to_dict(cfg), "shards": list(shards), "run_dir": run_dir, "tracking_uri": tracking_uri,
                "mlflow_run_id": run_id, "dataset": {"id": record["dataset"]["id"], "uri": record["dataset"]["uri"]}}
     try:
         result = _trainer(cfg, payload).fit()
     except BaseException:
-        _end_mlflow_run(tracking_uri, run_id, "FAILED")
+        end_run(tracking_uri, run_id, "FAILED")
         raise
     return _finish(cfg, result, run_dir, tracking_uri, run_id, record, started)
 
@@ -233,11 +209,11 @@ def _start_mlflow_run(cfg: PretrainConfig, tracking_uri: str, record: dict | Non
         run_id = None  # the record's store is not this one: start a run here
     resumed = run_id is not None
     if not resumed:
-        experiment_id = get_experiment_id(cfg.mlflow.experiment, tracking_uri)
+        experiment_id = get_experiment_id(cfg.tracking.experiment, tracking_uri)
         tags = {"humanvision.stage": "pretrain", "training.run_name": cfg.run_name, "model.name": cfg.model,
                 "config.identity_digest": digest, "dataset.id": dataset.id, "dataset.name": dataset.name,
                 "dataset.uri": dataset.uri}
-        run_id = client.create_run(experiment_id, run_name=cfg.run_name, tags=tags).info.run_id
+        run_id = client.create_run(experiment_id, run_name=cfg.tracking.run_name or cfg.run_name, tags=tags).info.run_id
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=run_id):
         if not resumed:
@@ -250,28 +226,6 @@ def _start_mlflow_run(cfg: PretrainConfig, tracking_uri: str, record: dict | Non
     return run_id
 
 
-def _end_mlflow_run(tracking_uri: str, run_id: str, status: str) -> None:
-    from mlflow import MlflowClient
-
-    try:
-        MlflowClient(tracking_uri).set_terminated(run_id, status=status)
-    except Exception as err:  # noqa: BLE001 - the training error matters more
-        log.warning("could not mark MLflow run %s %s: %s", run_id, status, err)
-
-
-def _history(tracking_uri: str, run_id: str) -> dict[int, dict[str, float]]:
-    """Per-step losses, lr, momentum and gradient norm; a step logged twice (replayed after
-    a restart) keeps its latest value."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    out: dict[int, dict[str, float]] = {}
-    for key in HISTORY_KEYS:
-        for m in sorted(client.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp)):
-            out.setdefault(m.step, {})[key] = m.value
-    return dict(sorted(out.items()))
-
-
 def _finish(cfg, result, run_dir, tracking_uri, run_id, record, started) -> PretrainResult:
     from mlflow import MlflowClient
 
@@ -280,7 +234,7 @@ def _finish(cfg, result, run_dir, tracking_uri, run_id, record, started) -> Pret
     checkpoint_uri = result.checkpoint.path if result.checkpoint is not None else None
     if checkpoint_uri and "://" not in checkpoint_uri and not storage.is_local(fs):
         checkpoint_uri = storage.to_uri(fs, checkpoint_uri)
-    history = _history(tracking_uri, run_id)
+    history = metric_history(tracking_uri, run_id, HISTORY_KEYS)
     final_step = int((result.metrics or {}).get("step", 0)) or max(
         (s for s, v in history.items() if "loss" in v), default=0)
     manifest_path = storage.join(root, EXPORT_DIR, EXPORT_MANIFEST)

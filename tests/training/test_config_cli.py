@@ -45,13 +45,44 @@ def test_invalid_settings_name_the_setting():
 
 def test_identity_ignores_session_settings_only():
     base = tiny_config()
-    same = tiny_config("max_steps_this_session=3", "mlflow.log_every=1", "checkpoint.keep=9", "ray.max_failures=5")
+    same = tiny_config("max_steps_this_session=3", "metrics.log_every=1", "checkpoint.keep=9", "ray.max_failures=5",
+                       "tracking.uri=http://elsewhere:5000", "tracking.experiment=x", "ray.address=auto",
+                       "ray.num_cpus=64", "ray.temp_dir=/tmp/r", "data.tracking_uri=sqlite:///x.db")
     other = tiny_config("optim.lr=0.5")
     assert identity_digest(base) == identity_digest(same) != identity_digest(other)
     assert default_run_name(base) == default_run_name(same) != default_run_name(other)
     assert default_run_name(base) != default_run_name(dataclasses.replace(base, data=dataclasses.replace(
         base.data, dataset="another")))
     assert default_run_name(base).startswith("pretrain-sapiens2_tiny-")
+
+
+# Digests of runs recorded before the ray and tracking sections were shared with the other
+# stages: a re-run of the same command must keep finding (and resuming) those runs.
+RECORDED = {"pretrain_tiny": ("7545eb8195f8d1c2", "pretrain-sapiens2_tiny-566c203705"),
+            "pretrain_0.4b": ("76a9b046cfff22ce", "pretrain-sapiens2_04b-70f758ba4c"),
+            "pretrain_5b": ("1bcaa778c101bca4", "pretrain-sapiens2_5b-cba690c335")}
+
+
+@pytest.mark.parametrize("stem", sorted(RECORDED))
+def test_run_identity_is_what_earlier_versions_recorded(stem):
+    cfg = load_config(PretrainConfig, CONFIGS[0].parent / f"{stem}.yaml", ["data.dataset=v1"])
+    assert (identity_digest(cfg), default_run_name(cfg)) == RECORDED[stem]
+
+
+def test_world_size_and_device_settings_stay_in_the_identity():
+    base = tiny_config()
+    for override in ("ray.num_workers=3", "ray.cpus_per_worker=2", "ray.use_gpu=true"):
+        assert identity_digest(tiny_config(override)) != identity_digest(base), override
+
+
+def test_pretraining_ray_and_tracking_defaults():
+    cfg = PretrainConfig()
+    assert (cfg.ray.num_workers, cfg.ray.cpus_per_worker, cfg.ray.use_gpu) == (8, 8.0, True)
+    assert cfg.tracking.experiment == "pretrain" and tiny_config().tracking.experiment == "pretrain-tiny"
+    with pytest.raises(ValueError, match="tracking.enabled=false"):
+        tiny_config("tracking.enabled=false", "data.dataset=v1").validate()
+    with pytest.raises(ValueError, match="metrics.log_every"):
+        tiny_config("metrics.log_every=0").validate()
 
 
 def test_step_cost_counts_teacher_and_student_work():

@@ -5,8 +5,8 @@ import logging
 import pytest
 import torch
 
-from training.config import CropConfig, MaskingConfig
-from training.data import ResumableLoader, ShardStream, SlotState, fresh_states
+from training.config import CropConfig, DataConfig, MaskingConfig
+from training.data import RankSpec, ResumableLoader, ShardStream, SlotState, fresh_states
 
 from tests.training.conftest import write_shards
 
@@ -15,8 +15,8 @@ MASKING = MaskingConfig()
 
 
 def loader(shards, *, rank=0, world=1, workers=2, buffer=4, state=None, seed=0):
-    return ResumableLoader(tuple(shards), rank=rank, world_size=world, loader_workers=workers, batch_size=3,
-                           crops=CROPS, masking=MASKING, patch_stride=16, seed=seed, buffer_size=buffer, state=state)
+    spec = RankSpec(rank=rank, world_size=world, batch_size=3, crops=CROPS, masking=MASKING, patch_stride=16, seed=seed)
+    return ResumableLoader(tuple(shards), DataConfig(loader_workers=workers, shuffle_buffer=buffer), spec, state=state)
 
 
 def take(it, n):

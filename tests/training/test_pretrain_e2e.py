@@ -25,9 +25,9 @@ STEPS, EVERY, STOP = 10, 5, 4
 def runs(curated_demo, tmp_path_factory):
     root, curated = curated_demo
     storage = tmp_path_factory.mktemp("pretrain-runs")
-    common = [f"data.dataset={curated.dataset_id}", f"mlflow.uri=sqlite:///{root / 'mlflow.db'}",
+    common = [f"data.dataset={curated.dataset_id}", f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
               f"storage_path={storage}", f"steps={STEPS}", f"checkpoint.every={EVERY}", "record_batch_keys=true",
-              f"mlflow.images_every={EVERY}", "mlflow.log_every=3"]
+              f"metrics.images_every={EVERY}", "metrics.log_every=3"]
     full = run_pretraining(tiny_config(*common, "run_name=full"))
     part1 = run_pretraining(tiny_config(*common, "run_name=split", f"max_steps_this_session={STOP}"))
     part2 = run_pretraining(tiny_config(*common, "run_name=split"))

@@ -1,6 +1,7 @@
 """One training step in a single process: the NaN guard, activation checkpointing,
 DCP checkpoint round trip, exports, and the FSDP2 wrapping (one-rank gloo group)."""
 import copy
+import dataclasses
 import socket
 
 import pytest
@@ -9,7 +10,7 @@ import torch.distributed as dist
 
 from models.registry import build_backbone
 from training import checkpoint
-from training.data import ResumableLoader
+from training.data import RankSpec, ResumableLoader
 from training.loop import build
 from training.meta_arch import SSLMetaArch
 from training.optim import build_optimizer
@@ -24,8 +25,8 @@ CFG = tiny_config("parallel.precision=fp32", "parallel.activation_checkpointing=
 
 @pytest.fixture(scope="module")
 def batches(synthetic_shards):
-    it = ResumableLoader(tuple(synthetic_shards), rank=0, world_size=1, loader_workers=0, batch_size=4,
-                         crops=CFG.crops, masking=CFG.masking, patch_stride=16, seed=0, buffer_size=4)
+    data = dataclasses.replace(CFG.data, loader_workers=0, shuffle_buffer=4)
+    it = ResumableLoader(tuple(synthetic_shards), data, RankSpec.of(CFG, rank=0, world_size=1, patch_stride=16))
     return [next(it) for _ in range(4)]
 
 

@@ -6,7 +6,8 @@ import torch
 
 from models.pretrain_heads import normalized_pixel_targets
 from training.augment import MEAN, STD
-from training.tracking import MetricsLogger, reconstruction_grid
+from infra.tracking import MetricsLogger
+from training.visualize import reconstruction_grid
 
 
 def test_reconstruction_grid_shows_input_masked_and_reconstruction_rows():
