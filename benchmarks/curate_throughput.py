@@ -32,8 +32,8 @@ from PIL import Image  # noqa: E402
 
 from curation.config import (CurationConfig, DecodeConfig, DetectorConfig, FilterConfig, InputConfig, RayConfig,  # noqa: E402
                              TrackingConfig, weightless_content_filters)
-from curation.demo import non_person_photos, person_photos  # noqa: E402
 from curation.pipeline import run_curation  # noqa: E402
+from pipelines.demo_corpus import non_person_photos, person_photos  # noqa: E402
 
 CENTERNET = REPO.parent / "shared" / "assets" / "models" / "person_centernet_512.onnx"
 

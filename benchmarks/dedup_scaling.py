@@ -143,15 +143,13 @@ def growth(results: list[dict], method: str) -> str:
 
 
 def print_accuracy() -> None:
-    import importlib.util
     import warnings
 
     warnings.filterwarnings("ignore")
-    spec = importlib.util.spec_from_file_location(
-        "dedup_fixtures", os.path.join(ROOT, "tests", "curation", "dedup", "dedup_fixtures.py"))
-    fixtures = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fixtures)  # the real photos of the accuracy test
-    from curation.dedup.evaluation import compare_with_imagededup
+    # The accuracy test's real photos and its ground truth / metrics live next to that test.
+    sys.path.insert(0, os.path.join(ROOT, "tests", "curation", "dedup"))
+    import dedup_fixtures as fixtures
+    from dedup_accuracy import compare_with_imagededup
 
     print("accuracy on real near-duplicates (pairwise; 16 photos x 9 variants + 64 distinct tiles)")
     print(f"{'method':10s} {'t':>3s} {'precision':>9s} {'recall':>7s} {'f1':>6s}  recall by variant")

@@ -12,9 +12,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from curation.demo import build_demo_corpus  # noqa: E402
+from pipelines.demo_corpus import build_demo_corpus  # noqa: E402
 from infra.config import load_config  # noqa: E402
-from infra.dag import DagConfig, run_dag  # noqa: E402
+from pipelines.staged import DagConfig, run_dag  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -10,7 +10,7 @@ from PIL import Image
 from curation import schema
 from curation.config import DecodeConfig
 from curation.decode import DecodeStage
-from curation.demo import _ultralytics_asset, _view, bomb_png, jpeg_bytes, planted_cases
+from pipelines.demo_corpus import _ultralytics_asset, _view, bomb_png, jpeg_bytes, planted_cases
 
 
 @pytest.fixture(scope="module")

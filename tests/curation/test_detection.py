@@ -10,9 +10,9 @@ from curation import schema
 from curation.config import DetectorConfig
 from curation.decode import DecodeStage
 from curation.config import DecodeConfig
-from curation.demo import _skimage, _ultralytics_asset, jpeg_bytes
 from curation.detection import PersonDetectionStage, check_detector_config, salient_counts
 from curation.stages import run_stages_locally
+from pipelines.demo_corpus import _skimage, _ultralytics_asset, jpeg_bytes
 from tests.conftest import ASSETS
 
 

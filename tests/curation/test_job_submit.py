@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from curation.demo import build_demo_corpus
 from infra.local_cluster import LocalRayHead
+from pipelines.demo_corpus import build_demo_corpus
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,9 @@ from PIL import Image
 
 from curation import schema
 from curation.config import CurationConfig, DecodeConfig, InputConfig, TrackingConfig, weightless_content_filters
-from curation.demo import jpeg_bytes
 from curation.pipeline import run_curation
 from curation.readers import plan_partitions, read_partition
+from pipelines.demo_corpus import jpeg_bytes
 
 
 def _img(color=(200, 10, 10), size=(320, 320)) -> bytes:

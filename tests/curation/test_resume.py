@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from curation.demo import build_demo_corpus
 from infra.local_cluster import pids_naming
+from pipelines.demo_corpus import build_demo_corpus
 from tests.conftest import REPO, kill_when
 
 pytestmark = pytest.mark.slow

@@ -46,7 +46,7 @@ def audit_config(raw: Path, out: Path, centernet: Path, min_short_side: int) -> 
 
 @pytest.fixture(scope="session")
 def audit_root(tmp_path_factory) -> Path:
-    from curation.demo import build_demo_corpus
+    from pipelines.demo_corpus import build_demo_corpus
 
     root = tmp_path_factory.mktemp("audit")
     build_demo_corpus(root / "raw")

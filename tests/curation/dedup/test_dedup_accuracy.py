@@ -14,9 +14,9 @@ crops (10%) and moving frames need t >= 8-10; see NearDupConfig for why the defa
 """
 import numpy as np
 import pytest
+from dedup_accuracy import compare_with_imagededup, near_duplicate_variants, quadrant_tiles
 from dedup_fixtures import real_photos
 
-from curation.dedup.evaluation import compare_with_imagededup, near_duplicate_variants, quadrant_tiles
 from curation.dedup.hashing import hamming, hex_to_uint64, phash_hex
 
 

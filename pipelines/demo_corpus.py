@@ -4,7 +4,9 @@ images, corrupt, truncated and empty files, a decompression-bomb header, and the
 formats decode converts on purpose (CMYK, 16-bit, alpha, palette, animation, EXIF rotation).
 
 ``build_demo_corpus(folder)`` writes the files and returns what each one is expected to
-become (``EXPECTED``), which the tests check against the manifest.
+become (``EXPECTED``), which the tests check against the manifest. It lives outside
+``curation/`` so that editing a test case does not change the curation code version (and with
+it every dataset version id).
 """
 from __future__ import annotations
 

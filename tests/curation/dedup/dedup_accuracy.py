@@ -1,4 +1,5 @@
-"""Ground truth for near-duplicate dedup built from real photos, and pairwise metrics.
+"""Ground truth for near-duplicate dedup built from real photos, and pairwise metrics (used by
+the accuracy test and ``benchmarks/dedup_scaling.py --accuracy``; not part of the curation code).
 
 ``near_duplicate_variants`` turns one photo into the kinds of copies web crawls hold:
 re-encodes, resizes, small crops, a mirror image and consecutive "burst" frames (a crop
