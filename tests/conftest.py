@@ -11,6 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 ASSETS = SHARED / "assets"
+IMAGES = ASSETS / "images"  # the shared real photos (see shared/assets/PROVENANCE.md)
 CENTERNET = ASSETS / "models" / "person_centernet_512.onnx"
 
 _tmp = tempfile.mkdtemp(prefix="hv-test-env-")

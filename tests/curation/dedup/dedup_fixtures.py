@@ -11,6 +11,7 @@ import pyarrow as pa
 from PIL import Image
 
 from curation.dedup.hashing import uint64_to_hex
+from tests.conftest import IMAGES
 
 CANDIDATE_SCHEMA = pa.schema([
     ("key", pa.string()), ("phash", pa.string()), ("phash_mirror", pa.string()),
@@ -87,9 +88,6 @@ def embedding_table(n: int = 800, dim: int = 32, seed: int = 0, dup_fraction: fl
     })
 
 
-ASSETS = "/work/shared/assets/images"
-
-
 def real_photos() -> dict[str, Image.Image]:
     import importlib.util
 
@@ -97,7 +95,7 @@ def real_photos() -> dict[str, Image.Image]:
     import skimage.data
     from sklearn.datasets import load_sample_images
 
-    photos = {f.rsplit(".", 1)[0]: Image.open(os.path.join(ASSETS, f)).convert("RGB") for f in sorted(os.listdir(ASSETS))}
+    photos = {f.rsplit(".", 1)[0]: Image.open(IMAGES / f).convert("RGB") for f in sorted(os.listdir(IMAGES))}
     bundled = os.path.join(importlib.util.find_spec("ultralytics").submodule_search_locations[0], "assets")
     photos.update({f[:-4]: Image.open(os.path.join(bundled, f)).convert("RGB") for f in ("bus.jpg", "zidane.jpg")})
     photos.update({n: Image.fromarray(getattr(skimage.data, n)()).convert("RGB")

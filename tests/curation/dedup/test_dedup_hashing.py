@@ -4,13 +4,12 @@ from imagededup.methods import DHash, PHash
 from PIL import Image, ImageOps
 
 from curation.dedup.hashing import dhash_hex, hamming, hex_to_uint64, phash_hex, phash_hex_pair, uint64_to_hex
-
-ASSETS = "/work/shared/assets/images"
+from tests.conftest import IMAGES
 
 
 @pytest.mark.parametrize("name", ["obama.jpg", "basketball1.png", "messi5.jpg"])
 def test_phash_is_imagededups(name):
-    path = f"{ASSETS}/{name}"
+    path = f"{IMAGES}/{name}"
     img = Image.open(path)
     assert phash_hex(img) == PHash(verbose=False).encode_image(image_file=path)
     assert phash_hex(img) == PHash(verbose=False).encode_image(image_array=np.asarray(img.convert("RGB")))
@@ -19,13 +18,13 @@ def test_phash_is_imagededups(name):
 
 
 def test_phash_ignores_colour_and_mode():
-    img = Image.open(f"{ASSETS}/obama.jpg").convert("RGB")
+    img = Image.open(f"{IMAGES}/obama.jpg").convert("RGB")
     assert phash_hex(img.convert("RGBA")) == phash_hex(img)
     assert phash_hex(img.convert("L")) == phash_hex(img.convert("L").convert("RGB"))
 
 
 def test_mirror_hash_is_the_hash_of_the_mirrored_image():
-    img = Image.open(f"{ASSETS}/franz_kafka.jpg").convert("RGB")
+    img = Image.open(f"{IMAGES}/franz_kafka.jpg").convert("RGB")
     h, m = phash_hex_pair(img, fast=False)
     assert h == phash_hex(img)
     assert m == phash_hex(ImageOps.mirror(img))
@@ -34,7 +33,7 @@ def test_mirror_hash_is_the_hash_of_the_mirrored_image():
 
 def test_fast_pair_stays_within_a_few_bits_of_imagededup():
     for name in ("franz_kafka.jpg", "obama.jpg", "messi5.jpg", "basketball1.png"):
-        img = Image.open(f"{ASSETS}/{name}").convert("RGB")
+        img = Image.open(f"{IMAGES}/{name}").convert("RGB")
         big = img.resize((img.width * 3, img.height * 3))  # where the pre-reduction actually kicks in
         fh, fm = phash_hex_pair(big)
         eh, em = phash_hex_pair(big, fast=False)
