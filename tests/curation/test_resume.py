@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,5 +54,9 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
     assert output_files(out) == output_files(ref)          # byte-identical shards, sidecars and manifest
     assert output_files(ref)                                # (and there is something to compare)
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
-    assert "already done" in done.stderr and "0 already done" not in done.stderr
+    # The resumed run must skip partitions the killed one finished. Parse the number: a substring
+    # test for "0 already done" would also reject "10 already done".
+    plan = re.search(r"(\d+) partitions: (\d+) to score, (\d+) already done", done.stderr)
+    assert plan, f"the resumed run logged no partition plan:\n{done.stderr[-3000:]}"
+    assert int(plan[3]) >= 1, f"the resumed run redid every partition: {plan[0]!r}"
     assert not pids_naming(ray_a) and not pids_naming(ray_b)
