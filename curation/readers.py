@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curation.config import InputConfig
+from curation.output import split_member
 from curation.schema import EMPTY_FILE, FILE_TOO_LARGE, RAW_SCHEMA, READ_FAILED
 from infra import storage
 
@@ -156,44 +157,45 @@ def _read_files(p: Partition, max_bytes: int) -> Iterator[pa.Table]:
         yield buf.flush()
 
 
-def _tar_sample_key(member_name: str) -> tuple[str, str]:
-    """WebDataset convention: key = path up to the first dot of the basename; rest = extension."""
-    directory, base = posixpath.split(member_name)
-    stem, _, ext = base.partition(".")
-    return posixpath.join(directory, stem), ext.lower()
+def _collect_tar_samples(uri: str, max_bytes: int, image_exts: tuple[str, ...]) -> tuple[dict[str, dict], str | None]:
+    """Sample key -> {"image": (ext, bytes or None when too large, size), "json"/"txt": text}, in
+    first-seen order, grouped by WebDataset's member-name rule across the whole tar; and the
+    error that cut the tar short, if any (what was read before it is kept)."""
+    samples: dict[str, dict] = {}
+    try:
+        fs, path = storage.resolve(uri)
+        with fs.open_input_stream(path) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+            for member in tar:
+                # Directories, links and devices carry no image bytes; a name without a key and an
+                # extension (README, .hidden) is no sample member for WebDataset either.
+                split = split_member(member.name) if member.isfile() else None
+                if split is not None:
+                    _add_tar_member(samples.setdefault(split[0], {}), split[1], tar, member, max_bytes, image_exts)
+    except (tarfile.TarError, OSError, EOFError) as err:
+        return samples, f"{type(err).__name__}: {err}"
+    return samples, None
+
+
+def _add_tar_member(entry: dict, ext: str, tar: tarfile.TarFile, member: tarfile.TarInfo, max_bytes: int,
+                    image_exts: tuple[str, ...]) -> None:
+    """The sample's first image member (bytes unless over ``max_bytes``) and its json/txt metadata."""
+    if ext in image_exts and "image" not in entry:
+        if member.size > max_bytes:
+            entry["image"] = (ext, None, member.size)
+        else:
+            fh = tar.extractfile(member)
+            entry["image"] = (ext, fh.read() if fh else b"", member.size)
+    elif ext in ("json", "txt") and member.size <= 1 << 20:
+        fh = tar.extractfile(member)
+        entry[ext] = (fh.read() if fh else b"").decode("utf-8", "replace")
 
 
 def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iterator[pa.Table]:
     uri = p.uris[0]
     tar_stem = posixpath.splitext(posixpath.basename(storage.resolve(uri)[1]))[0]
-    samples: dict[str, dict] = {}
-    order: list[str] = []
-    failure: str | None = None
-    try:
-        fs, path = storage.resolve(uri)
-        with fs.open_input_stream(path) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue  # directories, links and devices carry no image bytes
-                sample_key, ext = _tar_sample_key(member.name)
-                if sample_key not in samples:
-                    samples[sample_key] = {}
-                    order.append(sample_key)
-                entry = samples[sample_key]
-                if ext in image_exts and "image" not in entry:
-                    if member.size > max_bytes:
-                        entry["image"] = (ext, None, member.size)
-                    else:
-                        fh = tar.extractfile(member)
-                        entry["image"] = (ext, fh.read() if fh else b"", member.size)
-                elif ext in ("json", "txt") and member.size <= 1 << 20:
-                    fh = tar.extractfile(member)
-                    entry[ext] = (fh.read() if fh else b"").decode("utf-8", "replace")
-    except (tarfile.TarError, OSError, EOFError) as err:
-        failure = f"{type(err).__name__}: {err}"
+    samples, failure = _collect_tar_samples(uri, max_bytes, image_exts)
     buf = _RowBuffer(p)
-    for sample_key in order:
-        entry = samples[sample_key]
+    for sample_key, entry in samples.items():
         if "image" not in entry:
             continue  # e.g. img2dataset's records of failed downloads: no image, not an input image
         ext, raw, size = entry["image"]
@@ -317,7 +319,3 @@ def partition_datasource(partitions: list[Partition], read_fn):
 def partition_to_json(p: Partition) -> str:
     return json.dumps(dataclasses.asdict(p), sort_keys=True)
 
-
-def partition_from_json(text: str) -> Partition:
-    d = json.loads(text)
-    return Partition(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})

@@ -66,6 +66,16 @@ def test_webdataset_tar_groups_members_and_survives_hostile_names(tmp_path):
     assert not (tmp_path / "escape.jpg").exists() and not Path("/abs/path.jpg").exists()
 
 
+def test_tar_members_without_a_key_and_an_extension_are_no_samples(tmp_path):
+    """The member-name rule of ``curation.output.split_member``: a name without an extension, or
+    a hidden file at the top, names no sample and is skipped, as webdataset's own reader skips it."""
+    with tarfile.open(tmp_path / "s.tar", "w") as tar:
+        for name in ("README", "docs/LICENSE", ".hidden.png", "000001.jpg", "d/000002.JPG"):
+            _add(tar, name, _img())
+    rows = rows_of(InputConfig(uri=str(tmp_path)))
+    assert sorted(r["source"].split("#", 1)[1] for r in rows) == ["000001.jpg", "d/000002.jpg"]
+
+
 def test_truncated_tar_keeps_what_was_read_and_records_the_rest(tmp_path):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
