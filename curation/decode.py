@@ -163,18 +163,14 @@ def encode_output(raw: bytes, rgb: Image.Image, facts: dict, cfg: DecodeConfig) 
     return out.getvalue()
 
 
-OUTPUT_FIELDS = [f for f in schema.BASE_FIELDS]
-
-
 class DecodeStage(Stage):
     """Raw rows -> decoded rows (``schema.BASE_FIELDS``); the raw bytes are dropped here."""
 
     name = "decode"
     reasons = schema.ERROR_REASONS
 
-    def __init__(self, cfg: DecodeConfig, compute_phash: bool = True) -> None:
+    def __init__(self, cfg: DecodeConfig) -> None:
         self.cfg = cfg
-        self.compute_phash = compute_phash
 
     def resources(self) -> Resources:
         return Resources(num_cpus=self.cfg.num_cpus, batch_size=self.cfg.batch_size)
@@ -201,8 +197,6 @@ class DecodeStage(Stage):
         return out
 
     def _hashes(self, rgb: Image.Image) -> dict:
-        if not self.compute_phash:
-            return {"phash": None, "phash_mirror": None}
         from curation.dedup.hashing import phash_hex_pair
 
         phash, mirror = phash_hex_pair(rgb)

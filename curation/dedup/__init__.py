@@ -16,10 +16,6 @@ DECISION_SCHEMA = pa.schema([
     pa.field("duplicate_group", pa.string(), nullable=False),
 ])
 
-# Columns dedup reads: metadata only.
-CANDIDATE_COLUMNS = ("key", "sha256", "phash", "width", "height", "person_score_max")
-
-
 def representative_sort_key(row: dict) -> tuple:
     """The documented rule: largest resolution, then highest person score, then smallest key."""
     pixels = (row.get("width") or 0) * (row.get("height") or 0)
