@@ -4,7 +4,8 @@ and albedo, and k-NN on the CLS token, trained with Ray Train and recorded in ML
 Entry point: ``run_probes(cfg)`` (``pipelines/probe.py`` from the command line); the pieces
 are ``evaluation.datasets`` (COCO keypoints, PNG masks, float maps, labelled images),
 ``evaluation.metrics``, ``evaluation.tasks`` (head + loss + evaluator per task),
-``evaluation.train`` (one probe; the Ray Train worker), ``evaluation.synthetic`` (the
+``evaluation.probe_trainer`` (one probe head; the Ray Train worker), ``evaluation.spec``
+(what the worker is given), ``evaluation.synthetic`` (the
 offline probe set) and ``evaluation.lineage`` (checkpoint digest and pretraining run).
 """
 

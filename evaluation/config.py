@@ -12,6 +12,9 @@ import dataclasses
 from dataclasses import field
 from typing import Literal
 
+from infra.ray_runtime import RayConfig, ray_section
+from infra.tracking import TrackingConfig, tracking_section
+
 TASK_NAMES = ("pose", "seg", "pointmap", "normal", "albedo", "knn")
 DENSE_TASKS = ("pointmap", "normal", "albedo")
 
@@ -113,24 +116,6 @@ class BackboneSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class TrackingSettings:
-    enabled: bool = True
-    uri: str | None = None             # None: $MLFLOW_TRACKING_URI, else sqlite:///<output parent>/mlflow.db
-    experiment: str = "probing"
-    run_name: str | None = None        # None: the output folder's name
-
-
-@dataclasses.dataclass(kw_only=True)
-class RaySettings:
-    address: str | None = None         # None: the job's cluster under `ray job submit`, else a local one
-    num_cpus: int | None = None        # local cluster only
-    cpus_per_worker: float = 1.0       # leave CPUs free on small machines, or Ray Train can hang
-    use_gpu: bool = False
-    object_store_memory: int | None = None
-    temp_dir: str | None = None
-
-
-@dataclasses.dataclass(kw_only=True)
 class ProbeConfig:
     name: str = "probe"
     output_dir: str = ""
@@ -145,8 +130,13 @@ class ProbeConfig:
     albedo: TaskSettings = field(default_factory=TaskSettings)
     knn: KnnSettings = field(default_factory=KnnSettings)
     synthetic: SyntheticSettings = field(default_factory=SyntheticSettings)
-    tracking: TrackingSettings = field(default_factory=TrackingSettings)
-    ray: RaySettings = field(default_factory=RaySettings)
+    # tracking.run_name None: the output folder's name.
+    tracking: TrackingConfig = tracking_section("probing")
+    # One Ray Train worker runs every probe in turn (num_workers must stay 1); cpus_per_worker
+    # below the machine's count leaves CPUs free, or Ray Train can hang on small machines.
+    # max_failures 0: a failed probe fails the suite at once (Ray Train's own default, which
+    # the suite has always run with); re-running redoes the probes.
+    ray: RayConfig = ray_section(max_failures=0)
 
     def task(self, name: str) -> TaskSettings:
         return getattr(self, name)
@@ -155,6 +145,9 @@ class ProbeConfig:
         """Checks that need the whole config (called before any work starts)."""
         if not self.output_dir:
             raise ValueError("output_dir is required, e.g. output_dir=runs/probe")
+        if self.ray.num_workers != 1:
+            raise ValueError(f"ray.num_workers={self.ray.num_workers}: the probe suite runs in one Ray Train worker "
+                             "(probes run one after another on one backbone); set ray.num_workers=1")
         if not self.tasks:
             raise ValueError(f"tasks is empty; choose from {list(TASK_NAMES)}")
         if len(set(self.tasks)) != len(self.tasks):

@@ -2,8 +2,16 @@
 
 Steps: check the config and the data (user errors surface before Ray starts), resolve the
 checkpoint's lineage, generate the synthetic set for tasks without data paths, train and
-evaluate every probe in one Ray Train run (one worker; ``evaluation.train.probe_worker``),
-copy each probe's outputs to ``<output_dir>/<task>/`` and record the suite in MLflow.
+evaluate every probe in one Ray Train run (one worker; ``evaluation.probe_trainer.probe_worker``,
+given ``evaluation.spec.worker_spec``), copy each probe's outputs to ``<output_dir>/<task>/``
+and record the suite in MLflow.
+
+MLflow record: one parent run per suite, one child run per probe. Both carry
+``humanvision.stage=probe`` and the lineage tags (checkpoint path and sha256, pretraining run,
+its dataset). A child holds its probe's settings (params, prefixed with the task), metrics,
+the training-loss curve, ``metrics.json``, the overlays under ``overlays/`` and the probe data
+versions as MLflow datasets (by digest and path). Head weights stay in the output folder (only
+their path is tagged).
 
 Outputs: ``config.yaml``, ``results.json`` (metrics per task, lineage, run ids),
 ``<task>/{metrics.json,history.json,head.safetensors,overlays/*.png}``, ``synthetic/``
@@ -20,17 +28,18 @@ import time
 import uuid
 from pathlib import Path
 
-from evaluation.config import KnnSettings, PoseSettings, ProbeConfig, SegSettings, SplitPaths, TaskSettings
+from evaluation.config import ProbeConfig, SplitPaths
 from evaluation.features import check_grid
 from evaluation.io import path_digest
 from evaluation.lineage import RANDOM_INIT, Lineage, resolve_lineage
+from evaluation.spec import worker_spec
 from evaluation.synthetic import PART_CLASSES, generate_synthetic_set, split_paths
 from evaluation.tasks import TASKS, TaskData
-from infra.config import config_to_dict, dump_config, from_dict
+from infra import tracking
+from infra.config import config_to_dict, dump_config
 
 log = logging.getLogger("evaluation")
-SETTINGS_CLASSES = {"pose": PoseSettings, "seg": SegSettings, "pointmap": TaskSettings, "normal": TaskSettings,
-                    "albedo": TaskSettings, "knn": KnnSettings}
+STAGE_TAG = {"humanvision.stage": "probe"}
 HEADLINE = {"pose": "AP", "seg": "mIoU", "pointmap": "l2", "normal": "mean_angle", "albedo": "mae", "knn": "top1_k20"}
 
 
@@ -104,46 +113,27 @@ def _check_safetensors_keys(name: str, path: str, prefix: str) -> None:
     check_state_dict(build_backbone(name, device="meta"), {k: torch.empty(s, device="meta") for k, s in shapes.items()})
 
 
-def worker_spec(cfg: ProbeConfig, data: dict[str, TaskData], lineage: Lineage, out: Path) -> dict:
-    """Everything the Ray Train worker needs, as plain data."""
-    bb = cfg.backbone
-    tasks = []
-    for task in cfg.tasks:
-        d = data[task]
-        cache_id = {"backbone": bb.name, "weights": lineage.checkpoint_digest, "dtype": bb.dtype,
-                    "images": [path_digest(d.train.images), path_digest(d.val.images)]}
-        tasks.append({"name": task, "settings": config_to_dict(cfg.task(task)), "data": dataclasses.asdict(d),
-                      "cache_id": cache_id})
-    return {"backbone": {"name": bb.name, "checkpoint": bb.checkpoint, "weights_prefix": bb.weights_prefix,
-                         "dtype": bb.dtype},
-            "seed": cfg.seed, "cache_dir": str(out / "feature_cache"), "tasks": tasks}
-
-
-def settings_from_spec(item: dict) -> tuple[TaskSettings, TaskData]:
-    settings = from_dict(SETTINGS_CLASSES[item["name"]], item["settings"])
-    d = item["data"]
-    return settings, TaskData(train=SplitPaths(**d["train"]), val=SplitPaths(**d["val"]),
-                              num_classes=d["num_classes"], class_names=d["class_names"])
-
-
 def _fit(cfg: ProbeConfig, spec: dict, out: Path) -> dict[str, dict[str, float]]:
     """Run the worker under Ray Train; copy each probe's checkpoint to ``out/<task>``."""
     import ray
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
 
-    from evaluation.train import probe_worker
-    from infra.ray_runtime import init_ray
+    from evaluation.probe_trainer import probe_worker
+    from infra.ray_runtime import start_ray
 
     started = not ray.is_initialized()
-    init_ray(cfg.ray.address, cfg.ray.num_cpus, "off", cfg.ray.object_store_memory, cfg.ray.temp_dir)
+    # No Ray Data here: the progress-bar setting would only toggle Ray Data's bars; off, as always.
+    start_ray(dataclasses.replace(cfg.ray, progress_bars="off"))
+    r = cfg.ray
     try:
         trainer = TorchTrainer(
-            probe_worker, train_loop_config=spec,
-            scaling_config=ScalingConfig(num_workers=1, use_gpu=cfg.ray.use_gpu,
-                                         resources_per_worker={"CPU": cfg.ray.cpus_per_worker}),
+            probe_worker, train_loop_config=spec, torch_config=TorchConfig(timeout_s=r.timeout_s),
+            scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
+                                         resources_per_worker={"CPU": r.cpus_per_worker}),
             run_config=RunConfig(name=f"probe-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
-                                 storage_path=str(out / "ray"), checkpoint_config=CheckpointConfig(num_to_keep=None)))
+                                 storage_path=str(out / "ray"), checkpoint_config=CheckpointConfig(num_to_keep=None),
+                                 failure_config=FailureConfig(max_failures=r.max_failures)))
         result = trainer.fit()
     finally:
         if started:
@@ -163,13 +153,11 @@ def _fit(cfg: ProbeConfig, spec: dict, out: Path) -> dict[str, dict[str, float]]
 
 def run_probes(cfg: ProbeConfig) -> ProbeResult:
     """Probe ``cfg.backbone`` on ``cfg.tasks``; see the module docstring."""
-    from infra import tracking as infra_tracking
-
     cfg.validate()
     out = Path(cfg.output_dir).expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
-    uri = infra_tracking.resolve_tracking_uri(cfg.tracking.uri, str(out)) if cfg.tracking.enabled else None
+    uri = tracking.resolve_tracking_uri(cfg.tracking.uri, str(out)) if cfg.tracking.enabled else None
     lineage = resolve_lineage(cfg.backbone.checkpoint, seed=cfg.seed, pretrain_run_id=cfg.backbone.pretrain_run_id,
                               tracking_uri=uri)
     data = resolve_data(cfg, out)
@@ -181,21 +169,40 @@ def run_probes(cfg: ProbeConfig) -> ProbeResult:
         _write_results(out, result)
         return result
 
-    from evaluation import tracking
-
-    exp_id = infra_tracking.get_experiment_id(cfg.tracking.experiment, uri)
-    with tracking.start_suite_run(exp_id, cfg.tracking.run_name or out.name, lineage.tags()) as parent:
+    exp_id = tracking.get_experiment_id(cfg.tracking.experiment, uri)
+    suite_tags = {**STAGE_TAG, **lineage.tags(), "probe.role": "suite"}
+    with tracking.start_run(exp_id, cfg.tracking.run_name or out.name, suite_tags) as parent:
         result.parent_run_id = parent.info.run_id
-        infra_tracking.log_config(cfg)
+        tracking.log_config(cfg)
         result.metrics = _fit(cfg, spec, out)
         for task in cfg.tasks:
-            d = data[task]
-            versions = {split: (p.images, _split_digest(p)) for split, p in (("train", d.train), ("val", d.val))}
-            result.child_run_ids[task] = tracking.log_probe_run(
-                task, cfg.task(task), result.metrics[task], out / task, f"{out.name}/{task}", lineage.tags(), versions)
+            result.child_run_ids[task] = _record_probe(cfg, task, data[task], result.metrics[task], out, lineage)
         results_file = _write_results(out, result)
-        tracking.log_suite_summary(result.metrics, results_file)
+        _record_suite(result.metrics, results_file)
     return result
+
+
+def _record_probe(cfg: ProbeConfig, task: str, data: TaskData, metrics: dict[str, float], out: Path,
+                  lineage: Lineage) -> str:
+    """The probe's child run (see the module docstring); returns its id."""
+    task_dir = out / task
+    tags = {**STAGE_TAG, **lineage.tags(), "probe.role": "probe", "probe.task": task,
+            "probe.head_path": str(task_dir / "head.safetensors")}
+    history_file = task_dir / "history.json"
+    history = json.loads(history_file.read_text()) if history_file.exists() else []
+    splits = (("train", data.train), ("val", data.val))
+    return tracking.log_child_run(
+        f"{out.name}/{task}", tags, params=tracking.flatten(config_to_dict(cfg.task(task)), prefix=task),
+        metrics=metrics, series={"train_loss": [(point["step"], point["loss"]) for point in history]},
+        files=[str(task_dir / "metrics.json")],
+        folders={"overlays": str(task_dir / "overlays")} if (task_dir / "overlays").is_dir() else {},
+        datasets=[(tracking.make_dataset(f"probe-{task}-{split}", _split_digest(p), p.images), f"probe_{split}")
+                  for split, p in splits])
+
+
+def _record_suite(metrics: dict[str, dict[str, float]], results_file: Path) -> None:
+    """Every probe's metrics (``<task>.<metric>``) and ``results.json`` on the active suite run."""
+    tracking.log_results({f"{task}.{k}": v for task, m in metrics.items() for k, v in m.items()}, [str(results_file)])
 
 
 def _split_digest(paths: SplitPaths) -> str:

@@ -1,8 +1,8 @@
 """The probe tasks. Each knows its data sets, its head, its loss and its evaluator
-(metrics plus overlay images); ``evaluation.train`` runs any of them the same way.
+(metrics plus overlay images); ``evaluation.probe_trainer`` runs any of them the same way.
 
 Heads come from ``models.task_heads``: pose and segmentation at stride 4 of the input, the
-dense regressions at full resolution. k-NN has no head (see ``evaluation.train``).
+dense regressions at full resolution. k-NN has no head (see ``evaluation.probe_trainer``).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from evaluation.datasets import to_tensor
 from evaluation.synthetic import render_sample
-from evaluation.train import warmup_cosine
+from evaluation.probe_trainer import warmup_cosine
 from models import MAEDecoder, MAEDecoderConfig, normalized_pixel_targets
 
 

@@ -298,3 +298,37 @@ class MetricsLogger:
                 _log.warning("MLflow: could not %s (%s); training goes on, will retry", what, err)
                 self._last_warning = time.monotonic()
             return False
+
+
+def log_results(metrics: dict[str, Any], files: list[str]) -> None:
+    """The finite ``metrics`` and the ``files`` on the active run (a suite's summary)."""
+    import mlflow
+
+    mlflow.log_metrics(finite_metrics(metrics))
+    for file in files:
+        mlflow.log_artifact(file)
+
+
+# ---- a dataset version's run (curation) ---------------------------------------------------------
+
+def log_dataset_run(settings: TrackingConfig, tracking_uri: str, config: Any, *, output_uri: str, tags: dict[str, str],
+                    metrics: dict[str, float], run_tags: dict[str, str], documents: dict[str, Any],
+                    dataset_name: str, dataset_id: str, dataset_schema=None, profile: dict | None = None) -> str:
+    """Log (or find, when an earlier attempt already logged ``tags``) the run that produced a
+    dataset version: config, metrics, JSON/text documents and the dataset by digest and URI."""
+    import mlflow
+
+    exp_id = get_experiment_id(settings.experiment, tracking_uri)
+    existing = find_run(exp_id, tags)
+    if existing:
+        return existing
+    name = settings.run_name or os.path.basename(output_uri.rstrip("/"))
+    with mlflow.start_run(experiment_id=exp_id, run_name=name, tags=tags) as run:
+        log_config(config)
+        mlflow.log_metrics(metrics)
+        mlflow.set_tags(run_tags)
+        for file_name, doc in documents.items():
+            (mlflow.log_text if isinstance(doc, str) else mlflow.log_dict)(doc, file_name)
+        dataset = make_dataset(dataset_name, dataset_id, output_uri, schema=dataset_schema, profile=profile)
+        mlflow.log_input(dataset, context="curation_output")
+        return run.info.run_id

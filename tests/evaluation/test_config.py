@@ -39,8 +39,17 @@ def test_bad_settings(overrides, message):
         _cfg(*overrides)
 
 
+def test_probing_ray_and_tracking_sections():
+    cfg = ProbeConfig()
+    assert cfg.tracking.experiment == "probing" and cfg.tracking.enabled and cfg.tracking.run_name is None
+    assert (cfg.ray.num_workers, cfg.ray.cpus_per_worker, cfg.ray.use_gpu, cfg.ray.max_failures) == (1, 1.0, False, 0)
+    for path in sorted((REPO / "configs").glob("probe_*.yaml")):
+        assert load_config(ProbeConfig, path).ray.max_failures == 0, path.name  # a failed probe fails the suite
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["output_dir="], "output_dir is required"),
+    (["output_dir=/tmp/x", "ray.num_workers=2"], r"runs in one Ray Train worker.*set ray.num_workers=1"),
     (["output_dir=/tmp/x", "tasks=[seg,seg]"], "tasks lists a task twice"),
     (["output_dir=/tmp/x", "seg.train.images=/data/img"], "set both seg.train.images and seg.val.images, or neither"),
     (["output_dir=/tmp/x", "normal.train.images=/a", "normal.val.images=/b"], "normal.train.labels and normal.val.labels are required"),

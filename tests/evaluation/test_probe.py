@@ -12,7 +12,7 @@ from evaluation.config import KnnSettings, PoseSettings, SegSettings, TaskSettin
 from evaluation.features import FrozenBackbone
 from evaluation.synthetic import PART_CLASSES, split_paths
 from evaluation.tasks import TASKS, TaskData
-from evaluation.train import run_probe, warmup_cosine
+from evaluation.probe_trainer import run_probe, warmup_cosine
 from models import build_task_head
 from models.io import load_weights
 
@@ -66,8 +66,14 @@ def test_cached_and_on_the_fly_features_agree(synthetic_root, random_backbone, t
     cached = run_probe("normal", _settings("normal"), data, extractor, tmp_path / "a", cache_dir=tmp_path / "cache",
                        cache_id=cache_id)
     live = run_probe("normal", _settings("normal", cache_features=False), data, extractor, tmp_path / "b")
-    for key in ("mean_angle", "median_angle", "final_loss"):
-        assert cached[key] == pytest.approx(live[key], rel=1e-4, abs=1e-3)
+    # Measured (issue 16) at 1, 2 and 4 torch threads, twice each: the two paths' continuous
+    # metrics differ by at most 5e-6 relative (other batches, other float summation order), on
+    # every run alike; rel=1e-4 leaves 20x that. The median comes from a 0.01-degree histogram:
+    # that ~3e-4-degree noise carried the middle pixel across a bin edge on every run (53.93 vs
+    # 53.92). An order statistic moves no more than the per-pixel noise, so at most one bin.
+    for key in ("mean_angle", "final_loss"):
+        assert cached[key] == pytest.approx(live[key], rel=1e-4)
+    assert cached["median_angle"] == pytest.approx(live["median_angle"], abs=0.0101)
     # seg and normal read the same images at the same size: they share one cache file per split.
     files = sorted(p.name for p in (tmp_path / "cache").iterdir())
     run_probe("seg", _settings("seg"), _data(synthetic_root, "seg"), extractor, tmp_path / "c",

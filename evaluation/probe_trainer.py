@@ -1,4 +1,4 @@
-"""Training and evaluating one probe on a frozen backbone, and the Ray Train worker loop.
+"""Training and evaluating one probe head on a frozen backbone, and the Ray Train worker loop.
 
 ``run_probe`` is plain PyTorch (tests call it directly): frozen features (cached per split
 or computed per batch), AdamW with linear warm-up and cosine decay on the head only, then
@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from evaluation.config import KnnSettings, TaskSettings
 from evaluation.features import CachedFeatureDataset, FrozenBackbone, cache_key, check_grid, extract_features
 from evaluation.metrics import knn_top1
+from evaluation.spec import settings_from_spec
 from evaluation.tasks import TASKS, TaskData
 from evaluation.visualize import save_png
 from models.io import save_state_dict_file
@@ -157,7 +158,7 @@ def _run_knn(s: KnnSettings, train_ds, val_ds, train_feats, val_feats, extractor
 
 def probe_worker(spec: dict) -> None:
     """Ray Train loop (one worker): every probe of ``spec`` in turn, each reported with its
-    output folder as checkpoint ``probe_<task>``. ``spec`` is ``run.worker_spec``'s dict."""
+    output folder as checkpoint ``probe_<task>``. ``spec`` is ``evaluation.spec.worker_spec``'s dict."""
     import tempfile
 
     import ray.train
@@ -165,7 +166,6 @@ def probe_worker(spec: dict) -> None:
     from ray.train import Checkpoint
 
     from evaluation.features import load_frozen_backbone
-    from evaluation.run import settings_from_spec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     device = ray.train.torch.get_device()
