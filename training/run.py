@@ -94,10 +94,6 @@ def absolutize(cfg: PretrainConfig) -> PretrainConfig:
                                data=dataclasses.replace(cfg.data, dataset=dataset))
 
 
-# The name infra/dag.py imports; curation.output.resolve_dataset is the function.
-resolve_version = resolve_dataset
-
-
 def _dataset_version(cfg: PretrainConfig, tracking_uri: str) -> DatasetVersion:
     """The curated version ``data.dataset`` names (ids and names looked up in ``data.tracking_uri``,
     else the run's store)."""

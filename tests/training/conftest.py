@@ -71,13 +71,14 @@ def curated_demo(tmp_path_factory, ray_local, centernet_path):
     version registered in ``<root>/mlflow.db``. Returns (root, CurationResult)."""
     import dataclasses
 
-    from curation.config import weightless_content_filters
-    from curation.demo import build_demo_corpus
     from curation.pipeline import run_curation
-    from tests.curation.test_pipeline import demo_config
+    from pipelines.demo_corpus import build_demo_corpus
+    # The curation tests' settings, with their helper for weightless content filters (wherever
+    # curation keeps it).
+    from tests.curation import test_pipeline as curation_tests
 
     root = tmp_path_factory.mktemp("pretrain-demo")
     build_demo_corpus(root / "raw")
-    cfg = demo_config(root / "raw", root / "curated", centernet_path)
-    cfg = dataclasses.replace(cfg, content=weightless_content_filters(text=False))
+    cfg = curation_tests.demo_config(root / "raw", root / "curated", centernet_path)
+    cfg = dataclasses.replace(cfg, content=curation_tests.weightless_content_filters(text=False))
     return root, run_curation(cfg)
