@@ -157,48 +157,81 @@ def incremental_decisions(new: pa.Table, existing: NearDupIndex | pa.Table, cfg:
     if not cfg.enabled or new.num_rows == 0:
         return DECISION_SCHEMA.empty_table()
     index = existing if isinstance(existing, NearDupIndex) else NearDupIndex.build(existing, cfg, existing_decisions)
-    index.check(cfg)
-    _check_columns(new.column_names, cfg)
-    table = _prepare(new, cfg)
-    old_keys = index.rows.column("key")
-    clash = pc.is_in(table.column("key"), value_set=old_keys)
-    if pc.any(clash).as_py():
-        raise ValueError("new rows reuse keys of the existing version: "
-                         f"{table.filter(clash).column('key')[0].as_py()!r}")
-
-    n_new = table.num_rows
+    table = _checked_batch(new, index, cfg)
     rows, values = row_values(table, cfg)
     distinct = np.unique(values)
     ea, eb = value_edges(distinct, index.masks, cfg.max_distance, cfg.max_pairs_per_chunk)
     ca, cb = _cross_edges(distinct, index, cfg.max_distance, cfg.max_pairs_per_chunk)
+    side = _ExistingSide.of(index, cb, cfg)
 
-    # Existing side of the graph: hit values, the rows holding them, and those rows' representatives.
-    hit = np.unique(cb)
-    old_rows, old_values = row_values(index.rows, cfg)
-    holds = np.isin(old_values, index.values[hit])
-    holder_rows, holder_vals = old_rows[holds], np.searchsorted(hit, np.searchsorted(index.values, old_values[holds]))
-    old_key_list = old_keys.to_pylist()
-    rep_keys = index.rows.column("representative").to_pylist()
-    involved = np.unique(holder_rows)
-    position = {k: i for i, k in enumerate(old_key_list)}
-    reps = np.array([position[rep_keys[r]] for r in involved], dtype=np.int64)
-    old_nodes = np.unique(np.concatenate([involved, reps]))
+    # One graph: new rows, new distinct values, hit existing values, existing rows (compact).
+    n_new = table.num_rows
+    v0 = n_new
+    h0 = v0 + len(distinct)
+    r0 = h0 + len(side.hit)
+    a = np.concatenate([rows, v0 + ea, v0 + ca, h0 + side.holder_vals, r0 + side.node(side.involved)])
+    b = np.concatenate([v0 + np.searchsorted(distinct, values), v0 + eb, h0 + np.searchsorted(side.hit, cb),
+                        r0 + side.node(side.holder_rows), r0 + side.node(side.reps)])
+    labels = component_labels(r0 + len(side.old_nodes), a, b)
+    return _new_rows_decisions(table, index, side, labels[:n_new], labels[r0:])
 
-    v0 = n_new                    # new distinct values
-    h0 = v0 + len(distinct)       # hit existing values
-    r0 = h0 + len(hit)            # existing rows (compact)
-    a = np.concatenate([rows, v0 + ea, v0 + ca, h0 + holder_vals, r0 + np.searchsorted(old_nodes, involved)])
-    b = np.concatenate([v0 + np.searchsorted(distinct, values), v0 + eb, h0 + np.searchsorted(hit, cb),
-                        r0 + np.searchsorted(old_nodes, holder_rows), r0 + np.searchsorted(old_nodes, reps)])
-    labels = component_labels(r0 + len(old_nodes), a, b)
 
-    # Candidates for the decision: new rows and the existing representatives in their components.
-    is_rep = np.array([rep_keys[r] == old_key_list[r] for r in old_nodes], dtype=bool)
-    rep_nodes = old_nodes[is_rep]
+def _checked_batch(new: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa.Table:
+    """The new batch prepared for the search, after checking it fits the index."""
+    index.check(cfg)
+    _check_columns(new.column_names, cfg)
+    table = _prepare(new, cfg)
+    clash = pc.is_in(table.column("key"), value_set=index.rows.column("key"))
+    if pc.any(clash).as_py():
+        raise ValueError("new rows reuse keys of the existing version: "
+                         f"{table.filter(clash).column('key')[0].as_py()!r}")
+    return table
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExistingSide:
+    """The existing rows a new batch touches: the hit index values, the rows holding them and
+    those rows' representatives, numbered compactly as ``old_nodes``."""
+
+    hit: np.ndarray           # index value positions within max_distance of a new value
+    holder_rows: np.ndarray   # existing rows holding a hit value ...
+    holder_vals: np.ndarray   # ... and that value's position in ``hit``
+    involved: np.ndarray      # distinct holder rows
+    reps: np.ndarray          # their representatives' rows
+    old_nodes: np.ndarray     # involved rows and representatives, sorted
+    keys: list[str]           # key of every existing row
+    rep_keys: list[str]       # representative key of every existing row
+
+    @classmethod
+    def of(cls, index: NearDupIndex, cb: np.ndarray, cfg: NearDupConfig) -> _ExistingSide:
+        hit = np.unique(cb)
+        old_rows, old_values = row_values(index.rows, cfg)
+        holds = np.isin(old_values, index.values[hit])
+        holder_rows = old_rows[holds]
+        holder_vals = np.searchsorted(hit, np.searchsorted(index.values, old_values[holds]))
+        keys = index.rows.column("key").to_pylist()
+        rep_keys = index.rows.column("representative").to_pylist()
+        involved = np.unique(holder_rows)
+        position = {k: i for i, k in enumerate(keys)}
+        reps = np.array([position[rep_keys[r]] for r in involved], dtype=np.int64)
+        return cls(hit, holder_rows, holder_vals, involved, reps, np.unique(np.concatenate([involved, reps])),
+                   keys, rep_keys)
+
+    def node(self, rows: np.ndarray) -> np.ndarray:
+        """Compact numbers of existing rows (which must be in ``old_nodes``)."""
+        return np.searchsorted(self.old_nodes, rows)
+
+
+def _new_rows_decisions(table: pa.Table, index: NearDupIndex, side: _ExistingSide, new_labels: np.ndarray,
+                        old_labels: np.ndarray) -> pa.Table:
+    """Decide over the new rows and the existing representatives of their components (existing
+    ones preferred); keep only the new rows' decisions."""
+    is_rep = np.array([side.rep_keys[r] == side.keys[r] for r in side.old_nodes], dtype=bool)
+    rep_nodes = side.old_nodes[is_rep]
     new_meta = table.select(list(META_COLUMNS))
     meta = pa.concat_tables([new_meta, index.rows.select(list(META_COLUMNS)).take(rep_nodes).cast(new_meta.schema)])
-    meta_labels = np.concatenate([labels[:n_new], labels[r0 + np.searchsorted(old_nodes, rep_nodes)]])
-    existing_keys = {old_key_list[r] for r in rep_nodes}
+    meta_labels = np.concatenate([new_labels, old_labels[side.node(rep_nodes)]])
+    existing_keys = {side.keys[r] for r in rep_nodes}
     decisions = decisions_from_labels(meta, meta_labels, NEAR_DUPLICATE, GROUP_PREFIX, prefer=existing_keys)
     old = pc.is_in(decisions.column("key"), value_set=pa.array(sorted(existing_keys), pa.string()))
     return decisions.filter(pc.invert(old))
