@@ -23,10 +23,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pyarrow as pa  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from curation.content.artistic import ArtisticFilterConfig, ArtisticFilterStage  # noqa: E402
-from curation.content.embedding import ClipEmbeddingConfig, ClipEmbeddingStage  # noqa: E402
-from curation.content.text import TextFilterConfig, TextFilterStage  # noqa: E402
-from curation.content.watermark import WatermarkFilterConfig, WatermarkFilterStage, build_classifier  # noqa: E402
+from curation.filters.artistic import ArtisticFilter, ArtisticFilterConfig  # noqa: E402
+from curation.filters.clip_embedding import ClipEmbedding, ClipEmbeddingConfig  # noqa: E402
+from curation.filters.text import TextFilter, TextFilterConfig  # noqa: E402
+from curation.filters.watermark import WatermarkFilter, WatermarkFilterConfig, build_classifier  # noqa: E402
 from curation.schema import BASE_FIELDS  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parents[2] / "shared" / "assets" / "images"
@@ -97,7 +97,7 @@ def main() -> None:
             torch.save(open_clip.create_model(args.clip_model).state_dict(), weights)
             clip_cfg = ClipEmbeddingConfig(model=args.clip_model, weights=str(weights))
             for bs in batch_sizes:
-                stage = ClipEmbeddingStage(dataclasses.replace(clip_cfg, batch_size=bs))
+                stage = ClipEmbedding(dataclasses.replace(clip_cfg, batch_size=bs))
                 t0 = time.perf_counter()
                 stage.setup()
                 setup_s = time.perf_counter() - t0
@@ -106,7 +106,7 @@ def main() -> None:
                 if "embedding" in only:
                     report("clip_embedding", f"{args.clip_model} ({stage.clip.device})", bs, args.images, setup_s, secs)
             if "artistic" in only:
-                stage = ArtisticFilterStage(ArtisticFilterConfig(), clip_cfg)
+                stage = ArtisticFilter(ArtisticFilterConfig(), clip_cfg)
                 t0 = time.perf_counter()
                 stage.setup()
                 setup_s = time.perf_counter() - t0
@@ -118,7 +118,7 @@ def main() -> None:
             weights = Path(tmp) / "watermark.pt"
             torch.save(build_classifier(args.watermark_backbone, (625, 256)).state_dict(), weights)
             for bs in batch_sizes:
-                stage = WatermarkFilterStage(WatermarkFilterConfig(
+                stage = WatermarkFilter(WatermarkFilterConfig(
                     weights=str(weights), backbone=args.watermark_backbone, batch_size=bs))
                 t0 = time.perf_counter()
                 stage.setup()
@@ -131,7 +131,7 @@ def main() -> None:
         if "text" in only:
             for side in (int(s) for s in args.ocr_max_sides.split(",")):
                 cfg = TextFilterConfig(max_side=side)
-                stage = TextFilterStage(cfg)
+                stage = TextFilter(cfg)
                 t0 = time.perf_counter()
                 stage.setup()
                 setup_s = time.perf_counter() - t0

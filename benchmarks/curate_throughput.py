@@ -30,8 +30,12 @@ sys.path.insert(0, str(REPO))
 
 from PIL import Image  # noqa: E402
 
-from curation.config import (CurationConfig, DecodeConfig, DetectorConfig, FilterConfig, InputConfig, RayConfig,  # noqa: E402
-                             TrackingConfig, weightless_content_filters)
+from curation.config import DecodeConfig, InputConfig  # noqa: E402
+from curation.filters.geometry import GeometryConfig  # noqa: E402
+from curation.filters.person import DetectorConfig  # noqa: E402
+from curation.recipe import CurationConfig, weightless_content_filters  # noqa: E402
+from infra.ray_runtime import RayConfig  # noqa: E402
+from infra.tracking import TrackingConfig  # noqa: E402
 from curation.pipeline import run_curation  # noqa: E402
 from pipelines.demo_corpus import non_person_photos, person_photos  # noqa: E402
 
@@ -73,7 +77,7 @@ def pipeline(raw: Path, out: Path, detector: bool, partition: int, actors: int =
            if detector else DetectorConfig(backend="none"))
     cfg = CurationConfig(input=InputConfig(uri=str(raw), images_per_partition=partition, num_cpus=task_cpus),
                          output_dir=str(out), decode=DecodeConfig(num_cpus=task_cpus),
-                         filters=FilterConfig(min_short_side=64),
+                         geometry=GeometryConfig(min_short_side=64),
                          detector=det, content=weightless_content_filters(text=False),
                          tracking=TrackingConfig(enabled=False), ray=RayConfig(progress_bars="off"))
     t0 = time.perf_counter()

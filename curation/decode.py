@@ -167,7 +167,11 @@ class DecodeStage(Stage):
     """Raw rows -> decoded rows (``schema.BASE_FIELDS``); the raw bytes are dropped here."""
 
     name = "decode"
+    section = "decode"
+    Config = DecodeConfig
     reasons = schema.ERROR_REASONS
+    reads = ("raw",)
+    writes = tuple(f.name for f in schema.BASE_FIELDS)
 
     def __init__(self, cfg: DecodeConfig) -> None:
         self.cfg = cfg

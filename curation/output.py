@@ -31,7 +31,7 @@ from infra import storage
 SHARDS, MANIFEST = "shards", "manifest"
 STATS_FILE, SUCCESS_FILE, CONFIG_FILE, PLAN_FILE = "stats.json", "_SUCCESS", "config.yaml", "partitions.jsonl"
 JOB_DIGEST_FILE = "job_digest"
-DEDUP_DIR, STAGING_DIR = "_dedup", "_staging"
+DEDUP_DIR, STAGING_DIR, LISTING_FILE = "_dedup", "_staging", "_listing.json"
 NEAR_INDEX_DIR = "near_index"
 DECISIONS_FILE = "decisions.parquet"
 
@@ -131,6 +131,11 @@ class CuratedOutput:
 
     def manifest_files(self) -> list[str]:
         return self._files(MANIFEST, ".parquet")
+
+    def manifest_schema(self) -> pa.Schema:
+        import pyarrow.dataset as pads
+
+        return pads.dataset(self.manifest_files(), format="parquet", filesystem=self.fs).schema
 
     def read_manifest(self, columns: list[str] | None = None, skip: frozenset[str] = frozenset()) -> pa.Table:
         """The manifest sorted by key: ``columns`` only (all when None), less ``skip``."""

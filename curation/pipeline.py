@@ -1,11 +1,15 @@
 """The curation job: plan -> score (streaming, Ray Data) -> global dedup -> write -> stats -> MLflow.
 
-1. **Plan** the input into partitions with deterministic ids (``readers.plan_partitions``).
-2. **Score** every partition not yet complete: read -> decode -> cheap filters -> models, as
-   one streaming Ray Data pipeline (model stages on actor pools), into staging part files.
-3. **Dedup** globally on metadata only (hashes), across every partition of the run.
-4. **Write** each partition's shard, sidecar and manifest part (skipping committed ones).
-5. **Stats** from the manifest, MLflow record, then the completion marker ``_SUCCESS``.
+``run_curation`` runs the recipe (``curation.recipe``) in these steps, one function each:
+
+1. **Prepare**: build the recipe from the config (every start-up check, before any Ray work),
+   digest the job, claim the output folder (refusing one that holds another job).
+2. **Plan** the input into partitions with deterministic ids; skip what is already done.
+3. **Score** every partition not yet complete: read -> decode -> filters, as one streaming
+   Ray Data pipeline (model stages on actor pools), into staging part files.
+4. **Dedup** globally on metadata only (the columns the dedup steps read), across the run.
+5. **Write** each partition's shard, sidecar and manifest part (skipping committed ones).
+6. **Finish**: stats from the manifest, the dataset version, MLflow, then ``_SUCCESS``.
 
 Resume is by files: a re-run of the same job into the same output redoes only the
 partitions that were not complete, and produces byte-identical outputs. A re-run with a
@@ -13,34 +17,29 @@ different job configuration into the same output is refused.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as pads
-import pyarrow.parquet as pq
 
-from curation import readers, schema, staging, writer
-from curation.config import CurationConfig
-from curation.content import build_content_stages, content_filter_report
-from curation.decode import DecodeStage
-from curation.dedup.run import NEAR_INDEX_DIR, global_decisions
-from curation.detection import PersonDetectionStage, check_detector_config
-from curation.filters import GeometryFilterStage
-from curation.stages import Stage, apply_stage, check_fits
+from curation import output, readers, staging
+from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_dedup
+from curation.recipe import HUMANS1B, CurationConfig
+from curation.stages import BuiltRecipe, Recipe, apply_stage, check_fits, section_of
+from curation.stats import compute_stats, format_summary, tracking_record
 from curation.versions import code_version, dataset_version_id
-from curation.stats import READ_REASONS, compute_stats, format_summary
+from curation.writer import WriteShards
 from infra import storage
-from infra.config import config_digest, config_to_dict, dump_config
+from infra.config import config_to_dict, dump_config
 
 log = logging.getLogger("curation")
-
-CONFIG_FILE, PLAN_FILE, STATS_FILE, SUCCESS_FILE = "config.yaml", "partitions.jsonl", "stats.json", "_SUCCESS"
-DEDUP_DIR = "_dedup"
 
 
 @dataclasses.dataclass
@@ -56,56 +55,36 @@ class CurationResult:
 
     def summary(self) -> str:
         lines = [format_summary(self.stats),
-                 f"shards:   {storage.join(self.output_dir, writer.SHARDS)} ({len(self.shards)} files)",
+                 f"shards:   {storage.join(self.output_dir, output.SHARDS)} ({len(self.shards)} files)",
                  f"manifest: {self.manifest_uri}",
-                 f"stats:    {storage.join(self.output_dir, STATS_FILE)}",
+                 f"stats:    {storage.join(self.output_dir, output.STATS_FILE)}",
                  f"dataset version: {self.dataset_id}"]
         if self.mlflow_run_id:
             lines.append(f"mlflow run: {self.mlflow_run_id}")
         return "\n".join(lines)
 
 
-_CONTENT_STAGE_NAMES_BY_KEY = {"embedding": "clip_embedding", "artistic": "artistic_filter",
-                               "watermark": "watermark_filter", "text": "text_filter"}
-_CONTENT_STAGE_NAMES = set(_CONTENT_STAGE_NAMES_BY_KEY.values())
+@dataclasses.dataclass
+class Job:
+    """One curation job, prepared: its config, built steps, digest and output folder."""
+
+    cfg: Any
+    steps: BuiltRecipe
+    digest: str
+    fs: Any
+    root: str
+
+    @property
+    def uri(self) -> str:
+        return storage.to_uri(self.fs, self.root)
 
 
-def build_stages(cfg: CurationConfig) -> list[Stage]:
-    """The recipe, in order. Each stage annotates; the writer's single decision drops and counts."""
-    stages: list[Stage] = [DecodeStage(cfg.decode), GeometryFilterStage(cfg.filters)]
-    if cfg.detector.backend != "none":
-        stages.append(PersonDetectionStage(cfg.detector))
-    stages += build_content_stages(cfg.content)  # after detection: models only see images with people
-    return stages
-
-
-def describe_stages(cfg: CurationConfig, stages: list[Stage]) -> list[dict]:
-    described = [s.describe() for s in stages if s.name not in _CONTENT_STAGE_NAMES]
-    if cfg.detector.backend == "none":
-        described.append({"name": "person_detection", "applied": False, "why": "detector.backend=none"})
-    for key, report in content_filter_report(cfg.content).items():
-        described.append({"name": _CONTENT_STAGE_NAMES_BY_KEY[key], **{k: v for k, v in report.items() if k != "name"}})
-    described.append({"name": "exact_dedup", "applied": cfg.dedup.exact, "against": cfg.dedup.against})
-    described.append({"name": "near_dedup", "applied": cfg.dedup.near.enabled, "hash": cfg.dedup.near.hash,
-                      "max_distance": cfg.dedup.near.max_distance, "match_mirrored": cfg.dedup.near.match_mirrored})
-    described.append({"name": "semantic_dedup", "applied": cfg.dedup.semantic.enabled,
-                      "threshold": cfg.dedup.semantic.threshold})
-    return described
-
-
-def funnel_of(stages: list[Stage]) -> list[tuple[str, tuple[str, ...]]]:
-    funnel = [("read", READ_REASONS)]
-    for s in stages:
-        owned = tuple(r for r in s.reasons if r not in READ_REASONS)
-        funnel.append((s.name, owned))
-    funnel += [("exact_dedup", (schema.EXACT_DUPLICATE,)), ("near_dedup", (schema.NEAR_DUPLICATE,)),
-               ("semantic_dedup", (schema.SEMANTIC_DUPLICATE,))]
-    return funnel
-
+# ---- identity ------------------------------------------------------------------------------------
 
 # Where and how wide a stage runs, never what it decides: a job killed on one cluster shape can
 # resume on another (more GPUs, fewer actors) into the same output.
 RESOURCE_KEYS = frozenset({"num_cpus", "num_gpus", "num_actors"})
+NOT_IDENTITY = ("tracking", "ray", "output_dir", "name", "dataset_name")
 
 
 def _without_resources(value):
@@ -114,210 +93,243 @@ def _without_resources(value):
     return value
 
 
-def job_digest(cfg: CurationConfig, *, with_resources: bool = False) -> str:
-    """Digest of everything that decides the outputs (not where they are logged, how Ray runs,
-    or the resources each stage gets). ``with_resources``: the digest as outputs written before
-    2026-11-29 recorded it (resources included), so those outputs still resume."""
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def content_digest(path: str) -> dict:
+    """A weight file (or a model folder's files) by content: sha256 and size, never its path."""
+    p = Path(path).expanduser()
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    digests = [(f.relative_to(p).as_posix() if p.is_dir() else "", _file_digest(str(f), f.stat().st_size,
+                                                                                 f.stat().st_mtime_ns)) for f in files]
+    total = sum(f.stat().st_size for f in files)
+    one = digests[0][1] if len(digests) == 1 else hashlib.sha256(json.dumps(digests).encode()).hexdigest()
+    return {"sha256": one, "bytes": total}
+
+
+def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
+    """Digest of everything that decides the outputs: not where they are logged, how Ray runs,
+    the resources each stage gets, nor where the model weights live (they enter by content)."""
     d = config_to_dict(cfg)
-    for k in ("tracking", "ray", "output_dir", "name"):
+    for k in NOT_IDENTITY:
         d.pop(k, None)
-    d = d if with_resources else _without_resources(d)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    for setting, path in recipe.build(cfg).weight_files().items():
+        *parents, leaf = setting.split(".")
+        node = d
+        for p in parents:
+            node = node[p]
+        node[leaf] = content_digest(path)
+    return hashlib.sha256(json.dumps(_without_resources(d), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _prepare_output(fs, out: str, cfg: CurationConfig, digest: str) -> None:
-    storage.makedirs(fs, out)
-    marker = storage.join(out, "job_digest")
+def absolutize(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationConfig:
+    """Relative local paths (output, input, weights) are taken from the driver's working
+    directory, before workers see them."""
+    def local(path: str) -> str:
+        return path if not path or "://" in path else str(Path(path).expanduser().resolve())
+    cfg = copy.deepcopy(cfg)
+    cfg.output_dir, cfg.input.uri = local(cfg.output_dir), local(cfg.input.uri)
+    for step in recipe.steps:
+        settings = section_of(cfg, step.section) if step.section else None
+        for name in ("weights", "head_weights", "clip_head_weights"):
+            if isinstance(getattr(settings, name, None), str):
+                setattr(settings, name, local(getattr(settings, name)))
+    return cfg
+
+
+# ---- the job's steps -----------------------------------------------------------------------------
+
+def prepare(cfg: CurationConfig, recipe: Recipe) -> Job:
+    """Checks, digest and the output folder; raises ``ValueError`` before any Ray work."""
+    cfg.validate()
+    cfg = absolutize(cfg, recipe)
+    steps = recipe.build(cfg)
+    fs, root = _output_folder(cfg.output_dir)
+    job = Job(cfg, steps, job_digest(cfg, recipe), fs, root)
+    marker = output.path(root, output.JOB_DIGEST_FILE)
     if storage.exists(fs, marker):
         previous = storage.read_bytes(fs, marker).decode().strip()
-        if previous not in (digest, job_digest(cfg, with_resources=True)):
+        if previous != job.digest:
             raise ValueError(f"output_dir {cfg.output_dir!r} holds a run of a different configuration "
-                             f"(job digest {previous}, this one {digest}); use a new output_dir")
+                             f"(job digest {previous}, this one {job.digest}); use a new output_dir")
     else:
-        storage.atomic_write_bytes(fs, marker, digest.encode())
-    storage.atomic_write_bytes(fs, storage.join(out, CONFIG_FILE), dump_config(cfg).encode())
+        storage.atomic_write_bytes(fs, marker, job.digest.encode())
+    storage.atomic_write_bytes(fs, output.path(root, output.CONFIG_FILE), dump_config(cfg).encode())
+    return job
 
 
-def _read_and_list(p: readers.Partition, cfg: CurationConfig, output: str):
-    tables = list(readers.read_partition(p, cfg.input, cfg.decode.max_bytes))
-    fs, root = storage.resolve(output)
-    keys = [k for t in tables for k in t.column("key").to_pylist()]
-    staging.write_listing(fs, root, p.id, keys)
+def _output_folder(output_dir: str):
+    fs, root = storage.resolve(output_dir)
+    try:
+        storage.makedirs(fs, root)
+    except (NotADirectoryError, FileExistsError, PermissionError) as err:
+        raise ValueError(f"output_dir={output_dir!r} cannot be created ({type(err).__name__}: {err}); "
+                         "give a folder that can be written") from None
+    return fs, root
+
+
+def finished_result(job: Job) -> CurationResult:
+    """The result of an output that is already complete (nothing is recomputed)."""
+    out = output.CuratedOutput(job.fs, job.root)
+    done = out.success()
+    _drop_staging(job)
+    return CurationResult(job.uri, out.stats(), storage.join(job.uri, output.MANIFEST), out.shard_uris(),
+                          done["dataset_id"], done.get("mlflow_run_id"), skipped=True)
+
+
+def plan(job: Job) -> tuple[list[readers.Partition], set[str], list[readers.Partition]]:
+    """(all partitions, those already written, those to score); unfinished staging is cleared."""
+    storage.remove_temp_files(job.fs, job.root)
+    partitions = job.steps.steps[0].plan()
+    storage.atomic_write_bytes(job.fs, output.path(job.root, output.PLAN_FILE),
+                               "".join(readers.partition_to_json(p) + "\n" for p in partitions).encode())
+    written = {p.id for p in partitions if output.is_written(job.fs, job.root, p.id)}
+    to_score = [p for p in partitions if p.id not in written and not staging.is_complete(job.fs, job.root, p.id)]
+    for p in to_score:
+        staging.clear_partition(job.fs, job.root, p.id)
+    log.info("%d partitions: %d to score, %d already done", len(partitions), len(to_score),
+             len(partitions) - len(to_score))
+    return partitions, written, to_score
+
+
+def start_ray(job: Job, scoring: bool) -> None:
+    """Start or join Ray; on a local cluster, refuse actor pools that cannot all fit."""
+    from infra.ray_runtime import joins_a_cluster, start_ray as start
+
+    start(job.cfg.ray)
+    if scoring and not joins_a_cluster(job.cfg.ray.address):  # a cluster's size is not known up front
+        import ray
+
+        check_fits(job.steps.stages, job.cfg.input.num_cpus, ray.cluster_resources().get("CPU", 0.0),
+                   autoscale=job.cfg.ray.actor_pools == "autoscaling")
+
+
+def _read_and_list(p: readers.Partition, reader: readers.ReadImages, out_uri: str):
+    tables = list(reader.read(p))
+    fs, root = storage.resolve(out_uri)
+    staging.write_listing(fs, root, p.id, [k for t in tables for k in t.column("key").to_pylist()])
     yield from tables
 
 
-def score_partitions(partitions: list[readers.Partition], stages: list[Stage], cfg: CurationConfig, output: str) -> None:
+def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
     """Stream the partitions through the stages into staging (the expensive, parallel part)."""
     import ray.data
 
-    source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, cfg, output))
-    ds = ray.data.read_datasource(source, override_num_blocks=len(partitions), num_cpus=cfg.input.num_cpus)
-    for stage in stages:
-        ds = apply_stage(ds, stage, autoscale=cfg.ray.actor_pools == "autoscaling")
-    ds.write_datasink(staging.StagingSink(output))
+    reader, uri = job.steps.steps[0], job.uri
+    source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, reader, uri))
+    ds = ray.data.read_datasource(source, override_num_blocks=len(partitions), num_cpus=job.cfg.input.num_cpus)
+    for stage in job.steps.stages:
+        ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
+    ds.write_datasink(staging.StagingSink(uri))
 
 
-def global_dedup(fs, out: str, pids: list[str], cfg: CurationConfig, stages: list[Stage]) -> pa.Table:
-    """Dedup decisions over the whole run, from metadata only; saved with the output."""
-    have_person = any(isinstance(s, PersonDetectionStage) for s in stages)
-    columns = ["key", "sha256", "phash", "phash_mirror", "width", "height", "partition"]
-    columns += ["person_score_max"] if have_person else []
-    columns += [cfg.dedup.semantic.embedding_column] if cfg.dedup.semantic.enabled else []
-    candidates = staging.read_candidates(fs, out, pids, columns)
-    if not have_person:
-        candidates = candidates.append_column("person_score_max", pa.nulls(candidates.num_rows, pa.float32()))
-    against_kept = against_index = None
-    if cfg.dedup.against:
-        against_kept, against_index = _load_against(cfg)
-    decisions, index = global_decisions(candidates, cfg.dedup, engine=cfg.dedup.engine,
-                                        against_kept=against_kept, against_index=against_index)
-    storage.write_parquet(fs, storage.join(out, DEDUP_DIR, "decisions.parquet"), decisions)
-    if index is not None and storage.is_local(fs):
-        index.save(storage.join(out, DEDUP_DIR, NEAR_INDEX_DIR))
+def global_dedup(job: Job, pids: list[str]) -> pa.Table:
+    """Dedup decisions over the whole run, from the metadata the dedup steps read; saved with the output."""
+    steps: list[DedupStep] = job.steps.of_kind(DedupStep)
+    columns, absent = candidate_columns(steps, job.steps.available())
+    candidates = staging.read_candidates(job.fs, job.root, pids, columns)
+    for column in absent:  # e.g. no detector: representatives are chosen without a person score
+        candidates = candidates.append_column(column, pa.nulls(candidates.num_rows, pa.float32()))
+    ctx = DedupContext.open(job.cfg.dedup, any(isinstance(s, NearDedup) for s in steps))
+    decisions = run_dedup(steps, candidates, ctx)
+    storage.write_parquet(job.fs, output.path(job.root, output.DEDUP_DIR, output.DECISIONS_FILE), decisions)
+    if ctx.index is not None and storage.is_local(job.fs):
+        ctx.index.save(output.path(job.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
     return decisions
 
 
-def _load_against(cfg: CurationConfig):
-    """The earlier version's kept images (key, sha256) and its saved near-dup index."""
-    from curation.dedup.incremental import NearDupIndex
-
-    afs, aroot = storage.resolve(cfg.dedup.against)
-    if not storage.exists(afs, storage.join(aroot, SUCCESS_FILE)):
-        raise ValueError(f"dedup.against={cfg.dedup.against!r} is not a finished curation output (no _SUCCESS)")
-    manifest = read_manifest(afs, aroot)
-    kept = manifest.filter(pa.compute.equal(manifest.column("status"), schema.KEPT)).select(["key", "sha256"])
-    index_dir = storage.join(aroot, DEDUP_DIR, NEAR_INDEX_DIR)
-    index = NearDupIndex.load(index_dir) if cfg.dedup.near.enabled else None
-    return kept, index
-
-
-def write_all(partitions: list[str], output: str, decisions: pa.Table) -> list[dict]:
+def write_all(job: Job, partitions: list[str], decisions: pa.Table) -> list[dict]:
     import ray
     import ray.data
 
     if not partitions:
         return []
-    decisions_ref = ray.put(decisions)
+    decisions_ref, uri = ray.put(decisions), job.uri
+    writer: WriteShards = job.steps.steps[-1]
 
     def _write(row: dict) -> dict:
-        return writer.write_partition(output, row["pid"], ray.get(decisions_ref))
+        return writer.write(uri, row["pid"], ray.get(decisions_ref))
 
     ds = ray.data.from_items([{"pid": p} for p in partitions], override_num_blocks=len(partitions))
     return ds.map(_write, num_cpus=1).take_all()
 
 
-def read_manifest(fs, out: str) -> pa.Table:
-    files = [f.path for f in storage.list_files(fs, storage.join(out, writer.MANIFEST), (".parquet",))]
-    return pads.dataset(files, format="parquet", filesystem=fs).to_table().sort_by("key")
-
-
-def _shard_files(fs, out: str) -> list[str]:
-    d = storage.join(out, writer.SHARDS)
-    return [f.path for f in storage.list_files(fs, d, (".tar",))] if storage.exists(fs, d) else []
-
-
-def _samples_in_shards(fs, out: str) -> int:
-    d = storage.join(out, writer.SHARDS)
-    if not storage.exists(fs, d):
-        return 0
-    total = 0
-    for f in storage.list_files(fs, d, (".parquet",)):
-        with fs.open_input_file(f.path) as fh:
-            total += pq.ParquetFile(fh).metadata.num_rows
-    return total
-
-
-def absolutize(cfg: CurationConfig) -> CurationConfig:
-    """Relative local paths are taken from the driver's working directory, before workers see them."""
-    def local(path: str) -> str:
-        return path if not path or "://" in path else str(Path(path).expanduser().resolve())
-    return dataclasses.replace(cfg, output_dir=local(cfg.output_dir),
-                               input=dataclasses.replace(cfg.input, uri=local(cfg.input.uri)),
-                               detector=dataclasses.replace(cfg.detector, weights=local(cfg.detector.weights)))
-
-
-def run_curation(cfg: CurationConfig, stages: list[Stage] | None = None) -> CurationResult:
-    """Run (or resume, or recognise as done) one curation job."""
-    from infra.ray_runtime import init_ray, joins_a_cluster
-
-    cfg.validate()
-    cfg = absolutize(cfg)
-    check_detector_config(cfg.detector)
-    stages = stages if stages is not None else build_stages(cfg)
-    fs, out = storage.resolve(cfg.output_dir)
-    out_uri = storage.to_uri(fs, out)
-    digest = job_digest(cfg)
-    _prepare_output(fs, out, cfg, digest)
-    if storage.exists(fs, storage.join(out, SUCCESS_FILE)):
-        done = json.loads(storage.read_bytes(fs, storage.join(out, SUCCESS_FILE)))
-        _drop_staging(fs, out)
-        stats = json.loads(storage.read_bytes(fs, storage.join(out, STATS_FILE)))
-        return CurationResult(out_uri, stats, storage.join(out_uri, writer.MANIFEST),
-                              [storage.to_uri(fs, p) for p in _shard_files(fs, out)], done["dataset_id"],
-                              done.get("mlflow_run_id"), skipped=True)
-    storage.remove_temp_files(fs, out)
-
-    partitions = readers.plan_partitions(cfg.input)
-    storage.atomic_write_bytes(fs, storage.join(out, PLAN_FILE),
-                               "".join(readers.partition_to_json(p) + "\n" for p in partitions).encode())
-    written = {p.id for p in partitions if writer.is_written(fs, out, p.id)}
-    to_score = [p for p in partitions if p.id not in written and not staging.is_complete(fs, out, p.id)]
-    resumed = len(partitions) - len(to_score)
-    for p in to_score:
-        staging.clear_partition(fs, out, p.id)
-    log.info("%d partitions: %d to score, %d already done", len(partitions), len(to_score), resumed)
-
-    local = not joins_a_cluster(cfg.ray.address)
-    init_ray(cfg.ray.address, cfg.ray.num_cpus, cfg.ray.progress_bars, cfg.ray.object_store_memory,
-             cfg.ray.temp_dir)
-    if local and to_score:  # a cluster's size is not known up front (it may autoscale)
-        import ray
-
-        check_fits(stages, cfg.input.num_cpus, ray.cluster_resources().get("CPU", 0.0),
-                   autoscale=cfg.ray.actor_pools == "autoscaling")
-    t0 = time.time()
-    phases: dict[str, float] = {}
-    if to_score:
-        score_partitions(to_score, stages, cfg, out_uri)
-    phases["score"] = time.time() - t0
-    incomplete = [p.id for p in partitions if p.id not in written and not staging.is_complete(fs, out, p.id)]
-    if incomplete:
-        raise RuntimeError(f"{len(incomplete)} partitions did not complete scoring (e.g. {incomplete[:3]}); re-run to resume")
-
-    t = time.time()
-    decisions = global_dedup(fs, out, [p.id for p in partitions], cfg, stages)
-    phases["dedup"], t = time.time() - t, time.time()
-    write_all([p.id for p in partitions if p.id not in written], out_uri, decisions)
-    phases["write"], t = time.time() - t, time.time()
-
-    manifest = read_manifest(fs, out)
-    stats = compute_stats(manifest, funnel_of(stages), samples_in_shards=_samples_in_shards(fs, out),
-                          shards=len(_shard_files(fs, out)), stages=describe_stages(cfg, stages))
-    stats["partitions"] = len(partitions)
-    stats["job_digest"] = digest
+def finish(job: Job, partitions: int, phases: dict[str, float], t0: float) -> tuple[dict, str, str | None]:
+    """stats.json, the dataset version id, the MLflow record, then ``_SUCCESS`` (last)."""
+    out = output.CuratedOutput(job.fs, job.root)
+    manifest = out.read_manifest(["key", "sha256", "status", "reason", "notes"])
+    stats = compute_stats(manifest, job.steps.funnel(), samples_in_shards=out.samples_in_shards(),
+                          shards=len(out.shard_files()), stages=job.steps.describe())
+    stats.update(partitions=partitions, job_digest=job.digest)
     if not stats["reconciled"]:
         raise RuntimeError(f"accounting does not reconcile: {format_summary(stats)}")
-    storage.atomic_write_bytes(fs, storage.join(out, STATS_FILE), json.dumps(stats, indent=2, sort_keys=True).encode())
-    dataset_id = dataset_version_id(manifest, digest)
-    dataset_name = cfg.tracking.dataset_name or cfg.name
-    shards = [storage.to_uri(fs, p) for p in _shard_files(fs, out)]
-    run_id = None
-    if cfg.tracking.enabled:
-        from curation.tracking import log_curation_run
-        run_id = log_curation_run(cfg, out_uri, stats, manifest, dataset_id, dataset_name, shards, digest)
-    phases["stats_and_tracking"] = time.time() - t
+    storage.atomic_write_bytes(job.fs, output.path(job.root, output.STATS_FILE),
+                               json.dumps(stats, indent=2, sort_keys=True).encode())
+    dataset_id = dataset_version_id(manifest, job.digest)
+    name = job.cfg.dataset_name or job.cfg.name
+    t = time.time()
+    run_id = _record(job, stats, out.manifest_schema(), dataset_id, name, out.shard_uris())
+    phases["stats_and_tracking"] += time.time() - t
     phases = {k: round(v, 3) for k, v in phases.items()}
     log.info("seconds per phase (this session): %s", phases)
-    storage.atomic_write_bytes(fs, storage.join(out, SUCCESS_FILE), json.dumps(
-        {"dataset_id": dataset_id, "dataset_name": dataset_name, "job_digest": digest, "code_version": code_version(),
+    storage.atomic_write_bytes(job.fs, output.path(job.root, output.SUCCESS_FILE), json.dumps(
+        {"dataset_id": dataset_id, "dataset_name": name, "job_digest": job.digest, "code_version": code_version(),
          "mlflow_run_id": run_id, "kept": stats["kept"], "seconds": round(time.time() - t0, 3),
          "phase_seconds": phases}, sort_keys=True).encode())
-    _drop_staging(fs, out)
-    return CurationResult(out_uri, stats, storage.join(out_uri, writer.MANIFEST), shards, dataset_id, run_id,
-                          resumed_partitions=resumed)
+    return stats, dataset_id, run_id
 
 
-def _drop_staging(fs, out: str) -> None:
-    d = storage.join(out, staging.STAGING)
-    if storage.exists(fs, d):
-        fs.delete_dir(d)
+def _record(job: Job, stats: dict, schema, dataset_id: str, name: str, shards: list[str]) -> str | None:
+    if not job.cfg.tracking.enabled:
+        return None
+    from infra.tracking import log_dataset_run, resolve_tracking_uri
+
+    metrics, run_tags, profile = tracking_record(stats)
+    tags = {"humanvision.stage": "curation", "curation.output": job.uri, "curation.job_digest": job.digest}
+    run_tags.update({"dataset.id": dataset_id, "dataset.name": name, "dataset.uri": job.uri,
+                     "dataset.shards": json.dumps(len(shards)), "curation.code_version": code_version()})
+    from infra.tracking import arrow_to_mlflow_schema
+
+    return log_dataset_run(job.cfg.tracking, resolve_tracking_uri(job.cfg.tracking.uri, job.cfg.output_dir),
+                           job.cfg, output_uri=job.uri, tags=tags, metrics=metrics, run_tags=run_tags,
+                           documents={output.STATS_FILE: stats, "shards.txt": "\n".join(shards) + "\n"},
+                           dataset_name=name, dataset_id=dataset_id, dataset_schema=arrow_to_mlflow_schema(schema),
+                           profile=profile)
+
+
+def run_curation(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationResult:
+    """Run (or resume, or recognise as done) one curation job."""
+    job = prepare(cfg, recipe)
+    if output.CuratedOutput(job.fs, job.root).finished:
+        return finished_result(job)
+    partitions, written, to_score = plan(job)
+    start_ray(job, scoring=bool(to_score))
+    t0 = time.time()
+    if to_score:
+        score_partitions(job, to_score)
+    phases = {"score": time.time() - t0}
+    incomplete = [p.id for p in partitions if p.id not in written and not staging.is_complete(job.fs, job.root, p.id)]
+    if incomplete:
+        raise RuntimeError(f"{len(incomplete)} partitions did not complete scoring (e.g. {incomplete[:3]}); re-run to resume")
+    t = time.time()
+    decisions = global_dedup(job, [p.id for p in partitions])
+    phases["dedup"], t = time.time() - t, time.time()
+    write_all(job, [p.id for p in partitions if p.id not in written], decisions)
+    phases["write"], phases["stats_and_tracking"] = time.time() - t, 0.0
+    stats, dataset_id, run_id = finish(job, len(partitions), phases, t0)
+    _drop_staging(job)
+    out = output.CuratedOutput(job.fs, job.root)
+    return CurationResult(job.uri, stats, storage.join(job.uri, output.MANIFEST), out.shard_uris(), dataset_id,
+                          run_id, resumed_partitions=len(partitions) - len(to_score))
+
+
+def _drop_staging(job: Job) -> None:
+    d = output.path(job.root, output.STAGING_DIR)
+    if storage.exists(job.fs, d):
+        job.fs.delete_dir(d)

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from curation.config import InputConfig
 from curation.output import split_member
 from curation.schema import EMPTY_FILE, FILE_TOO_LARGE, RAW_SCHEMA, READ_FAILED
+from curation.stages import Step
 from infra import storage
 
 ROWS_PER_BLOCK = 64  # raw rows per yielded table: keeps read tasks streaming
@@ -319,3 +320,26 @@ def partition_datasource(partitions: list[Partition], read_fn):
 def partition_to_json(p: Partition) -> str:
     return json.dumps(dataclasses.asdict(p), sort_keys=True)
 
+
+class ReadImages(Step):
+    """The recipe's first step: plan the input into partitions, read each into raw rows."""
+
+    name = "read"
+    section = "input"
+    Config = InputConfig
+    reasons = (READ_FAILED, EMPTY_FILE, FILE_TOO_LARGE)
+    writes = tuple(f.name for f in RAW_SCHEMA)
+
+    def __init__(self, cfg: InputConfig, max_bytes: int = 64 * 2**20) -> None:
+        super().__init__(cfg)
+        self.max_bytes = max_bytes  # decode.max_bytes: larger files are recorded, never read
+
+    @classmethod
+    def from_config(cls, job) -> ReadImages:
+        return cls(job.input, job.decode.max_bytes)
+
+    def plan(self) -> list[Partition]:
+        return plan_partitions(self.cfg)
+
+    def read(self, p: Partition) -> Iterator[pa.Table]:
+        return read_partition(p, self.cfg, self.max_bytes)

@@ -1,20 +1,27 @@
-"""Stages: the unit the curation recipe is written in, and their adapter onto Ray Data.
+"""Steps: the unit the curation recipe is written in, their adapter onto Ray Data, and ``Recipe``.
 
-A stage is a small object holding its settings. It declares its resources, loads whatever
-it needs once per worker in ``setup()``, and maps a ``pyarrow.Table`` batch of rows to the
-same rows with its columns added (``process``). Filter stages annotate: they record scores
-and set ``reason`` on the pending rows they would drop (``curation.schema.set_reasons``);
-the pipeline's one decision point turns reasons into statuses and counts them.
+A **step** holds the settings of its own config section (``section``, a dataclass ``Config``),
+declares the columns it ``reads`` and ``writes`` and the drop/error ``reasons`` it may set, and
+describes itself for stats.json and MLflow. A disabled step stays in the recipe and reports
+itself as not applied. Kinds of step:
 
-``apply_stage`` runs a stage on a Ray Dataset: cheap stages as stateless tasks, model
-stages (``uses_model = True``) as an actor pool so weights load once per actor, with
-fractional GPUs where the configuration asks for them.
+- the reader and the shard writer (``curation.readers.ReadImages``, ``curation.writer.WriteShards``);
+- a **stage** (``Stage``): maps a ``pyarrow.Table`` batch of rows to the same rows with its
+  columns added (``process``). Filter stages annotate: they record scores and set ``reason`` on
+  the pending rows they would drop (``curation.schema.set_reasons``); the writer's one decision
+  point turns reasons into statuses. Model stages (``curation.filters.model.ModelStage``) run on
+  actor pools so weights load once per actor;
+- a **global step** (``curation.dedup.steps``): decides over the whole run's metadata.
+
+``Recipe`` is an ordered list of step classes. It derives the job's config class (one section
+per step), builds the steps from a config, refuses an order in which a step reads a column no
+earlier enabled step writes, and gives the funnel and the stage descriptions.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
@@ -26,7 +33,7 @@ class Resources:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     batch_size: int = 16
-    num_actors: int = 1  # model stages only: size of the actor pool (max; min is 1)
+    num_actors: int = 1  # model stages only: size of the actor pool
 
     def __post_init__(self) -> None:
         if self.num_cpus < 0 or self.num_gpus < 0:
@@ -37,11 +44,65 @@ class Resources:
             raise ValueError(f"num_actors must be >= 1, got {self.num_actors}")
 
 
-class Stage(abc.ABC):
-    """One step of the recipe. Subclasses set ``name`` and ``reasons`` and implement ``process``."""
+class Step(abc.ABC):
+    """One step of the recipe, built from its config section."""
 
     name: ClassVar[str]
-    reasons: ClassVar[tuple[str, ...]] = ()  # drop/error reasons this stage may set, in funnel order
+    section: ClassVar[str] = ""         # dotted path of its settings in the job config, e.g. "content.text"
+    Config: ClassVar[type | None] = None  # the settings dataclass of that section
+    group: ClassVar[type | None] = None   # settings the steps of a section group share (e.g. dedup.engine)
+    reasons: ClassVar[tuple[str, ...]] = ()  # drop/error reasons it may set, in funnel order
+    reads: ClassVar[tuple[str, ...]] = ()
+    writes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: Any = None) -> None:
+        self.cfg = cfg
+
+    @classmethod
+    def from_config(cls, job: Any) -> Step:
+        return cls(section_of(job, cls.section) if cls.section else None)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(getattr(self.cfg, "enabled", True))
+
+    def columns_read(self) -> tuple[str, ...]:
+        """Columns it needs from earlier steps (may depend on its settings)."""
+        return self.reads
+
+    def columns_written(self) -> tuple[str, ...]:
+        return self.writes
+
+    def check(self) -> None:
+        """Start-up checks on the driver, before any Ray work (weights present, settings in range)."""
+
+    def weight_files(self) -> dict[str, str]:
+        """Model files by setting name: checked at start-up, digested by content in the job digest."""
+        return {}
+
+    def settings(self) -> dict:
+        """What ran, with what thresholds (stats.json and MLflow)."""
+        return {}
+
+    def not_applied(self) -> dict:
+        return {"disabled_by": f"{self.section}.enabled=false"}
+
+    def describe(self) -> dict:
+        if not self.enabled:
+            return {"name": self.name, "applied": False, **self.not_applied()}
+        return {"name": self.name, "applied": True, **self.settings()}
+
+
+def section_of(job: Any, dotted: str) -> Any:
+    node = job
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return node
+
+
+class Stage(Step):
+    """A per-row step. Subclasses set ``name`` and ``reasons`` and implement ``process``."""
+
     uses_model: ClassVar[bool] = False
 
     def resources(self) -> Resources:
@@ -53,10 +114,6 @@ class Stage(abc.ABC):
     @abc.abstractmethod
     def process(self, batch: pa.Table) -> pa.Table:
         """Return ``batch`` with this stage's columns set; never raise for one bad row."""
-
-    def describe(self) -> dict:
-        """Settings recorded in stats.json and MLflow (what ran, with what thresholds)."""
-        return {"name": self.name, "applied": True}
 
 
 class _StageWorker:
@@ -70,11 +127,15 @@ class _StageWorker:
         return self.stage.process(batch)
 
 
-def _run_task(batch: pa.Table, stage: Stage) -> pa.Table:
+def _ready(stage: Stage) -> Stage:
     if not getattr(stage, "_ready", False):
         stage.setup()
         stage._ready = True  # cached per worker process: stages are pickled once per task
-    return stage.process(batch)
+    return stage
+
+
+def _run_task(batch: pa.Table, stage: Stage) -> pa.Table:
+    return _ready(stage).process(batch)
 
 
 def apply_stage(ds, stage: Stage, autoscale: bool = False):
@@ -88,20 +149,15 @@ def apply_stage(ds, stage: Stage, autoscale: bool = False):
     if res.num_gpus:
         common["num_gpus"] = res.num_gpus
     if stage.uses_model:
-        return ds.map_batches(_StageWorker, fn_constructor_args=(stage,),
-                              compute=ray.data.ActorPoolStrategy(min_size=1 if autoscale else res.num_actors,
-                                                                 max_size=res.num_actors),
-                              **common)
+        pool = ray.data.ActorPoolStrategy(min_size=1 if autoscale else res.num_actors, max_size=res.num_actors)
+        return ds.map_batches(_StageWorker, fn_constructor_args=(stage,), compute=pool, **common)
     return ds.map_batches(_run_task, fn_kwargs={"stage": stage}, **common)
 
 
 def run_stages_locally(batch: pa.Table, stages: list[Stage]) -> pa.Table:
     """Apply stages in order in this process (tests, benchmarks and small inputs)."""
     for stage in stages:
-        if not getattr(stage, "_ready", False):
-            stage.setup()
-            stage._ready = True
-        batch = stage.process(batch)
+        batch = _ready(stage).process(batch)
     return batch
 
 
@@ -111,13 +167,101 @@ def check_fits(stages: list[Stage], read_cpus: float, total_cpus: float, autosca
     job would wait forever. Raises ``ValueError`` naming what to change."""
     if autoscale:
         return
-    held = sum(s.resources().num_cpus * s.resources().num_actors for s in stages if s.uses_model)
+    models = [s for s in stages if s.uses_model]
+    held = sum(s.resources().num_cpus * s.resources().num_actors for s in models)
     tasks = [("input.num_cpus", read_cpus)] + [(f"{s.name} num_cpus", s.resources().num_cpus)
                                                for s in stages if not s.uses_model]
     name, largest = max(tasks, key=lambda t: t[1])
     if held + largest > total_cpus + 1e-9:
-        pools = ", ".join(f"{s.name} {s.resources().num_actors} x {s.resources().num_cpus:g}"
-                          for s in stages if s.uses_model)
+        pools = ", ".join(f"{s.name} {s.resources().num_actors} x {s.resources().num_cpus:g}" for s in models)
         raise ValueError(f"the model stages' actor pools hold {held:g} of {total_cpus:g} CPUs ({pools}), leaving "
                          f"too little for {name}={largest:g}: lower their num_actors or num_cpus, lower {name}, "
                          "or set ray.actor_pools=autoscaling")
+
+
+# ---- the recipe --------------------------------------------------------------------------------
+
+class Recipe:
+    """An ordered list of step classes, each configured by its own section of the job config."""
+
+    def __init__(self, steps: list[type[Step]], *, job: type) -> None:
+        names = [s.name for s in steps]
+        sections = [s.section for s in steps if s.Config is not None]
+        for label, values in (("name", names), ("config section", sections)):
+            dup = sorted({v for v in values if values.count(v) > 1})
+            if dup:
+                raise ValueError(f"recipe: two steps share the {label} {dup[0]!r}")
+        self.steps = tuple(steps)
+        self.job = job
+
+    def config_class(self, name: str = "CurationConfig", module: str | None = None) -> type:
+        """The job's config dataclass: the job settings plus one section per configurable step."""
+        from curation.recipe_config import config_class
+
+        return config_class(self, name, module)
+
+    def build(self, cfg: Any) -> BuiltRecipe:
+        """The steps built from ``cfg``, their column order checked, each step's start-up checks run."""
+        built = BuiltRecipe([s.from_config(cfg) for s in self.steps])
+        built.check_columns()
+        for step in built.steps:
+            if step.enabled:
+                step.check()
+        return built
+
+
+@dataclasses.dataclass
+class BuiltRecipe:
+    """Steps ready to run; what the pipeline, stats and the job digest derive from."""
+
+    steps: list[Step]
+
+    def check_columns(self) -> None:
+        """Refuse a step that reads a column no earlier enabled step writes, naming both."""
+        written: dict[str, Step] = {}
+        for i, step in enumerate(self.steps):
+            if not step.enabled:
+                continue
+            for column in step.columns_read():
+                if column not in written:
+                    raise ValueError(f"recipe: step {step.name!r} reads column {column!r}, which no earlier "
+                                     f"enabled step writes{self._who_writes(column, i)}")
+            written.update(dict.fromkeys(step.columns_written(), step))
+
+    def _who_writes(self, column: str, index: int) -> str:
+        for j, other in enumerate(self.steps):
+            if column in type(other).writes or column in other.columns_written():
+                if j < index:
+                    return (f": {other.name!r} writes it but is disabled; enable {other.section} or disable "
+                            f"{self.steps[index].section}")
+                return f": {other.name!r} writes it later in the recipe; move {self.steps[index].name!r} after it"
+        return ""
+
+    def of_kind(self, kind: type) -> list:
+        return [s for s in self.steps if isinstance(s, kind) and s.enabled]
+
+    @property
+    def stages(self) -> list[Stage]:
+        return self.of_kind(Stage)
+
+    def available(self) -> set[str]:
+        return {c for s in self.steps if s.enabled for c in s.columns_written()}
+
+    def funnel(self) -> list[tuple[str, tuple[str, ...]]]:
+        """(step, reasons it owns) of every enabled step that can remove rows, in order. A reason
+        belongs to the first step that declares it (decode re-declares the reader's)."""
+        seen: set[str] = set()
+        funnel = []
+        for step in self.steps:
+            if step.enabled and step.reasons:
+                owned = tuple(r for r in step.reasons if r not in seen)
+                seen.update(owned)
+                funnel.append((step.name, owned))
+        return funnel
+
+    def describe(self) -> list[dict]:
+        """Every step between the reader and the writer, applied or not, for stats.json and MLflow."""
+        return [s.describe() for s in self.steps[1:-1]]
+
+    def weight_files(self) -> dict[str, str]:
+        return {k: v for s in self.steps if s.enabled for k, v in s.weight_files().items()}

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import posixpath
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from curation.output import LISTING_FILE as LISTING
+from curation.output import STAGING_DIR as STAGING
 from infra import storage
-
-STAGING = "_staging"
-LISTING = "_listing.json"
 
 
 def partition_dir(output: str, pid: str) -> str:
@@ -125,10 +123,3 @@ class StagingSink:
 
         return _Sink(output)
 
-
-def staged_partitions(fs, output: str) -> list[str]:
-    d = storage.join(output, STAGING)
-    if not storage.exists(fs, d):
-        return []
-    from pyarrow.fs import FileSelector, FileType
-    return sorted(posixpath.basename(f.path) for f in fs.get_file_info(FileSelector(d)) if f.type == FileType.Directory)

@@ -7,7 +7,6 @@ import pyarrow as pa
 
 from curation import schema
 
-READ_REASONS = (schema.READ_FAILED, schema.EMPTY_FILE, schema.FILE_TOO_LARGE)
 
 
 def compute_stats(manifest: pa.Table, funnel: list[tuple[str, tuple[str, ...]]], *, samples_in_shards: int,
@@ -63,3 +62,14 @@ def format_summary(stats: dict) -> str:
                  f"shards={stats['shards']} samples_in_shards={stats['samples_in_shards']} "
                  f"reconciled={stats['reconciled']}")
     return "\n".join(lines)
+
+
+def tracking_record(stats: dict) -> tuple[dict[str, float], dict[str, str], dict]:
+    """(metrics, tags, dataset profile) of a curation run's MLflow record, from its stats."""
+    totals = ("inputs", "kept", "dropped", "errors", "shards")
+    metrics = {k: stats[k] for k in (*totals, "samples_in_shards")}
+    metrics.update({f"dropped.{r}": c for r, c in stats["dropped_by_reason"].items()})
+    metrics.update({f"errors.{r}": c for r, c in stats["errors_by_reason"].items()})
+    metrics.update({f"funnel.{step['stage']}.out": step["out"] for step in stats["funnel"]})
+    tags = {f"filter.{stage['name']}.applied": str(stage["applied"]).lower() for stage in stats["stages"]}
+    return metrics, tags, {k: stats[k] for k in totals}

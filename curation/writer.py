@@ -16,29 +16,19 @@ from __future__ import annotations
 
 import io
 import json
+import posixpath
 import tarfile
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation import schema, staging
+from curation.output import empty_marker_path, manifest_part_path, shard_path, sidecar_path
+from curation.stages import Step
 from infra import storage
 
-SHARDS, MANIFEST = "shards", "manifest"
 _META_SKIP = set(schema.PAYLOAD_COLUMNS) | {"decode_ok", "reason", "error_message", "status", "duplicate_of",
                                            "duplicate_group", "image_ext"}
-
-
-def manifest_part_path(output: str, pid: str) -> str:
-    return storage.join(output, MANIFEST, f"{pid}.parquet")
-
-
-def empty_marker_path(output: str, pid: str) -> str:
-    return storage.join(output, MANIFEST, f"_empty-{pid}")
-
-
-def is_written(fs, output: str, pid: str) -> bool:
-    return storage.exists(fs, manifest_part_path(output, pid)) or storage.exists(fs, empty_marker_path(output, pid))
 
 
 def sample_metadata(row: dict) -> dict:
@@ -102,14 +92,25 @@ def write_partition(output: str, pid: str, decisions: pa.Table) -> dict:
         return {"partition": pid, "rows": 0, "kept": 0, "shard": None}
     table = apply_decisions(staged, decisions)
     kept = table.filter(pc.equal(table.column("status"), schema.KEPT))
-    shard_name = f"{pid}.tar" if kept.num_rows else None
+    shard_name = posixpath.basename(shard_path(root, pid)) if kept.num_rows else None
     if kept.num_rows:
-        write_tar(fs, storage.join(root, SHARDS, shard_name), kept.to_pylist())
+        write_tar(fs, shard_path(root, pid), kept.to_pylist())
         sidecar = kept.drop_columns([c for c in schema.PAYLOAD_COLUMNS if c in kept.column_names])
         sidecar = schema.with_columns(sidecar, {"shard": pa.array([shard_name] * kept.num_rows, pa.string())})
-        storage.write_parquet(fs, storage.join(root, SHARDS, f"{pid}.parquet"), sidecar)
+        storage.write_parquet(fs, sidecar_path(root, pid), sidecar)
     manifest = table.drop_columns([c for c in schema.PAYLOAD_COLUMNS if c in table.column_names])
     shard_col = [shard_name if s == schema.KEPT else None for s in manifest.column("status").to_pylist()]
     manifest = schema.with_columns(manifest, {"shard": pa.array(shard_col, pa.string())})
     storage.write_parquet(fs, manifest_part_path(root, pid), manifest)
     return {"partition": pid, "rows": table.num_rows, "kept": kept.num_rows, "shard": shard_name}
+
+
+class WriteShards(Step):
+    """The recipe's last step and its one decision point: statuses from reasons and dedup
+    decisions, then each partition's shard, sidecar and manifest part."""
+
+    name = "write_shards"
+    reads = ("key", "image", "image_ext")
+
+    def write(self, output: str, pid: str, decisions: pa.Table) -> dict:
+        return write_partition(output, pid, decisions)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
 
-from curation.config import CurationConfig  # noqa: E402
+from curation.recipe import CurationConfig  # noqa: E402
 from curation.pipeline import run_curation  # noqa: E402
 from infra.cli import config_main  # noqa: E402
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 import posixpath
 from collections import Counter
 
-import pyarrow.parquet as pq
-
 from curation import schema
 from curation.audit.loading import AuditedVersion
+from curation.output import CuratedOutput
 from curation.stats import compute_stats, format_summary
-from infra import storage
 
 _TAR = ".tar#"
 _PARQUET_ROW = "#row="
@@ -24,22 +22,10 @@ def funnel_spec(stats: dict) -> list[tuple[str, tuple[str, ...]]]:
     return [(s["stage"], tuple(s["removed"])) for s in stats["funnel"] if s["stage"] != "other"]
 
 
-def samples_in_shards(output: str) -> int:
-    """Samples in the shards, from the sidecars' Parquet footers (no shard is read)."""
-    fs, root = storage.resolve(output)
-    shard_dir = storage.join(root, "shards")
-    if not storage.exists(fs, shard_dir):
-        return 0
-    total = 0
-    for f in storage.list_files(fs, shard_dir, (".parquet",)):
-        with fs.open_input_file(f.path) as fh:
-            total += pq.ParquetFile(fh).metadata.num_rows
-    return total
-
-
 def recount(v: AuditedVersion) -> dict:
     """stats.json's structure, recomputed from the manifest and the shards' sidecars."""
-    return compute_stats(v.manifest, funnel_spec(v.stats), samples_in_shards=samples_in_shards(v.uri),
+    return compute_stats(v.manifest, funnel_spec(v.stats),
+                         samples_in_shards=CuratedOutput.at(v.uri).samples_in_shards(),
                          shards=len(v.version.shards), stages=v.stats.get("stages", []))
 
 

@@ -23,9 +23,11 @@ from PIL import Image, ImageDraw
 
 from curation import schema
 from curation.audit.counts import split_source
-from curation.config import DecodeConfig, DetectorConfig, InputConfig
+from curation.config import DecodeConfig, InputConfig
+from curation.filters.person import DetectorConfig
 from curation.decode import DecodeError, decode_image
-from curation.detection import box_size
+from curation.filters.person import box_size
+from curation.output import SHARDS
 from curation.readers import parquet_columns
 from infra import storage
 from infra.config import from_dict
@@ -158,7 +160,7 @@ def fetch(requests: dict[str, str], input_cfg: InputConfig, max_bytes: int) -> d
 def fetch_kept(output_uri: str, rows: list[dict]) -> dict[str, bytes | str]:
     """Kept images from the version's own shards (one pass per shard)."""
     fs, root = storage.resolve(output_uri)
-    requests = {r["key"]: f"{storage.to_uri(fs, storage.join(root, 'shards', r['shard']))}#{r['key']}.jpg"
+    requests = {r["key"]: f"{storage.to_uri(fs, storage.join(root, SHARDS, r['shard']))}#{r['key']}.jpg"
                 for r in rows if r.get("shard")}
     out = fetch(requests, InputConfig(), 1 << 62)
     out.update({r["key"]: "no shard recorded for this kept row" for r in rows if not r.get("shard")})

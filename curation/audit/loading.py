@@ -3,20 +3,19 @@
 Everything the audit shows comes from the output folder: the manifest (one row per input),
 ``stats.json``, the resolved ``config.yaml`` and the ``_SUCCESS`` marker (version id, job
 digest, code version, MLflow run). A version id or name is first resolved to its output
-folder through MLflow (``curation.versions.resolve_dataset``).
+folder through MLflow (``curation.output.resolve_dataset``). The folder is read through
+``curation.output.CuratedOutput``, which owns the layout.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 import yaml
 
-from curation.versions import DatasetVersion, from_output, resolve_dataset
+from curation.output import CONFIG_FILE, CuratedOutput, DatasetVersion, resolve_dataset
 from infra import storage
 from infra.tracking import resolve_tracking_uri
 
@@ -58,32 +57,26 @@ class AuditedVersion:
         return node
 
 
-def read_manifest(output: str) -> pa.Table:
-    fs, root = storage.resolve(output)
-    files = [f.path for f in storage.list_files(fs, storage.join(root, "manifest"), (".parquet",))]
-    if not files:
-        raise ValueError(f"{output!r} has no manifest parts under manifest/")
-    dataset = pads.dataset(files, format="parquet", filesystem=fs)
-    columns = [n for n in dataset.schema.names if n not in MANIFEST_SKIP]
-    return dataset.to_table(columns=columns).sort_by("key")
+def read_manifest(out: CuratedOutput) -> pa.Table:
+    if not out.manifest_files():
+        raise ValueError(f"{out.uri!r} has no manifest parts")
+    return out.read_manifest(skip=MANIFEST_SKIP)
 
 
 def load_output(output: str) -> AuditedVersion:
     """A finished curation output folder (local path or object-store URI)."""
-    version = from_output(output)  # raises ValueError without a _SUCCESS marker
-    fs, root = storage.resolve(version.uri)
-    done = json.loads(storage.read_bytes(fs, storage.join(root, "_SUCCESS")))
-    stats = json.loads(storage.read_bytes(fs, storage.join(root, "stats.json")))
-    config = yaml.safe_load(storage.read_bytes(fs, storage.join(root, "config.yaml"))) or {}
+    out = CuratedOutput.at(output)
+    version = out.version()  # raises ValueError without a _SUCCESS marker
+    done, stats = out.success(), out.stats()
+    config = yaml.safe_load(storage.read_bytes(out.fs, storage.join(out.root, CONFIG_FILE))) or {}
     return AuditedVersion(version=version, job_digest=done.get("job_digest", stats.get("job_digest", "")),
                           code_version=done.get("code_version"), stats=stats, config=config,
-                          manifest=read_manifest(version.uri))
+                          manifest=read_manifest(out))
 
 
 def is_output(ref: str) -> bool:
     try:
-        fs, root = storage.resolve(ref)
-        return storage.exists(fs, storage.join(root, "_SUCCESS"))
+        return CuratedOutput.at(ref).finished
     except (OSError, ValueError):
         return False
 

@@ -18,7 +18,7 @@ from curation import schema
 from curation.audit import charts, counts, images, page
 from curation.audit.loading import AuditedVersion
 from curation.audit.record import RunRef
-from curation.detection import box_size
+from curation.filters.person import box_size
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,10 +7,10 @@ import pytest
 from PIL import Image
 
 from curation import schema
-from curation.config import DetectorConfig
+from curation.filters.person import DetectorConfig
 from curation.decode import DecodeStage
 from curation.config import DecodeConfig
-from curation.detection import PersonDetectionStage, check_detector_config, salient_counts
+from curation.filters.person import PersonFilter, check_detector_config, salient_counts
 from curation.stages import run_stages_locally
 from pipelines.demo_corpus import _skimage, _ultralytics_asset, jpeg_bytes
 from tests.conftest import ASSETS
@@ -46,7 +46,7 @@ def test_real_centernet_keeps_people_and_drops_non_people(centernet_path):
               "obama": (ASSETS / "images" / "obama.jpg").read_bytes(),
               "coffee": jpeg_bytes(_skimage("coffee")), "rocket": jpeg_bytes(_skimage("rocket"))}
     cfg = DetectorConfig(backend="centernet_onnx", weights=str(centernet_path), min_box_size=200, batch_size=4)
-    out = run_stages_locally(raw_batch(images), [DecodeStage(DecodeConfig()), PersonDetectionStage(cfg)])
+    out = run_stages_locally(raw_batch(images), [DecodeStage(DecodeConfig()), PersonFilter(cfg)])
     rows = {r["key"]: r for r in out.to_pylist()}
     assert rows["zidane"]["reason"] is None and rows["obama"]["reason"] is None
     assert rows["coffee"]["reason"] == rows["rocket"]["reason"] == schema.NO_SALIENT_PERSON
@@ -67,7 +67,7 @@ def test_ultralytics_model_from_a_local_weights_file(tmp_path):
     cfg = DetectorConfig(backend="ultralytics", weights=str(tmp_path), score_threshold=0.5, min_box_size=10,
                          batch_size=2, device="cpu")
     images = {"bus": _ultralytics_asset("bus.jpg").read_bytes(), "zidane": _ultralytics_asset("zidane.jpg").read_bytes()}
-    out = run_stages_locally(raw_batch(images), [DecodeStage(DecodeConfig()), PersonDetectionStage(cfg)])
+    out = run_stages_locally(raw_batch(images), [DecodeStage(DecodeConfig()), PersonFilter(cfg)])
     for row in out.to_pylist():
         assert len(row["person_boxes"]) == len(row["person_scores"]) > 0
         assert all(s >= cfg.record_threshold for s in row["person_scores"])

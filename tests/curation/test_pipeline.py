@@ -9,9 +9,12 @@ from pathlib import Path
 import pyarrow.dataset as pads
 import pytest
 
-from curation.config import (CurationConfig, DetectorConfig, FilterConfig, InputConfig, TrackingConfig,
-                             weightless_content_filters)
-from curation.demo import build_demo_corpus
+from curation.config import InputConfig
+from curation.filters.geometry import GeometryConfig
+from curation.filters.person import DetectorConfig
+from curation.recipe import CurationConfig, weightless_content_filters
+from infra.tracking import TrackingConfig
+from pipelines.demo_corpus import build_demo_corpus
 from curation.pipeline import job_digest, run_curation
 
 
@@ -19,7 +22,7 @@ def demo_config(raw: Path, out: Path, centernet: Path, **overrides) -> CurationC
     return CurationConfig(
         input=InputConfig(uri=str(raw), images_per_partition=8),
         output_dir=str(out),
-        filters=FilterConfig(min_short_side=256),
+        geometry=GeometryConfig(min_short_side=256),
         detector=DetectorConfig(backend="centernet_onnx", weights=str(centernet), score_threshold=0.3,
                                 min_box_size=200, batch_size=4, num_cpus=0.5),
         content=weightless_content_filters(),
@@ -126,7 +129,7 @@ def test_mlflow_records_config_counts_stats_and_dataset(curated):
     mlflow.set_tracking_uri(cfg.tracking.uri)
     run = mlflow.get_run(result.mlflow_run_id)
     assert run.data.params["detector.backend"] == "centernet_onnx"
-    assert run.data.params["filters.min_short_side"] == "256"
+    assert run.data.params["geometry.min_short_side"] == "256"
     assert run.data.metrics["kept"] == result.stats["kept"]
     assert run.data.metrics["dropped.exact_duplicate"] == 1
     inputs = run.inputs.dataset_inputs
@@ -149,23 +152,27 @@ def test_rerun_reuses_and_other_config_is_refused(curated):
     assert job_digest(wider) == job_digest(cfg)
     again = run_curation(wider)
     assert again.skipped and again.dataset_id == result.dataset_id
-    # an output written when resources were part of the digest is still the same job
-    marker = root / "curated" / "job_digest"
-    current = marker.read_text()
-    marker.write_text(job_digest(cfg, with_resources=True))
-    assert job_digest(cfg, with_resources=True) != current
-    try:
-        assert run_curation(cfg).skipped
-    finally:
-        marker.write_text(current)
+    # the weights enter by content: the same file through a symlink, or a copy elsewhere, is the same job
+    link = root / "linked" / "detector.onnx"
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(Path(cfg.detector.weights))
+    copy = root / "copied.onnx"
+    copy.write_bytes(Path(cfg.detector.weights).read_bytes())
+    for elsewhere in (link, copy):
+        moved = demo_config(root / "raw", root / "curated", elsewhere)
+        assert job_digest(moved) == job_digest(cfg)
+        assert run_curation(moved).skipped
+    altered = root / "altered.onnx"
+    altered.write_bytes(copy.read_bytes() + b"\0")  # other bytes, other job
+    assert job_digest(demo_config(root / "raw", root / "curated", altered)) != job_digest(cfg)
     changed = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights))
-    changed.filters.min_short_side = 100
+    changed.geometry.min_short_side = 100
     with pytest.raises(ValueError, match="different configuration"):
         run_curation(changed)
 
 
 def test_a_training_run_finds_the_shards_by_version_id_alone(curated):
-    from curation.versions import resolve_dataset
+    from curation.output import resolve_dataset
 
     root, _, cfg, result = curated
     by_id = resolve_dataset(result.dataset_id, tracking_uri=cfg.tracking.uri)
@@ -173,5 +180,5 @@ def test_a_training_run_finds_the_shards_by_version_id_alone(curated):
     assert by_id.num_samples == result.stats["kept"]
     by_folder = resolve_dataset(str(root / "curated"))
     assert by_folder.id == result.dataset_id and by_folder.shards == by_id.shards
-    with pytest.raises(ValueError, match="no dataset version"):
+    with pytest.raises(ValueError, match="no curated dataset version"):
         resolve_dataset("0000000000000000", tracking_uri=cfg.tracking.uri)

@@ -12,7 +12,9 @@ import pytest
 from PIL import Image
 
 from curation import schema
-from curation.config import CurationConfig, DecodeConfig, InputConfig, TrackingConfig, weightless_content_filters
+from curation.config import DecodeConfig, InputConfig
+from curation.recipe import CurationConfig, weightless_content_filters
+from infra.tracking import TrackingConfig
 from curation.pipeline import run_curation
 from curation.readers import plan_partitions, read_partition
 from pipelines.demo_corpus import jpeg_bytes

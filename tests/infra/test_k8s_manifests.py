@@ -301,7 +301,7 @@ def test_rayjob_entrypoint_runs_a_script_of_this_repo(name):
 def test_curate_job_config_fits_the_cluster():
     """The recipe the curate RayJob runs: weights under the /models mount, tracking to the
     shared server, and enough GPUs in the cluster for the detector actors it asks for."""
-    from curation.config import CurationConfig
+    from curation.recipe import CurationConfig
     from infra.config import config_to_dict, load_config
 
     doc = _doc("hv-curate-humans1b")

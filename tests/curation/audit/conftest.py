@@ -1,7 +1,7 @@
 """Fixtures of the audit tests: real curation runs of the demo corpus, and headless Chromium.
 
 Three runs of the same corpus: A, B (A's configuration into another folder) and C (A with
-``filters.min_short_side`` raised), all logged to one MLflow store. The browser is Debian's
+``geometry.min_short_side`` raised), all logged to one MLflow store. The browser is Debian's
 chromium driven by playwright (never a downloaded one).
 """
 from __future__ import annotations
@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from curation.config import (CurationConfig, DetectorConfig, FilterConfig, InputConfig, TrackingConfig,
-                             weightless_content_filters)
+from curation.config import InputConfig
+from curation.filters.geometry import GeometryConfig
+from curation.filters.person import DetectorConfig
+from curation.recipe import CurationConfig, weightless_content_filters
+from infra.tracking import TrackingConfig
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -36,7 +39,7 @@ def audit_config(raw: Path, out: Path, centernet: Path, min_short_side: int) -> 
     return CurationConfig(
         input=InputConfig(uri=str(raw), images_per_partition=8),
         output_dir=str(out),
-        filters=FilterConfig(min_short_side=min_short_side),
+        geometry=GeometryConfig(min_short_side=min_short_side),
         detector=DetectorConfig(backend="centernet_onnx", weights=str(centernet), score_threshold=0.3,
                                 min_box_size=200, batch_size=4, num_cpus=0.5),
         content=weightless_content_filters(),
@@ -63,7 +66,7 @@ def run_a(audit_root, ray_local, centernet_path) -> Run:
 
 @pytest.fixture(scope="session")
 def runs_abc(audit_root, run_a, centernet_path) -> tuple[Run, Run, Run]:
-    """A; B = A's configuration into another folder; C = A with filters.min_short_side raised."""
+    """A; B = A's configuration into another folder; C = A with geometry.min_short_side raised."""
     from curation.pipeline import run_curation
 
     cfg_b = audit_config(audit_root / "raw", audit_root / "b", centernet_path, MIN_SHORT_SIDE_A)

@@ -68,7 +68,7 @@ def test_report_renders_in_chromium_and_its_counts_equal_the_manifest(run_a, ope
     # Real charts: one per applied filter score, with the threshold marked, plus people charts.
     charts = {c["score"]: c for c in loaded.rows("img.chart[data-score]")}
     assert {"short_side", "aspect_ratio", "person_score_max", "text_coverage", "person_count", "box_size"} <= set(charts)
-    assert float(charts["short_side"]["threshold"]) == run_a.cfg.filters.min_short_side
+    assert float(charts["short_side"]["threshold"]) == run_a.cfg.geometry.min_short_side
     assert float(charts["person_score_max"]["threshold"]) == run_a.cfg.detector.threshold
 
     # Galleries: one per removal reason; dropped images show pixels read from their sources,

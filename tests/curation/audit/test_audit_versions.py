@@ -22,7 +22,7 @@ def kept_too_small_for_c(a, c) -> set[str]:
     """Keys A kept whose short side is below C's min_short_side: what C must remove (counted here)."""
     files = sorted(str(p) for p in (Path(a.output) / "manifest").glob("*.parquet"))
     rows = pads.dataset(files).to_table(columns=["key", "status", "width", "height"]).to_pylist()
-    limit = c.cfg.filters.min_short_side
+    limit = c.cfg.geometry.min_short_side
     return {r["key"] for r in rows if r["status"] == "kept" and min(r["width"], r["height"]) < limit}
 
 
@@ -62,7 +62,7 @@ def test_a_threshold_change_changes_the_digest_and_the_diff_explains_it(runs_abc
     for x in d.removed:
         assert (x.other_status, x.other_reason, x.explained_by) == ("dropped", "too_small", ("filters.min_short_side",))
     content = [(ch.key, ch.old, ch.new) for ch in d.config_changes if not ch.bookkeeping]
-    old, new = a.cfg.filters.min_short_side, c.cfg.filters.min_short_side
+    old, new = a.cfg.geometry.min_short_side, c.cfg.geometry.min_short_side
     assert content == [("filters.min_short_side", old, new)]
     text = diff_summary(d)
     assert f"filters.min_short_side: {old} -> {new}" in text and all(k in text for k in expected)
@@ -91,7 +91,7 @@ def test_diff_page_renders_in_chromium_and_names_the_change(runs_abc, open_html,
     assert {(r["reason"], r["explainedBy"]) for r in removed.values()} == {("too_small", "filters.min_short_side")}
     changes = {r["key"]: r for r in loaded.rows("#config-changes tbody tr")}
     assert (changes["filters.min_short_side"]["old"], changes["filters.min_short_side"]["new"]) == (
-        str(a.cfg.filters.min_short_side), str(c.cfg.filters.min_short_side))
+        str(a.cfg.geometry.min_short_side), str(c.cfg.geometry.min_short_side))
     assert changes["filters.min_short_side"]["bookkeeping"] == "false" and changes["output_dir"]["bookkeeping"] == "true"
     tiles = loaded.rows("#removed figure.tile")
     assert {t["key"] for t in tiles} == expected and not any("placeholder" in t for t in tiles)
@@ -110,7 +110,7 @@ def test_a_training_run_finds_the_shards_by_version_id_alone(runs_abc):
     import mlflow
 
     from curation.audit.record import runs_of_version
-    from curation.versions import resolve_dataset
+    from curation.output import resolve_dataset
     from infra.tracking import get_experiment_id, make_dataset
 
     _, _, c = runs_abc

@@ -6,10 +6,10 @@ import pyarrow as pa
 import pytest
 import torch
 
-from curation.content.artistic import (ARTISTIC, ArtisticFilterConfig, ArtisticFilterStage, PromptSet,
+from curation.filters.artistic import (ARTISTIC, ArtisticFilterConfig, ArtisticFilter, PromptSet,
                                        class_embeddings, zero_shot)
-from curation.content.common import LinearHead
-from curation.content.embedding import ClipEmbeddingConfig, ClipEmbeddingStage
+from curation.filters.model import LinearHead
+from curation.filters.clip_embedding import ClipEmbeddingConfig, ClipEmbedding
 from curation.schema import BASE_FIELDS
 from curation.stages import run_stages_locally
 
@@ -97,7 +97,7 @@ def _embedded_batch(embeddings: dict[str, np.ndarray | None], not_pending: dict[
 
 def test_stage_annotates_pending_rows_only(prompts):
     cfg = ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, threshold=0.5)
-    stage = ArtisticFilterStage(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
+    stage = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     batch = _embedded_batch({"photo": e(1), "painting": e(0, 1), "cartoon": e(0, 0, 1), "no_embedding": None},
                             not_pending={"ended": "too_small"})
     out = run_stages_locally(batch, [stage])
@@ -112,11 +112,11 @@ def test_stage_annotates_pending_rows_only(prompts):
 
 
 def test_stage_needs_the_embedding_column(prompts):
-    stage = ArtisticFilterStage(ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL),
+    stage = ArtisticFilter(ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL),
                                 ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     batch = pa.Table.from_pylist([{"partition": "p", "key": "k", "source": "s", "decode_ok": True}],
                                  schema=pa.schema(BASE_FIELDS))
-    with pytest.raises(ValueError, match="run ClipEmbeddingStage before it"):
+    with pytest.raises(ValueError, match="reads the .clip_embedding. column"):
         run_stages_locally(batch, [stage])
 
 
@@ -134,7 +134,7 @@ def test_linear_head_file_replaces_the_score(tmp_path, prompts, suffix):
         save_file(state, str(path))
     cfg = ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, head_weights=str(path),
                                threshold=0.9)
-    stage = ArtisticFilterStage(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
+    stage = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     out = run_stages_locally(_embedded_batch({"a": e(1), "b": e(0, 1), "c": e(1, 1)}, {}), [stage])
     scores = out.column("artistic_score").to_pylist()
     want = 1 / (1 + np.exp(-8 * (np.array([0, 1, 0]) - np.array([1, 0, 0]))))
@@ -162,7 +162,7 @@ def test_real_clip_path_scores_real_images(tiny_clip_dir, real_images, batch_of)
     clip = ClipEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}")
     names = ["obama", "starry_night", "zidane", "basketball1"]
     batch = batch_of({k: real_images[k] for k in names}, not_pending={"ended": "too_small"})
-    out = run_stages_locally(batch, [ClipEmbeddingStage(clip), ArtisticFilterStage(ArtisticFilterConfig(), clip)])
+    out = run_stages_locally(batch, [ClipEmbedding(clip), ArtisticFilter(ArtisticFilterConfig(), clip)])
     scores = out.column("artistic_score").to_pylist()
     labels = out.column("artistic_label").to_pylist()
     assert all(0.0 <= s <= 1.0 for s in scores[:4]) and scores[4] is None

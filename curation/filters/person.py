@@ -15,18 +15,53 @@ at or above ``record_threshold`` is recorded with its score, not only the best o
 """
 from __future__ import annotations
 
-import io
+import dataclasses
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 from PIL import Image
 
 from curation import schema
-from curation.config import DetectorConfig
-from curation.stages import Resources, Stage
+from curation.filters.model import ModelStage, Placement, WeightsUnavailableError
 
 Box = tuple[float, float, float, float]
+
+# Detector scores are calibrated differently: the Sapiens rule (> 0.9) assumes a YOLO-like
+# detector; the CenterNet asset scores real people 0.38-0.86 (shared/assets/PROVENANCE.md).
+DEFAULT_SCORE_THRESHOLDS = {"ultralytics": 0.9, "centernet_onnx": 0.3}
+DEFAULT_INPUT_SIZES = {"ultralytics": 640, "centernet_onnx": 512}
+
+
+@dataclasses.dataclass(kw_only=True)
+class DetectorConfig(Placement):
+    """Salient-person detection (``detector``): keep an image with >= 1 person box scoring >=
+    score_threshold whose size (measured as ``box_size_measure``) is >= ``min_box_size`` pixels."""
+
+    backend: Literal["centernet_onnx", "ultralytics", "none"] = "centernet_onnx"
+    weights: str = ""                  # .onnx for centernet_onnx; .pt/.onnx file or a folder holding one for ultralytics
+    score_threshold: float | None = None  # None: the backend's default (DEFAULT_SCORE_THRESHOLDS)
+    min_box_size: int = 300
+    box_size_measure: Literal["height", "long_side", "short_side"] = "height"
+    record_threshold: float = 0.2      # every person box at or above this score goes into the metadata
+    input_size: int | None = None      # None: the backend's default (DEFAULT_INPUT_SIZES)
+    batch_size: int = 8
+    intra_op_threads: int = 1          # ONNX Runtime threads per actor on CPU
+
+    def __post_init__(self) -> None:
+        if self.score_threshold is not None and not 0 <= self.score_threshold <= 1:
+            raise ValueError(f"detector.score_threshold must be in [0, 1], got {self.score_threshold}")
+        if not 0 <= self.record_threshold <= 1:
+            raise ValueError("detector.record_threshold must be in [0, 1]")
+
+    @property
+    def threshold(self) -> float:
+        return self.score_threshold if self.score_threshold is not None else DEFAULT_SCORE_THRESHOLDS.get(self.backend, 0.5)
+
+    @property
+    def size(self) -> int:
+        return self.input_size or DEFAULT_INPUT_SIZES.get(self.backend, 640)
 
 
 def box_size(box: Box, measure: str) -> float:
@@ -47,26 +82,25 @@ def salient_counts(boxes: list[Box], scores: list[float], cfg: DetectorConfig) -
     return len(confident), len(salient)
 
 
-def load_for_detection(jpeg: bytes, size: int) -> Image.Image:
-    """Decode at reduced scale (JPEG draft mode) when the image is much larger than the model input."""
-    im = Image.open(io.BytesIO(jpeg))
-    im.draft("RGB", (size, size))
-    return im.convert("RGB")
+_DISABLE = "detector.backend=none to run without person detection"
 
 
 def resolve_weights(path: str, suffixes: tuple[str, ...]) -> Path:
-    """A weights file, or the single matching file in a model folder; a clear error otherwise."""
+    """A weights file, or the first matching file in a model folder; a one-line error otherwise."""
+    kinds = "/".join(suffixes)
+    if not path:
+        raise WeightsUnavailableError(f"detector.weights is not set: give a local model file ({kinds}), or set {_DISABLE}")
     p = Path(path).expanduser()
     if p.is_dir():
         found = sorted(f for f in p.iterdir() if f.suffix in suffixes)
         if not found:
-            raise FileNotFoundError(f"detector.weights folder {str(p)!r} holds no {'/'.join(suffixes)} file")
+            raise WeightsUnavailableError(f"detector.weights folder {str(p)!r} holds no {kinds} file")
         return found[0]
     if not p.is_file():
-        raise FileNotFoundError(f"detector.weights {str(p)!r} does not exist: give a local model file "
-                                f"({'/'.join(suffixes)}); nothing is downloaded at run time")
+        raise WeightsUnavailableError(f"detector.weights {str(p)!r} does not exist: give a local model file "
+                                      f"({kinds}); nothing is downloaded at run time. Or set {_DISABLE}")
     if p.suffix not in suffixes:
-        raise ValueError(f"detector.weights {str(p)!r} must be a {'/'.join(suffixes)} file")
+        raise ValueError(f"detector.weights {str(p)!r} must be a {kinds} file")
     return p
 
 
@@ -150,50 +184,54 @@ def check_detector_config(cfg: DetectorConfig) -> None:
     resolve_weights(cfg.weights, BACKENDS[cfg.backend].suffixes)
 
 
-class PersonDetectionStage(Stage):
+class PersonFilter(ModelStage):
     """Scores pending rows; rows without a salient person get reason ``no_salient_person``."""
 
     name = "person_detection"
+    section = "detector"
+    Config = DetectorConfig
     reasons = (schema.NO_SALIENT_PERSON,)
-    uses_model = True
+    reads = ("image", "width", "height")
+    fields = schema.PERSON_FIELDS
+    writes = tuple(f.name for f in schema.PERSON_FIELDS)
 
-    def __init__(self, cfg: DetectorConfig) -> None:
-        self.cfg = cfg
-        self.model = None
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.backend != "none"
 
-    def resources(self) -> Resources:
-        return Resources(num_cpus=self.cfg.num_cpus, num_gpus=self.cfg.num_gpus,
-                         batch_size=self.cfg.batch_size, num_actors=self.cfg.num_actors)
+    def not_applied(self) -> dict:
+        return {"why": "detector.backend=none"}
 
-    def setup(self) -> None:
+    def check(self) -> None:
+        check_detector_config(self.cfg)
+
+    def weight_files(self) -> dict[str, str]:
+        return {"detector.weights": str(resolve_weights(self.cfg.weights, BACKENDS[self.cfg.backend].suffixes))}
+
+    def setup(self) -> None:  # each backend picks its own device (ONNX Runtime providers, torch)
+        self.load()
+
+    def load(self) -> None:
         self.model = BACKENDS[self.cfg.backend](self.cfg)
 
-    def process(self, batch: pa.Table) -> pa.Table:
-        pending = schema.pending_mask(batch)
-        n = batch.num_rows
-        cols: dict[str, list] = {f.name: [None] * n for f in schema.PERSON_FIELDS}
-        idx = [i for i in range(n) if pending[i]]
-        reasons: list[str | None] = [None] * n
-        if idx:
-            images = batch.column("image").to_pylist()
-            widths, heights = batch.column("width").to_pylist(), batch.column("height").to_pylist()
-            loaded = [load_for_detection(images[i], self.cfg.size) for i in idx]
-            sizes = [(widths[i], heights[i]) for i in idx]
-            for i, (boxes, scores) in zip(idx, self.model.detect(loaded, sizes)):
-                order = sorted(range(len(scores)), key=lambda j: -scores[j])
-                boxes, scores = [boxes[j] for j in order], [scores[j] for j in order]
-                count, salient = salient_counts(boxes, scores, self.cfg)
-                cols["person_boxes"][i] = [list(b) for b in boxes]
-                cols["person_scores"][i] = scores
-                cols["person_count"][i] = count
-                cols["salient_person_count"][i] = salient
-                cols["person_score_max"][i] = scores[0] if scores else 0.0
-                if salient == 0:
-                    reasons[i] = schema.NO_SALIENT_PERSON
-        batch = schema.typed_columns(batch, schema.PERSON_FIELDS, cols)
-        return schema.set_reasons(batch, reasons)
+    def decode_size(self) -> dict:
+        return {"min_side": self.cfg.size}  # JPEG draft decoding down to about the model input
 
-    def describe(self) -> dict:
-        return {"name": self.name, "applied": True, "backend": self.cfg.backend, "weights": self.cfg.weights,
-                "score_threshold": self.cfg.threshold, "min_box_size": self.cfg.min_box_size,
-                "box_size_measure": self.cfg.box_size_measure}
+    def score(self, batch: pa.Table, rows: list[int], images: list) -> list[dict]:
+        widths, heights = batch.column("width").to_pylist(), batch.column("height").to_pylist()
+        sizes = [(widths[i], heights[i]) for i in rows]
+        out = []
+        for boxes, scores in self.model.detect(images, sizes):
+            order = sorted(range(len(scores)), key=lambda j: -scores[j])
+            boxes, scores = [boxes[j] for j in order], [scores[j] for j in order]
+            count, salient = salient_counts(boxes, scores, self.cfg)
+            out.append({"person_boxes": [list(b) for b in boxes], "person_scores": scores, "person_count": count,
+                        "salient_person_count": salient, "person_score_max": scores[0] if scores else 0.0})
+        return out
+
+    def reason(self, scores: dict) -> str | None:
+        return schema.NO_SALIENT_PERSON if scores["salient_person_count"] == 0 else None
+
+    def settings(self) -> dict:
+        return {"backend": self.cfg.backend, "weights": self.cfg.weights, "score_threshold": self.cfg.threshold,
+                "min_box_size": self.cfg.min_box_size, "box_size_measure": self.cfg.box_size_measure}

@@ -11,17 +11,14 @@ Shapes: N images, D embedding width.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 
-from curation import schema
-from curation.content.common import (LinearHead, check_placement, decode_pending, embeddings_of,
-                                     load_state_file, mark_failed, require_file, resolve_device)
-from curation.stages import Resources, Stage
+from curation.filters.model import (EMBEDDING_COLUMN, LinearHead, ModelStage, Placement, autocast, embeddings_of,
+                                    load_state_file, resolve_device)
 
 WATERMARK = "watermark"
 
@@ -32,7 +29,7 @@ _STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
 @dataclasses.dataclass(kw_only=True)
-class WatermarkFilterConfig:
+class WatermarkFilterConfig(Placement):
     """Settings of the watermark filter (``content.watermark``)."""
 
     enabled: bool = True
@@ -44,28 +41,7 @@ class WatermarkFilterConfig:
     input_size: int = 256
     clip_head_weights: str = ""  # optional LinearHead file on clip_embedding giving P(watermark)
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on GPU
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_gpus: float = 0.0
-    num_cpus: float = 1.0
     batch_size: int = 32
-    num_actors: int = 1
-
-
-def check_watermark_config(cfg: WatermarkFilterConfig, where: str = "content.watermark") -> None:
-    check_placement(cfg.device, cfg.num_gpus, cfg.num_cpus, cfg.batch_size, cfg.num_actors, where)
-    if not 0.0 <= cfg.threshold <= 1.0:
-        raise ValueError(f"{where}.threshold={cfg.threshold}: a probability in [0, 1]")
-    if cfg.watermark_class not in (0, 1):
-        raise ValueError(f"{where}.watermark_class must be 0 or 1 (the classifier has two outputs)")
-    if cfg.clip_head_weights:
-        require_file(cfg.clip_head_weights, f"{where}.clip_head_weights", f"{where}.enabled",
-                     "the CLIP watermark head")
-        if cfg.weights:
-            require_file(cfg.weights, f"{where}.weights", f"{where}.enabled", "the watermark classifier")
-        return
-    require_file(cfg.weights, f"{where}.weights", f"{where}.enabled",
-                 f"the watermark classifier ({cfg.backbone} + MLP {list(cfg.head_hidden)}, e.g. LAION's "
-                 f"watermark_model_v1.pt), or a CLIP head in {where}.clip_head_weights")
 
 
 def build_classifier(backbone: str, head_hidden: tuple[int, ...], num_classes: int = 2):
@@ -102,8 +78,6 @@ class WatermarkClassifier:
             raise ValueError(f"{where}.weights={cfg.weights!r} does not fit {where}.backbone={cfg.backbone!r} "
                              f"with {where}.head_hidden={list(cfg.head_hidden)}: {err}") from None
         self.model = model.eval().to(self.device)
-        precision = cfg.precision if cfg.precision != "auto" else ("bf16" if self.device == "cuda" else "fp32")
-        self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
     def predict(self, images: list) -> np.ndarray:
         import torch
@@ -112,61 +86,83 @@ class WatermarkClassifier:
         size = (self.cfg.input_size, self.cfg.input_size)
         x = np.stack([np.asarray(im.resize(size, Image.Resampling.BILINEAR), np.float32) for im in images])
         x = torch.from_numpy(((x / 255.0 - _MEAN) / _STD).transpose(0, 3, 1, 2).copy()).to(self.device)
-        autocast = (torch.autocast(device_type=self.device, dtype=self.autocast_dtype)
-                    if self.autocast_dtype is not None else contextlib.nullcontext())
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode(), autocast(self.cfg.precision, self.device):
             probs = torch.softmax(self.model(x).float(), dim=1)[:, self.cfg.watermark_class]
         return probs.cpu().numpy().astype(np.float32)
 
 
-class WatermarkFilterStage(Stage):
+class WatermarkFilter(ModelStage):
     """Adds ``watermark_score`` to pending rows; sets ``watermark`` where it is >= threshold."""
 
     name = "watermark_filter"
+    section = "content.watermark"
+    Config = WatermarkFilterConfig
     reasons = (WATERMARK,)
-    uses_model = True
+    fields = WATERMARK_FIELDS
+    writes = ("watermark_score",)
 
     def __init__(self, cfg: WatermarkFilterConfig) -> None:
-        self.cfg = cfg
+        super().__init__(cfg)
         self.classifier: WatermarkClassifier | None = None
         self.clip_head: LinearHead | None = None
 
-    def resources(self) -> Resources:
-        c = self.cfg
-        return Resources(num_cpus=c.num_cpus, num_gpus=c.num_gpus, batch_size=c.batch_size,
-                         num_actors=c.num_actors)
+    @property
+    def needs_images(self) -> bool:
+        return bool(self.cfg.weights)
 
-    def setup(self) -> None:
+    def columns_read(self) -> tuple[str, ...]:
+        return (("image",) if self.cfg.weights else ()) + ((EMBEDDING_COLUMN,) if self.cfg.clip_head_weights else ())
+
+    def check_settings(self) -> None:
+        if not 0.0 <= self.cfg.threshold <= 1.0:
+            raise ValueError(f"{self.section}.threshold={self.cfg.threshold}: a probability in [0, 1]")
+        if self.cfg.watermark_class not in (0, 1):
+            raise ValueError(f"{self.section}.watermark_class must be 0 or 1 (the classifier has two outputs)")
+
+    def required_files(self) -> dict[str, tuple[str, str]]:
+        c, files = self.cfg, {}
+        if c.clip_head_weights:
+            files["clip_head_weights"] = (c.clip_head_weights, "the CLIP watermark head")
+        if c.weights or not c.clip_head_weights:
+            files["weights"] = (c.weights, f"the watermark classifier ({c.backbone} + MLP {list(c.head_hidden)}, e.g. "
+                                           f"LAION's watermark_model_v1.pt), or a CLIP head in "
+                                           f"{self.section}.clip_head_weights")
+        return files
+
+    def setup(self) -> None:  # the classifier resolves its device itself
+        self.load()
+
+    def load(self) -> None:
         if self.cfg.weights:
-            self.classifier = WatermarkClassifier(self.cfg)
+            self.classifier = WatermarkClassifier(self.cfg, self.section)
         if self.cfg.clip_head_weights:
             self.clip_head = LinearHead.load(self.cfg.clip_head_weights)
 
-    def process(self, batch: pa.Table) -> pa.Table:
-        n = batch.num_rows
-        mask = schema.pending_mask(batch)
-        scores: list = [None] * n
-        errors: dict[int, str] = {}
-        if self.classifier is not None:
-            images, errors = decode_pending(batch, mask, min_side=self.cfg.input_size)
-            rows = sorted(images)
-            for start in range(0, len(rows), self.cfg.batch_size):
-                chunk = rows[start:start + self.cfg.batch_size]
-                for i, p in zip(chunk, self.classifier.predict([images[i] for i in chunk]), strict=True):
-                    scores[i] = float(p)
-        if self.clip_head is not None:
-            rows, emb_ND = embeddings_of(batch, mask, self.name)
-            if rows:
-                for i, p in zip(rows, self.clip_head.predict(emb_ND), strict=True):
-                    scores[i] = float(p) if scores[i] is None else max(scores[i], float(p))
-        batch = schema.typed_columns(batch, WATERMARK_FIELDS, {"watermark_score": scores})
-        batch = schema.set_reasons(batch, [WATERMARK if s is not None and s >= self.cfg.threshold else None
-                                           for s in scores])
-        return mark_failed(batch, errors, self.name)
+    def decode_size(self) -> dict:
+        return {"min_side": self.cfg.input_size}
 
-    def describe(self) -> dict:
+    def score(self, batch: pa.Table, rows: list[int], images: list) -> list[dict | None]:
+        scores: dict[int, float] = {}
+        if self.classifier is not None:
+            scores = {i: float(p) for i, p in zip(rows, self.classifier.predict(images), strict=True)}
+        if self.clip_head is not None:
+            mask = [False] * batch.num_rows
+            for i in rows:
+                mask[i] = True
+            have, emb_ND = embeddings_of(batch, mask, self.name)
+            for i, p in zip(have, self.clip_head.predict(emb_ND) if have else [], strict=True):
+                scores[i] = max(scores.get(i, float(p)), float(p))
+        return [{"watermark_score": scores[i]} if i in scores else None for i in rows]
+
+    def reason(self, scores: dict) -> str | None:
+        return WATERMARK if scores["watermark_score"] >= self.cfg.threshold else None
+
+    def settings(self) -> dict:
         c = self.cfg
-        return {"name": self.name, "applied": True, "threshold": c.threshold,
+        return {"threshold": c.threshold,
                 "classifier": {"weights": c.weights, "backbone": c.backbone, "head_hidden": list(c.head_hidden),
                                "input_size": c.input_size} if c.weights else None,
                 "clip_head_weights": c.clip_head_weights or None}
+
+    def not_applied(self) -> dict:
+        return {**super().not_applied(), "note": "images were not checked for watermarks by the classifier"}

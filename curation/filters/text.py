@@ -28,9 +28,7 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
-from curation import schema
-from curation.content.common import check_placement, decode_pending, mark_failed
-from curation.stages import Resources, Stage
+from curation.filters.model import ModelStage, Placement
 
 TEXT = "text"
 WATERMARK_TEXT = "watermark_text"
@@ -43,7 +41,7 @@ TEXT_FIELDS = [
 
 
 @dataclasses.dataclass(kw_only=True)
-class TextFilterConfig:
+class TextFilterConfig(Placement):
     """Settings of the OCR text filter (``content.text``); thresholds measured on real photos."""
 
     enabled: bool = True
@@ -58,17 +56,12 @@ class TextFilterConfig:
     watermark_max_length: float = 0.5  # ... and short: box length / image side along it
     diagonal_min_angle: float = 20.0  # diagonal text: tilted at least this (degrees) from both axes
     diagonal_min_length: float = 0.25  # ... and long: box length / shorter image side
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # GPU only with onnxruntime-gpu and num_gpus > 0
-    num_gpus: float = 0.0
-    num_cpus: float = 1.0  # also the ONNX Runtime thread count
-    batch_size: int = 16
-    num_actors: int = 1
+    # device: GPU only with onnxruntime-gpu and num_gpus > 0; num_cpus is also the ONNX Runtime thread count
 
 
 def check_text_config(cfg: TextFilterConfig, where: str = "content.text") -> None:
     import importlib.util
 
-    check_placement(cfg.device, cfg.num_gpus, cfg.num_cpus, cfg.batch_size, cfg.num_actors, where)
     for name in ("min_confidence", "coverage_threshold", "caption_min_length", "edge_margin",
                  "watermark_max_height", "watermark_max_length", "diagonal_min_length"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
@@ -177,48 +170,52 @@ class OcrEngine:
         return [(b, r[0], float(r[1])) for b, r in zip(boxes, results, strict=True)]
 
 
-class TextFilterStage(Stage):
+class TextFilter(ModelStage):
     """Adds ``text_coverage``, ``text_box_count``, ``text_watermark``; sets ``text``/``watermark_text``."""
 
     name = "text_filter"
+    section = "content.text"
+    Config = TextFilterConfig
     reasons = (TEXT, WATERMARK_TEXT)
-    uses_model = True
+    reads = ("image",)
+    fields = TEXT_FIELDS
+    writes = tuple(f.name for f in TEXT_FIELDS)
 
-    def __init__(self, cfg: TextFilterConfig) -> None:
-        self.cfg = cfg
-        self.ocr: OcrEngine | None = None
+    def check_settings(self) -> None:
+        check_text_config(self.cfg, self.section)
 
-    def resources(self) -> Resources:
-        c = self.cfg
-        return Resources(num_cpus=c.num_cpus, num_gpus=c.num_gpus, batch_size=c.batch_size,
-                         num_actors=c.num_actors)
+    def setup(self) -> None:  # ONNX Runtime picks its providers from cfg.device itself
+        self.load()
 
-    def setup(self) -> None:
+    def load(self) -> None:
         self.ocr = OcrEngine(self.cfg)
 
     def measure(self, rgb_HW3: np.ndarray) -> TextMeasures:
         boxes = [b for b, _, conf in self.ocr.read(rgb_HW3) if conf >= self.cfg.min_confidence]
         return measure_text(boxes, rgb_HW3.shape[1], rgb_HW3.shape[0], self.cfg)
 
-    def process(self, batch: pa.Table) -> pa.Table:
-        n = batch.num_rows
-        images, errors = decode_pending(batch, schema.pending_mask(batch), max_side=self.cfg.max_side)
-        values: dict[str, list] = {f.name: [None] * n for f in TEXT_FIELDS}
-        reasons: list = [None] * n
-        for i, img in images.items():
-            m = self.measure(np.asarray(img))
-            values["text_coverage"][i] = m.coverage
-            values["text_box_count"][i] = m.box_count
-            values["text_watermark"][i] = m.watermark
-            reasons[i] = text_reason(m, self.cfg)
-        batch = schema.typed_columns(batch, TEXT_FIELDS, values)
-        return mark_failed(schema.set_reasons(batch, reasons), errors, self.name)
+    def decode_size(self) -> dict:
+        return {"max_side": self.cfg.max_side}
 
-    def describe(self) -> dict:
+    def score(self, batch: pa.Table, rows: list[int], images: list) -> list[dict]:
+        out = []
+        for img in images:
+            m = self.measure(np.asarray(img))
+            out.append({"text_coverage": m.coverage, "text_box_count": m.box_count, "text_watermark": m.watermark,
+                        "_measures": m})
+        return out
+
+    def reason(self, scores: dict) -> str | None:
+        return text_reason(scores["_measures"], self.cfg)
+
+    def settings(self) -> dict:
         c = self.cfg
-        return {"name": self.name, "applied": True, "engine": "rapidocr-onnxruntime PP-OCRv4 det+rec",
+        return {"engine": "rapidocr-onnxruntime PP-OCRv4 det+rec",
                 **{k: getattr(c, k) for k in ("max_side", "min_confidence", "coverage_threshold",
                                               "box_count_threshold", "caption_min_length",
                                               "drop_watermark_text", "edge_margin",
                                               "watermark_max_height", "watermark_max_length",
                                               "diagonal_min_angle", "diagonal_min_length")}}
+
+    def not_applied(self) -> dict:
+        return {**super().not_applied(), "note": "images were not checked for text or text watermarks"}

@@ -15,16 +15,13 @@ Shapes: N images, P prompts, C classes, D embedding width.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 
-from curation import schema
-from curation.content.common import (LinearHead, check_placement, embeddings_of, require_file,
-                                     scatter)
-from curation.content.embedding import ClipEmbeddingConfig, encode_prompts
-from curation.stages import Resources, Stage
+from curation.filters.clip_embedding import ClipEmbeddingConfig, encode_prompts
+from curation.filters.model import EMBEDDING_COLUMN, LinearHead, ModelStage, Placement, embeddings_of
+from curation.stages import section_of
 
 ARTISTIC = "artistic"
 
@@ -62,8 +59,9 @@ DEFAULT_NON_NATURAL_PROMPTS = {
 
 
 @dataclasses.dataclass(kw_only=True)
-class ArtisticFilterConfig:
-    """Settings of the artistic / non-natural depiction filter (``content.artistic``)."""
+class ArtisticFilterConfig(Placement):
+    """Settings of the artistic / non-natural depiction filter (``content.artistic``); ``device``
+    is where the prompts are encoded at start."""
 
     enabled: bool = True
     threshold: float = 0.5  # drop when P(non-natural) >= threshold; calibrate per CLIP model
@@ -73,23 +71,7 @@ class ArtisticFilterConfig:
         default_factory=lambda: {k: list(v) for k, v in DEFAULT_NON_NATURAL_PROMPTS.items()})
     logit_scale: float = 100.0  # softmax temperature of trained CLIP models
     head_weights: str = ""  # optional linear head on the embedding giving P(non-natural)
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # where the prompts are encoded at start
-    num_gpus: float = 0.0
-    num_cpus: float = 1.0
     batch_size: int = 256
-    num_actors: int = 1
-
-
-def check_artistic_config(cfg: ArtisticFilterConfig, where: str = "content.artistic") -> None:
-    check_placement(cfg.device, cfg.num_gpus, cfg.num_cpus, cfg.batch_size, cfg.num_actors, where)
-    if not 0.0 <= cfg.threshold <= 1.0:
-        raise ValueError(f"{where}.threshold={cfg.threshold}: a probability in [0, 1]")
-    if cfg.logit_scale <= 0:
-        raise ValueError(f"{where}.logit_scale must be > 0")
-    PromptSet.from_groups(cfg.natural_prompts, cfg.non_natural_prompts, where)
-    if cfg.head_weights:
-        require_file(cfg.head_weights, f"{where}.head_weights", f"{where}.enabled",
-                     "the linear head file (or leave head_weights empty for zero-shot only)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,29 +122,47 @@ def zero_shot(image_emb_ND: np.ndarray, class_emb_CD: np.ndarray, non_natural_C,
     return score_N.astype(np.float32), probs_NC.argmax(axis=1)
 
 
-class ArtisticFilterStage(Stage):
+class ArtisticFilter(ModelStage):
     """Scores pending rows' ``clip_embedding``; sets ``artistic`` where P(non-natural) >= threshold."""
 
     name = "artistic_filter"
+    section = "content.artistic"
+    Config = ArtisticFilterConfig
     reasons = (ARTISTIC,)
-    uses_model = True
+    reads = (EMBEDDING_COLUMN,)
+    fields = ARTISTIC_FIELDS
+    writes = tuple(f.name for f in ARTISTIC_FIELDS)
+    needs_images = False
 
     def __init__(self, cfg: ArtisticFilterConfig, clip: ClipEmbeddingConfig,
                  prompt_embeddings: np.ndarray | None = None) -> None:
         """``prompt_embeddings`` [P, D] (in ``PromptSet`` order) skips encoding the prompts in setup."""
-        self.cfg = cfg
+        super().__init__(cfg)
         self.clip_cfg = dataclasses.replace(clip, device=cfg.device)
         self.prompts = PromptSet.from_groups(cfg.natural_prompts, cfg.non_natural_prompts)
         self.prompt_embeddings = prompt_embeddings
         self.class_emb_CD: np.ndarray | None = None
         self.head: LinearHead | None = None
 
-    def resources(self) -> Resources:
-        c = self.cfg
-        return Resources(num_cpus=c.num_cpus, num_gpus=c.num_gpus, batch_size=c.batch_size,
-                         num_actors=c.num_actors)
+    @classmethod
+    def from_config(cls, job) -> ArtisticFilter:
+        return cls(section_of(job, cls.section), section_of(job, "content.embedding"))
 
-    def setup(self) -> None:
+    def check_settings(self) -> None:
+        where, c = self.section, self.cfg
+        if not 0.0 <= c.threshold <= 1.0:
+            raise ValueError(f"{where}.threshold={c.threshold}: a probability in [0, 1]")
+        if c.logit_scale <= 0:
+            raise ValueError(f"{where}.logit_scale must be > 0")
+        PromptSet.from_groups(c.natural_prompts, c.non_natural_prompts, where)
+
+    def required_files(self) -> dict[str, tuple[str, str]]:
+        if not self.cfg.head_weights:
+            return {}
+        return {"head_weights": (self.cfg.head_weights,
+                                 "the linear head file (or leave head_weights empty for zero-shot only)")}
+
+    def load(self) -> None:
         prompt_emb_PD = self.prompt_embeddings
         if prompt_emb_PD is None:
             prompt_emb_PD = encode_prompts(self.clip_cfg, list(self.prompts.prompts))
@@ -172,25 +172,29 @@ class ArtisticFilterStage(Stage):
         if self.cfg.head_weights:
             self.head = LinearHead.load(self.cfg.head_weights)
 
-    def process(self, batch: pa.Table) -> pa.Table:
-        rows, emb_ND = embeddings_of(batch, schema.pending_mask(batch), self.name)
-        scores: list = []
-        labels: list = []
-        if rows:
+    def score(self, batch: pa.Table, rows: list[int], images: list) -> list[dict | None]:
+        mask = [False] * batch.num_rows
+        for i in rows:
+            mask[i] = True
+        have, emb_ND = embeddings_of(batch, mask, self.name)
+        out: dict[int, dict] = {}
+        if have:
             score_N, best_N = zero_shot(emb_ND, self.class_emb_CD, self.prompts.non_natural, self.cfg.logit_scale)
             if self.head is not None:
                 score_N = self.head.predict(emb_ND)
-            scores = [float(s) for s in score_N]
-            labels = [self.prompts.classes[b] for b in best_N]
-        n = batch.num_rows
-        batch = schema.typed_columns(batch, ARTISTIC_FIELDS, {
-            "artistic_score": scatter(n, rows, scores), "artistic_label": scatter(n, rows, labels)})
-        drop = scatter(n, rows, [ARTISTIC if s >= self.cfg.threshold else None for s in scores])
-        return schema.set_reasons(batch, drop)
+            out = {i: {"artistic_score": float(s), "artistic_label": self.prompts.classes[b]}
+                   for i, s, b in zip(have, score_N, best_N)}
+        return [out.get(i) for i in rows]
 
-    def describe(self) -> dict:
-        return {"name": self.name, "applied": True, "threshold": self.cfg.threshold,
+    def reason(self, scores: dict) -> str | None:
+        return ARTISTIC if scores["artistic_score"] >= self.cfg.threshold else None
+
+    def settings(self) -> dict:
+        return {"threshold": self.cfg.threshold,
                 "score": "linear_head" if self.cfg.head_weights else "zero_shot",
                 "head_weights": self.cfg.head_weights, "logit_scale": self.cfg.logit_scale,
                 "classes": {"natural": sorted(self.cfg.natural_prompts),
                             "non_natural": sorted(self.cfg.non_natural_prompts)}}
+
+    def not_applied(self) -> dict:
+        return {**super().not_applied(), "note": "images were not checked for artistic / non-natural depictions"}

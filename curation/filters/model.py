@@ -1,36 +1,60 @@
-"""Pieces the content-filter stages share: start-up checks, devices, decoding, weight files, linear heads.
+"""The base of every model stage (person detector, CLIP, artistic, watermark, text) and its helpers.
 
-Nothing here imports torch at module level: stages import their heavy libraries in ``setup()``
+``ModelStage`` owns what the model stages share: placement (one ``Placement`` settings base:
+device, num_gpus, num_cpus, batch_size, num_actors) and the resources it asks Ray for, device
+choice, the start-up check of the settings and of the weight files (a missing file is a
+one-line ``WeightsUnavailableError`` naming the setting, before any Ray work), decoding the
+pending rows for the model, batching, writing typed score columns, and marking rows it could
+not decode. A concrete stage implements only ``load`` (once per actor), ``score`` (a chunk of
+rows -> one dict of column values per row) and ``reason`` (scores -> drop reason or None).
+
+Nothing here imports torch at module level: stages import their heavy libraries in ``load()``
 so that building the pipeline on the driver stays cheap.
 
 Shapes: N images, D embedding width, K head outputs.
 """
 from __future__ import annotations
 
+import abc
+import contextlib
+import dataclasses
 import io
 from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 from PIL import Image
 
 from curation import schema
+from curation.stages import Resources, Stage
 
 EMBEDDING_COLUMN = "clip_embedding"
 DEVICES = ("auto", "cpu", "cuda")
 
 
 class WeightsUnavailableError(FileNotFoundError, ValueError):
-    """An enabled content filter whose weights are not configured or not on disk (raised at start-up).
+    """A model stage whose weights are not configured or not on disk (raised at start-up).
 
-    It is both a ``FileNotFoundError`` and a ``ValueError`` (a configuration error), so callers
-    that catch either see it.
+    It is both a ``FileNotFoundError`` and a ``ValueError`` (a configuration error: one line
+    on stderr and exit 2 from the entry points), so callers that catch either see it.
     """
 
 
-def require_file(path: str, setting: str, enabled_setting: str, what: str) -> Path:
+@dataclasses.dataclass(kw_only=True)
+class Placement:
+    """Where a model stage runs. Every model stage's settings extend this (same keys everywhere)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_gpus: float = 0.0              # per actor; fractional shares one GPU between actors
+    num_cpus: float = 1.0
+    batch_size: int = 16
+    num_actors: int = 1
+
+
+def require_file(path: str, setting: str, what: str, disable: str) -> Path:
     """The weights file at ``path``, or a ``WeightsUnavailableError`` saying which setting to fix."""
-    fix = (f"Set {setting}=/path/to/file, or disable the filter with {enabled_setting}=false "
+    fix = (f"Set {setting}=/path/to/file, or disable the step with {disable} "
            f"(the run's stats and MLflow then record it as not applied).")
     if not path:
         raise WeightsUnavailableError(f"{setting} is not set: {what} is needed. {fix}")
@@ -40,16 +64,15 @@ def require_file(path: str, setting: str, enabled_setting: str, what: str) -> Pa
     return p
 
 
-def check_placement(device: str, num_gpus: float, num_cpus: float, batch_size: int,
-                    num_actors: int, where: str) -> None:
-    """Start-up checks of a model stage's resource settings."""
-    if device not in DEVICES:
-        raise ValueError(f"{where}.device={device!r}: expected one of {list(DEVICES)}")
-    if num_gpus < 0 or num_cpus < 0:
+def check_placement(cfg: Placement, where: str) -> None:
+    """Start-up checks of a model stage's placement settings."""
+    if cfg.device not in DEVICES:
+        raise ValueError(f"{where}.device={cfg.device!r}: expected one of {list(DEVICES)}")
+    if cfg.num_gpus < 0 or cfg.num_cpus < 0:
         raise ValueError(f"{where}: num_gpus and num_cpus must be >= 0")
-    if batch_size < 1 or num_actors < 1:
+    if cfg.batch_size < 1 or cfg.num_actors < 1:
         raise ValueError(f"{where}: batch_size and num_actors must be >= 1")
-    if device == "cuda" and num_gpus == 0:
+    if cfg.device == "cuda" and cfg.num_gpus == 0:
         # Ray hides every GPU from an actor that reserved none: it would fail on its first batch.
         raise ValueError(f"{where}.device=cuda needs {where}.num_gpus > 0 (e.g. 0.25 to share one GPU "
                          f"between 4 actors), or set {where}.device=auto/cpu")
@@ -65,6 +88,92 @@ def resolve_device(device: str, where: str) -> str:
         raise RuntimeError(f"{where}.device=cuda but this worker sees no CUDA device "
                            f"(check {where}.num_gpus and the cluster's GPUs, or set {where}.device=auto)")
     return device
+
+
+def autocast(precision: str, device: str):
+    """The inference autocast context for a precision setting (``auto``: bf16 on GPU, fp32 on CPU)."""
+    import torch
+
+    if precision == "auto":
+        precision = "bf16" if device == "cuda" else "fp32"
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device, dtype=dtype)
+
+
+class ModelStage(Stage):
+    """A stage that scores pending rows with a model loaded once per actor (see the module doc)."""
+
+    uses_model = True
+    fields: ClassVar[list[pa.Field]] = []  # the typed columns it writes
+    needs_images: ClassVar[bool] = True    # decode pending rows' images for ``score``
+
+    def __init__(self, cfg: Any) -> None:
+        super().__init__(cfg)
+        self.device = "cpu"
+
+    def columns_written(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+    def resources(self) -> Resources:
+        c = self.cfg
+        return Resources(num_cpus=c.num_cpus, num_gpus=c.num_gpus, batch_size=c.batch_size, num_actors=c.num_actors)
+
+    def check(self) -> None:
+        check_placement(self.cfg, self.section)
+        self.check_settings()
+        for setting, (path, what) in self.required_files().items():
+            require_file(path, f"{self.section}.{setting}", what, self.disable_hint())
+
+    def check_settings(self) -> None:
+        """Range checks of the stage's own settings (raise ``ValueError`` naming the setting)."""
+
+    def required_files(self) -> dict[str, tuple[str, str]]:
+        """Weight files that must exist: setting -> (path, what it is)."""
+        return {}
+
+    def weight_files(self) -> dict[str, str]:
+        return {f"{self.section}.{k}": path for k, (path, _) in self.required_files().items() if path}
+
+    def disable_hint(self) -> str:
+        return f"{self.section}.enabled=false"
+
+    def setup(self) -> None:
+        self.device = resolve_device(self.cfg.device, self.section)
+        self.load()
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Load the model(s) onto ``self.device`` (once per actor)."""
+
+    def decode_size(self) -> dict:
+        """``decode_rgb`` keywords for this model's input (``min_side`` / ``max_side``)."""
+        return {}
+
+    @abc.abstractmethod
+    def score(self, batch: pa.Table, rows: list[int], images: list) -> list[dict | None]:
+        """Column values for each of ``rows`` (None: not scored); ``images`` are theirs when ``needs_images``."""
+
+    def reason(self, scores: dict) -> str | None:
+        """The drop reason these scores give, or None to keep the row."""
+        return None
+
+    def process(self, batch: pa.Table) -> pa.Table:
+        n = batch.num_rows
+        mask = schema.pending_mask(batch)
+        images, errors = decode_pending(batch, mask, **self.decode_size()) if self.needs_images else ({}, {})
+        rows = sorted(images) if self.needs_images else [i for i in range(n) if mask[i]]
+        values: dict[str, list] = {f.name: [None] * n for f in self.fields}
+        reasons: list[str | None] = [None] * n
+        for start in range(0, len(rows), self.cfg.batch_size):
+            chunk = rows[start:start + self.cfg.batch_size]
+            for i, scores in zip(chunk, self.score(batch, chunk, [images.get(i) for i in chunk]), strict=True):
+                if scores is None:
+                    continue
+                for name, column in values.items():  # other keys are the stage's own, for ``reason``
+                    column[i] = scores.get(name)
+                reasons[i] = self.reason(scores)
+        batch = schema.set_reasons(schema.typed_columns(batch, self.fields, values), reasons)
+        return mark_failed(batch, errors, self.name)
 
 
 def decode_rgb(data: bytes, min_side: int | None = None, max_side: int | None = None) -> Image.Image:
@@ -117,8 +226,8 @@ def mark_failed(table: pa.Table, errors: dict[int, str], stage: str) -> pa.Table
 def embeddings_of(table: pa.Table, mask: list[bool], stage: str) -> tuple[list[int], np.ndarray]:
     """Rows in ``mask`` that carry a CLIP embedding, and those embeddings as float32 [N, D]."""
     if EMBEDDING_COLUMN not in table.column_names:
-        raise ValueError(f"{stage} reads the {EMBEDDING_COLUMN!r} column: run ClipEmbeddingStage before it "
-                         "(build_content_stages orders them)")
+        raise ValueError(f"{stage} reads the {EMBEDDING_COLUMN!r} column: the recipe runs the CLIP "
+                         "embedding step before it")
     values = table.column(EMBEDDING_COLUMN).to_pylist()
     rows = [i for i, pending in enumerate(mask) if pending and values[i] is not None]
     if not rows:

@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from curation.content.text import (TEXT, WATERMARK_TEXT, TextFilterConfig, TextFilterStage, TextMeasures,
+from curation.filters.text import (TEXT, WATERMARK_TEXT, TextFilterConfig, TextFilter, TextMeasures,
                                    classify_box, measure_text, text_reason)
 from curation.schema import DECODE_FAILED, pending_mask
 from curation.stages import run_stages_locally
@@ -38,7 +38,7 @@ def ocr_result(real_images, render, batch_of):
         "diagonal_franz_kafka": r.diagonal_mark(im["franz_kafka"]),
     })
     batch = batch_of(cases, not_pending={"already_dropped": "no_salient_person"}, undecodable=("broken",))
-    stage = TextFilterStage(TextFilterConfig())
+    stage = TextFilter(TextFilterConfig())
     return batch, run_stages_locally(batch, [stage])
 
 
@@ -95,7 +95,7 @@ def test_undecodable_image_bytes_become_a_row_error(batch_of, real_images):
     images = batch.column("image").to_pylist()
     images[1] = b"\xff\xd8 not really a jpeg"
     batch = batch.set_column(batch.schema.get_field_index("image"), "image", pa.array(images, pa.binary()))
-    out = run_stages_locally(batch, [TextFilterStage(TextFilterConfig())])
+    out = run_stages_locally(batch, [TextFilter(TextFilterConfig())])
     assert out.column("reason").to_pylist() == [None, DECODE_FAILED]
     assert out.column("error_message").to_pylist()[1].startswith("text_filter: ")
     assert pending_mask(out) == [True, False]

@@ -5,8 +5,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from curation.content import WeightsUnavailableError
-from curation.content.embedding import (ClipEmbeddingConfig, ClipEmbeddingStage, ClipModel, check_clip_config,
+from curation.filters.model import WeightsUnavailableError
+from curation.filters.clip_embedding import (ClipEmbeddingConfig, ClipEmbedding, ClipModel, check_clip_config,
                                         encode_prompts)
 from curation.stages import run_stages_locally
 
@@ -33,7 +33,7 @@ def test_local_dir_checkpoint_batched(tiny_clip_dir, photos, batch_of, column_by
     cfg = ClipEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}", batch_size=3)  # 7 images: chunks of 3
     check_clip_config(cfg)
     batch = batch_of(photos, not_pending={"dropped_earlier": "too_small"}, undecodable=("broken",))
-    out = run_stages_locally(batch, [ClipEmbeddingStage(cfg)])
+    out = run_stages_locally(batch, [ClipEmbedding(cfg)])
 
     assert out.schema.field("clip_embedding").type == pa.list_(pa.float32())
     emb = column_by_key(out, "clip_embedding")
@@ -43,7 +43,7 @@ def test_local_dir_checkpoint_batched(tiny_clip_dir, photos, batch_of, column_by
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
     # the weights in the file were loaded (not a fresh random init); decode uses JPEG draft
     # scaling, so compare against open_clip on the same decoded JPEGs at tolerance
-    from curation.content.common import decode_rgb
+    from curation.filters.model import decode_rgb
 
     decoded = [decode_rgb(b, min_side=64) for b in batch.column("image").to_pylist()[:len(PHOTOS)]]
     want = _expected(f"local-dir:{tiny_clip_dir}", None, decoded)
@@ -55,11 +55,11 @@ def test_named_architecture_with_pt_file(tiny_clip_named, photos, batch_of):
     name, weights = tiny_clip_named
     cfg = ClipEmbeddingConfig(model=name, weights=str(weights), batch_size=4)
     check_clip_config(cfg)
-    out = run_stages_locally(batch_of(photos), [ClipEmbeddingStage(cfg)])
+    out = run_stages_locally(batch_of(photos), [ClipEmbedding(cfg)])
     got = np.array(out.column("clip_embedding").to_pylist(), np.float32)
     assert got.shape == (len(PHOTOS), 32)
     # same image, same embedding, whatever its batch neighbours
-    again = run_stages_locally(batch_of({"obama": photos["obama"]}), [ClipEmbeddingStage(cfg)])
+    again = run_stages_locally(batch_of({"obama": photos["obama"]}), [ClipEmbedding(cfg)])
     np.testing.assert_allclose(again.column("clip_embedding").to_pylist()[0], got[0], atol=1e-5)
 
 

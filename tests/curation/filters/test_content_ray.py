@@ -3,9 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from curation.content import ContentFiltersConfig, build_content_stages
+from curation.recipe import HUMANS1B, ContentFiltersConfig, CurationConfig
 from curation.stages import apply_stage, run_stages_locally
 from infra.config import from_dict
+
+
+def build_content_stages(content: ContentFiltersConfig) -> list:
+    cfg = from_dict(CurationConfig, {"input": {"uri": "in"}, "output_dir": "out", "detector": {"backend": "none"}})
+    cfg.content = content
+    return [s for s in HUMANS1B.build(cfg).stages if s.section.startswith("content.")]
 
 
 @pytest.mark.slow

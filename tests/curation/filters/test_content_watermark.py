@@ -6,9 +6,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from curation.content import WeightsUnavailableError
-from curation.content.watermark import (WATERMARK, WatermarkFilterConfig, WatermarkFilterStage, build_classifier,
-                                        check_watermark_config)
+from curation.filters.model import WeightsUnavailableError
+from curation.filters.watermark import (WATERMARK, WatermarkFilterConfig, WatermarkFilter, build_classifier)
 from curation.stages import run_stages_locally
 
 PHOTOS = ["obama", "messi5", "starry_night"]
@@ -45,10 +44,10 @@ def test_head_has_the_laion_layout(laion_layout_weights):
 def test_classifier_checkpoint_scores_real_images_batched(laion_layout_weights, real_images, batch_of):
     model, path = laion_layout_weights
     cfg = WatermarkFilterConfig(weights=str(path), batch_size=2)  # 3 images: batches of 2 and 1
-    check_watermark_config(cfg)
+    WatermarkFilter(cfg).check()
     batch = batch_of({k: real_images[k] for k in PHOTOS}, not_pending={"ended": "too_small"},
                      undecodable=("broken",))
-    out = run_stages_locally(batch, [WatermarkFilterStage(cfg)])
+    out = run_stages_locally(batch, [WatermarkFilter(cfg)])
     assert out.schema.field("watermark_score").type == pa.float32()
     scores = out.column("watermark_score").to_pylist()
     assert scores[len(PHOTOS):] == [None, None]
@@ -58,7 +57,7 @@ def test_classifier_checkpoint_scores_real_images_batched(laion_layout_weights, 
     # the file's weights were loaded: the model in memory gives the same P(watermark)
     from PIL import Image
 
-    from curation.content.common import decode_rgb
+    from curation.filters.model import decode_rgb
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
     ims = [decode_rgb(b, min_side=256).resize((256, 256), Image.Resampling.BILINEAR)
            for b in batch.column("image").to_pylist()[:len(PHOTOS)]]
@@ -79,9 +78,9 @@ def test_threshold_decides(tmp_path, small_weights, real_images, batch_of):
     torch.save(state, path)
     batch = batch_of({k: real_images[k] for k in ["obama", "zidane"]}, not_pending={"ended": "too_small"})
     small = dict(weights=str(path), backbone="mobilenetv3_small_050")
-    out = run_stages_locally(batch, [WatermarkFilterStage(WatermarkFilterConfig(**small))])
+    out = run_stages_locally(batch, [WatermarkFilter(WatermarkFilterConfig(**small))])
     assert out.column("reason").to_pylist() == [WATERMARK, WATERMARK, "too_small"]
-    out = run_stages_locally(batch, [WatermarkFilterStage(WatermarkFilterConfig(**small, watermark_class=1))])
+    out = run_stages_locally(batch, [WatermarkFilter(WatermarkFilterConfig(**small, watermark_class=1))])
     assert out.column("reason").to_pylist() == [None, None, "too_small"]
 
 
@@ -94,25 +93,25 @@ def test_clip_head_alone_and_combined(tmp_path, small_weights, real_images, batc
                                 pa.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0]], pa.list_(pa.float32())))
     sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
 
-    out = run_stages_locally(batch, [WatermarkFilterStage(WatermarkFilterConfig(clip_head_weights=str(head)))])
+    out = run_stages_locally(batch, [WatermarkFilter(WatermarkFilterConfig(clip_head_weights=str(head)))])
     np.testing.assert_allclose(out.column("watermark_score").to_pylist(), [sig(3.0), sig(-3.0)], rtol=1e-5)
     assert out.column("reason").to_pylist() == [WATERMARK, None]
 
     small = dict(weights=str(classifier), backbone="mobilenetv3_small_050")
-    alone = run_stages_locally(batch, [WatermarkFilterStage(WatermarkFilterConfig(**small))])
+    alone = run_stages_locally(batch, [WatermarkFilter(WatermarkFilterConfig(**small))])
     both_cfg = WatermarkFilterConfig(**small, clip_head_weights=str(head))
-    both = run_stages_locally(batch, [WatermarkFilterStage(both_cfg)])
+    both = run_stages_locally(batch, [WatermarkFilter(both_cfg)])
     want = np.maximum(alone.column("watermark_score").to_pylist(), [sig(3.0), sig(-3.0)])
     np.testing.assert_allclose(both.column("watermark_score").to_pylist(), want, rtol=1e-5)
 
 
 def test_mismatched_weights_and_missing_files_are_clear_errors(tmp_path, laion_layout_weights):
     _, path = laion_layout_weights
-    stage = WatermarkFilterStage(WatermarkFilterConfig(weights=str(path), backbone="resnet18"))
+    stage = WatermarkFilter(WatermarkFilterConfig(weights=str(path), backbone="resnet18"))
     with pytest.raises(ValueError, match=r"does not fit content\.watermark\.backbone='resnet18'"):
         stage.setup()
     with pytest.raises(WeightsUnavailableError, match=r"content\.watermark\.weights is not set.*"
                                                       r"content\.watermark\.enabled=false"):
-        check_watermark_config(WatermarkFilterConfig())
+        WatermarkFilter(WatermarkFilterConfig()).check()
     with pytest.raises(FileNotFoundError, match=r"content\.watermark\.weights='.*nope\.pt': no such file"):
-        check_watermark_config(WatermarkFilterConfig(weights=str(tmp_path / "nope.pt")))
+        WatermarkFilter(WatermarkFilterConfig(weights=str(tmp_path / "nope.pt"))).check()

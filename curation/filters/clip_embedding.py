@@ -9,7 +9,6 @@ Shapes: N images, P prompts, D embedding width.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Literal
@@ -17,10 +16,8 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
-from curation import schema
-from curation.content.common import (EMBEDDING_COLUMN, WeightsUnavailableError, check_placement,
-                                     decode_pending, mark_failed, require_file, resolve_device, scatter)
-from curation.stages import Resources, Stage
+from curation.filters.model import (EMBEDDING_COLUMN, ModelStage, Placement, WeightsUnavailableError, autocast,
+                                    require_file, resolve_device)
 
 EMBEDDING_FIELDS = [pa.field(EMBEDDING_COLUMN, pa.list_(pa.float32()))]
 
@@ -28,7 +25,7 @@ _SCHEMAS = ("hf-hub:", "local-dir:")
 
 
 @dataclasses.dataclass(kw_only=True)
-class ClipEmbeddingConfig:
+class ClipEmbeddingConfig(Placement):
     """Settings of the CLIP embedding stage (``content.embedding``)."""
 
     enabled: bool = True
@@ -39,16 +36,11 @@ class ClipEmbeddingConfig:
     # tag (e.g. ``openai``) where downloads work. Unused with ``local-dir:``/``hf-hub:`` models.
     weights: str = ""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # auto: bf16 autocast on GPU, fp32 on CPU
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_gpus: float = 0.0  # per actor; fractional shares one GPU between actors
-    num_cpus: float = 1.0
     batch_size: int = 64
-    num_actors: int = 1
 
 
 def check_clip_config(cfg: ClipEmbeddingConfig, where: str = "content.embedding") -> None:
     """Start-up validation: the model and its weights are available (raises with what to fix)."""
-    check_placement(cfg.device, cfg.num_gpus, cfg.num_cpus, cfg.batch_size, cfg.num_actors, where)
     enabled = f"{where}.enabled"
     if cfg.model.startswith("local-dir:"):
         folder = Path(cfg.model[len("local-dir:"):]).expanduser()
@@ -71,9 +63,10 @@ def check_clip_config(cfg: ClipEmbeddingConfig, where: str = "content.embedding"
     if cfg.weights and not Path(cfg.weights).expanduser().is_file():
         if cfg.weights in open_clip.list_pretrained_tags_by_model(cfg.model):
             return  # a pretrained tag, downloaded by each worker (needs network)
-    require_file(cfg.weights, f"{where}.weights", enabled,
+    require_file(cfg.weights, f"{where}.weights",
                  f"CLIP weights for {cfg.model} (a checkpoint file, or an open_clip pretrained tag "
-                 f"such as {open_clip.list_pretrained_tags_by_model(cfg.model)[:3]} where downloads work)")
+                 f"such as {open_clip.list_pretrained_tags_by_model(cfg.model)[:3]} where downloads work)",
+                 f"{enabled}=false")
 
 
 class ClipModel:
@@ -93,17 +86,10 @@ class ClipModel:
         self.tokenizer = open_clip.get_tokenizer(cfg.model)
         size = self.model.visual.image_size
         self.input_side = int(max(size) if isinstance(size, (tuple, list)) else size)
-        precision = cfg.precision
-        if precision == "auto":
-            precision = "bf16" if self.device == "cuda" else "fp32"
-        self.autocast_dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self.precision = cfg.precision
 
     def _autocast(self):
-        import torch
-
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device, dtype=self.autocast_dtype)
+        return autocast(self.precision, self.device)
 
     def encode_images(self, images: list) -> np.ndarray:
         """L2-normalised image embeddings, float32 [N, D], for PIL RGB images."""
@@ -133,36 +119,43 @@ def encode_prompts(cfg: ClipEmbeddingConfig, prompts: list[str]) -> np.ndarray:
     return ClipModel(cfg).encode_texts(prompts)
 
 
-class ClipEmbeddingStage(Stage):
+def _weight_files(cfg: ClipEmbeddingConfig) -> dict[str, str]:
+    if cfg.model.startswith("local-dir:"):
+        return {"model": cfg.model[len("local-dir:"):]}
+    return {"weights": cfg.weights} if cfg.weights and Path(cfg.weights).expanduser().is_file() else {}
+
+
+class ClipEmbedding(ModelStage):
     """Adds ``clip_embedding`` to every pending row (null elsewhere)."""
 
     name = "clip_embedding"
-    uses_model = True
+    section = "content.embedding"
+    Config = ClipEmbeddingConfig
+    reads = ("image",)
+    fields = EMBEDDING_FIELDS
+    writes = (EMBEDDING_COLUMN,)
 
-    def __init__(self, cfg: ClipEmbeddingConfig) -> None:
-        self.cfg = cfg
-        self.clip: ClipModel | None = None
+    def check_settings(self) -> None:
+        check_clip_config(self.cfg, self.section)
 
-    def resources(self) -> Resources:
-        c = self.cfg
-        return Resources(num_cpus=c.num_cpus, num_gpus=c.num_gpus, batch_size=c.batch_size,
-                         num_actors=c.num_actors)
+    def weight_files(self) -> dict[str, str]:
+        return {f"{self.section}.{k}": v for k, v in _weight_files(self.cfg).items()}
 
-    def setup(self) -> None:
-        self.clip = ClipModel(self.cfg)
+    def setup(self) -> None:  # ClipModel resolves the device itself
+        self.load()
 
-    def process(self, batch: pa.Table) -> pa.Table:
-        mask = schema.pending_mask(batch)
-        images, errors = decode_pending(batch, mask, min_side=self.clip.input_side)
-        rows = sorted(images)
-        embeddings: list = []
-        for start in range(0, len(rows), self.cfg.batch_size):
-            chunk = rows[start:start + self.cfg.batch_size]
-            embeddings.extend(self.clip.encode_images([images[i] for i in chunk]))
-        column = scatter(batch.num_rows, rows, [e.tolist() for e in embeddings])
-        batch = schema.typed_columns(batch, EMBEDDING_FIELDS, {EMBEDDING_COLUMN: column})
-        return mark_failed(batch, errors, self.name)
+    def load(self) -> None:
+        self.clip = ClipModel(self.cfg, self.section)
 
-    def describe(self) -> dict:
-        return {"name": self.name, "applied": True, "model": self.cfg.model, "weights": self.cfg.weights,
-                "precision": self.cfg.precision}
+    def decode_size(self) -> dict:
+        return {"min_side": self.clip.input_side}
+
+    def score(self, batch: pa.Table, rows: list[int], images: list) -> list[dict]:
+        return [{EMBEDDING_COLUMN: e.tolist()} for e in self.clip.encode_images(images)]
+
+    def settings(self) -> dict:
+        return {"model": self.cfg.model, "weights": self.cfg.weights, "precision": self.cfg.precision}
+
+    def not_applied(self) -> dict:
+        return {**super().not_applied(),
+                "note": "no CLIP embeddings were computed (no clip_embedding column for semantic dedup)"}

@@ -1,0 +1,60 @@
+"""The Humans-1B curation recipe: every step in order, each configured by its own section.
+
+    raw images -> read -> decode -> geometry -> person -> CLIP -> artistic -> watermark -> text
+               -> exact / near / semantic dedup -> shards + manifest
+
+Each step declares the columns it reads and writes; building the recipe refuses an order in
+which a step reads a column no earlier enabled step writes. A disabled step stays in the list
+and reports itself as not applied. The job's config class, the funnel in stats.json, the stage
+descriptions in stats.json and MLflow and the columns dedup reads all derive from this list.
+Adding a filter: one file with its step class (settings dataclass, ``section``, ``reads``,
+``writes``, ``reasons``) and one line here.
+"""
+from __future__ import annotations
+
+from curation.config import JobSettings
+from curation.decode import DecodeStage
+from curation.dedup.steps import ExactDedup, NearDedup, SemanticDedup
+from curation.filters.artistic import ArtisticFilter
+from curation.filters.clip_embedding import ClipEmbedding
+from curation.filters.geometry import GeometryFilter
+from curation.filters.person import PersonFilter
+from curation.filters.text import TextFilter
+from curation.filters.watermark import WatermarkFilter
+from curation.readers import ReadImages
+from curation.stages import Recipe
+from curation.writer import WriteShards
+
+HUMANS1B = Recipe([
+    ReadImages,         # input:              folders, WebDataset tars, Parquet; local or object store
+    DecodeStage,        # decode:             safe decode, EXIF, modes, bombs; SHA-256 and PHash
+    GeometryFilter,     # geometry:           short side, aspect ratio
+    PersonFilter,       # detector:           at least one salient person
+    ClipEmbedding,      # content.embedding:  CLIP embedding for the next two and semantic dedup
+    ArtisticFilter,     # content.artistic:   paintings, drawings, renders, screenshots...
+    WatermarkFilter,    # content.watermark:  LAION-style watermark classifier
+    TextFilter,         # content.text:       OCR: text-dominated images, captions, text watermarks
+    ExactDedup,         # dedup.exact:        identical bytes, across the run
+    NearDedup,          # dedup.near:         PHash within t bits, mirror-aware
+    SemanticDedup,      # dedup.semantic:     CLIP cosine within k-means clusters
+    WriteShards,        #                     the one decision point: shards, sidecars, manifest
+], job=JobSettings)
+
+CurationConfig = HUMANS1B.config_class("CurationConfig", __name__)
+ContentFiltersConfig = CurationConfig.sections["content"]
+ContentFiltersConfig.__qualname__ = ContentFiltersConfig.__name__ = "ContentFiltersConfig"
+DedupConfig = CurationConfig.sections["dedup"]
+DedupConfig.__qualname__ = DedupConfig.__name__ = "DedupConfig"
+
+
+def weightless_content_filters(text: bool = True, num_cpus: float = 0.5) -> ContentFiltersConfig:
+    """Content filters that need no model weights from outside: only OCR (rapidocr ships its models).
+
+    The CLIP, artistic and watermark filters are explicitly disabled, which stats.json and
+    MLflow record as "not applied". For laptops, demos and tests.
+    """
+    cfg = ContentFiltersConfig()
+    cfg.embedding.enabled = cfg.artistic.enabled = cfg.watermark.enabled = False
+    cfg.text.enabled = text
+    cfg.text.num_cpus = num_cpus
+    return cfg

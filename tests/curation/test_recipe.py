@@ -1,0 +1,77 @@
+"""The recipe: one list of steps from which the config, the funnel, the stage descriptions and the
+dedup columns derive. A filter added as one file + one recipe line shows up everywhere."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from curation.pipeline import run_curation
+from curation.recipe import HUMANS1B
+from curation.stages import Recipe
+from infra.config import load_config
+from tests.curation.toy_brightness import DARK, BrightnessFilter
+
+# The recipe of the shipped job with the toy filter after the text filter: the one recipe line.
+WITH_BRIGHTNESS = Recipe([*HUMANS1B.steps[:8], BrightnessFilter, *HUMANS1B.steps[8:]], job=HUMANS1B.job)
+
+
+def test_the_shipped_recipe_is_in_order_and_builds():
+    names = [s.name for s in HUMANS1B.steps]
+    assert names == ["read", "decode", "geometry", "person_detection", "clip_embedding", "artistic_filter",
+                     "watermark_filter", "text_filter", "exact_dedup", "near_dedup", "semantic_dedup", "write_shards"]
+
+
+def test_a_recipe_in_the_wrong_order_is_refused_naming_step_and_column(tmp_path):
+    swapped = list(HUMANS1B.steps)
+    swapped[1], swapped[2] = swapped[2], swapped[1]  # geometry before decode
+    recipe = Recipe(swapped, job=HUMANS1B.job)
+    cfg = load_config(recipe.config_class(), overrides=["input.uri=x", "output_dir=y", "detector.backend=none",
+                                                        "content.embedding.enabled=false",
+                                                        "content.artistic.enabled=false",
+                                                        "content.watermark.enabled=false"])
+    with pytest.raises(ValueError, match=r"step 'geometry' reads column 'width', which no earlier enabled step "
+                                         r"writes: 'decode' writes it later in the recipe; move 'geometry' after it"):
+        recipe.build(cfg)
+
+
+def test_the_new_filters_missing_setting_is_refused_clearly():
+    cls = WITH_BRIGHTNESS.config_class()
+    with pytest.raises(ValueError, match=r"content\.brightness\.threshold: required setting, not given"):
+        load_config(cls, overrides=["input.uri=x", "output_dir=y"])
+    cfg = load_config(cls, overrides=["input.uri=x", "output_dir=y", "content.brightness.threshold=60"])
+    assert cfg.content.brightness.threshold == 60.0
+
+
+@pytest.mark.slow
+def test_a_filter_added_in_one_file_and_one_line_runs_everywhere(tmp_path, ray_local, centernet_path):
+    """Funnel in stats.json, the audit page, MLflow: all from the recipe list."""
+    import mlflow
+
+    from curation.audit import load_version, render_report
+    from pipelines.demo_corpus import build_demo_corpus
+
+    build_demo_corpus(tmp_path / "raw")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = load_config(WITH_BRIGHTNESS.config_class(), Path(__file__).parents[2] / "configs" / "curate_demo.yaml",
+                      [f"input.uri={tmp_path / 'raw'}", f"output_dir={tmp_path / 'out'}",
+                       f"detector.weights={centernet_path}", f"tracking.uri={uri}", "content.text.enabled=false",
+                       "content.brightness.threshold=100", "content.brightness.num_cpus=0.25"])
+    result = run_curation(cfg, recipe=WITH_BRIGHTNESS)
+    funnel = {step["stage"]: step for step in result.stats["funnel"]}
+    assert list(funnel).index("brightness_filter") == list(funnel).index("person_detection") + 1
+    assert funnel["brightness_filter"]["removed"].get(DARK, 0) >= 1  # the demo's people include dark photos
+    assert result.stats["reconciled"]
+    stages = {s["name"]: s for s in result.stats["stages"]}
+    assert stages["brightness_filter"] == {"name": "brightness_filter", "applied": True, "threshold": 100.0}
+    on_disk = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert on_disk["funnel"] == result.stats["funnel"]
+
+    run = mlflow.MlflowClient(uri).get_run(result.mlflow_run_id)
+    assert run.data.params["content.brightness.threshold"] == "100.0"
+    assert run.data.tags["filter.brightness_filter.applied"] == "true"
+    assert run.data.metrics["funnel.brightness_filter.out"] == funnel["brightness_filter"]["out"]
+
+    page = render_report(load_version(str(tmp_path / "out")))
+    assert "brightness_filter" in page and DARK in page
