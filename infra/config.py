@@ -65,24 +65,13 @@ def _type_name(tp: Any) -> str:
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Check ``value`` against the annotation ``tp`` and convert where unambiguous (int -> float, list -> tuple)."""
     origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, where)
-            except ValueError as err:
-                errors.append(str(err))
-        raise ValueError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {_type_name(tp)}")
+        return _coerce_union(value, tp, where)
     if origin is typing.Literal:
-        if value not in args:
-            raise ValueError(f"{where}: {value!r} is not one of {list(args)}")
+        if value not in typing.get_args(tp):
+            raise ValueError(f"{where}: {value!r} is not one of {list(typing.get_args(tp))}")
         return value
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -91,20 +80,44 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected a mapping of {tp.__name__} settings, got {value!r}")
         return from_dict(tp, value, where)
     if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{where}: expected a list, got {value!r}")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise ValueError(f"{where}: expected {len(args)} items, got {len(value)}")
-            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-        item_tp = args[0] if args else Any
-        items = [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
+        return _coerce_sequence(value, tp, where)
     if origin is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected a mapping, got {value!r}")
-        key_tp, val_tp = args if args else (Any, Any)
+        key_tp, val_tp = typing.get_args(tp) or (Any, Any)
         return {_coerce(k, key_tp, where): _coerce(v, val_tp, f"{where}.{k}") for k, v in value.items()}
+    return _coerce_scalar(value, tp, where)
+
+
+def _coerce_union(value: Any, tp: Any, where: str) -> Any:
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, where)
+        except ValueError as err:
+            errors.append(str(err))
+    raise ValueError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {_type_name(tp)}")
+
+
+def _coerce_sequence(value: Any, tp: Any, where: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{where}: expected a list, got {value!r}")
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(value) != len(args):
+            raise ValueError(f"{where}: expected {len(args)} items, got {len(value)}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    item_tp = args[0] if args else Any
+    items = [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    return tuple(items) if origin is tuple else items
+
+
+def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{where}: expected a number, got {value!r}")
@@ -118,12 +131,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected true or false, got {value!r}")
         return value
     if tp is str:
-        if not isinstance(value, str):
-            # YAML parses `key=123` as an int; a string field accepts its text.
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return str(value)
-            raise ValueError(f"{where}: expected a string, got {value!r}")
-        return value
+        if isinstance(value, str):
+            return value
+        # YAML parses `key=123` as an int; a string field accepts its text.
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ValueError(f"{where}: expected a string, got {value!r}")
     if isinstance(tp, type) and not isinstance(value, tp):
         raise ValueError(f"{where}: expected {tp.__name__}, got {value!r}")
     return value

@@ -258,21 +258,26 @@ class Sapiens2Backbone(nn.Module):
             if i in wanted:
                 collected[i] = x_BND
         tokens_BND = self.ln1(x_BND)
-
         p = self.num_prefix_tokens
-        feature_maps = []
-        for i in sorted(collected):
-            normed_BND = tokens_BND if i == len(self.blocks) - 1 else self.ln1(collected[i])
-            feature_maps.append(normed_BND[:, p:].transpose(1, 2).reshape(B, -1, h, w))
         return BackboneOutput(
             tokens=tokens_BND,
             cls=tokens_BND[:, 0],
             storage=tokens_BND[:, 1:p],
             patch_tokens=tokens_BND[:, p:],
-            feature_maps=feature_maps,
+            feature_maps=self._feature_maps(tokens_BND, collected, (h, w)),
             grid_hw=(h, w),
             ids_keep=ids_keep_BV,
         )
+
+    def _feature_maps(self, tokens_BND: torch.Tensor, collected: dict[int, torch.Tensor],
+                      grid_hw: tuple[int, int]) -> list[torch.Tensor]:
+        """Normalised grid tokens of the collected blocks as (B, D, h, w) maps, in block order."""
+        p, (h, w) = self.num_prefix_tokens, grid_hw
+        maps = []
+        for i in sorted(collected):
+            normed_BND = tokens_BND if i == len(self.blocks) - 1 else self.ln1(collected[i])
+            maps.append(normed_BND[:, p:].transpose(1, 2).reshape(tokens_BND.shape[0], -1, h, w))
+        return maps
 
     def _block_ids(self, out_indices: tuple[int, ...]) -> set[int]:
         depth = len(self.blocks)
