@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
 
 from infra.cli import config_main  # noqa: E402
-from infra.dag import DagConfig, run_dag  # noqa: E402
+from pipelines.staged import DagConfig, run_dag  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from curation.demo import build_demo_corpus
 from infra.config import load_config
-from infra.dag import DagConfig, run_dag
+from pipelines.demo_corpus import build_demo_corpus
+from pipelines.staged import DagConfig, run_dag
 from tests.conftest import CENTERNET, REPO, kill_when
 
-FAST = ["pretrain.steps=4", "pretrain.checkpoint.every=2", "pretrain.mlflow.log_every=1",
-        "pretrain.mlflow.images_every=4", "probe.tasks=[seg, knn]", "probe.seg.steps=10",
+FAST = ["pretrain.steps=4", "pretrain.checkpoint.every=2", "pretrain.metrics.log_every=1",
+        "pretrain.metrics.images_every=4", "probe.tasks=[seg, knn]", "probe.seg.steps=10",
         "probe.synthetic.train_images=24", "probe.synthetic.val_images=8", "probe.ray.num_cpus=null"]
 
 
@@ -94,7 +94,7 @@ def test_changing_a_probe_setting_reruns_only_probing(first):
 
 def test_changing_a_curation_threshold_reruns_all_three(first):
     root, _, result = first
-    changed = run_dag(dag_config(root / "raw", root / "ws", "curate.filters.min_short_side=300"))
+    changed = run_dag(dag_config(root / "raw", root / "ws", "curate.geometry.min_short_side=300"))
     assert [o.reused for o in changed.outcomes] == [False, False, False]
     assert changed.outcomes[0].result["dataset_id"] != result.outcomes[0].result["dataset_id"]
     assert changed.outcomes[1].result["dataset_id"] == changed.outcomes[0].result["dataset_id"]

@@ -1,0 +1,76 @@
+"""Stage identities (what decides reuse) through the stage facades, the DAG's config checks and
+its choice of MLflow store: fast, no Ray."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from infra.config import load_config
+from pipelines.staged import DagConfig
+from pipelines.staged.run import tracking_uri
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def demo() -> DagConfig:
+    return load_config(DagConfig, REPO / "configs" / "dag_demo.yaml")
+
+
+def test_pretraining_identity_is_its_trajectory_and_dataset_not_where_it_runs(demo):
+    from training import stage
+
+    cfg = demo.pretrain
+    base = stage.identity(cfg, "dataset-a")
+    elsewhere = stage.place(stage.with_dataset(cfg, "/some/curated/output", "sqlite:///x.db"), Path("/tmp/ws/p/x"))
+    elsewhere = dataclasses.replace(elsewhere, tracking=dataclasses.replace(cfg.tracking, experiment="other"))
+    assert stage.identity(elsewhere, "dataset-a") == base
+    assert (elsewhere.storage_path, elsewhere.run_name) == ("/tmp/ws/p", "x")
+    assert stage.identity(cfg, "dataset-b") != base
+    assert stage.identity(dataclasses.replace(cfg, steps=cfg.steps + 1), "dataset-a") != base
+
+
+def test_probing_identity_is_its_settings_and_the_checkpoint_digest_not_the_file(demo):
+    from evaluation import stage
+
+    cfg = demo.probe
+    base = stage.identity(cfg, "digest-1")
+    moved = stage.place(stage.with_backbone(cfg, "/elsewhere/student.safetensors", "run-9"), Path("/tmp/ws/probe/y"))
+    assert stage.identity(moved, "digest-1") == base and moved.output_dir == "/tmp/ws/probe/y"
+    assert stage.identity(cfg, "digest-2") != base
+    assert stage.identity(dataclasses.replace(cfg, seg=dataclasses.replace(cfg.seg, steps=1)), "digest-1") != base
+    random_init = stage.identity(cfg, "")
+    assert random_init != base
+    assert stage.identity(dataclasses.replace(cfg, seed=cfg.seed + 1), "") != random_init
+
+
+def test_curation_identity_follows_the_input_listing_not_the_output_folder(demo, tmp_path):
+    from curation import stage
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "a.jpg").write_bytes(b"x" * 10)
+    cfg = dataclasses.replace(demo.curate, input=dataclasses.replace(demo.curate.input, uri=str(raw)))
+    base = stage.identity(cfg, "")
+    placed = stage.place(cfg, tmp_path / "ws" / "curate" / base)
+    assert stage.identity(placed, "") == base and placed.output_dir == str(tmp_path / "ws" / "curate" / base)
+    (raw / "b.jpg").write_bytes(b"y" * 10)
+    assert stage.identity(cfg, "") != base
+
+
+def test_a_dag_without_tracking_is_refused():
+    with pytest.raises(ValueError, match="tracking.enabled"):
+        load_config(DagConfig, None, ["tracking.enabled=false"]).validate()
+
+
+def test_the_store_is_the_configured_one_else_a_server_from_the_environment_else_the_workspace(tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    named = load_config(DagConfig, None, ["tracking.uri=http://mlflow:5000"])
+    assert tracking_uri(named, ws) == "http://mlflow:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env-server:5000")
+    assert tracking_uri(DagConfig(), ws) == "http://env-server:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    assert tracking_uri(DagConfig(), ws) == f"sqlite:///{ws / 'mlflow.db'}"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert tracking_uri(DagConfig(), ws) == f"sqlite:///{ws / 'mlflow.db'}"
