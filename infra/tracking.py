@@ -58,6 +58,11 @@ def _artifact_root(tracking_uri: str) -> str | None:
     return None  # a server decides (its --artifacts-destination)
 
 
+# MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, judges); ours are
+# model-development experiments: runs, metrics and datasets.
+EXPERIMENT_KIND_TAG, TRAINING_VIEW = "mlflow.experimentKind", "custom_model_development"
+
+
 def get_experiment_id(name: str, tracking_uri: str) -> str:
     import mlflow
 
@@ -66,7 +71,8 @@ def get_experiment_id(name: str, tracking_uri: str) -> str:
     if exp is not None:
         return exp.experiment_id
     root = _artifact_root(tracking_uri)
-    return mlflow.create_experiment(name, artifact_location=f"{root}/{name}" if root else None)
+    return mlflow.create_experiment(name, artifact_location=f"{root}/{name}" if root else None,
+                                    tags={EXPERIMENT_KIND_TAG: TRAINING_VIEW})
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:

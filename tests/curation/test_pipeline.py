@@ -139,6 +139,8 @@ def test_mlflow_records_config_counts_stats_and_dataset(curated):
     stats = json.loads(Path(client.download_artifacts(run.info.run_id, "stats.json", str(root))).read_text())
     assert stats["inputs"] == result.stats["inputs"]
     assert (root / "curated" / "config.yaml").read_text().count("centernet_onnx") == 1
+    # the UI opens our experiments on runs, metrics and datasets, not on its GenAI view
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
 def test_rerun_reuses_and_other_config_is_refused(curated):

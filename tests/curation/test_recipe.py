@@ -75,3 +75,21 @@ def test_a_filter_added_in_one_file_and_one_line_runs_everywhere(tmp_path, ray_l
 
     page = render_report(load_version(str(tmp_path / "out")))
     assert "brightness_filter" in page and DARK in page
+
+
+def test_an_output_dir_that_cannot_be_created_is_one_line_and_exit_2(tmp_path):
+    """A user error like any other setting: named, before any Ray work, no traceback."""
+    import subprocess
+    import sys
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    repo = Path(__file__).parents[2]
+    proc = subprocess.run([sys.executable, str(repo / "pipelines" / "curate.py"), f"input.uri={tmp_path}",
+                           f"output_dir={blocker / 'out'}", "detector.backend=none", "content.embedding.enabled=false",
+                           "content.artistic.enabled=false", "content.watermark.enabled=false", "tracking.enabled=false"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "output_dir=" in errors[0] and "cannot be created" in errors[0]
+    assert "Traceback" not in proc.stderr
