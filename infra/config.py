@@ -142,6 +142,20 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def _over_field_default(f: dataclasses.Field, value: Any) -> Any:
+    """A partial mapping for a section whose field default is a configured instance (e.g. a stage's
+    ``ray`` defaults) fills the keys it omits from that instance, not from the section class."""
+    if not isinstance(value, dict) or f.default_factory is dataclasses.MISSING:
+        return value
+    try:
+        default = f.default_factory()
+    except ValueError:  # a section with required settings: nothing to fill from
+        return value
+    if not dataclasses.is_dataclass(default):
+        return value
+    return {**{g.name: getattr(default, g.name) for g in dataclasses.fields(default) if g.init}, **value}
+
+
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     """Build dataclass ``cls`` from a (possibly partial) mapping, checking names and types."""
     hints = typing.get_type_hints(cls)
@@ -154,6 +168,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         raise ValueError(f"unknown setting {(where + '.' if where else '') + key!r}{hint}")
     kwargs = {}
     for name, value in data.items():
+        value = _over_field_default(fields[name], value)
         kwargs[name] = _coerce(value, hints[name], f"{where}.{name}" if where else name)
     try:
         return cls(**kwargs)
