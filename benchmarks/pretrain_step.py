@@ -46,7 +46,7 @@ def synthetic_dataset(folder: Path, *, shards: int = 4, per_shard: int = 16, see
     import numpy as np
     from PIL import Image
 
-    from curation.demo import person_photos
+    from pipelines.demo_corpus import person_photos
 
     photos = [Image.open(p).convert("RGB") if isinstance(p, Path) else p.convert("RGB") for p in person_photos().values()]
     rng = np.random.default_rng(seed)
