@@ -119,7 +119,7 @@ def test_a_version_id_alone_finds_the_output(run_a, capsys, tmp_path):
                       "--no-mlflow", "--samples", "2", "--kept-samples", "2") == 0
     assert f"dataset version {run_a.result.dataset_id}" in capsys.readouterr().out and out.stat().st_size > 10_000
     assert audit_main("0000000000000000", "--tracking-uri", run_a.cfg.tracking.uri, "--summary") == 2
-    assert "no dataset version" in capsys.readouterr().err
+    assert "dataset version with id or name '0000000000000000'" in capsys.readouterr().err
 
 
 def test_the_browser_check_catches_broken_pages(open_html, tmp_path):
