@@ -5,7 +5,7 @@ key; an image kept in both under different keys but with the same SHA-256 of its
 (e.g. the input was moved) counts as *renamed*, neither added nor removed. Each removed image
 carries its status and reason in B (each added one, its status and reason in A: why A did not
 keep it), and the changed settings that own that reason (``settings.explaining``): e.g. a
-removal for ``too_small`` is explained by a change of ``filters.min_short_side``.
+removal for ``too_small`` is explained by a change of ``geometry.min_short_side``.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class AuditedVersion:
         return self.manifest.to_pylist()
 
     def setting(self, dotted: str, default=None):
-        """A value of the resolved config by dotted name, e.g. ``filters.min_short_side``."""
+        """A value of the resolved config by dotted name, e.g. ``geometry.min_short_side``."""
         node = self.config
         for part in dotted.split("."):
             if not isinstance(node, dict) or part not in node:

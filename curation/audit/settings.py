@@ -31,8 +31,8 @@ REASON_SETTINGS: dict[str, tuple[str, ...]] = {
     schema.TRUNCATED: ("decode.",),
     schema.DECODE_FAILED: ("decode.",),
     schema.UNSUPPORTED_MODE: ("decode.",),
-    schema.TOO_SMALL: ("filters.min_short_side", "decode.max_side"),
-    schema.BAD_ASPECT_RATIO: ("filters.max_aspect_ratio",),
+    schema.TOO_SMALL: ("geometry.min_short_side", "decode.max_side"),
+    schema.BAD_ASPECT_RATIO: ("geometry.max_aspect_ratio",),
     schema.NO_SALIENT_PERSON: ("detector.",),
     schema.EXACT_DUPLICATE: ("dedup.",),
     "near_duplicate": ("dedup.",),
@@ -44,10 +44,11 @@ REASON_SETTINGS: dict[str, tuple[str, ...]] = {
 }
 
 STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "read": ("input.", "decode.max_bytes"), "decode": ("decode.",), "geometry": ("filters.",),
+    "read": ("input.", "decode.max_bytes"), "decode": ("decode.",), "geometry": ("geometry.",),
     "person_detection": ("detector.",), "clip_embedding": ("content.embedding.",),
     "artistic_filter": ("content.artistic.", "content.embedding."), "watermark_filter": ("content.watermark.",),
-    "text_filter": ("content.text.",), "exact_dedup": ("dedup.",),
+    "text_filter": ("content.text.",), "exact_dedup": ("dedup.",), "near_dedup": ("dedup.",),
+    "semantic_dedup": ("dedup.", "content.embedding."),
 }
 
 
@@ -73,7 +74,7 @@ def _show(value: Any) -> str:
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"filters": {"min_short_side": 256}}`` -> ``{"filters.min_short_side": 256}``; lists stay values."""
+    """``{"geometry": {"min_short_side": 256}}`` -> ``{"geometry.min_short_side": 256}``; lists stay values."""
     out: dict[str, Any] = {}
     for key, value in config.items():
         name = f"{prefix}{key}"

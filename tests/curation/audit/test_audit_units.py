@@ -93,24 +93,24 @@ def test_sources_are_grouped_by_folder_tar_or_parquet_file():
 
 
 def test_config_changes_name_the_settings_that_explain_each_reason():
-    old = {"name": "x", "output_dir": "/a", "filters": {"min_short_side": 256, "max_aspect_ratio": 3.0},
+    old = {"name": "x", "output_dir": "/a", "geometry": {"min_short_side": 256, "max_aspect_ratio": 3.0},
            "detector": {"score_threshold": 0.3, "weights": "/m.onnx"}, "content": {"text": {"enabled": True}},
            "tracking": {"uri": "sqlite:///a.db"}}
     new = copy.deepcopy(old)
-    new["output_dir"], new["filters"]["min_short_side"], new["detector"]["score_threshold"] = "/b", 500, 0.5
+    new["output_dir"], new["geometry"]["min_short_side"], new["detector"]["score_threshold"] = "/b", 500, 0.5
     new["tracking"]["uri"] = "sqlite:///b.db"
     new["dedup"] = {"exact": False}
     changes = settings.config_changes(old, new)
     assert [str(c) for c in changes] == ["dedup.exact: <absent> -> false", "detector.score_threshold: 0.3 -> 0.5",
-                                         "filters.min_short_side: 256 -> 500", 'output_dir: "/a" -> "/b"',
+                                         "geometry.min_short_side: 256 -> 500", 'output_dir: "/a" -> "/b"',
                                          'tracking.uri: "sqlite:///a.db" -> "sqlite:///b.db"']
     assert [c.key for c in changes if c.bookkeeping] == ["output_dir", "tracking.uri"]
-    assert settings.explaining("too_small", changes) == ["filters.min_short_side"]
+    assert settings.explaining("too_small", changes) == ["geometry.min_short_side"]
     assert settings.explaining("aspect_ratio", changes) == []
     assert settings.explaining("no_salient_person", changes) == ["detector.score_threshold"]
     assert settings.explaining("exact_duplicate", changes) == ["dedup.exact"]
     assert settings.explaining("near_duplicate", changes) == ["dedup.exact"]  # a dedup reason this code never saw
     stages = ["read", "decode", "geometry", "person_detection", "text_filter", "exact_dedup"]
     assert settings.explain("text", "text_filter", stages, changes) == [
-        "upstream detector.score_threshold", "upstream filters.min_short_side"]
-    assert settings.explain("aspect_ratio", "geometry", stages, changes) == ["upstream filters.min_short_side"]
+        "upstream detector.score_threshold", "upstream geometry.min_short_side"]
+    assert settings.explain("aspect_ratio", "geometry", stages, changes) == ["upstream geometry.min_short_side"]

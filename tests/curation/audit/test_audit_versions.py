@@ -1,7 +1,7 @@
 """Dataset version digests, the version diff (API, terminal and page in Chromium) and the MLflow record.
 
 Runs A and B curate the demo corpus with one configuration into two folders; C raises
-``filters.min_short_side`` from 256 to 500 (conftest).
+``geometry.min_short_side`` from 256 to 500 (conftest).
 """
 from __future__ import annotations
 
@@ -60,16 +60,16 @@ def test_a_threshold_change_changes_the_digest_and_the_diff_explains_it(runs_abc
     d = diff_versions(load_version(a.output), load_version(c.output))
     assert d.added == [] and {x.key for x in d.removed} == expected
     for x in d.removed:
-        assert (x.other_status, x.other_reason, x.explained_by) == ("dropped", "too_small", ("filters.min_short_side",))
+        assert (x.other_status, x.other_reason, x.explained_by) == ("dropped", "too_small", ("geometry.min_short_side",))
     content = [(ch.key, ch.old, ch.new) for ch in d.config_changes if not ch.bookkeeping]
     old, new = a.cfg.geometry.min_short_side, c.cfg.geometry.min_short_side
-    assert content == [("filters.min_short_side", old, new)]
+    assert content == [("geometry.min_short_side", old, new)]
     text = diff_summary(d)
-    assert f"filters.min_short_side: {old} -> {new}" in text and all(k in text for k in expected)
+    assert f"geometry.min_short_side: {old} -> {new}" in text and all(k in text for k in expected)
     # Backwards, the same images are added, with the reason C did not keep them.
     back = diff_versions(load_version(c.output), load_version(a.output))
     assert back.removed == [] and {x.key for x in back.added} == expected
-    assert {(x.other_reason, x.explained_by) for x in back.added} == {("too_small", ("filters.min_short_side",))}
+    assert {(x.other_reason, x.explained_by) for x in back.added} == {("too_small", ("geometry.min_short_side",))}
 
 
 def test_diff_page_renders_in_chromium_and_names_the_change(runs_abc, open_html, tmp_path):
@@ -88,11 +88,11 @@ def test_diff_page_renders_in_chromium_and_names_the_change(runs_abc, open_html,
     expected = kept_too_small_for_c(a, c)
     removed = {r["key"]: r for r in loaded.rows("#removed-table tbody tr")}
     assert set(removed) == expected
-    assert {(r["reason"], r["explainedBy"]) for r in removed.values()} == {("too_small", "filters.min_short_side")}
+    assert {(r["reason"], r["explainedBy"]) for r in removed.values()} == {("too_small", "geometry.min_short_side")}
     changes = {r["key"]: r for r in loaded.rows("#config-changes tbody tr")}
-    assert (changes["filters.min_short_side"]["old"], changes["filters.min_short_side"]["new"]) == (
+    assert (changes["geometry.min_short_side"]["old"], changes["geometry.min_short_side"]["new"]) == (
         str(a.cfg.geometry.min_short_side), str(c.cfg.geometry.min_short_side))
-    assert changes["filters.min_short_side"]["bookkeeping"] == "false" and changes["output_dir"]["bookkeeping"] == "true"
+    assert changes["geometry.min_short_side"]["bookkeeping"] == "false" and changes["output_dir"]["bookkeeping"] == "true"
     tiles = loaded.rows("#removed figure.tile")
     assert {t["key"] for t in tiles} == expected and not any("placeholder" in t for t in tiles)
     assert loaded.rows("#diff-totals .card[data-name=added]")[0]["value"] == "0"
