@@ -35,7 +35,7 @@ DEDUP_DIR, STAGING_DIR, LISTING_FILE = "_dedup", "_staging", "_listing.json"
 NEAR_INDEX_DIR = "near_index"
 DECISIONS_FILE = "decisions.parquet"
 
-_MEMBER = re.compile(r"^((?:.*/|)[^./]+)[.]([^/]*)$")  # WebDataset's base_plus_ext
+_MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's base_plus_ext, exactly
 
 
 def split_member(name: str) -> tuple[str, str] | None:

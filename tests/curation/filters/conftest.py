@@ -21,7 +21,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from curation.schema import BASE_FIELDS
 
-ASSETS = Path(__file__).resolve().parents[3].parent / "shared" / "assets" / "images"
+from tests.conftest import IMAGES as ASSETS  # noqa: E402
 
 # A CLIP small enough for CPU tests (embedding width 32, 64 px input).
 TINY_CLIP = {
