@@ -119,23 +119,40 @@ def open_checked(raw: bytes, max_pixels: int) -> Image.Image:
     return im
 
 
+# A plain RGB JPEG kept as it is needs its pixels only for the 32x32 PHash thumbnail: it is
+# decoded in the DCT domain at 1/2..1/8 scale (never below this side), which reads every scan
+# (a truncated file still fails) at a fraction of a full decode's cost.
+HASH_DRAFT_SIDE = 64
+
+
+def _keeps_bytes(im: Image.Image, cfg: DecodeConfig) -> bool:
+    """Whether this image's bytes go to the shards untouched (so no full-size pixels are needed)."""
+    if im.format != "JPEG" or im.mode != "RGB" or cfg.reencode != "if_needed":
+        return False
+    if cfg.max_side and max(im.size) > cfg.max_side:
+        return False
+    try:
+        return im.getexif().get(0x0112, 1) in (None, 1)
+    except Exception:  # noqa: BLE001 - a broken EXIF block: the full path records what fails
+        return False
+
+
 def decode_image(raw: bytes, cfg: DecodeConfig) -> tuple[Image.Image, dict]:
-    """Normalised RGB image and its facts (format, mode, notes). Raises DecodeError."""
+    """RGB pixels and the facts (format, mode, notes, size of the normalised image). The pixels are
+    full size unless the bytes are kept as they are (then reduced in the DCT domain: only the hash
+    reads them). Raises DecodeError."""
     im = open_checked(raw, cfg.max_pixels)
     fmt, mode = im.format or "", im.mode
     notes: list[str] = []
+    if _keeps_bytes(im, cfg):
+        size = im.size
+        im.draft("RGB", (HASH_DRAFT_SIDE, HASH_DRAFT_SIDE))
+        _load(im)
+        return im, {"format": fmt, "mode": mode, "notes": notes, "size": size}
     if getattr(im, "is_animated", False) and getattr(im, "n_frames", 1) > 1:
         im.seek(0)
         notes.append("animated_frame0")
-    try:
-        im.load()
-    except OSError as err:
-        text = str(err)
-        reason = schema.TRUNCATED if ("truncated" in text or "broken data stream" in text
-                                      or "unrecognized data stream" in text) else schema.DECODE_FAILED
-        raise DecodeError(reason, text) from None
-    except Exception as err:  # noqa: BLE001
-        raise DecodeError(schema.DECODE_FAILED, f"{type(err).__name__}: {err}") from None
+    _load(im)
     try:
         orientation = im.getexif().get(0x0112, 1)
         if orientation not in (None, 1):
@@ -149,7 +166,20 @@ def decode_image(raw: bytes, cfg: DecodeConfig) -> tuple[Image.Image, dict]:
     if cfg.max_side and max(rgb.size) > cfg.max_side:
         rgb = ImageOps.contain(rgb, (cfg.max_side, cfg.max_side), Image.Resampling.LANCZOS)
         notes.append("resized")
-    return rgb, {"format": fmt, "mode": mode, "notes": notes}
+    return rgb, {"format": fmt, "mode": mode, "notes": notes, "size": rgb.size}
+
+
+def _load(im: Image.Image) -> None:
+    """Decode the pixels (a full ``load`` is what catches truncated data)."""
+    try:
+        im.load()
+    except OSError as err:
+        text = str(err)
+        reason = schema.TRUNCATED if ("truncated" in text or "broken data stream" in text
+                                      or "unrecognized data stream" in text) else schema.DECODE_FAILED
+        raise DecodeError(reason, text) from None
+    except Exception as err:  # noqa: BLE001
+        raise DecodeError(schema.DECODE_FAILED, f"{type(err).__name__}: {err}") from None
 
 
 def encode_output(raw: bytes, rgb: Image.Image, facts: dict, cfg: DecodeConfig) -> bytes:
@@ -195,7 +225,7 @@ class DecodeStage(Stage):
         except DecodeError as err:
             out["reason"], out["error_message"] = err.reason, str(err)[:500]
             return out
-        out.update(decode_ok=True, width=rgb.width, height=rgb.height, format=facts["format"],
+        out.update(decode_ok=True, width=facts["size"][0], height=facts["size"][1], format=facts["format"],
                    mode=facts["mode"], notes=facts["notes"], image_ext="jpg",
                    **self._hashes(rgb))
         return out
