@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curation.output import LISTING_FILE as LISTING
+from curation.schema import PAYLOAD_COLUMNS
 from curation.output import STAGING_DIR as STAGING
 from infra import storage
 
@@ -40,7 +41,8 @@ def write_parts(fs, output: str, table: pa.Table) -> int:
         rows = table.filter(pa.compute.equal(table.column("partition"), pid))
         rows = rows.sort_by("key")
         digest = hashlib.sha1("\n".join(rows.column("key").to_pylist()).encode()).hexdigest()[:16]
-        storage.write_parquet(fs, storage.join(partition_dir(output, pid), f"part-{digest}.parquet"), rows)
+        storage.write_parquet(fs, storage.join(partition_dir(output, pid), f"part-{digest}.parquet"), rows,
+                              stored=PAYLOAD_COLUMNS)
     return table.num_rows
 
 

@@ -126,9 +126,13 @@ class atomic_output:
             os.replace(self.tmp, self.path)
 
 
-def write_parquet(fs: pafs.FileSystem, path: str, table) -> None:
-    """Atomic Parquet write with settings fixed so equal tables give equal bytes."""
+def write_parquet(fs: pafs.FileSystem, path: str, table, *, stored: tuple[str, ...] = ()) -> None:
+    """Atomic Parquet write with settings fixed so equal tables give equal bytes. Columns in
+    ``stored`` (already-compressed payloads such as JPEG bytes) are written uncompressed and
+    without statistics: compressing them again costs CPU and saves nothing."""
     import pyarrow.parquet as pq
 
+    compression = {c: ("none" if c in stored else "zstd") for c in table.column_names} if stored else "zstd"
+    statistics = [c for c in table.column_names if c not in stored] if stored else True
     with atomic_output(fs, path) as out:
-        pq.write_table(table, out, compression="zstd", write_statistics=True)
+        pq.write_table(table, out, compression=compression, write_statistics=statistics)
