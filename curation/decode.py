@@ -137,16 +137,16 @@ def _keeps_bytes(im: Image.Image, cfg: DecodeConfig) -> bool:
         return False
 
 
-def decode_image(raw: bytes, cfg: DecodeConfig) -> tuple[Image.Image, dict]:
+def decode_image(raw: bytes, cfg: DecodeConfig, draft_side: int | None = None) -> tuple[Image.Image, dict]:
     """RGB pixels and the facts (format, mode, notes, size of the normalised image). The pixels are
-    full size unless the bytes are kept as they are (then reduced in the DCT domain: only the hash
-    reads them). Raises DecodeError."""
+    full size, unless ``draft_side`` is given and the bytes are kept as they are: then they are
+    reduced in the DCT domain, to no less than ``draft_side``. Raises DecodeError."""
     im = open_checked(raw, cfg.max_pixels)
     fmt, mode = im.format or "", im.mode
     notes: list[str] = []
-    if _keeps_bytes(im, cfg):
+    if draft_side and _keeps_bytes(im, cfg):
         size = im.size
-        im.draft("RGB", (HASH_DRAFT_SIDE, HASH_DRAFT_SIDE))
+        im.draft("RGB", (draft_side, draft_side))
         _load(im)
         return im, {"format": fmt, "mode": mode, "notes": notes, "size": size}
     if getattr(im, "is_animated", False) and getattr(im, "n_frames", 1) > 1:
@@ -220,7 +220,7 @@ class DecodeStage(Stage):
         if out["reason"] is not None:  # the reader already failed this one
             return out
         try:
-            rgb, facts = decode_image(raw or b"", self.cfg)
+            rgb, facts = decode_image(raw or b"", self.cfg, draft_side=HASH_DRAFT_SIDE)
             out["image"] = encode_output(raw, rgb, facts, self.cfg)
         except DecodeError as err:
             out["reason"], out["error_message"] = err.reason, str(err)[:500]
