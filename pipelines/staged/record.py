@@ -12,6 +12,7 @@ class ParentRun:
     def __init__(self, uri: str, experiment: str, run_name: str, stages: list[str]) -> None:
         from mlflow import MlflowClient
 
+        self.uri = uri
         self.client = MlflowClient(uri)
         self.experiment_id = get_experiment_id(experiment, uri)
         run = self.client.create_run(self.experiment_id, run_name=run_name,

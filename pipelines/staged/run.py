@@ -6,7 +6,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from infra import storage
 from infra.config import dump_config
@@ -49,6 +49,15 @@ class DagResult:
         return "\n".join(lines)
 
 
+class StageObserver(Protocol):
+    """What a front end (``pipelines/demo.py``) is told while the chain runs: a stage is about
+    to run or be reused, and it ended (its outcome)."""
+
+    def stage_started(self, plan: StagePlan, reused: bool, tracking_uri: str) -> None: ...
+
+    def stage_finished(self, outcome: StageOutcome) -> None: ...
+
+
 def tracking_uri(dag: DagConfig, ws: Path) -> str:
     """``tracking.uri``, else a server named by $MLFLOW_TRACKING_URI, else SQLite in the
     workspace (also when the environment names a SQLite file elsewhere)."""
@@ -77,8 +86,11 @@ def _execute(p: StagePlan, dag: DagConfig) -> dict:
     return {**p.facade.result(p.cfg), **session}
 
 
-def reuse_or_run(p: StagePlan, dag: DagConfig, parent: ParentRun, lineage: dict[str, Any]) -> StageOutcome:
+def reuse_or_run(p: StagePlan, dag: DagConfig, parent: ParentRun, lineage: dict[str, Any],
+                 observer: StageObserver | None = None) -> StageOutcome:
     done = _finished(p.folder)
+    if observer is not None:
+        observer.stage_started(p, done is not None, parent.uri)
     if done is not None:
         log.info("%s: reusing %s", p.stage, p.identity)
         parent.point_to_reused(p.stage, p.identity, done["run_id"], lineage)
@@ -90,7 +102,8 @@ def reuse_or_run(p: StagePlan, dag: DagConfig, parent: ParentRun, lineage: dict[
     return StageOutcome(p.stage, p.identity, str(p.folder), False, result["run_id"], result)
 
 
-def run_dag(dag: DagConfig) -> DagResult:
+def run_dag(dag: DagConfig, observer: StageObserver | None = None) -> DagResult:
+    """Run (or reuse) every stage of ``dag.stages``; ``observer`` hears each stage start and end."""
     dag.validate()
     ws = Path(dag.workspace).expanduser().resolve()
     ws.mkdir(parents=True, exist_ok=True)
@@ -103,8 +116,10 @@ def run_dag(dag: DagConfig) -> DagResult:
     try:
         for stage in dag.stages:
             cfg = with_store(getattr(dag, stage), uri, dag.tracking.experiment)
-            outcome = reuse_or_run(plan(stage, cfg, ws, handoff, uri), dag, parent, handoff.lineage)
+            outcome = reuse_or_run(plan(stage, cfg, ws, handoff, uri), dag, parent, handoff.lineage, observer)
             parent.note_stage(stage, outcome.identity, outcome.reused)
+            if observer is not None:
+                observer.stage_finished(outcome)
             hand_on(handoff, stage, outcome.result, outcome.run_id)
             outcomes.append(outcome)
         status = "FINISHED"
