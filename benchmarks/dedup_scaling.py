@@ -238,8 +238,9 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
     return float(k), float(math.exp(log_a))
 
 
-def growth(results: list[dict], method: str, kind: str) -> str | None:
-    pts = sorted((r["n"], r["seconds"]) for r in results if r["method"] == method and r["kind"] == kind)
+def growth(results: list[dict], method: str, kind: str, sizes: list[int] | None = None) -> str | None:
+    pts = sorted((r["n"], r["seconds"]) for r in results if r["method"] == method and r["kind"] == kind
+                 and (sizes is None or r["n"] in sizes))
     if not pts:
         return None
     if len(pts) == 1:
@@ -331,10 +332,10 @@ def main() -> None:
         checked += 1
     print(f"  {checked} comparisons, all equal")
 
-    print("\ngrowth (seconds ~ n^k):")
+    print("\ngrowth (seconds ~ n^k; ours over --sizes only, its extra runs below are for the check):")
     for method in ("ours", "ray", *IMAGEDEDUP):
         for kind in args.kinds:
-            line = growth(results, method, kind)
+            line = growth(results, method, kind, sizes if method == "ours" else None)
             if line:
                 print("  " + line)
     by = lambda m, k: sorted((r["n"], r["seconds"]) for r in results if r["method"] == m and r["kind"] == k)  # noqa: E731
