@@ -32,7 +32,7 @@ import pyarrow as pa
 from curation import output, readers, staging
 from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_dedup
 from curation.recipe import HUMANS1B, CurationConfig
-from curation.stages import BuiltRecipe, Recipe, apply_stage, check_fits, section_of
+from curation.stages import BuiltRecipe, Recipe, apply_stage, check_fits, run_stages_locally, section_of
 from curation.stats import compute_stats, format_summary, tracking_record
 from curation.versions import code_version, dataset_version_id
 from curation.writer import WriteShards
@@ -206,15 +206,24 @@ def start_ray(job: Job, scoring: bool) -> None:
     if scoring and not joins_a_cluster(job.cfg.ray.address):  # a cluster's size is not known up front
         import ray
 
-        check_fits(job.steps.stages, job.cfg.input.num_cpus, ray.cluster_resources().get("CPU", 0.0),
+        check_fits(split_inline(job.steps.stages)[1], job.cfg.input.num_cpus, ray.cluster_resources().get("CPU", 0.0),
                    autoscale=job.cfg.ray.actor_pools == "autoscaling")
 
 
-def _read_and_list(p: readers.Partition, reader: readers.ReadImages, out_uri: str):
+def _read_and_list(p: readers.Partition, reader: readers.ReadImages, inline: list, out_uri: str):
     tables = list(reader.read(p))
     fs, root = storage.resolve(out_uri)
     staging.write_listing(fs, root, p.id, [k for t in tables for k in t.column("key").to_pylist()])
-    yield from tables
+    for table in tables:
+        yield run_stages_locally(table, inline) if inline else table
+
+
+def split_inline(stages: list) -> tuple[list, list]:
+    """(the leading cheap stages, the rest). The cheap ones run inside each partition's read task:
+    as separate Ray Data operators, every image's bytes would cross the object store once more
+    per stage (Ray Data does not fuse them with the read), for work that costs less than the copy."""
+    n = next((i for i, s in enumerate(stages) if s.uses_model), len(stages))
+    return stages[:n], stages[n:]
 
 
 def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
@@ -222,9 +231,11 @@ def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
     import ray.data
 
     reader, uri = job.steps.steps[0], job.uri
-    source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, reader, uri))
+    inline, pooled = split_inline(job.steps.stages)
+    source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, reader, inline, uri),
+                                          schema=None if inline else readers.RAW_SCHEMA)
     ds = ray.data.read_datasource(source, override_num_blocks=len(partitions), num_cpus=job.cfg.input.num_cpus)
-    for stage in job.steps.stages:
+    for stage in pooled:
         ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
     ds.write_datasink(staging.StagingSink(uri))
 

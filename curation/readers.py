@@ -294,8 +294,9 @@ def read_partition(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[p
         raise ValueError(f"unknown partition kind {p.kind!r}")
 
 
-def partition_datasource(partitions: list[Partition], read_fn):
-    """A Ray Data datasource with one read task per partition; ``read_fn(p)`` yields its tables."""
+def partition_datasource(partitions: list[Partition], read_fn, schema: pa.Schema | None = RAW_SCHEMA):
+    """A Ray Data datasource with one read task per partition; ``read_fn(p)`` yields its tables
+    (of ``schema``, or of a schema known only when read: None)."""
     from ray.data import Datasource, ReadTask
     from ray.data.block import BlockMetadata
 
@@ -308,7 +309,7 @@ def partition_datasource(partitions: list[Partition], read_fn):
             for p in partitions:
                 meta = BlockMetadata(num_rows=len(p.uris) if p.kind == "files" else None,
                                      size_bytes=sum(p.sizes) or None, exec_stats=None, input_files=p.uris)
-                tasks.append(ReadTask(lambda p=p: read_fn(p), meta, schema=RAW_SCHEMA))
+                tasks.append(ReadTask(lambda p=p: read_fn(p), meta, schema=schema))
             return tasks
 
         def get_name(self):
