@@ -228,10 +228,13 @@ def summary(result: DagResult, baseline: DagResult | None, audit_page: str | Non
                   f"  student backbone: {outcomes['pretrain'].result['student_weights']}", ""]
     if "probe" in outcomes:
         base = baseline.outcomes[-1].result["metrics"] if baseline else None
-        lines += ["frozen-backbone probes (synthetic probe set)", *probe_rows(outcomes["probe"].result["metrics"], base),
+        lines += ["frozen-backbone probes (synthetic probe set; the baseline: the same probes on a random-init backbone)",
+                  *probe_rows(outcomes["probe"].result["metrics"], base),
                   f"  pretrained: {outcomes['probe'].folder}"]
         if baseline:
-            lines.append(f"  random init: {baseline.outcomes[-1].folder}")
+            lines += [f"  random init: {baseline.outcomes[-1].folder}",
+                      "  (40 tiny steps on a few images do not make a better backbone than random init: the demo shows "
+                      "the loop;", "  the recipe needs the data and steps of configs/pretrain_*.yaml)"]
         lines.append("")
     if audit_page:
         lines += [f"audit page:   {audit_page}"]
