@@ -293,14 +293,14 @@ def main(argv: list[str]) -> int:
     workspace = Path(cfg.workspace) if Path(cfg.workspace).is_absolute() else REPO / cfg.workspace
     cfg = dataclasses.replace(cfg, workspace=str(workspace))
     log_file = None if args.verbose else workspace / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.log"
-    expected = build_demo_corpus(raw)  # deterministic: rebuilding gives the same files, so stages are reused
-    print(f"demo corpus  {len(expected)} images in {raw}")
-    if log_file:
-        print(f"logs         {log_file}  (--verbose: on the terminal)")
     with Console(log_file) as console:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr,
                             force=True)
+        if log_file:
+            console.print(f"logs      {log_file}  (--verbose: on the terminal)")
         try:
+            expected = build_demo_corpus(raw)  # deterministic: rebuilding gives the same files, so stages are reused
+            console.print(f"corpus    {len(expected)} images in {raw}")
             result = run_dag(cfg, Progress(console))
             baseline = None
             if "probe" in cfg.stages and not args.no_baseline:
