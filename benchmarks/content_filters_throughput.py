@@ -8,16 +8,21 @@ batch size (CLIP ``encode_image`` on the preprocessed tensor; the watermark clas
 forward on the normalised tensor; the zero-shot head on the embeddings; rapidocr det + rec on
 the decoded RGB array at ``max_side``). The ratio stage / baseline is what the stage's own
 work costs on top of the model. Every stage and every baseline gets the same warm-up
-(``--warmup-batches`` batches of its batch size, off the clock).
+(``--warmup-batches`` batches of its batch size, off the clock); then stage and baseline are
+timed alternately ``--repeats`` times and the best pass of each is kept. Both wall-clock
+images/s and images per CPU-second of the process are printed: on a loaded machine the
+wall-clock rate swings with the neighbours' load, CPU time much less; with ``--threads 1``
+(one torch thread; the OCR stage runs ONNX Runtime on one thread) images per CPU-second is
+the per-core rate the scale plan multiplies by cores (with more threads it also counts
+threads that spin while they wait).
 
 Models are randomly initialised with the real architectures (no weights are downloadable
 here; random weights cost the same compute as trained ones), saved to a temporary checkpoint
 and loaded back by the stage: CLIP as the shipped default ``ViT-L-14`` and the small
 ``ViT-B-32`` (``--clip-models``), the watermark classifier as LAION's efficientnet_b3 + MLP.
-Inputs are real photos cycled to ``--images`` rows. Not a test: it prints figures. On a shared
-machine compare the ratios, which are measured under the same load, more than the rates.
+Inputs are real photos cycled to ``--images`` rows. Not a test: it prints figures.
 
-    python benchmarks/content_filters_throughput.py                 # ~10 min on 2 busy cores
+    python benchmarks/content_filters_throughput.py --threads 1     # ~10 min on 2 quiet cores
     python benchmarks/content_filters_throughput.py --quick         # 8 images, batch 8, OCR at 640
 """
 from __future__ import annotations
@@ -70,43 +75,49 @@ def batches(items, bs: int):
 REPEATS = 2
 
 
-def clock(fn, warm, timed) -> tuple[float, float, object]:
-    """(warm-up seconds, timed seconds, last result): ``fn`` over the warm-up inputs, then the timed ones."""
+def clock(fn, warm, timed) -> tuple[float, tuple[float, float], object]:
+    """(warm-up wall seconds, (timed wall seconds, timed CPU seconds of this process), last result):
+    ``fn`` over the warm-up inputs, then the timed ones."""
     t0 = time.perf_counter()
     for x in warm:
         fn(x)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     out = None
     for x in timed:
         out = fn(x)
-    return t1 - t0, time.perf_counter() - t1, out
+    return t1 - t0, (time.perf_counter() - t1, time.process_time() - c1), out
 
 
-def paired(stage_fn, stage_warm, stage_timed, bare_fn, bare_warm, bare_timed) -> tuple[float, float, float, object]:
+def paired(stage_fn, stage_warm, stage_timed, bare_fn, bare_warm, bare_timed):
     """Stage and bare model, each warmed up the same way, then timed alternately ``REPEATS`` times;
-    the best time of each (the machine is shared: the least disturbed pass). Returns
-    (stage warm-up s, stage s, bare s, the stage's output)."""
+    the best pass of each (the machine is shared: the least disturbed one), wall and CPU time
+    separately. Returns (stage warm-up s, stage (wall, cpu) s, bare (wall, cpu) s, the stage's output)."""
     warm_s, _, _ = clock(stage_fn, stage_warm, [])
     clock(bare_fn, bare_warm, [])
-    stage_s, bare_s, out = [], [], None
+    stage_t, bare_t, out = [], [], None
     for _ in range(REPEATS):
-        _, s, out = clock(stage_fn, [], stage_timed)
-        stage_s.append(s)
-        bare_s.append(clock(bare_fn, [], bare_timed)[1])
-    return warm_s, min(stage_s), min(bare_s), out
+        _, t, out = clock(stage_fn, [], stage_timed)
+        stage_t.append(t)
+        bare_t.append(clock(bare_fn, [], bare_timed)[1])
+    best = lambda ts: (min(t[0] for t in ts), min(t[1] for t in ts))  # noqa: E731
+    return warm_s, best(stage_t), best(bare_t), out
 
 
 class Report:
     def __init__(self, n: int) -> None:
         self.n, self.rows = n, []
-        print(f"{'stage':16s} {'model':36s} {'batch':>5s} {'setup_s':>7s} {'warm_s':>6s} {'stage img/s':>11s} "
-              f"{'bare model img/s':>16s} {'stage/bare':>10s}")
+        print(f"{'':67s} {'--- wall clock, img/s ---':>28s}  {'-- img per CPU-second --':>36s}")
+        print(f"{'stage':16s} {'model':36s} {'batch':>5s} {'setup_s':>7s} {'stage':>9s} {'bare':>9s} {'ratio':>8s}  "
+              f"{'stage':>11s} {'bare':>11s} {'ratio':>12s}")
 
-    def add(self, stage: str, model: str, bs: int, setup_s: float, warm_s: float, secs: float, base_secs: float):
-        r = {"stage": stage, "model": model, "batch": bs, "stage_ips": self.n / secs, "bare_ips": self.n / base_secs}
+    def add(self, stage: str, model: str, bs: int, setup_s: float, warm_s: float, stage_t, bare_t):
+        r = {"stage": stage, "model": model, "batch": bs, "warmup_s": warm_s,
+             "stage_ips": self.n / stage_t[0], "bare_ips": self.n / bare_t[0],
+             "stage_per_cpu_s": self.n / stage_t[1], "bare_per_cpu_s": self.n / bare_t[1]}
         self.rows.append(r)
-        print(f"{stage:16s} {model:36s} {bs:5d} {setup_s:7.1f} {warm_s:6.1f} {r['stage_ips']:11.2f} "
-              f"{r['bare_ips']:16.2f} {r['stage_ips'] / r['bare_ips']:10.2f}", flush=True)
+        print(f"{stage:16s} {model:36s} {bs:5d} {setup_s:7.1f} {r['stage_ips']:9.2f} {r['bare_ips']:9.2f} "
+              f"{r['stage_ips'] / r['bare_ips']:8.2f}  {r['stage_per_cpu_s']:11.2f} {r['bare_per_cpu_s']:11.2f} "
+              f"{r['stage_per_cpu_s'] / r['bare_per_cpu_s']:12.2f}", flush=True)
 
 
 def setup(stage) -> float:
@@ -225,7 +236,7 @@ def main() -> None:
                                                lambda group: [stage.ocr.read(a) for a in group], [rgb[:bs]] * w,
                                                batches(rgb, bs))
                 report.add("text_filter", f"rapidocr det+rec, max_side {side} (1 thr)", bs, setup_s, warm_s, secs, base)
-    print(f"# total {time.perf_counter() - t_start:.0f}s")
+    print(f"# total {time.perf_counter() - t_start:.0f}s, load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":
