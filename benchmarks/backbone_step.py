@@ -62,17 +62,22 @@ def step_flops(build: Callable[[torch.device], nn.Module], out: Callable, x_shap
     return counter.get_total_flops()
 
 
-def one_step(model: nn.Module, fn: Callable, x: torch.Tensor, bf16: bool) -> float:
+def one_step(model: nn.Module, fn: Callable, x: torch.Tensor, bf16: bool) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds of one forward+backward step.
+
+    On a shared CPU the wall time includes whatever other processes took; the CPU time
+    does not (with one torch thread it is the step's own work), so its ratio is the
+    steadier of the two there."""
     sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
     sync()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
         loss = fn(x).float().square().mean()
     loss.backward()
     sync()
-    elapsed = time.perf_counter() - start
+    elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     model.zero_grad(set_to_none=True)
-    return elapsed
+    return elapsed, elapsed_cpu
 
 
 def main() -> None:
@@ -86,6 +91,8 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s for MFU (H100/H200: 989)")
     parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="time Sapiens2 alone (its TFLOP/s and MFU; no ratio): halves the run, and the compile time")
     args = parser.parse_args()
     d = DEFAULTS[args.device]
     name, (H, W) = args.model or d["model"], tuple(args.hw or d["hw"])
@@ -112,6 +119,8 @@ def main() -> None:
 
     x_shape = (batch, 3, H, W)
     runs = {"sapiens2": (build_sapiens, sapiens_tokens), "plain": (build_plain, lambda m: m)}
+    if args.no_baseline:
+        del runs["plain"]
     print(f"model {name}: dim {cfg.embed_dim}, depth {cfg.depth}, heads {cfg.num_heads}, "
           f"kv heads {cfg.kv_heads} in blocks {list(cfg.gqa_blocks) or 'none'}")
     print(f"input {batch}x3x{H}x{W} ({grid} patches + {1 + cfg.num_storage_tokens} prefix tokens), device "
@@ -119,19 +128,20 @@ def main() -> None:
           f"{torch.get_num_threads()} threads), torch {torch.__version__}, {steps} timed steps after {warmup}")
     torch.manual_seed(0)
     x = torch.randn(x_shape, device=device)
-    models, times, flops = {}, {}, {}
+    models, times, cpu_times, flops = {}, {}, {}, {}
     for label, (build, out) in runs.items():
         flops[label] = step_flops(build, out, x_shape)
         model = build(device).train()
         models[label] = (model, out(torch.compile(model) if args.compile else model))
-        times[label] = []
+        times[label], cpu_times[label] = [], []
     # Steps alternate between the two models, so load from other processes (or clock
     # changes) hits both alike and the ratio stays meaningful on a shared machine.
     for i in range(warmup + steps):
         for label, (model, fn) in models.items():
-            elapsed = one_step(model, fn, x, bf16)
+            elapsed, elapsed_cpu = one_step(model, fn, x, bf16)
             if i >= warmup:
                 times[label].append(elapsed)
+                cpu_times[label].append(elapsed_cpu)
     results = {}
     for label, (model, _) in models.items():
         med = statistics.median(times[label])
@@ -144,11 +154,21 @@ def main() -> None:
             line += f"  MFU {flops[label] / med / 1e12 / args.peak_tflops:6.1%} of {args.peak_tflops:g}"
         print(line)
     if bf16:
-        print(f"peak GPU memory (both models): {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+        print(f"peak GPU memory ({'both models' if len(models) > 1 else 'sapiens2'}): {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    if args.no_baseline:
+        return
     (t_s, f_s), (t_p, f_p) = results["sapiens2"], results["plain"]
     best = min(times["sapiens2"]) / min(times["plain"])
-    print(f"ratio sapiens2/plain: time {t_s / t_p:.2f}x (median), {best:.2f}x (best step); FLOPs {f_s / f_p:.2f}x; "
+    # Per-step ratios (the two models' steps alternate), their median and spread.
+    step_ratios = sorted(s / p for s, p in zip(times["sapiens2"], times["plain"]))
+    cpu_ratios = sorted(s / p for s, p in zip(cpu_times["sapiens2"], cpu_times["plain"]))
+    flop_ratio = f_s / f_p
+    print(f"ratio sapiens2/plain: time {t_s / t_p:.2f}x (median), {best:.2f}x (best step); FLOPs {flop_ratio:.2f}x; "
           f"time per FLOP {(t_s / f_s) / (t_p / f_p):.2f}x (median)")
+    print(f"per-step ratios, wall: median {statistics.median(step_ratios):.3f} [{step_ratios[0]:.3f}..{step_ratios[-1]:.3f}]"
+          f" = {statistics.median(step_ratios) / flop_ratio:.3f}x per FLOP; process CPU time: median "
+          f"{statistics.median(cpu_ratios):.3f} [{cpu_ratios[0]:.3f}..{cpu_ratios[-1]:.3f}] = "
+          f"{statistics.median(cpu_ratios) / flop_ratio:.3f}x per FLOP")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,8 @@ def cpu_main(args) -> None:
     dataset = args.dataset or synthetic_dataset(work / "data")
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
              object_store_memory=400 * 2**20)
-    print(f"tiny config (sapiens2_tiny, 2 x 96x64 global + 4 x 48x32 local crops, fp32/bf16 per config) on "
+    print(f"config {Path(args.config).name if args.config else 'pretrain_tiny.yaml'} (the real path: Ray Train, FSDP2, "
+          f"loader processes decoding JPEG shards; extra settings {args.set or 'none'}) on "
           f"{args.cpus} CPUs, dataset {dataset}; {args.steps} timed steps after {args.warmup}")
     try:
         rows = [cpu_run(w, args, dataset, work) for w in args.workers]

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The GPU figures of the platform in one prepared run (< 8 minutes on one GPU):
+#   1. sapiens2_1b forward+backward at 1024x768, bf16 autocast: TFLOP/s and MFU, eager and compiled
+#      (benchmarks/backbone_step.py, sapiens2 only: the plain baseline is the CPU benchmark's business)
+#   2. one pretraining step of configs/pretrain_0.4b.yaml under FSDP2 on one GPU, fed by its data
+#      loader (Ray Train, loader processes decoding JPEG shards of real photos): step time,
+#      images/s, data-wait share (benchmarks/pretrain_step.py, loader mode with ray.use_gpu=true)
+#   3. the person detector's images/s on the GPU (the CenterNet ONNX in ../shared/assets/models
+#      through ONNX Runtime's CUDA provider; says so when that provider is missing)
+# Every section runs under its own time limit; a section that fails or runs out of time is
+# reported and the next one still runs. Exit status: 0 when every section passed.
+#
+#   bash benchmarks/gpu_suite.sh                 # everything
+#   bash benchmarks/gpu_suite.sh --only backbone,detector --peak-tflops 989
+#   bash benchmarks/gpu_suite.sh --dry-run       # print the plan (works without a GPU)
+set -uo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-$REPO/.venv/bin/python}"
+SECTIONS="backbone,backbone_compiled,pretrain,detector"
+PEAK=989          # dense bf16 TFLOP/s of an H100/H200
+DETECTOR="$REPO/../shared/assets/models/person_centernet_512.onnx"
+DRY=0
+# Seconds per section: together 450 s, leaving ~30 s for process start-ups within 8 minutes.
+T_BACKBONE=75 T_COMPILED=190 T_PRETRAIN=145 T_DETECTOR=40
+
+usage() {
+    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    cat <<EOF
+
+options:
+  --only LIST          comma-separated sections of: $SECTIONS
+  --peak-tflops X      peak dense bf16 TFLOP/s for MFU (default $PEAK)
+  --detector FILE      CenterNet .onnx (default $DETECTOR)
+  --python EXE         interpreter (default $PY; or \$PYTHON)
+  --dry-run            print the commands and time limits, run nothing (no GPU needed)
+  -h, --help           this text
+EOF
+}
+
+die() { echo "gpu_suite: $*" >&2; exit 2; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --only) [ $# -ge 2 ] || die "--only needs a value"; SECTIONS="$2"; shift 2 ;;
+        --peak-tflops) [ $# -ge 2 ] || die "--peak-tflops needs a value"; PEAK="$2"; shift 2 ;;
+        --detector) [ $# -ge 2 ] || die "--detector needs a value"; DETECTOR="$2"; shift 2 ;;
+        --python) [ $# -ge 2 ] || die "--python needs a value"; PY="$2"; shift 2 ;;
+        --dry-run) DRY=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown argument '$1' (see --help)" ;;
+    esac
+done
+[[ "$PEAK" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--peak-tflops must be a number, got '$PEAK'"
+IFS=, read -r -a WANTED <<< "$SECTIONS"
+for s in "${WANTED[@]}"; do
+    case "$s" in backbone|backbone_compiled|pretrain|detector) ;; *) die "unknown section '$s' (known: backbone,backbone_compiled,pretrain,detector)" ;; esac
+done
+
+BACKBONE=("$PY" "$REPO/benchmarks/backbone_step.py" --device cuda --model sapiens2_1b --hw 1024 768 --batch 4
+          --steps 10 --warmup 3 --peak-tflops "$PEAK" --no-baseline)
+PRETRAIN=("$PY" "$REPO/benchmarks/pretrain_step.py" --config "$REPO/configs/pretrain_0.4b.yaml" --workers 1
+          --cpus 16 --threads 12 --batch 8 --steps 3 --warmup 2
+          --set ray.use_gpu=true data.loader_workers=10)
+DETECT=("$PY" - "$DETECTOR")
+
+run() {  # run NAME LIMIT_S CMD...: one section under its limit, its status remembered
+    local name="$1" limit="$2"; shift 2
+    echo
+    echo "=== $name (limit ${limit}s): ${*}"
+    if [ "$DRY" = 1 ]; then return 0; fi
+    local start=$SECONDS
+    if [ "$name" = detector ]; then timeout --kill-after=10 "$limit" "$@" <<< "$DETECTOR_PY"; else timeout --kill-after=10 "$limit" "$@"; fi
+    local rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then STATUS+=("$name: TIMED OUT after ${limit}s"); FAILED=1
+    elif [ $rc -ne 0 ]; then STATUS+=("$name: FAILED (exit $rc)"); FAILED=1
+    else STATUS+=("$name: ok in $((SECONDS - start))s"); fi
+}
+
+DETECTOR_PY='
+import sys, time
+import numpy as np
+import onnxruntime as ort
+from PIL import Image
+sys.path.insert(0, ".")
+from curation.filters.person import CenterNetOnnx, DetectorConfig
+if "CUDAExecutionProvider" not in ort.get_available_providers():
+    print(f"detector: NOT MEASURED: ONNX Runtime {ort.__version__} has no CUDA provider "
+          f"(providers: {ort.get_available_providers()}); install onnxruntime-gpu. No ultralytics weights ship "
+          "with the project, so there is no GPU detector to time.")
+    sys.exit(3)
+det = CenterNetOnnx(DetectorConfig(backend="centernet_onnx", weights=sys.argv[1], device="cuda"))
+rng = np.random.default_rng(0)
+images = [Image.fromarray((rng.random((480, 640, 3)) * 255).astype(np.uint8)) for _ in range(8)]
+sizes = [im.size for im in images]
+det.detect(images, sizes)  # warm-up: CUDA context, cuDNN autotune
+n, start = 0, time.perf_counter()
+while time.perf_counter() - start < 15:
+    det.detect(images, sizes); n += len(images)
+wall = time.perf_counter() - start
+x = np.zeros((1, det.cfg.size, det.cfg.size, 3), np.float32)
+k, s0 = 0, time.perf_counter()
+while time.perf_counter() - s0 < 5:
+    det.session.run([det.output_name], {det.input_name: x}); k += 1
+print(f"detector (CenterNet ONNX, {det.session.get_providers()[0]}, input {det.cfg.size}x{det.cfg.size}, batch 1): "
+      f"{n / wall:.1f} images/s end to end (PIL resize + session), {k / (time.perf_counter() - s0):.1f} images/s session only")
+'
+
+echo "gpu_suite: sections ${SECTIONS}; python $PY"
+if [ "$DRY" = 0 ]; then
+    # Fail fast and clearly: nothing here means anything without a CUDA device.
+    [ -x "$PY" ] || command -v "$PY" >/dev/null || die "no interpreter at $PY (make the venv, or pass --python)"
+    "$PY" -c 'import sys, torch
+sys.exit(0 if torch.cuda.is_available() else 1)' || die "no CUDA device visible to torch (torch.cuda.is_available() is False): this suite only runs on a GPU machine"
+    "$PY" -c 'import torch; print("device:", torch.cuda.get_device_name(), "| torch", torch.__version__, "| CUDA", torch.version.cuda)'
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader 2>/dev/null || true
+fi
+
+cd "$REPO" || die "cannot cd to $REPO"
+STATUS=() FAILED=0 SUITE_START=$SECONDS
+for s in "${WANTED[@]}"; do
+    case "$s" in
+        backbone) run backbone "$T_BACKBONE" "${BACKBONE[@]}" ;;
+        backbone_compiled) run backbone_compiled "$T_COMPILED" "${BACKBONE[@]}" --compile ;;
+        pretrain) run pretrain "$T_PRETRAIN" "${PRETRAIN[@]}" ;;
+        detector) run detector "$T_DETECTOR" "${DETECT[@]}" ;;
+    esac
+done
+echo
+echo "=== summary ($((SECONDS - SUITE_START))s)"
+if [ "$DRY" = 1 ]; then echo "dry run: nothing was run"; exit 0; fi
+printf '%s\n' "${STATUS[@]}"
+exit $FAILED
