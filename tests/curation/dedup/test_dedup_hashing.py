@@ -48,3 +48,18 @@ def test_hex_round_trip_and_bad_input():
         hex_to_uint64(["abc"])
     with pytest.raises(ValueError, match="hexadecimal"):
         hex_to_uint64(["zzzzzzzzzzzzzzzz"])
+
+
+def test_the_pipelines_pair_hash_equals_two_scipy_dcts():
+    """The decode stage's (hash, mirror hash) from one matrix product equals imagededup's algorithm
+    (scipy's DCT) run on the thumbnail and on its mirror, on smooth and on noisy thumbnails."""
+    import numpy as np
+
+    from curation.dedup.hashing import _phash_of_thumbnail, phash_pair_of_thumbnail
+
+    rng = np.random.default_rng(7)
+    thumbs = [rng.integers(0, 256, (32, 32), dtype=np.uint8) for _ in range(300)]
+    thumbs += [(rng.normal(128, 40, (32, 32)).cumsum(0).cumsum(1) % 256).astype(np.uint8) for _ in range(300)]
+    for t in thumbs:
+        assert phash_pair_of_thumbnail(t) == (_phash_of_thumbnail(t),
+                                              _phash_of_thumbnail(np.ascontiguousarray(t[:, ::-1])))
