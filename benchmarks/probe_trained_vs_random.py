@@ -18,8 +18,11 @@ Headline (only backbones this platform pretrained, all ``sapiens2_tiny``):
 Both go through ``run_probes`` (Ray Train, MLflow) with identical probe settings
 (``configs/probe_tiny.yaml`` plus ``--quick`` and ``--set``), and the script prints each
 metric, the difference pretrained - random, and whether it is better in the metric's own
-direction. At this scale (a demo corpus of a few dozen images, a few hundred CPU steps) the
-pretrained backbone need not win every task; the table says where it does not.
+direction. At this scale (16 curated demo images, tens to hundreds of CPU steps) the
+pretrained backbone need not win every task; the table says where it does not. Each backbone
+is probed once (no repeated seeds), so differences of a few percent are within run-to-run
+noise; with ``--quick`` the pose probe (150 steps) stays at AP 0 for every backbone (its heads
+need ~1000+ steps, see ``configs/probe_tiny.yaml``).
 
 Built-in advantage (not the headline; only with ``--standins``): the stand-ins of
 ``evaluation.warmup``, trained on images from the same generator as the probe tasks:
