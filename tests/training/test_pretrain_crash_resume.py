@@ -1,0 +1,110 @@
+"""A pretraining job SIGKILLed between two checkpoints resumes to the uninterrupted result.
+
+``test_pretrain_e2e`` pauses a run at a planned step (a clean session end, checkpoint
+written on purpose). Here the whole process group of a running
+``pipelines/pretrain.py`` (driver, local Ray cluster, Ray Train workers) is SIGKILLed while
+a step after a checkpoint is running: no clean-up, no final checkpoint. Re-running the same
+command must resume from the last checkpoint and give exactly the uninterrupted run's
+per-step losses (as logged to MLflow, replayed steps keeping their latest value) and
+exported weights.
+
+Synchronisation is on files only: each rank appends ``{"step": s}`` to
+``<run>/batch_keys/rank_<r>.jsonl`` after step ``s`` (``record_batch_keys``), and a rank
+starts step ``k + 1`` only after its ``checkpoint_<k>`` report returned, so "every rank has
+recorded a step past the newest checkpoint" means that checkpoint is on disk and a later
+step is running. However slow the machine, the kill lands between two checkpoints.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from infra.local_cluster import pids_naming
+from infra.tracking import metric_history
+from models.io import load_state_dict_file
+from tests.conftest import REPO, kill_when
+from training.loop import EXPORT_DIR, EXPORT_MANIFEST
+from training.run import HISTORY_KEYS, RUN_RECORD
+
+pytestmark = pytest.mark.slow
+STEPS, EVERY, WORKERS = 12, 4, 2  # checkpoints at 4, 8, 12: a kill after step 5 has a checkpoint behind it
+
+
+def pretrain_cmd(dataset_id: str, root: Path, storage: Path, run_name: str, ray_tmp: str) -> list[str]:
+    return [sys.executable, str(REPO / "pipelines" / "pretrain.py"), "--config", str(REPO / "configs" / "pretrain_tiny.yaml"),
+            f"data.dataset={dataset_id}", f"tracking.uri=sqlite:///{root / 'mlflow.db'}", f"storage_path={storage}",
+            f"run_name={run_name}", f"steps={STEPS}", f"checkpoint.every={EVERY}", "record_batch_keys=true",
+            "metrics.images_every=0", "metrics.log_every=1", f"ray.num_workers={WORKERS}", f"ray.temp_dir={ray_tmp}",
+            "ray.progress_bars=off"]
+
+
+def recorded_steps(run_dir: Path) -> dict[int, list[int]]:
+    """Steps each rank has finished, in the order it recorded them (all sessions)."""
+    out = {}
+    for path in sorted((run_dir / "batch_keys").glob("rank_*.jsonl")):
+        lines = path.read_text().splitlines()
+        # a line being appended right now may be incomplete: only whole lines count
+        out[int(path.stem.split("_")[1])] = [json.loads(line)["step"] for line in lines if line.endswith("}")]
+    return out
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in run_dir.glob("checkpoint_0*") if p.is_dir())
+
+
+def past_a_checkpoint(run_dir: Path) -> bool:
+    steps, ckpts = recorded_steps(run_dir), checkpoint_steps(run_dir)
+    return (len(steps) == WORKERS and bool(ckpts) and all(s for s in steps.values())
+            and min(s[-1] for s in steps.values()) > ckpts[-1])
+
+
+def outcome(run_dir: Path) -> tuple[dict[int, dict[str, float]], dict[str, torch.Tensor]]:
+    """Per-step logged values (from MLflow) and the exported student weights."""
+    record = json.loads((run_dir / RUN_RECORD).read_text())
+    history = metric_history(record["tracking_uri"], record["mlflow_run_id"], HISTORY_KEYS)
+    manifest = json.loads((run_dir / EXPORT_DIR / EXPORT_MANIFEST).read_text())
+    assert manifest["step"] == STEPS
+    return history, load_state_dict_file(manifest["export_student"])
+
+
+def test_sigkilled_pretraining_resumes_to_the_uninterrupted_result(curated_demo, tmp_path):
+    root, curated = curated_demo
+    storage = tmp_path / "runs"
+    env = dict(os.environ)
+    ray_a, ray_b = f"/tmp/hvp-{os.getpid()}-a", f"/tmp/hvp-{os.getpid()}-b"  # short: Ray's socket paths
+
+    # Uninterrupted reference run.
+    ref = subprocess.run(pretrain_cmd(curated.dataset_id, root, storage, "reference", ray_a), env=env,
+                         capture_output=True, text=True, timeout=1200)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+
+    # The same run, SIGKILLed (whole process group) while a step after a checkpoint runs.
+    run_dir = storage / "crashed"
+    cmd = pretrain_cmd(curated.dataset_id, root, storage, "crashed", ray_b)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_when(proc, lambda: past_a_checkpoint(run_dir), timeout=1200, leftovers=ray_b)
+    at_kill = recorded_steps(run_dir)
+    ckpts_at_kill = checkpoint_steps(run_dir)
+    assert not (run_dir / EXPORT_DIR / EXPORT_MANIFEST).exists(), "the run finished before the kill"
+    assert max(s[-1] for s in at_kill.values()) < STEPS
+    assert not pids_naming(ray_b), "a process of the killed job survived"
+
+    # Re-run the very same command: it resumes from a checkpoint and finishes.
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed_from = {rank: steps[len(at_kill[rank])] - 1 for rank, steps in recorded_steps(run_dir).items()}
+    print(f"killed after steps {at_kill}, checkpoints then {ckpts_at_kill}; resumed from step {resumed_from}")
+    # every rank restarted right after one and the same checkpoint written before the kill (not from scratch)
+    assert len(set(resumed_from.values())) == 1 and resumed_from[0] in ckpts_at_kill
+
+    (ref_history, ref_weights), (history, weights) = outcome(storage / "reference"), outcome(run_dir)
+    assert sorted(history) == sorted(ref_history) == list(range(1, STEPS + 1))
+    assert history == ref_history  # bit-identical floats of every logged value, every step
+    assert weights.keys() == ref_weights.keys() and all(torch.equal(weights[k], ref_weights[k]) for k in weights)
+    assert not pids_naming(ray_a) and not pids_naming(ray_b)
