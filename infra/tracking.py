@@ -58,8 +58,10 @@ def _artifact_root(tracking_uri: str) -> str | None:
     return None  # a server decides (its --artifacts-destination)
 
 
-# MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, judges); ours are
-# model-development experiments: runs, metrics and datasets.
+# Our experiments are model-development ones (runs, metrics, datasets), which MLflow records in
+# this tag. MLflow 3.17.2's UI does not read it yet: it opens the GenAI view (traces, judges) unless
+# the URL says ?workflowType=machine_learning, so the demo prints that link and
+# tests/pipelines/test_mlflow_ui.py checks in a browser that it shows the runs.
 EXPERIMENT_KIND_TAG, TRAINING_VIEW = "mlflow.experimentKind", "custom_model_development"
 
 
