@@ -87,14 +87,37 @@ def server(store):
 
 @pytest.fixture(scope="module")
 def browser():
+    """``browser(fn)`` runs ``fn(chromium)`` in a thread of its own. Playwright's sync API refuses a
+    thread whose asyncio state says a loop is running, which an earlier test of the same pytest
+    process can leave behind on the main thread (seen in the full suite, never alone)."""
     if not CHROMIUM.is_file():
         pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install -y chromium)")
+    import threading
+
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    def run(fn):
+        out: dict = {}
+
+        def work() -> None:
+            try:
+                with sync_playwright() as p:
+                    b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+                    try:
+                        out["value"] = fn(b)
+                    finally:
+                        b.close()
+            except BaseException as err:  # noqa: BLE001 - re-raised in the test's thread
+                out["error"] = err
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    return run
 
 
 def side_links(page, exp_id: str) -> dict[str, str]:
@@ -131,7 +154,7 @@ def test_experiments_are_created_with_the_training_kind(store):
 def test_the_printed_experiment_link_opens_the_runs_view(server, store, browser):
     _, _, exp_id = store
     url = experiment_url(server, exp_id)
-    links, text, landed = open_experiment(browser, url, exp_id, "runs")
+    links, text, landed = browser(lambda b: open_experiment(b, url, exp_id, "runs"))
     assert links.get("runs") == "Runs", links
     assert not [tab for tab in links if tab.split("/")[0] in GENAI_ONLY], links  # no GenAI navigation
     assert "pretrain-ui-check" in links.values() and "pretrain-ui-check" in text  # the run, linked in the runs table
@@ -142,7 +165,7 @@ def test_the_bare_experiment_link_opens_the_genai_view_in_mlflow_3_17(server, st
     """Why the demo's link carries ``workflowType``: without it MLflow 3.17 shows GenAI, tag or not.
     (If a newer MLflow honours ``mlflow.experimentKind`` here, this fails: drop the parameter then.)"""
     _, _, exp_id = store
-    links, _, landed = open_experiment(browser, f"{server}/#/experiments/{exp_id}", exp_id, "traces")
+    links, _, landed = browser(lambda b: open_experiment(b, f"{server}/#/experiments/{exp_id}", exp_id, "traces"))
     assert links.get("traces") == "Traces" and "runs" not in links, links
     assert {"overview", "chat-sessions", "judges"} <= {tab.split("/")[0] for tab in links}, links
     assert "workflowType=genai" in landed
