@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from evaluation import visualize as viz
+import evaluation.visualize as viz
 from evaluation.config import KnnSettings, PoseSettings, SegSettings, SplitPaths, TaskSettings
 from evaluation.datasets import (
     CocoKeypointDataset,

@@ -18,8 +18,10 @@ inside functions and ``if`` blocks included (a function-level import still ties 
 together; it only moves the failure to run time). An import is attributed to the most specific
 project module it names: ``from curation import schema`` -> ``curation.schema``,
 ``from curation.output import CuratedOutput`` -> ``curation.output``, ``import a.b`` -> ``a.b``.
-The packages a dotted import also initialises (``a/__init__.py`` for ``a.b``) are not counted:
-counting them would make every sibling import an edge to the package's ``__init__``. Imports
+A ``from`` import is also an edge to the module it reads from (``from curation.audit import
+charts`` -> ``curation.audit`` too: the package's ``__init__`` runs first and may import the
+importer back). The packages a plain dotted import initialises (``a/__init__.py`` for
+``import a.b``) are not counted: that would make every sibling import an edge to the package. Imports
 spelled as strings (``importlib.import_module("x")``) are not seen.
 """
 from __future__ import annotations
@@ -131,6 +133,9 @@ def imports_of(module: Module, known: set[str]) -> Iterator[Import]:
                 yield Import(module.name, _most_specific(alias.name, known), node.lineno)
         elif isinstance(node, ast.ImportFrom):
             source = _absolute(module, node)
+            if source in known and source != module.name:
+                # ``from pkg import sub`` reads from ``pkg``: its __init__ runs and may import back
+                yield Import(module.name, source, node.lineno)
             for alias in node.names:
                 yield Import(module.name, _most_specific(f"{source}.{alias.name}", known), node.lineno)
 
@@ -403,12 +408,30 @@ def test_checks_see_function_level_relative_and_from_imports(tmp_path):
         "curation/c.py:2: curation.c imports models.m: models and curation share floor 1 and must not import "
         "each other",
         "infra/a.py:2: infra.a imports curation.b: curation (floor 1) is above infra (floor 0)",
+        "infra/a.py:2: infra.a imports curation: curation (floor 1) is above infra (floor 0)",
     ]
     graph = import_graph(found)
     assert strongly_connected(graph) == [["curation.b", "curation.c"]]
     assert describe_cycle(found, graph, ["curation.b", "curation.c"]) == (
         "2 modules (curation.b, curation.c); one cycle: curation/b.py:1 imports curation.c -> "
         "curation/c.py:1 imports curation.b")
+
+
+def test_a_from_import_through_a_package_whose_init_imports_back_is_a_cycle(tmp_path):
+    found = _write(tmp_path, {
+        "evaluation/__init__.py": "from evaluation.run import go\n",
+        "evaluation/run.py": "from evaluation.tasks import t\ndef go(): pass\n",
+        "evaluation/tasks.py": "from evaluation import viz\nt = 1\n",
+        "evaluation/viz.py": "",
+    })
+    assert strongly_connected(import_graph(found)) == [["evaluation", "evaluation.run", "evaluation.tasks"]]
+    fixed = _write(tmp_path / "fixed", {
+        "evaluation/__init__.py": "from evaluation.run import go\n",
+        "evaluation/run.py": "from evaluation.tasks import t\ndef go(): pass\n",
+        "evaluation/tasks.py": "import evaluation.viz as viz\nt = 1\n",
+        "evaluation/viz.py": "",
+    })
+    assert strongly_connected(import_graph(fixed)) == []
 
 
 def test_layout_check_tells_paths_from_keys(tmp_path):

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from infra import storage
 from infra.config import from_dict
 from infra.tracking import MetricsLogger
-from training import checkpoint
+import training.checkpoint as checkpoint
 from training.config import PretrainConfig
 from training.data import RankSpec, ResumableLoader
 from training.flops import peak_tflops, step_cost, tokens_per_step

@@ -14,7 +14,11 @@ import json
 from collections import Counter
 
 from curation import schema
-from curation.audit import charts, counts, images, page, settings
+import curation.audit.charts as charts
+import curation.audit.counts as counts
+import curation.audit.images as images
+import curation.audit.page as page
+import curation.audit.settings as settings
 from curation.audit.loading import AuditedVersion
 
 ABSENT = "absent"  # status of an image the other version never saw (not in its input)

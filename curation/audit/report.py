@@ -15,7 +15,10 @@ from collections.abc import Callable
 import yaml
 
 from curation import schema
-from curation.audit import charts, counts, images, page
+import curation.audit.charts as charts
+import curation.audit.counts as counts
+import curation.audit.images as images
+import curation.audit.page as page
 from curation.audit.loading import AuditedVersion
 from curation.audit.record import RunRef
 from curation.filters.person import box_size

@@ -8,6 +8,7 @@ images are never dropped. Every run saves its near-dup index so a later run can 
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Any, ClassVar
 
@@ -77,8 +78,9 @@ class DedupStep(Step):
     def describe(self) -> dict:
         return {"name": self.name, "applied": self.enabled, **self.settings()}
 
+    @abc.abstractmethod
     def decide(self, remaining: pa.Table, ctx: DedupContext) -> pa.Table:
-        raise NotImplementedError
+        """Decisions for ``remaining`` (rows no earlier dedup step dropped)."""
 
 
 class ExactDedup(DedupStep):
