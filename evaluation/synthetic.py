@@ -29,17 +29,15 @@ import numpy as np
 from PIL import Image
 
 from evaluation.config import SplitPaths
+from models.vocab import keypoint_vocab, seg_vocab
 
 FORMAT_VERSION = 1
 FOCAL_PX = 110.0
 PERSON_HEIGHT_M = 1.7
-PART_CLASSES = ("background", "head", "torso", "left_arm", "right_arm", "left_leg", "right_leg")
+PART_CLASSES = seg_vocab("seg_synthetic_7").classes
 POSE_CATEGORIES = ("arms_down", "arms_up", "t_pose", "star")
-COCO17_KEYPOINTS = ("nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",
-                    "left_elbow", "right_elbow", "left_wrist", "right_wrist", "left_hip", "right_hip",
-                    "left_knee", "right_knee", "left_ankle", "right_ankle")
-COCO17_SKELETON = ((16, 14), (14, 12), (17, 15), (15, 13), (12, 13), (6, 12), (7, 13), (6, 7), (6, 8), (7, 9),
-                   (8, 10), (9, 11), (2, 3), (1, 2), (1, 3), (2, 4), (3, 5), (4, 6), (5, 7))  # 1-based, as in COCO
+COCO17_KEYPOINTS = keypoint_vocab("coco_17").keypoint_names
+COCO17_SKELETON = tuple((a + 1, b + 1) for a, b in keypoint_vocab("coco_17").skeleton)  # 1-based, as in COCO
 
 # Limb angles in degrees away from straight down, outwards: (upper arm, forearm, thigh, shin).
 _CATEGORY_ANGLES = {

@@ -12,20 +12,13 @@ import copy
 
 import numpy as np
 
-# COCO-17 (pycocotools' defaults) and COCO-WholeBody-133 (jin-s13/COCO-WholeBody,
-# evaluation/myeval_wholebody.py: body, foot, face, left hand, right hand).
-COCO17_SIGMAS = (0.026, 0.025, 0.025, 0.035, 0.035, 0.079, 0.079, 0.072, 0.072, 0.062, 0.062,
-                 0.107, 0.107, 0.087, 0.087, 0.089, 0.089)
-_FOOT = (0.068, 0.066, 0.066, 0.092, 0.094, 0.094)
-_FACE = (0.042, 0.043, 0.044, 0.043, 0.040, 0.035, 0.031, 0.025, 0.020, 0.023, 0.029, 0.032, 0.037, 0.038,
-         0.043, 0.041, 0.045, 0.013, 0.012, 0.011, 0.011, 0.012, 0.012, 0.011, 0.011, 0.013, 0.015, 0.009,
-         0.007, 0.007, 0.007, 0.012, 0.009, 0.008, 0.016, 0.010, 0.017, 0.011, 0.009, 0.011, 0.009, 0.007,
-         0.013, 0.008, 0.011, 0.012, 0.010, 0.034, 0.008, 0.008, 0.009, 0.008, 0.008, 0.007, 0.010, 0.008,
-         0.009, 0.009, 0.009, 0.007, 0.007, 0.008, 0.011, 0.008, 0.008, 0.008, 0.01, 0.008)
-_HAND = (0.029, 0.022, 0.035, 0.037, 0.047, 0.026, 0.025, 0.024, 0.035, 0.018, 0.024, 0.022, 0.026, 0.017,
-         0.021, 0.021, 0.032, 0.02, 0.019, 0.022, 0.031)
-WHOLEBODY133_SIGMAS = COCO17_SIGMAS + _FOOT + _FACE + _HAND + _HAND
-KNOWN_SIGMAS = {17: COCO17_SIGMAS, 133: WHOLEBODY133_SIGMAS}
+from models.vocab import keypoint_vocab, list_vocabs
+
+# COCO-17 (pycocotools' defaults) and COCO-WholeBody-133 (jin-s13/COCO-WholeBody), from the
+# vocabulary files (models/vocab/*.json); every set with known sigmas by its keypoint count.
+COCO17_SIGMAS = keypoint_vocab("coco_17").sigmas
+WHOLEBODY133_SIGMAS = keypoint_vocab("coco_wholebody_133").sigmas
+KNOWN_SIGMAS = {keypoint_vocab(n).num_keypoints: keypoint_vocab(n).sigmas for n in list_vocabs("keypoints")}
 
 # pycocotools' keypoint summary, in its order (no "small" range for keypoints).
 COCO_KEYPOINT_STATS = ("AP", "AP50", "AP75", "APm", "APl", "AR", "AR50", "AR75", "ARm", "ARl")
