@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 
@@ -62,7 +62,12 @@ def test_common_keypoints_308_to_133_pair_the_same_body_parts():
 
 @pytest.mark.slow
 def test_wheel_ships_the_vocabulary_files(tmp_path):
+    src = tmp_path / "src"  # a copy: building in the repo would leave build/ and egg-info there
+    for name in ("curation", "models", "training", "evaluation", "infra", "pipelines"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(REPO)], check=True, capture_output=True)
-    names = zipfile.ZipFile(next(Path(tmp_path).glob("humanvision-*.whl"))).namelist()
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    names = zipfile.ZipFile(next((tmp_path / "dist").glob("humanvision-*.whl"))).namelist()
     assert {f"models/vocab/{n}.json" for n in list_vocabs()} <= set(names)
