@@ -37,6 +37,10 @@ from curation.stages import Resources, Stage
 Image.MAX_IMAGE_PIXELS = None
 ImageFile.LOAD_TRUNCATED_IMAGES = False
 
+# Notes that mark the decoded pixels as a deliberate conversion of the source encoding (the
+# ``converted`` column); EXIF rotation, resizing and re-encoding change no source quality.
+CONVERSION_NOTES = ("palette_converted", "grayscale_converted", "scaled_16bit", "cmyk_converted",
+                    "alpha_composited", "animated_frame0")
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _HIGH_DEPTH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 
@@ -212,8 +216,8 @@ class DecodeStage(Stage):
     def decode_row(self, row: dict) -> dict:
         out = {k: row.get(k) for k in ("partition", "key", "source", "source_meta", "input_bytes",
                                        "reason", "error_message")}
-        out.update(decode_ok=False, width=None, height=None, format=None, mode=None, notes=[], image=None,
-                   image_ext=None, phash=None, phash_mirror=None, sha256=None)
+        out.update(decode_ok=False, width=None, height=None, format=None, mode=None, notes=[], converted=None,
+                   image=None, image_ext=None, phash=None, phash_mirror=None, sha256=None)
         raw = row.get("raw")
         if raw is not None:
             out["sha256"] = hashlib.sha256(raw).hexdigest()
@@ -227,6 +231,7 @@ class DecodeStage(Stage):
             return out
         out.update(decode_ok=True, width=facts["size"][0], height=facts["size"][1], format=facts["format"],
                    mode=facts["mode"], notes=facts["notes"], image_ext="jpg",
+                   converted=any(n in CONVERSION_NOTES for n in facts["notes"]),
                    **self._hashes(rgb))
         return out
 

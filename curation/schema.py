@@ -19,6 +19,9 @@ Row columns written by the reader and the decode stage (the base schema):
 - ``width``/``height``: size of the normalised image (after EXIF orientation).
 - ``format``/``mode``: source container format and Pillow mode.
 - ``notes``: what decode did on purpose (``exif_rotated``, ``animated_frame0``, ...).
+- ``converted``: the pixels come from a deliberate conversion of the source encoding (palette,
+  greyscale, 16-bit scaled, CMYK, alpha-composited, animated frame 0): a derived copy, which a
+  duplicate family's representative rule ranks below an original encoding.
 - ``image``: the normalised image as encoded bytes (JPEG), null for errors.
 - ``image_ext``: extension of ``image`` in the shards (``jpg``).
 - ``phash``/``phash_mirror``: 64-bit perceptual hash (imagededup's PHash algorithm) of the
@@ -66,6 +69,7 @@ BASE_FIELDS = [
     pa.field("format", pa.string()),
     pa.field("mode", pa.string()),
     pa.field("notes", pa.list_(pa.string())),
+    pa.field("converted", pa.bool_()),
     pa.field("image", pa.binary()),
     pa.field("image_ext", pa.string()),
     pa.field("phash", pa.string()),

@@ -17,10 +17,13 @@ DECISION_SCHEMA = pa.schema([
 ])
 
 def representative_sort_key(row: dict) -> tuple:
-    """The documented rule: largest resolution, then highest person score, then smallest key."""
+    """The documented rule, quality first: an original encoding over a deliberate conversion
+    (``converted``: palette, greyscale, 16-bit scaled, CMYK, alpha-composited, animated frame 0),
+    then larger resolution, then more input bytes per pixel, then the smallest key. A column the
+    row lacks counts as unknown: not converted, 0 bytes per pixel."""
     pixels = (row.get("width") or 0) * (row.get("height") or 0)
-    score = row.get("person_score_max")
-    return (-pixels, -(score if score is not None else float("-inf")), row["key"])
+    per_pixel = (row.get("input_bytes") or 0) / pixels if pixels else 0.0
+    return (bool(row.get("converted")), -pixels, -per_pixel, row["key"])
 
 
 def group_decisions(members: list[dict], reason: str, group_id: str) -> list[dict]:

@@ -2,8 +2,9 @@
 
 Every dedup method ends the same way: an edge list between candidate rows (directly, or
 through shared hash values), connected components of that graph as the groups, one
-representative per group by ``representative_sort_key`` (largest resolution, then highest
-person score, then smallest key), and one decision row per other member. A dropped row
+representative per group by ``representative_sort_key`` (an original encoding over a deliberate
+conversion, then largest resolution, then most input bytes per pixel, then smallest key), and
+one decision row per other member. A dropped row
 never represents another group: membership is decided by components, not pair by pair.
 
 Components are computed in one process (scipy's union-find over a sparse graph): the edge
@@ -19,7 +20,13 @@ import pyarrow.compute as pc
 
 from curation.dedup import DECISION_SCHEMA, representative_sort_key
 
-META_COLUMNS = ("key", "width", "height", "person_score_max")
+META_COLUMNS = ("key", "width", "height")       # what every dedup input holds
+QUALITY_COLUMNS = ("converted", "input_bytes")   # decode's quality facts, read where present (else unknown)
+
+
+def meta_columns(names: Collection[str]) -> list[str]:
+    """The representative rule's columns among ``names``: ``META_COLUMNS`` and the quality ones present."""
+    return [*META_COLUMNS, *(c for c in QUALITY_COLUMNS if c in names)]
 
 
 def component_labels(n_nodes: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -54,20 +61,25 @@ def decisions_from_labels(meta: pa.Table, labels: np.ndarray, reason: str, group
     members = np.flatnonzero(np.bincount(labels)[labels] > 1) if len(labels) else labels
     if not len(members):
         return DECISION_SCHEMA.empty_table()
-    sub = meta.select(list(META_COLUMNS)).take(members)
+    sub = meta.select(meta_columns(meta.column_names)).take(members)
     keys = sub.column("key")
     pixels = pc.multiply(pc.fill_null(sub.column("width").cast(pa.int64()), 0),
                          pc.fill_null(sub.column("height").cast(pa.int64()), 0))
+    unknown = pa.nulls(len(sub))
+    converted = sub.column("converted") if "converted" in sub.column_names else unknown
+    nbytes = sub.column("input_bytes") if "input_bytes" in sub.column_names else unknown
+    per_pixel = pc.divide(pc.fill_null(nbytes.cast(pa.float64()), 0.0), pc.max_element_wise(pixels, 1).cast(pa.float64()))
     ranked = pa.table({
         "label": labels[members],
         "other": pc.invert(pc.is_in(keys, value_set=pa.array(sorted(prefer), pa.string()))),
+        "converted": pc.fill_null(converted.cast(pa.bool_()), False),
         "pixels": pixels,
-        "score": pc.fill_null(sub.column("person_score_max").cast(pa.float64()), float("-inf")),
+        "per_pixel": pc.if_else(pc.equal(pixels, 0), 0.0, per_pixel),
         "key": keys,
     })
     ranked = ranked.take(pc.sort_indices(ranked, sort_keys=[
-        ("label", "ascending"), ("other", "ascending"), ("pixels", "descending"),
-        ("score", "descending"), ("key", "ascending")]))
+        ("label", "ascending"), ("other", "ascending"), ("converted", "ascending"), ("pixels", "descending"),
+        ("per_pixel", "descending"), ("key", "ascending")]))
     sorted_labels = ranked.column("label").to_numpy()
     first = np.concatenate([[True], sorted_labels[1:] != sorted_labels[:-1]])
     rep_keys = ranked.column("key").take(pa.array(np.flatnonzero(first)[np.cumsum(first) - 1]))

@@ -4,13 +4,14 @@ from __future__ import annotations
 import pyarrow as pa
 
 from curation.dedup import DECISION_SCHEMA, group_decisions
+from curation.dedup.components import meta_columns
 from curation.schema import EXACT_DUPLICATE
 
 
 def exact_duplicate_decisions(candidates: pa.Table) -> pa.Table:
     """Decisions for a table of candidate rows (one process; fine up to tens of millions of rows)."""
     groups: dict[str, list[dict]] = {}
-    for row in candidates.select(["key", "sha256", "width", "height", "person_score_max"]).to_pylist():
+    for row in candidates.select(["sha256", *meta_columns(candidates.column_names)]).to_pylist():
         groups.setdefault(row["sha256"], []).append(row)
     rows: list[dict] = []
     for digest in sorted(groups):
@@ -30,7 +31,7 @@ def _decide_group(group: pa.Table) -> pa.Table:
 
 def exact_duplicate_decisions_ray(candidates_ds) -> pa.Table:
     """The same decisions computed with Ray Data (a shuffle by digest), for cluster-sized runs."""
-    out = (candidates_ds.select_columns(["key", "sha256", "width", "height", "person_score_max"])
+    out = (candidates_ds.select_columns(["sha256", *meta_columns(candidates_ds.schema().names)])
            .groupby("sha256").map_groups(_decide_group, batch_format="pyarrow"))
     tables = [pa.Table.from_pylist(b.to_pylist() if hasattr(b, "to_pylist") else [], schema=DECISION_SCHEMA)
               for b in out.iter_batches(batch_format="pyarrow", batch_size=None)]

@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from curation.dedup import DECISION_SCHEMA
-from curation.dedup.components import META_COLUMNS, component_labels, decisions_from_labels
+from curation.dedup.components import component_labels, decisions_from_labels, meta_columns
 from curation.dedup.hashing import hamming
 from curation.dedup.near import (GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, _check_columns, _prepare,
                                  band_masks, plan_blocks, row_values, value_edges)
@@ -228,8 +228,9 @@ def _new_rows_decisions(table: pa.Table, index: NearDupIndex, side: _ExistingSid
     ones preferred); keep only the new rows' decisions."""
     is_rep = np.array([side.rep_keys[r] == side.keys[r] for r in side.old_nodes], dtype=bool)
     rep_nodes = side.old_nodes[is_rep]
-    new_meta = table.select(list(META_COLUMNS))
-    meta = pa.concat_tables([new_meta, index.rows.select(list(META_COLUMNS)).take(rep_nodes).cast(new_meta.schema)])
+    columns = [c for c in meta_columns(table.column_names) if c in index.rows.column_names]
+    new_meta = table.select(columns)
+    meta = pa.concat_tables([new_meta, index.rows.select(columns).take(rep_nodes).cast(new_meta.schema)])
     meta_labels = np.concatenate([new_labels, old_labels[side.node(rep_nodes)]])
     existing_keys = {side.keys[r] for r in rep_nodes}
     decisions = decisions_from_labels(meta, meta_labels, NEAR_DUPLICATE, GROUP_PREFIX, prefer=existing_keys)

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from curation.dedup import DECISION_SCHEMA
-from curation.dedup.components import META_COLUMNS, canonical_order, component_labels, decisions_from_labels
+from curation.dedup.components import META_COLUMNS, canonical_order, component_labels, decisions_from_labels, meta_columns
 from curation.dedup.hashing import hamming, hex_to_uint64
 
 from curation.schema import NEAR_DUPLICATE  # noqa: E402  (one place for every reason)
@@ -206,7 +206,8 @@ def labels_from_value_edges(n_rows: int, n_values: int, rows: np.ndarray, value_
 
 def _prepare(candidates: pa.Table, cfg: NearDupConfig) -> pa.Table:
     _check_columns(candidates.column_names, cfg)
-    return canonical_order(candidates.select(list(dict.fromkeys([*META_COLUMNS, *cfg.hash_columns()]))))
+    return canonical_order(candidates.select(list(dict.fromkeys([*meta_columns(candidates.column_names),
+                                                                 *cfg.hash_columns()]))))
 
 
 def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *,
@@ -214,7 +215,7 @@ def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *,
     """Decision rows (``DECISION_SCHEMA``, reason ``near_duplicate``, sorted by key), in one process.
 
     ``candidates``: key, <hash> (16 hex chars), <hash>_mirror when ``match_mirrored``, width,
-    height, person_score_max (nullable). Row order does not matter. ``prefer``: keys that win
+    height, converted and input_bytes (where known). Row order does not matter. ``prefer``: keys that win
     the representative choice before the rule applies (an existing version's rows; see
     ``curation.dedup.incremental``). Handles tens of millions of rows; beyond, use the Ray variant.
     """
@@ -301,7 +302,7 @@ def near_duplicate_decisions_ray(candidates_ds, cfg: NearDupConfig, *, prefer: C
     if not cfg.enabled:
         return DECISION_SCHEMA.empty_table()
     _check_columns(list(candidates_ds.schema().names), cfg)
-    columns = list(dict.fromkeys([*META_COLUMNS, *cfg.hash_columns()]))
+    columns = list(dict.fromkeys([*meta_columns(candidates_ds.schema().names), *cfg.hash_columns()]))
     ds = candidates_ds.select_columns(columns).materialize()
     n_rows = ds.count()
     if n_rows == 0:

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from curation.dedup import DECISION_SCHEMA
-from curation.dedup.components import META_COLUMNS, canonical_order, component_labels, decisions_from_labels
+from curation.dedup.components import META_COLUMNS, canonical_order, component_labels, decisions_from_labels, meta_columns
 
 from curation.schema import SEMANTIC_DUPLICATE  # noqa: E402  (one place for every reason)
 GROUP_PREFIX = "semantic:"
@@ -155,8 +155,8 @@ def _cluster_group(group: pa.Table, cfg: SemanticDupConfig, prefer: Collection[s
 
 # ---- entry points -----------------------------------------------------------------------
 
-def _columns(cfg: SemanticDupConfig) -> list[str]:
-    return [*META_COLUMNS, cfg.embedding_column]
+def _columns(cfg: SemanticDupConfig, names=META_COLUMNS) -> list[str]:
+    return [*meta_columns(names), cfg.embedding_column]
 
 
 def _check_columns(names, cfg: SemanticDupConfig) -> None:
@@ -178,13 +178,13 @@ def semantic_duplicate_decisions(candidates: pa.Table, cfg: SemanticDupConfig, *
                                  prefer: Collection[str] = ()) -> pa.Table:
     """Decision rows (``DECISION_SCHEMA``, reason ``semantic_duplicate``, sorted by key), in one process.
 
-    ``candidates``: key, width, height, person_score_max and ``cfg.embedding_column``
+    ``candidates``: key, width, height (converted, input_bytes where known) and ``cfg.embedding_column``
     (list<float32>, any fixed length; normalised here). Row order does not matter.
     """
     if not cfg.enabled or candidates.num_rows == 0:
         return DECISION_SCHEMA.empty_table()
     _check_columns(candidates.column_names, cfg)
-    table = canonical_order(candidates.select(_columns(cfg)))
+    table = canonical_order(candidates.select(_columns(cfg, candidates.column_names)))
     centroids = _sample_centroids(table.select(["key", cfg.embedding_column]), table.num_rows, cfg)
     clusters = assign_clusters(embeddings(table, cfg.embedding_column), centroids)
     order = np.argsort(clusters, kind="stable")
@@ -217,7 +217,7 @@ def semantic_duplicate_decisions_ray(candidates_ds, cfg: SemanticDupConfig, *,
     if not cfg.enabled:
         return DECISION_SCHEMA.empty_table()
     _check_columns(list(candidates_ds.schema().names), cfg)
-    ds = candidates_ds.select_columns(_columns(cfg)).materialize()
+    ds = candidates_ds.select_columns(_columns(cfg, candidates_ds.schema().names)).materialize()
     n_rows = ds.count()
     if n_rows == 0:
         return DECISION_SCHEMA.empty_table()

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from curation import output, schema
 from curation.config import DedupSettings
 from curation.dedup import DECISION_SCHEMA
+from curation.dedup.components import QUALITY_COLUMNS
 from curation.dedup.exact import exact_duplicate_decisions, exact_duplicate_decisions_ray
 from curation.dedup.incremental import NearDupIndex, incremental_decisions
 from curation.dedup.near import NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
@@ -65,7 +66,7 @@ class DedupStep(Step):
     """A global step: decisions (``DECISION_SCHEMA``) for the rows no earlier dedup step dropped."""
 
     group = DedupSettings
-    prefers: ClassVar[tuple[str, ...]] = ("person_score_max",)  # read when an earlier step wrote them
+    prefers: ClassVar[tuple[str, ...]] = QUALITY_COLUMNS  # the representative rule reads them when written
 
     def __init__(self, cfg: Any, settings: DedupSettings | None = None) -> None:
         super().__init__(cfg)

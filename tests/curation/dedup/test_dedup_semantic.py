@@ -17,7 +17,7 @@ def brute_force(table: pa.Table, threshold: float) -> pa.Table:
 def test_exact_outcome_on_a_tiny_set():
     t = pa.table({"key": ["a", "b", "c", "d"], "width": pa.array([10, 20, 20, 5], pa.int32()),
                   "height": pa.array([10, 10, 10, 5], pa.int32()),
-                  "person_score_max": pa.array([None, 0.2, 0.8, None], pa.float32()),
+                  "input_bytes": pa.array([100, 300, 900, 50], pa.int64()),  # same pixels: c has more bytes per pixel
                   "clip_embedding": pa.array([[1, 0, 0], [0.999, 0.03, 0], [2, 0.02, 0.01], [0, 1, 0]], EMB)})
     out = semantic_duplicate_decisions(t, SemanticDupConfig(enabled=True, n_clusters=2)).to_pylist()
     assert out == [
