@@ -1,6 +1,8 @@
-"""The Sapiens2 model family: backbone, 4K tokenizer, pretraining and task heads.
+"""Both Sapiens model families: Sapiens2 (backbone, 4K tokenizer) and Sapiens v1
+(``models.sapiens1``), pretraining and task heads.
 
-Entry points: ``build_backbone(name)`` (``list_models()`` for the names),
+Entry points: ``build_backbone(name)`` (``list_models()`` for the names of both families;
+``family_of(name)`` says which), ``check_weights_file`` (family, size and keys of a file),
 ``load_weights`` / ``save_state_dict_file`` for official-layout checkpoints,
 ``MAEDecoder`` / ``DINOHead`` for pretraining and ``build_task_head(task, in_dim)``
 for probing.
@@ -15,7 +17,18 @@ from models.pretrain_heads import (
     patchify,
     unpatchify,
 )
-from models.registry import MODEL_REGISTRY, build_backbone, count_flops, count_params, get_config, list_models
+from models.registry import (
+    MODEL_REGISTRY,
+    WeightsFamilyError,
+    build_backbone,
+    check_weights_file,
+    count_flops,
+    count_params,
+    family_of,
+    get_config,
+    list_models,
+)
+from models.sapiens1 import Sapiens1Backbone, Sapiens1Config
 from models.sapiens2 import BackboneOutput, Sapiens2Backbone, Sapiens2Config
 from models.task_heads import TASK_HEADS, build_task_head
 
@@ -26,13 +39,18 @@ __all__ = [
     "DINOHead",
     "MAEDecoder",
     "MAEDecoderConfig",
+    "Sapiens1Backbone",
+    "Sapiens1Config",
     "Sapiens2Backbone",
     "Sapiens2Config",
     "StateDictMismatchError",
+    "WeightsFamilyError",
     "build_backbone",
     "build_task_head",
+    "check_weights_file",
     "count_flops",
     "count_params",
+    "family_of",
     "get_config",
     "list_models",
     "load_state_dict_file",

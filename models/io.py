@@ -58,6 +58,26 @@ def load_state_dict_file(path: str | Path, *, device: str | torch.device = "cpu"
     raise ValueError(f"unknown weights format {path.suffix!r} for {path}; use .safetensors or .pt")
 
 
+def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Key -> shape of a weights file without reading its tensors: the safetensors header,
+    or a memory-mapped ``.pt`` (``weights_only``; wrappers unwrapped as above)."""
+    path = Path(path)
+    if path.suffix in SAFETENSORS_SUFFIXES:
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    if path.suffix in TORCH_SUFFIXES:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        for key in _WRAPPER_KEYS:
+            if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
+                obj = obj[key]
+        if not isinstance(obj, Mapping):
+            raise ValueError(f"{path} does not hold a flat state dict of tensors")
+        return {k: tuple(v.shape) for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    raise ValueError(f"unknown weights format {path.suffix!r} for {path}; use .safetensors or .pt")
+
+
 def save_state_dict_file(
     state: nn.Module | Mapping[str, torch.Tensor],
     path: str | Path,
