@@ -96,21 +96,17 @@ def check_inputs(cfg: ProbeConfig, data: dict[str, TaskData]) -> None:
     for task in cfg.tasks:
         check_grid(cfg.task(task).image_size, stride, f"{task}.image_size")
         TASKS[task].datasets(cfg.task(task), data[task])
-    if cfg.backbone.checkpoint.endswith(".safetensors") and Path(cfg.backbone.checkpoint).is_file():
+    if Path(cfg.backbone.checkpoint).is_file():
         _check_safetensors_keys(cfg.backbone.name, cfg.backbone.checkpoint, cfg.backbone.weights_prefix)
 
 
 def _check_safetensors_keys(name: str, path: str, prefix: str) -> None:
-    """Key and shape check from the file header alone (no tensor is read)."""
-    import torch
-    from safetensors import safe_open
+    """Family, size, keys and shapes of a weights file (.safetensors header or memory-mapped
+    .pt) against the named backbone, no tensor read: a Sapiens2 file given to a v1 name (or
+    the wrong size) fails in one line, before Ray starts. ``models.check_weights_file``."""
+    from models import check_weights_file
 
-    from models import build_backbone
-    from models.io import check_state_dict
-
-    with safe_open(path, framework="pt") as f:
-        shapes = {k[len(prefix):]: f.get_slice(k).get_shape() for k in f.keys() if k.startswith(prefix)}
-    check_state_dict(build_backbone(name, device="meta"), {k: torch.empty(s, device="meta") for k, s in shapes.items()})
+    check_weights_file(name, path, prefix)
 
 
 def _fit(cfg: ProbeConfig, spec: dict, out: Path) -> dict[str, dict[str, float]]:
@@ -170,7 +166,7 @@ def run_probes(cfg: ProbeConfig) -> ProbeResult:
         return result
 
     exp_id = tracking.get_experiment_id(cfg.tracking.experiment, uri)
-    suite_tags = {**STAGE_TAG, **lineage.tags(), "probe.role": "suite"}
+    suite_tags = {**STAGE_TAG, **lineage.tags(), **_family_tag(cfg), "probe.role": "suite"}
     with tracking.start_run(exp_id, cfg.tracking.run_name or out.name, suite_tags) as parent:
         result.parent_run_id = parent.info.run_id
         tracking.log_config(cfg)
@@ -182,11 +178,19 @@ def run_probes(cfg: ProbeConfig) -> ProbeResult:
     return result
 
 
+def _family_tag(cfg: ProbeConfig) -> dict[str, str]:
+    """Which model family was probed (``sapiens1`` / ``sapiens2``), from the backbone's name:
+    the runs of both families sit side by side in one experiment (the papers' Table 2)."""
+    from models import family_of
+
+    return {"probe.backbone_family": family_of(cfg.backbone.name)}
+
+
 def _record_probe(cfg: ProbeConfig, task: str, data: TaskData, metrics: dict[str, float], out: Path,
                   lineage: Lineage) -> str:
     """The probe's child run (see the module docstring); returns its id."""
     task_dir = out / task
-    tags = {**STAGE_TAG, **lineage.tags(), "probe.role": "probe", "probe.task": task,
+    tags = {**STAGE_TAG, **lineage.tags(), **_family_tag(cfg), "probe.role": "probe", "probe.task": task,
             "probe.head_path": str(task_dir / "head.safetensors")}
     history_file = task_dir / "history.json"
     history = json.loads(history_file.read_text()) if history_file.exists() else []

@@ -9,7 +9,7 @@ from evaluation.config import ProbeConfig
 from evaluation.run import check_inputs, resolve_data
 from infra.config import load_config
 from models import build_backbone, save_state_dict_file
-from models.io import StateDictMismatchError
+from models.registry import WeightsFamilyError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "probe_tiny.yaml"
@@ -77,5 +77,7 @@ def test_inputs_checked_before_ray(tmp_path):
     wrong = save_state_dict_file(build_backbone("sapiens2_small", device="meta").to_empty(device="cpu"),
                                  tmp_path / "small.safetensors")
     cfg, data = _small(tmp_path, f"backbone.checkpoint={wrong}")
-    with pytest.raises(StateDictMismatchError, match="shape mismatch for cls_token"):
+    # Another size of the same family: one line naming the file, what it is and what was expected.
+    with pytest.raises(WeightsFamilyError, match=r"small.safetensors look like sapiens2_small \(key storage_tokens / "
+                                                 r"embed dim 256, 12 blocks\), expected sapiens2_tiny \(embed dim 64"):
         check_inputs(cfg, data)
