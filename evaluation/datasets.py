@@ -328,7 +328,8 @@ class SegmentationDataset(ProbeDataset):
 
 
 class DenseMapDataset(ProbeDataset):
-    """``image``, ``target`` (3, H, W) float32 and ``mask`` (H, W) bool of valid pixels.
+    """``image``, ``target`` (3, H, W) float32 (``kind="depth"``: (1, H, W), from a 1-channel
+    depth map or a pointmap's Z) and ``mask`` (H, W) bool of valid pixels.
 
     Valid = the mask file's non-zero pixels (all, without a masks folder) where the target
     is finite, and for ``kind="normal"`` of non-zero length.
@@ -355,7 +356,9 @@ class DenseMapDataset(ProbeDataset):
     def __getitem__(self, i: int) -> dict:
         image_path, map_path = self.pairs[i]
         target = read_float_map(map_path)
-        if target.shape[2] != 3:
+        if self.kind == "depth" and target.shape[2] in (1, 3):
+            target = target[..., -1:]  # a depth map, or a pointmap's Z
+        elif target.shape[2] != 3:
             raise ValueError(f"{map_path}: a {self.kind} map needs 3 channels, got {target.shape[2]}")
         valid = np.isfinite(target).all(axis=2)
         if self.masks is not None:

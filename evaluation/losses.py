@@ -6,6 +6,8 @@
   (points = xyz * scale). Target scale = mean valid depth; loss = L1(xyz, gt / scale_gt)
   + |log scale - log scale_gt|.
 - normal: (1 - cosine) + L1 on the valid pixels.
+- depth (Sapiens v1 fine-tuning): scale-invariant log loss on the human pixels, per image
+  sqrt(mean(d^2) - 0.5 * mean(d)^2) with d = log(gt) - log(pred), averaged over the batch.
 - albedo: L1 plus mean-aligned L1 (the prediction shifted so its per-image, per-channel
   mean over the valid pixels equals the target's): the aligned term weighs structure, the
   plain term keeps the absolute level that MAE/PSNR measure.
@@ -70,3 +72,11 @@ def albedo_loss(pred_B3HW: torch.Tensor, gt_B3HW: torch.Tensor, mask_BHW: torch.
     shift = ((gt_B3HW - pred_B3HW) * m).sum(dim=(2, 3), keepdim=True) / count
     aligned = _masked_mean((pred_B3HW + shift - gt_B3HW).abs(), mask_BHW)
     return aligned + _masked_mean((pred_B3HW - gt_B3HW).abs(), mask_BHW)
+
+
+def silog_loss(pred_B1HW: torch.Tensor, gt_B1HW: torch.Tensor, mask_BHW: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    valid = (mask_BHW & (gt_B1HW[:, 0] > eps)).to(pred_B1HW.dtype)
+    d = (gt_B1HW[:, 0].clamp_min(eps).log() - pred_B1HW[:, 0].clamp_min(eps).log()) * valid
+    n = valid.sum(dim=(1, 2)).clamp_min(1)
+    mean, mean_sq = d.sum(dim=(1, 2)) / n, (d**2).sum(dim=(1, 2)) / n
+    return (mean_sq - 0.5 * mean**2).clamp_min(1e-12).sqrt()[valid.sum(dim=(1, 2)) > 0].sum() / valid.shape[0]

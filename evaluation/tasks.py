@@ -24,9 +24,10 @@ from evaluation.datasets import (
     SegmentationDataset,
 )
 from evaluation.heatmaps import apply_affine, decode_heatmaps, invert_affine
-from evaluation.losses import albedo_loss, heatmap_loss, normal_loss, pointmap_loss, segmentation_loss
+from evaluation.losses import albedo_loss, heatmap_loss, normal_loss, pointmap_loss, segmentation_loss, silog_loss
 from evaluation.metrics import (
     AlbedoMetrics,
+    DepthMetrics,
     NormalMetrics,
     PointmapMetrics,
     coco_keypoint_ap,
@@ -204,8 +205,10 @@ _DENSE_LOSS = {
     "pointmap": lambda out, b: pointmap_loss(out["xyz"], out["scale"], b["target"], b["mask"]),
     "normal": lambda out, b: normal_loss(out["normal"], b["target"], b["mask"]),
     "albedo": lambda out, b: albedo_loss(out["albedo"], b["target"], b["mask"]),
+    "depth": lambda out, b: silog_loss(out["depth"], b["target"], b["mask"]),
 }
-_DENSE_METRICS = {"pointmap": PointmapMetrics, "normal": NormalMetrics, "albedo": AlbedoMetrics}
+_DENSE_METRICS = {"pointmap": PointmapMetrics, "normal": NormalMetrics, "albedo": AlbedoMetrics,
+                  "depth": DepthMetrics}
 
 
 def dense_prediction(kind: str, out: dict) -> torch.Tensor:
@@ -264,10 +267,11 @@ class DenseEvaluator(Evaluator):
                 maps = [viz.normal_to_rgb(gt, mask), viz.normal_to_rgb(pred, mask)]
             elif self.kind == "albedo":
                 maps = [viz.rgb_map(gt, mask), viz.rgb_map(pred, mask)]
-            else:  # depth (Z) of the points, one colour range from the truth
-                z = gt[2][mask] if mask.any() else np.zeros(1)
+            else:  # depth (Z of the points, or the depth map), one colour range from the truth
+                c = 2 if gt.shape[0] == 3 else 0
+                z = gt[c][mask] if mask.any() else np.zeros(1)
                 lo, hi = float(z.min()), float(z.max())
-                maps = [viz.scalar_to_rgb(gt[2], mask, lo, hi), viz.scalar_to_rgb(pred[2], mask, lo, hi)]
+                maps = [viz.scalar_to_rgb(gt[c], mask, lo, hi), viz.scalar_to_rgb(pred[c], mask, lo, hi)]
             out.append((f"{self.kind}_{idx:03d}", viz.panel([img, *maps], ["input", "truth", "prediction"])))
         return out
 
@@ -288,5 +292,6 @@ class KnnTask:
         return train, val
 
 
+# "depth" (Sapiens v1) is fine-tuned, not probed: evaluation.config's probe tasks do not list it.
 TASKS = {"pose": PoseTask(), "seg": SegTask(), "pointmap": DenseTask("pointmap"), "normal": DenseTask("normal"),
-         "albedo": DenseTask("albedo"), "knn": KnnTask()}
+         "albedo": DenseTask("albedo"), "depth": DenseTask("depth"), "knn": KnnTask()}

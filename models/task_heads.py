@@ -8,6 +8,7 @@ e.g. several ``out_indices``), and returns a dict of named outputs:
 - pointmap: ``xyz`` (B, 3, s*h, s*w) focal-normalised points and ``scale`` (B, 1) > 0.
 - normal: ``normal`` (B, 3, s*h, s*w) unit vectors.
 - albedo: ``albedo`` (B, 3, s*h, s*w) RGB, unconstrained (clamp for display).
+- depth: ``depth`` (B, 1, s*h, s*w) > 0 (softplus), for Sapiens v1's depth fine-tuning.
 
 Pose and segmentation upsample 4x (``upsample``) with transposed convs (as in Sapiens); the dense
 regressions go back to full resolution (s = feature stride, 16 by default) with
@@ -117,6 +118,15 @@ class AlbedoHead(nn.Module):
         return {"albedo": self.decoder(features)}
 
 
+class DepthHead(nn.Module):
+    def __init__(self, in_dim: int, *, upsample: int = 16, hidden_dim: int = 256) -> None:
+        super().__init__()
+        self.decoder = PixelShuffleUpsampler(in_dim, 1, hidden_dim=hidden_dim, upsample=upsample)
+
+    def forward(self, features: Features) -> dict[str, torch.Tensor]:
+        return {"depth": F.softplus(self.decoder(features)) + 1e-6}
+
+
 class PointmapHead(nn.Module):
     """Per-pixel focal-normalised XYZ plus one positive scale per image (from pooled features)."""
 
@@ -137,6 +147,7 @@ TASK_HEADS: dict[str, type[nn.Module]] = {
     "pointmap": PointmapHead,
     "normal": NormalHead,
     "albedo": AlbedoHead,
+    "depth": DepthHead,
 }
 
 

@@ -99,3 +99,28 @@ class AlbedoMetrics:
         if not self.count:
             raise ValueError("no valid albedo pixels were evaluated")
         return {"mae": self.abs_sum / self.count, "psnr": float(np.mean(self.psnrs))}
+
+
+class DepthMetrics:
+    """Sapiens v1 depth metrics on the human pixels: ``rmse`` and ``abs_rel`` (mean
+    |pred - gt| / gt) over all valid pixels, ``delta1`` = % of pixels with
+    max(pred / gt, gt / pred) < 1.25. Maps are (B, 1, H, W); only pixels with gt > 0 count."""
+
+    def __init__(self) -> None:
+        self.sq_sum = self.rel_sum = 0.0
+        self.within = self.count = 0
+
+    def update(self, pred_B1HW: np.ndarray, gt_B1HW: np.ndarray, mask_BHW: np.ndarray) -> None:
+        _check(pred_B1HW, gt_B1HW, mask_BHW)
+        valid = mask_BHW & (gt_B1HW[:, 0] > 0)
+        pred, gt = np.maximum(pred_B1HW[:, 0][valid].astype(np.float64), 1e-6), gt_B1HW[:, 0][valid].astype(np.float64)
+        self.sq_sum += float(((pred - gt) ** 2).sum())
+        self.rel_sum += float((np.abs(pred - gt) / gt).sum())
+        self.within += int((np.maximum(pred / gt, gt / pred) < 1.25).sum())
+        self.count += int(gt.size)
+
+    def compute(self) -> dict[str, float]:
+        if not self.count:
+            raise ValueError("no valid depth pixels were evaluated")
+        return {"rmse": float(np.sqrt(self.sq_sum / self.count)), "abs_rel": self.rel_sum / self.count,
+                "delta1": 100.0 * self.within / self.count}

@@ -36,6 +36,11 @@ def test_albedo_rgb_at_full_resolution():
     assert out["albedo"].shape == (B, 3, 16 * h, 16 * w)
 
 
+def test_depth_positive_at_full_resolution():
+    out = build_task_head("depth", C, hidden_dim=32)(torch.randn(B, C, h, w))
+    assert out["depth"].shape == (B, 1, 16 * h, 16 * w) and (out["depth"] > 0).all()
+
+
 def test_feature_lists_are_concatenated_and_4k_stride_upsamples_64x():
     head = build_task_head("normal", 2 * C, hidden_dim=32, upsample=64)
     out = head([torch.randn(1, C, 2, 2), torch.randn(1, C, 2, 2)])
@@ -44,7 +49,7 @@ def test_feature_lists_are_concatenated_and_4k_stride_upsamples_64x():
 
 def test_bad_head_arguments():
     with pytest.raises(ValueError, match="unknown task"):
-        build_task_head("depth", C)
+        build_task_head("mesh", C)
     with pytest.raises(ValueError, match="power of two"):
         build_task_head("albedo", C, upsample=12)
     with pytest.raises(ValueError, match="num_keypoints"):

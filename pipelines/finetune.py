@@ -1,0 +1,30 @@
+"""Fine-tune a backbone end to end (backbone + light task head) on pose, body-part segmentation,
+depth, normal, pointmap or albedo, on Ray Train with FSDP2, layer-wise lr decay and DCP checkpoints.
+
+    python pipelines/finetune.py --config configs/finetune_tiny.yaml backbone.checkpoint=runs/x/student_backbone.safetensors
+    python pipelines/finetune.py --config configs/finetune_tiny.yaml tasks=[pose,seg] output_dir=runs/ft
+    ray job submit --address http://127.0.0.1:8265 --working-dir . -- python pipelines/finetune.py --config ...
+
+Tasks without data paths use the synthetic probe set, generated under the output folder.
+Re-running the same command resumes unfinished tasks from their newest checkpoint.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
+
+from evaluation.finetune.config import FinetuneConfig  # noqa: E402
+from evaluation.finetune.run import run_finetune  # noqa: E402
+from infra.cli import config_main  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    return config_main(__doc__, FinetuneConfig, lambda cfg: run_finetune(cfg).summary(), argv,
+                       config_help="YAML file of settings (configs/finetune_*.yaml)",
+                       overrides_example="backbone.checkpoint=x.safetensors tasks=[seg,normal] steps=100")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Layer-wise learning-rate decay: every parameter's learning rate equals the reference's
+closed form, lr = base * rate ** (L + 1 - layer_id), for every block; weight decay as the
+reference says; the schedule's warm-up and decay."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evaluation.finetune.config import FinetuneOptim
+from evaluation.finetune.optim import base_lr, build_optimizer, set_step_lr
+from evaluation.finetune.tasks import FinetuneModel, backbone_blocks
+from models import build_backbone, build_task_head
+
+
+def lr_of(optimizer) -> dict[int, float]:
+    return {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+
+
+def wd_of(optimizer) -> dict[int, float]:
+    return {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+
+
+def expected_layer(name: str, L: int) -> int:
+    """The reference's layer ids, spelled out independently of the code under test."""
+    if name.startswith("decode_head.") or name.startswith("backbone.ln1."):
+        return L + 1
+    parts = name.split(".")
+    if parts[1] in ("blocks", "layers"):
+        return int(parts[2]) + 1
+    assert parts[1] in ("patch_embed", "cls_token", "storage_tokens", "pos_embed", "mask_token"), name
+    return 0
+
+
+@pytest.mark.parametrize("rate", [0.85, 0.75])
+def test_every_parameter_gets_the_closed_form_learning_rate(rate):
+    torch.manual_seed(0)
+    backbone = build_backbone("sapiens2_tiny")
+    model = FinetuneModel(backbone, build_task_head("seg", backbone.embed_dim, num_classes=7, hidden_dim=16))
+    L = len(backbone_blocks(backbone))
+    assert L == 18
+    cfg = FinetuneOptim(lr=2e-3, layer_decay=rate, weight_decay=0.1)
+    opt = build_optimizer(model, L, cfg)
+    set_step_lr(opt, 1e-3)
+    lrs, wds = lr_of(opt), wd_of(opt)
+    seen_layers = set()
+    for name, p in model.named_parameters():
+        layer = expected_layer(name, L)
+        seen_layers.add(layer)
+        assert lrs[id(p)] == pytest.approx(1e-3 * rate ** (L + 1 - layer), rel=1e-12), name
+        no_wd = p.ndim == 1 or name.endswith(".bias") or "pos_embed" in name
+        assert wds[id(p)] == (0.0 if no_wd else 0.1), name
+    assert seen_layers == set(range(L + 2))  # embeddings, every block, head/final norm
+    named = dict(model.named_parameters())
+    assert lrs[id(named["backbone.blocks.0.attn.wq.weight"])] == pytest.approx(1e-3 * rate ** L)
+    assert lrs[id(named["backbone.blocks.17.attn.wq.weight"])] == pytest.approx(1e-3 * rate)
+    assert lrs[id(named["backbone.patch_embed.projection.weight"])] == pytest.approx(1e-3 * rate ** (L + 1))
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+def test_schedule_warms_up_linearly_then_decays_to_zero():
+    cfg = FinetuneOptim(lr=1e-3, warmup_steps=10, warmup_start_factor=0.001, schedule="poly")
+    assert base_lr(0, 100, cfg) == pytest.approx(1e-6)
+    assert base_lr(5, 100, cfg) == pytest.approx(1e-3 * (0.001 + 0.999 * 0.5) * 0.95)
+    assert base_lr(50, 100, cfg) == pytest.approx(0.5e-3)
+    assert base_lr(100, 100, cfg) == 0.0
+    steps = FinetuneOptim(lr=1.0, warmup_steps=0, schedule="multistep", milestones=[0.5, 0.75], gamma=0.1)
+    assert [base_lr(s, 100, steps) for s in (0, 49, 50, 74, 75, 99)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+
+
+def test_bad_optim_settings_name_the_field():
+    with pytest.raises(ValueError, match="optim.layer_decay"):
+        FinetuneOptim(layer_decay=1.5)
