@@ -1,18 +1,24 @@
-"""The curation job: plan -> score (streaming, Ray Data) -> global dedup -> write -> stats -> MLflow.
+"""The curation job: plan -> pass 1 -> global dedup -> pass 2 (survivors) -> ... -> write -> stats -> MLflow.
 
 ``run_curation`` runs the recipe (``curation.recipe``) in these steps, one function each:
 
 1. **Prepare**: build the recipe from the config (every start-up check, before any Ray work),
    digest the job, claim the output folder (refusing one that holds another job).
 2. **Plan** the input into partitions with deterministic ids; skip what is already done.
-3. **Score** every partition not yet complete: read -> decode -> filters, as one streaming
-   Ray Data pipeline (model stages on actor pools), into staging part files.
-4. **Dedup** globally on metadata only (the columns the dedup steps read), across the run.
-5. **Write** each partition's shard, sidecar and manifest part (skipping committed ones).
-6. **Finish**: stats from the manifest, the dataset version, MLflow, then ``_SUCCESS``.
+3. **Pass 1** over every partition not yet complete: read -> the cheap stages (decode: header,
+   size, SHA-256, PHash; geometry) inside each read task, into staging part files.
+4. **Global steps** of the pass (exact + near dedup) on metadata only, across the run.
+5. **Pass 2** over the survivors, read back from pass 1's staging (never from the source
+   again: the bytes are already there, a source that changed or vanished since cannot make
+   the passes disagree, and an object store is not read twice): the model stages on actor
+   pools; rows that ended earlier ride along without their image bytes so that every input
+   stays one manifest row. Then its global steps (semantic dedup on pass 2's embeddings).
+6. **Write** each partition's shard, sidecar and manifest part (skipping committed ones).
+7. **Finish**: stats from the manifest, the dataset version, MLflow, then ``_SUCCESS``.
 
 Resume is by files: a re-run of the same job into the same output redoes only the
-partitions that were not complete, and produces byte-identical outputs. A re-run with a
+partitions that were not complete in the pass where it stopped (the global steps are
+recomputed: they are deterministic), and produces byte-identical outputs. A re-run with a
 different job configuration into the same output is refused.
 """
 from __future__ import annotations
@@ -30,12 +36,13 @@ from typing import Any
 import pyarrow as pa
 
 from curation import output, readers, staging
+from curation.dedup import DECISION_SCHEMA
 from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_dedup
 from curation.recipe import HUMANS1B, CurationConfig
-from curation.stages import BuiltRecipe, Recipe, apply_stage, check_fits, run_stages_locally, section_of
+from curation.stages import BuiltRecipe, Pass, Recipe, apply_stage, check_fits, run_stages_locally, section_of
 from curation.stats import compute_stats, format_summary, tracking_record
 from curation.versions import code_version, dataset_version_id
-from curation.writer import WriteShards
+from curation.writer import WriteShards, survivors_only
 from infra import storage
 from infra.config import config_to_dict, dump_config
 
@@ -227,17 +234,81 @@ def split_inline(stages: list) -> tuple[list, list]:
 
 
 def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
-    """Stream the partitions through the stages into staging (the expensive, parallel part)."""
+    """Pass 1: stream the partitions through the first pass's stages into staging."""
     import ray.data
 
     reader, uri = job.steps.steps[0], job.uri
-    inline, pooled = split_inline(job.steps.stages)
+    inline, pooled = split_inline(job.steps.passes()[0].stages)
     source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, reader, inline, uri),
                                           schema=None if inline else readers.RAW_SCHEMA)
     ds = ray.data.read_datasource(source, override_num_blocks=len(partitions), num_cpus=job.cfg.input.num_cpus)
     for stage in pooled:
         ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
     ds.write_datasink(staging.StagingSink(uri))
+
+
+def pass_job(job: Job, p: Pass) -> Job:
+    """The job as pass ``p``'s global steps see it: its staging root, the columns written so far
+    and only its own global steps. Pass 1 stages under the output; pass k under
+    ``_staging/pass<k>`` (dropped with the rest of staging when the job completes)."""
+    root = job.root if p.index == 1 else output.path(job.root, output.STAGING_DIR, f"pass{p.index}")
+    return dataclasses.replace(job, steps=job.steps.up_to(p), root=root)
+
+
+def _survivors(pid: str, src_uri: str, dst_uri: str, decisions_ref, inline: list):
+    import ray
+
+    fs, src = storage.resolve(src_uri)
+    dst = storage.resolve(dst_uri)[1]
+    rows = staging.read_partition_rows(fs, src, pid)
+    staging.write_listing(fs, dst, pid, [] if rows is None else rows.column("key").to_pylist())
+    if rows is None:
+        return
+    rows = survivors_only(rows, ray.get(decisions_ref))
+    for start in range(0, rows.num_rows, readers.ROWS_PER_BLOCK):
+        chunk = rows.slice(start, readers.ROWS_PER_BLOCK)
+        yield run_stages_locally(chunk, inline) if inline else chunk
+
+
+def score_survivors(job: Job, p: Pass, pids: list[str], decisions: pa.Table) -> None:
+    """Pass ``p`` (2 or later) over the partitions ``pids`` not yet complete in it: rows read back
+    from the previous pass's staging with the decisions so far marked; only pending rows carry
+    image bytes, so only they reach the models."""
+    import ray
+    import ray.data
+
+    src, dst = pass_job(job, dataclasses.replace(p, index=p.index - 1)), pass_job(job, p)
+    todo = [pid for pid in pids if not staging.is_complete(job.fs, dst.root, pid)]
+    log.info("pass %d: %d partitions to score, %d already done", p.index, len(todo), len(pids) - len(todo))
+    if not todo:
+        return
+    for pid in todo:
+        staging.clear_partition(job.fs, dst.root, pid)
+    ref, inline, pooled = ray.put(decisions), *split_inline(p.stages)
+    parts = [readers.Partition(id=pid, kind="staged", uris=(src.uri,)) for pid in todo]
+    source = readers.partition_datasource(parts, lambda q: _survivors(q.id, src.uri, dst.uri, ref, inline), schema=None)
+    ds = ray.data.read_datasource(source, override_num_blocks=len(parts), num_cpus=job.cfg.input.num_cpus)
+    for stage in pooled:
+        ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
+    ds.write_datasink(staging.StagingSink(dst.uri))
+
+
+def run_passes(job: Job, pids: list[str], pending: list[str]) -> tuple[pa.Table, dict[str, float]]:
+    """Every pass after the first, each followed by its global steps (pass 1's are run first).
+    ``pids``: all partitions (the global steps see the whole run); ``pending``: those not yet
+    written. Returns every dedup decision, and seconds per phase."""
+    decisions, phases = DECISION_SCHEMA.empty_table(), {"dedup": 0.0, "score_survivors": 0.0}
+    for p in job.steps.passes():
+        if p.index > 1:
+            t = time.time()
+            score_survivors(job, p, pending, decisions)
+            phases["score_survivors"] += time.time() - t
+        if p.global_steps:
+            t = time.time()
+            decisions = pa.concat_tables([decisions, global_dedup(pass_job(job, p), pids)]).sort_by("key")
+            phases["dedup"] += time.time() - t
+    job.steps.steps[-1].staged_at = pass_job(job, job.steps.passes()[-1]).uri
+    return decisions, phases
 
 
 def global_dedup(job: Job, pids: list[str]) -> pa.Table:
@@ -328,10 +399,11 @@ def run_curation(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationResu
     incomplete = [p.id for p in partitions if p.id not in written and not staging.is_complete(job.fs, job.root, p.id)]
     if incomplete:
         raise RuntimeError(f"{len(incomplete)} partitions did not complete scoring (e.g. {incomplete[:3]}); re-run to resume")
+    pending = [p.id for p in partitions if p.id not in written]
+    decisions, more = run_passes(job, [p.id for p in partitions], pending)
+    phases.update(more)
     t = time.time()
-    decisions = global_dedup(job, [p.id for p in partitions])
-    phases["dedup"], t = time.time() - t, time.time()
-    write_all(job, [p.id for p in partitions if p.id not in written], decisions)
+    write_all(job, pending, decisions)
     phases["write"], phases["stats_and_tracking"] = time.time() - t, 0.0
     stats, dataset_id, run_id = finish(job, len(partitions), phases, t0)
     _drop_staging(job)

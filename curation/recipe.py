@@ -1,7 +1,14 @@
 """The Humans-1B curation recipe: every step in order, each configured by its own section.
 
-    raw images -> read -> decode -> geometry -> person -> CLIP -> artistic -> watermark -> text
-               -> exact / near / semantic dedup -> shards + manifest
+    pass 1 (every input):  read -> decode -> geometry
+    global:                exact / near dedup          (decides the survivors)
+    pass 2 (survivors):    person -> CLIP -> artistic -> watermark -> text
+    global:                semantic dedup              (on pass 2's CLIP embeddings)
+                           -> shards + manifest
+
+The global steps are the pass boundaries (``curation.stages``): the models never see an exact
+or near duplicate, which web corpora hold 10-30% of. A duplicate family's representative is
+chosen before detection, by quality (``curation.dedup.representative_sort_key``).
 
 Each step declares the columns it reads and writes; building the recipe refuses an order in
 which a step reads a column no earlier enabled step writes. A disabled step stays in the list
@@ -29,14 +36,14 @@ HUMANS1B = Recipe([
     ReadImages,         # input:              folders, WebDataset tars, Parquet; local or object store
     DecodeStage,        # decode:             safe decode, EXIF, modes, bombs; SHA-256 and PHash
     GeometryFilter,     # geometry:           short side, aspect ratio
+    ExactDedup,         # dedup.exact:        identical bytes, across the run          } end of pass 1
+    NearDedup,          # dedup.near:         PHash within t bits, mirror-aware        }
     PersonFilter,       # detector:           at least one salient person
     ClipEmbedding,      # content.embedding:  CLIP embedding for the next two and semantic dedup
     ArtisticFilter,     # content.artistic:   paintings, drawings, renders, screenshots...
     WatermarkFilter,    # content.watermark:  LAION-style watermark classifier
     TextFilter,         # content.text:       OCR: text-dominated images, captions, text watermarks
-    ExactDedup,         # dedup.exact:        identical bytes, across the run
-    NearDedup,          # dedup.near:         PHash within t bits, mirror-aware
-    SemanticDedup,      # dedup.semantic:     CLIP cosine within k-means clusters
+    SemanticDedup,      # dedup.semantic:     CLIP cosine within k-means clusters      } end of pass 2
     WriteShards,        #                     the one decision point: shards, sidecars, manifest
 ], job=JobSettings)
 

@@ -13,6 +13,13 @@ itself as not applied. Kinds of step:
   actor pools so weights load once per actor;
 - a **global step** (``curation.dedup.steps``): decides over the whole run's metadata.
 
+**Passes.** Global steps are the recipe's pass boundaries. The per-row stages before the first
+global step are pass 1: they run on every input, inside each partition's read task, so they
+must be cheap (no model stage: ``Recipe`` refuses one there). The global steps after them
+(exact and near dedup) decide which rows survive; the stages up to the next global step are
+pass 2 and see only the survivors (person detection, the content filters); and so on. A
+global step that is disabled is no boundary (``BuiltRecipe.passes``).
+
 ``Recipe`` is an ordered list of step classes. It derives the job's config class (one section
 per step), builds the steps from a config, refuses an order in which a step reads a column no
 earlier enabled step writes, and gives the funnel and the stage descriptions.
@@ -181,6 +188,24 @@ def check_fits(stages: list[Stage], read_cpus: float, total_cpus: float, autosca
 
 # ---- the recipe --------------------------------------------------------------------------------
 
+def _check_first_pass(steps: tuple[type[Step], ...]) -> None:
+    """Pass 1 (the stages before the first global step) runs on every input: no model stage there."""
+    for cls in steps[1:-1]:
+        if not issubclass(cls, Stage):
+            return
+        if cls.uses_model:
+            raise ValueError(f"recipe: model stage {cls.name!r} comes before the first global (dedup) step, so it "
+                             "would score every duplicate; move it after the dedup steps")
+
+
+@dataclasses.dataclass
+class Pass:
+    """One pass over the rows: per-row stages, then the global steps that decide on their output."""
+
+    index: int              # 1: the first pass, over every input
+    stages: list[Stage]
+    global_steps: list[Step]
+
 class Recipe:
     """An ordered list of step classes, each configured by its own section of the job config."""
 
@@ -193,6 +218,7 @@ class Recipe:
                 raise ValueError(f"recipe: two steps share the {label} {dup[0]!r}")
         self.steps = tuple(steps)
         self.job = job
+        _check_first_pass(self.steps)
 
     def config_class(self, name: str = "CurationConfig", module: str | None = None) -> type:
         """The job's config dataclass: the job settings plus one section per configurable step."""
@@ -236,6 +262,25 @@ class BuiltRecipe:
                             f"{self.steps[index].section}")
                 return f": {other.name!r} writes it later in the recipe; move {self.steps[index].name!r} after it"
         return ""
+
+    def passes(self) -> list[Pass]:
+        """The enabled steps between the reader and the writer, cut after each run of global steps."""
+        passes = [Pass(1, [], [])]
+        for step in self.steps[1:-1]:
+            if not step.enabled:
+                continue
+            if isinstance(step, Stage):
+                if passes[-1].global_steps:
+                    passes.append(Pass(len(passes) + 1, [], []))
+                passes[-1].stages.append(step)
+            else:
+                passes[-1].global_steps.append(step)
+        return passes
+
+    def up_to(self, p: Pass) -> BuiltRecipe:
+        """The steps whose columns exist when ``p``'s global steps run, and those global steps only."""
+        earlier = [stage for q in self.passes() if q.index <= p.index for stage in q.stages]
+        return BuiltRecipe([self.steps[0], *earlier, *p.global_steps])
 
     def of_kind(self, kind: type) -> list:
         return [s for s in self.steps if isinstance(s, kind) and s.enabled]

@@ -60,33 +60,47 @@ def write_tar(fs, path: str, rows: list[dict]) -> None:
                 _add_member(tar, f"{row['key']}.json", meta.encode())
 
 
-def apply_decisions(table: pa.Table, decisions: pa.Table) -> pa.Table:
-    """Final status per row: dedup decisions first, then the single decision rule."""
+def mark_duplicates(table: pa.Table, decisions: pa.Table) -> pa.Table:
+    """Give pending rows their dedup decision (reason, representative, group); rows already ended
+    keep theirs, and so do rows an earlier pass marked."""
     by_key = {d["key"]: d for d in decisions.to_pylist()}
-    keys = table.column("key").to_pylist()
+    n = table.num_rows
     reasons = table.column("reason").to_pylist()
     ok = table.column("decode_ok").to_pylist()
-    dup_of, dup_group = [], []
-    for i, key in enumerate(keys):
+    marked = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
+              for c in ("duplicate_of", "duplicate_group")}
+    for i, key in enumerate(table.column("key").to_pylist()):
         d = by_key.get(key)
         if d is not None and ok[i] and reasons[i] is None:
             reasons[i] = d["reason"]
-            dup_of.append(d["duplicate_of"])
-            dup_group.append(d["duplicate_group"])
-        else:
-            dup_of.append(None)
-            dup_group.append(None)
-    status = [schema.final_status(o, r) for o, r in zip(ok, reasons)]
-    table = schema.with_columns(table, {"reason": pa.array(reasons, pa.string())})
-    return schema.with_columns(table, {"status": pa.array(status, pa.string()),
-                                       "duplicate_of": pa.array(dup_of, pa.string()),
-                                       "duplicate_group": pa.array(dup_group, pa.string())})
+            for c, values in marked.items():
+                values[i] = d[c]
+    return schema.with_columns(table, {"reason": pa.array(reasons, pa.string()),
+                                       **{c: pa.array(v, pa.string()) for c, v in marked.items()}})
 
 
-def write_partition(output: str, pid: str, decisions: pa.Table) -> dict:
-    """Write shard, sidecar and manifest part of one partition; returns its counts."""
+def survivors_only(table: pa.Table, decisions: pa.Table) -> pa.Table:
+    """A later pass's input: the earlier decisions marked, image bytes only on rows still pending
+    (rows that ended pass through the stages untouched, for their columns and the manifest)."""
+    table = mark_duplicates(table, decisions)
+    pending = pa.array(schema.pending_mask(table))
+    return schema.with_columns(table, {"image": pc.if_else(pending, table.column("image"),
+                                                            pa.nulls(table.num_rows, pa.binary()))})
+
+
+def apply_decisions(table: pa.Table, decisions: pa.Table) -> pa.Table:
+    """Final status per row: dedup decisions first, then the single decision rule."""
+    table = mark_duplicates(table, decisions)
+    status = [schema.final_status(o, r) for o, r in zip(table.column("decode_ok").to_pylist(),
+                                                        table.column("reason").to_pylist())]
+    return schema.with_columns(table, {"status": pa.array(status, pa.string())})
+
+
+def write_partition(output: str, pid: str, decisions: pa.Table, staged_at: str | None = None) -> dict:
+    """Write shard, sidecar and manifest part of one partition from its rows staged at
+    ``staged_at`` (the last pass's staging root; default ``output``); returns its counts."""
     fs, root = storage.resolve(output)
-    staged = staging.read_partition_rows(fs, root, pid)
+    staged = staging.read_partition_rows(fs, storage.resolve(staged_at)[1] if staged_at else root, pid)
     if staged is None:  # no image in this input partition: nothing to account for, but it is done
         storage.atomic_write_bytes(fs, empty_marker_path(root, pid), b"")
         return {"partition": pid, "rows": 0, "kept": 0, "shard": None}
@@ -111,6 +125,7 @@ class WriteShards(Step):
 
     name = "write_shards"
     reads = ("key", "image", "image_ext")
+    staged_at: str | None = None  # where the last pass staged its rows (set by the pipeline); None: the output
 
     def write(self, output: str, pid: str, decisions: pa.Table) -> dict:
-        return write_partition(output, pid, decisions)
+        return write_partition(output, pid, decisions, self.staged_at)

@@ -9,18 +9,45 @@ import pytest
 
 from curation.pipeline import run_curation
 from curation.recipe import HUMANS1B
-from curation.stages import Recipe
+from curation.stages import BuiltRecipe, Recipe
 from infra.config import load_config
 from tests.curation.toy_brightness import DARK, BrightnessFilter
 
 # The recipe of the shipped job with the toy filter after the text filter: the one recipe line.
-WITH_BRIGHTNESS = Recipe([*HUMANS1B.steps[:8], BrightnessFilter, *HUMANS1B.steps[8:]], job=HUMANS1B.job)
+WITH_BRIGHTNESS = Recipe([*HUMANS1B.steps[:10], BrightnessFilter, *HUMANS1B.steps[10:]], job=HUMANS1B.job)
 
 
 def test_the_shipped_recipe_is_in_order():
     names = [s.name for s in HUMANS1B.steps]
-    assert names == ["read", "decode", "geometry", "person_detection", "clip_embedding", "artistic_filter",
-                     "watermark_filter", "text_filter", "exact_dedup", "near_dedup", "semantic_dedup", "write_shards"]
+    assert names == ["read", "decode", "geometry", "exact_dedup", "near_dedup", "person_detection", "clip_embedding",
+                     "artistic_filter", "watermark_filter", "text_filter", "semantic_dedup", "write_shards"]
+
+
+def _config(recipe: Recipe, *overrides: str):
+    return load_config(recipe.config_class(), overrides=["input.uri=x", "output_dir=y", "detector.backend=none",
+                                                         "content.artistic.enabled=false",
+                                                         "content.watermark.enabled=false", *overrides])
+
+
+def test_the_global_steps_are_the_pass_boundaries():
+    cfg = _config(HUMANS1B, "dedup.semantic.enabled=true")  # (CLIP weights not needed: the steps are not checked)
+    passes = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
+    names = [([s.name for s in p.stages], [s.name for s in p.global_steps]) for p in passes]
+    assert names == [(["decode", "geometry"], ["exact_dedup", "near_dedup"]),
+                     (["clip_embedding", "text_filter"], ["semantic_dedup"])]  # (detector.backend=none)
+    # a disabled global step is no boundary: without any dedup, one pass
+    cfg = _config(HUMANS1B, "dedup.exact.enabled=false", "dedup.near.enabled=false")
+    flat = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
+    assert [[s.name for s in p.stages] for p in flat] == [["decode", "geometry", "clip_embedding", "text_filter"]]
+
+
+def test_a_model_stage_before_the_first_dedup_is_refused():
+    steps = list(HUMANS1B.steps)
+    person = steps.pop(steps.index(next(s for s in steps if s.name == "person_detection")))
+    steps.insert(3, person)  # right after geometry: it would score every duplicate
+    with pytest.raises(ValueError, match=r"model stage 'person_detection' comes before the first global \(dedup\) "
+                                         r"step, so it would score every duplicate"):
+        Recipe(steps, job=HUMANS1B.job)
 
 
 def test_a_recipe_in_the_wrong_order_is_refused_naming_step_and_column(tmp_path):

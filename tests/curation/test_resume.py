@@ -27,36 +27,50 @@ def output_files(out: Path) -> dict[str, bytes]:
             for p in sorted(out.rglob("*")) if p.is_file() and p.parts[len(out.parts)] in ("shards", "manifest")}
 
 
+def _killed(cmd: list[str], ready, ray_tmp: str, log: Path) -> str:
+    """Run ``cmd`` until ``ready()``, SIGKILL its process group; returns what it logged."""
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, env=dict(os.environ), start_new_session=True, stdout=subprocess.DEVNULL, stderr=fh)
+        kill_when(proc, ready, timeout=300, leftovers=ray_tmp)
+    return log.read_text()
+
+
+def _done(text: str, pattern: str) -> int:
+    found = re.search(pattern, text)
+    assert found, f"no {pattern!r} in the log:\n{text[-3000:]}"
+    return int(found[1])
+
+
 def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet_path):
+    """Killed in pass 1, again once the global dedup between the passes has decided, again in
+    pass 2 (the models over the survivors); each re-run picks up where the last stopped."""
     raw = tmp_path / "raw"
     build_demo_corpus(raw)
-    env = dict(os.environ)
     ray_a, ray_b = f"/tmp/hvr-{os.getpid()}-a", f"/tmp/hvr-{os.getpid()}-b"
 
     # Uninterrupted reference run.
     ref = tmp_path / "ref"
-    subprocess.run(curate_cmd(raw, ref, centernet_path, ray_a), check=True, env=env, capture_output=True, timeout=600)
+    subprocess.run(curate_cmd(raw, ref, centernet_path, ray_a), check=True, capture_output=True, timeout=600)
 
-    # Interrupted run: killed (whole process group, SIGKILL) once some partitions are staged.
     out = tmp_path / "out"
-    proc = subprocess.Popen(curate_cmd(raw, out, centernet_path, ray_b), env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    kill_when(proc, lambda: len(list((out / "_staging").glob("*/part-*.parquet"))) >= 3, timeout=300,
-              leftovers=ray_b)
+    cmd = curate_cmd(raw, out, centernet_path, ray_b)
+    pass1 = lambda: list((out / "_staging").glob("*/part-*.parquet"))  # noqa: E731
+    pass2 = lambda: list((out / "_staging" / "pass2" / "_staging").glob("*/part-*.parquet"))  # noqa: E731
+    _killed(cmd, lambda: len(pass1()) >= 3, ray_b, tmp_path / "run1.log")
+    assert pass1() and not pass2() and not (out / "_SUCCESS").exists()
+    second = _killed(cmd, lambda: (out / "_dedup").is_dir() and any((out / "_dedup").rglob("*.parquet")), ray_b,
+                     tmp_path / "run2.log")
+    assert _done(second, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1  # pass 1 resumed, not redone
+    _killed(cmd, lambda: len(pass2()) >= 2, ray_b, tmp_path / "run3.log")
     assert not (out / "_SUCCESS").exists()
-    staged_before = {p.parent.name for p in (out / "_staging").glob("*/part-*.parquet")}
-    assert staged_before, "nothing was staged before the kill"
 
-    done = subprocess.run(curate_cmd(raw, out, centernet_path, ray_b), env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "_SUCCESS").exists()
     assert output_files(out) == output_files(ref)          # byte-identical shards, sidecars and manifest
     assert output_files(ref)                                # (and there is something to compare)
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
-    # The resumed run must skip partitions the killed one finished. Parse the number: a substring
-    # test for "0 already done" would also reject "10 already done".
-    plan = re.search(r"(\d+) partitions: (\d+) to score, (\d+) already done", done.stderr)
-    assert plan, f"the resumed run logged no partition plan:\n{done.stderr[-3000:]}"
-    assert int(plan[3]) >= 1, f"the resumed run redid every partition: {plan[0]!r}"
+    # Parse the numbers: a substring test for "0 already done" would also reject "10 already done".
+    assert _done(done.stderr, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1
+    assert _done(done.stderr, r"pass 2: \d+ partitions to score, (\d+) already done") >= 1  # pass 2 resumed
     assert not pids_naming(ray_a) and not pids_naming(ray_b)
