@@ -1,7 +1,8 @@
 """The demo: build the demo corpus (real photos + planted bad cases), run the whole
-curate -> pretrain -> probe DAG on it with tiny settings, probe a randomly initialised
-backbone with the same settings as the baseline, write the curation audit page, and end with
-one table of what came out and where it is.
+curate -> pretrain -> finetune -> probe DAG on it with tiny settings (the fine-tune composites
+people onto the corpus' person-free photos), probe a randomly initialised backbone with the
+same settings as the baseline, write the curation audit page, and end with one table of what
+came out and where it is (fine-tuned metrics beside the frozen probes').
 
     make demo          # or: python pipelines/demo.py [--verbose] [key=value overrides of configs/dag_demo.yaml]
 
@@ -27,13 +28,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from infra.config import load_config  # noqa: E402
-from pipelines.demo_corpus import build_demo_corpus  # noqa: E402
+from pipelines.demo_corpus import NO_PERSON_DIR, build_demo_corpus  # noqa: E402
 from pipelines.staged import DagConfig, DagInputs, DagResult, StageOutcome, run_dag  # noqa: E402
 from pipelines.staged.stages import StagePlan  # noqa: E402
 
 HEADLINE = {"pose": ("AP", "higher"), "seg": ("mIoU", "higher"), "pointmap": ("l2", "lower"),
             "normal": ("mean_angle", "lower"), "albedo": ("mae", "lower"), "knn": ("top1_k20", "higher")}
-TITLES = {"curate": "curate  ", "pretrain": "pretrain", "probe": "probe   ", "baseline": "baseline"}
+TITLES = {"curate": "curate  ", "pretrain": "pretrain", "finetune": "finetune", "probe": "probe   ",
+          "baseline": "baseline"}
 
 
 # ------------------------------------------------------------------ where the output goes
@@ -139,6 +141,8 @@ def _watch(plan: StagePlan, uri: str, since: float) -> tuple[int | None, Callabl
         return cfg.steps, lambda: _pretrain_step(uri, since), "steps"
     if plan.stage == "probe":
         return len(cfg.tasks), lambda: len(list(folder.glob("ray/*/probe_*"))), "probes"
+    if plan.stage == "finetune":
+        return cfg.steps * len(cfg.tasks), lambda: _finetune_steps(folder, cfg.tasks), "steps"
     return None, lambda: 0, ""
 
 
@@ -156,12 +160,20 @@ def _pretrain_step(uri: str, since: float) -> int:
     return max((m.step for m in history), default=0)
 
 
+def _finetune_steps(folder: Path, tasks: list[str]) -> int:
+    """Steps the fine-tune has logged so far, over its tasks (``<task>/history.jsonl``)."""
+    return sum(len((folder / t / "history.jsonl").read_text().splitlines())
+               for t in tasks if (folder / t / "history.jsonl").is_file())
+
+
 def _headline(o: StageOutcome) -> str:
     r = o.result
     if o.stage == "curate":
         return f"dataset {r.get('dataset_id', '?')}  {o.folder}"
     if o.stage == "pretrain":
         return f"{r.get('final_step', '?')} steps  {r.get('student_weights', o.folder)}"
+    if o.stage == "finetune":
+        return f"{len(r.get('metrics', {}))} tasks fine-tuned  {o.folder}"
     return f"{len(r.get('metrics', {}))} probes  {o.folder}"
 
 
@@ -203,15 +215,19 @@ def loss_line(pretrain: StageOutcome) -> str:
     return f"  {trend}"
 
 
-def probe_rows(trained: dict, baseline: dict | None) -> list[str]:
-    rows = [f"  {'probe':9s} {'metric':11s} {'pretrained':>11s} {'random init':>12s}"]
+def probe_rows(trained: dict, baseline: dict | None, finetuned: dict | None = None) -> list[str]:
+    """Frozen probes of the pretrained and the random-init backbone, and the pretrained
+    backbone fine-tuned end to end (same synthetic set, sizes and heads) where it was."""
+    rows = [f"  {'probe':9s} {'metric':11s} {'pretrained':>11s} {'random init':>12s} {'fine-tuned':>11s}"]
     for task, m in trained.items():
         name, better = HEADLINE.get(task, (next(iter(m)), "higher"))
         if name not in m:
             continue
         base = (baseline or {}).get(task, {}).get(name)
+        tuned = (finetuned or {}).get(task, {}).get(name)
         base_text = f"{base:12.4f}" if base is not None else f"{'-':>12s}"
-        rows.append(f"  {task:9s} {name:11s} {m[name]:11.4f} {base_text}   ({better} is better)")
+        tuned_text = f"{tuned:11.4f}" if tuned is not None else f"{'-':>11s}"
+        rows.append(f"  {task:9s} {name:11s} {m[name]:11.4f} {base_text} {tuned_text}   ({better} is better)")
     return rows
 
 
@@ -228,9 +244,14 @@ def summary(result: DagResult, baseline: DagResult | None, audit_page: str | Non
                   f"  student backbone: {outcomes['pretrain'].result['student_weights']}", ""]
     if "probe" in outcomes:
         base = baseline.outcomes[-1].result["metrics"] if baseline else None
-        lines += ["frozen-backbone probes (synthetic probe set; the baseline: the same probes on a random-init backbone)",
-                  *probe_rows(outcomes["probe"].result["metrics"], base),
+        tuned = outcomes["finetune"].result["metrics"] if "finetune" in outcomes else None
+        lines += ["frozen-backbone probes (synthetic probe set; the baseline: the same probes on a random-init backbone;",
+                  " fine-tuned: the pretrained backbone + the same head trained end to end)",
+                  *probe_rows(outcomes["probe"].result["metrics"], base, tuned),
                   f"  pretrained: {outcomes['probe'].folder}"]
+        if tuned:
+            lines.append(f"  fine-tuned: {outcomes['finetune'].folder}  (exports: backbone. + decode_head. "
+                         "safetensors, their sha256 in MLflow)")
         if baseline:
             lines += [f"  random init: {baseline.outcomes[-1].folder}",
                       "  (40 tiny steps on a few images do not make a better backbone than random init: the demo shows "
@@ -285,7 +306,9 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     raw = Path(args.corpus).resolve()
     try:
-        cfg = load_config(DagConfig, REPO / "configs" / "dag_demo.yaml", [f"curate.input.uri={raw}", *args.overrides])
+        cfg = load_config(DagConfig, REPO / "configs" / "dag_demo.yaml",
+                          [f"curate.input.uri={raw}", f"finetune.augment.backgrounds={raw / NO_PERSON_DIR}",
+                           *args.overrides])
         cfg.validate()
     except ValueError as err:
         print(f"config error: {err}", file=sys.stderr)

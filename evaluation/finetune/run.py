@@ -87,16 +87,14 @@ def absolutize(cfg: FinetuneConfig) -> FinetuneConfig:
 def check_inputs(cfg: FinetuneConfig, inputs: dict[str, TaskInputs]) -> None:
     """Everything that can be wrong before training: image sizes off the feature grid, weights
     that do not fit the backbone, label files that do not fit their vocabulary."""
-    from evaluation.run import _check_safetensors_keys
-    from models import get_config
-
     from evaluation.finetune.augment import Backgrounds
+    from models import check_weights_file, get_config
 
     stride = get_config(cfg.backbone.name).feature_stride
     Backgrounds(cfg.augment.backgrounds)
     bb = cfg.backbone
-    if bb.checkpoint.endswith(".safetensors") and Path(bb.checkpoint).is_file():
-        _check_safetensors_keys(bb.name, bb.checkpoint, bb.weights_prefix)
+    if Path(bb.checkpoint).is_file():  # family, size, keys and shapes, from the header alone
+        check_weights_file(bb.name, bb.checkpoint, bb.weights_prefix)
     for task in cfg.tasks:
         check_grid(cfg.task(task).image_size, stride, f"{task}.image_size")
         check_labels(task, inputs[task], getattr(cfg.task(task), "ignore_index", 255))

@@ -1,14 +1,15 @@
-"""Staged curate -> pretrain -> probe runs: reuse what did not change, resume what failed.
+"""Staged curate -> pretrain -> [finetune ->] probe runs: reuse what did not change, resume what failed.
 
 Thin on purpose: Ray runs the work and MLflow keeps the record; there is no scheduler here.
 Each stage is reached through its package's facade (``curation.stage``, ``training.stage``,
-``evaluation.stage``): its identity, its config placed in a folder, an in-process run, its
+``evaluation.finetune.stage``, ``evaluation.stage``): its identity, its config placed in a folder, an in-process run, its
 result read back from its files, and the script a Ray job runs.
 
 - **Identity.** Each stage's identity is a digest of its resolved configuration (the part
   that decides its outputs) and of its inputs' digests: curation = job digest + curation
   code version + input listing; pretraining = run-defining settings + dataset version id;
-  probing = probe settings + checkpoint digest. Its outputs live in
+  fine-tuning = its settings + checkpoint digest + data digest (it fine-tunes the checkpoint
+  the probes get); probing = probe settings + checkpoint digest. Its outputs live in
   ``<workspace>/<stage>/<identity>``.
 - **Reuse.** A stage whose identity has a finished result (``DONE.json``, written only after
   the stage succeeded) is not run again; its recorded result feeds the next stage.

@@ -10,12 +10,14 @@ from types import ModuleType
 from typing import Any, Callable
 
 import curation.stage
+import evaluation.finetune.stage
 import evaluation.stage
 import training.stage
 from curation.output import resolve_dataset
 from pipelines.staged.config import DagInputs
 
-FACADES: dict[str, ModuleType] = {"curate": curation.stage, "pretrain": training.stage, "probe": evaluation.stage}
+FACADES: dict[str, ModuleType] = {"curate": curation.stage, "pretrain": training.stage,
+                                  "finetune": evaluation.finetune.stage, "probe": evaluation.stage}
 
 
 @dataclasses.dataclass
@@ -24,7 +26,7 @@ class Handoff:
     ``lineage``: what the upstream stages produced, tagged on every later run."""
 
     dataset: str                 # pretraining's input: a dataset version id, name or folder
-    checkpoint: str              # probing's input: a .safetensors path ("" = random init)
+    checkpoint: str              # fine-tuning's and probing's input: a .safetensors path ("" = random init)
     pretrain_run_id: str
     dataset_id: str = ""         # known once curation ran (else resolved from ``dataset``)
     checkpoint_digest: str = ""  # known once pretraining ran (else hashed from ``checkpoint``)
@@ -67,10 +69,23 @@ def _plan_pretrain(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
     return StagePlan("pretrain", identity, folder, training.stage.place(cfg, folder))
 
 
+def _checkpoint_digest(handoff: Handoff) -> str:
+    if handoff.checkpoint and not handoff.checkpoint_digest:
+        return evaluation.stage.checkpoint_digest(handoff.checkpoint)
+    return handoff.checkpoint_digest
+
+
+def _plan_finetune(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
+    """Fine-tunes the checkpoint the probes get (the pretraining export): the probes measure
+    the frozen backbone, the fine-tune the same backbone trained end to end."""
+    identity = evaluation.finetune.stage.identity(cfg, _checkpoint_digest(handoff))
+    folder = ws / "finetune" / identity
+    cfg = evaluation.finetune.stage.with_backbone(cfg, handoff.checkpoint, handoff.pretrain_run_id)
+    return StagePlan("finetune", identity, folder, evaluation.finetune.stage.place(cfg, folder))
+
+
 def _plan_probe(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
-    digest = handoff.checkpoint_digest
-    if handoff.checkpoint and not digest:
-        digest = evaluation.stage.checkpoint_digest(handoff.checkpoint)
+    digest = _checkpoint_digest(handoff)
     identity = evaluation.stage.identity(cfg, digest)
     folder = ws / "probe" / identity
     cfg = evaluation.stage.with_backbone(cfg, handoff.checkpoint, handoff.pretrain_run_id)
@@ -78,7 +93,7 @@ def _plan_probe(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
 
 
 PLANNERS: dict[str, Callable[[Any, Path, Handoff, str], StagePlan]] = {
-    "curate": _plan_curate, "pretrain": _plan_pretrain, "probe": _plan_probe}
+    "curate": _plan_curate, "pretrain": _plan_pretrain, "finetune": _plan_finetune, "probe": _plan_probe}
 
 
 def plan(stage: str, cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
@@ -96,3 +111,5 @@ def hand_on(handoff: Handoff, stage: str, result: dict, run_id: str | None) -> N
         handoff.pretrain_run_id = run_id or ""
         handoff.lineage.update(dataset_id=result["dataset_id"], checkpoint_digest=result["checkpoint_digest"],
                                checkpoint_path=result["student_weights"], pretrain_run_id=run_id)
+    elif stage == "finetune":
+        handoff.lineage.update(finetune_run_id=run_id)

@@ -14,7 +14,7 @@ from pipelines.demo_corpus import build_demo_corpus
 from pipelines.staged import DagConfig, run_dag
 from tests.conftest import CENTERNET, REPO, kill_when
 
-FAST = ["pretrain.steps=4", "pretrain.checkpoint.every=2", "pretrain.metrics.log_every=1",
+FAST = ["stages=[curate, pretrain, probe]", "pretrain.steps=4", "pretrain.checkpoint.every=2", "pretrain.metrics.log_every=1",
         "pretrain.metrics.images_every=4", "probe.tasks=[seg, knn]", "probe.seg.steps=10",
         "probe.synthetic.train_images=24", "probe.synthetic.val_images=8", "probe.ray.num_cpus=null"]
 
@@ -154,3 +154,37 @@ def test_stages_run_as_ray_jobs_against_a_head(tmp_path):
     assert [o.reused for o in result.outcomes] == [True, True, True]
     assert result.outcomes[2].result["metrics"]["seg"]["mIoU"] > 0
     assert not head.pids()
+
+
+def test_the_finetune_stage_runs_between_pretraining_and_probing_with_lineage(first):
+    """Adding the fine-tune stage to a finished chain runs only it; its run carries the lineage
+    (checkpoint digest, pretraining run, dataset version) and its export is in the released
+    layout with the recorded sha256."""
+    from mlflow import MlflowClient
+
+    from evaluation.io import sha256_file
+    from models.io import load_state_dict_file
+
+    root, _, result = first
+    ft = ["stages=[curate, pretrain, finetune, probe]", "finetune.tasks=[seg]", "finetune.steps=4",
+          "finetune.checkpoint.every=2", "finetune.synthetic.train_images=24", "finetune.synthetic.val_images=8",
+          "finetune.ray.num_cpus=null"]
+    out = run_dag(dag_config(root / "raw", root / "ws", *ft))
+    assert [(o.stage, o.reused) for o in out.outcomes] == [("curate", True), ("pretrain", True), ("finetune", False),
+                                                           ("probe", True)]
+    curate, pretrain = result.outcomes[0], result.outcomes[1]
+    fine = out.outcomes[2]
+    tags = MlflowClient(out.tracking_uri).get_run(fine.run_id).data.tags
+    assert tags["mlflow.parentRunId"] == out.parent_run_id and tags["humanvision.stage"] == "finetune"
+    assert tags["lineage.checkpoint_digest"] == pretrain.result["checkpoint_digest"]
+    assert tags["lineage.pretrain_run_id"] == pretrain.run_id
+    assert tags["lineage.dataset_id"] == curate.result["dataset_id"]
+    export = fine.result["exports"]["seg"]
+    assert sha256_file(export["export"]) == export["export_sha256"] == tags["finetune.seg.export_sha256"]
+    weights = load_state_dict_file(export["export"])
+    pretrained = load_state_dict_file(pretrain.result["student_weights"])
+    assert {k.removeprefix("backbone.") for k in weights if k.startswith("backbone.")} == set(pretrained)
+    assert all(k.startswith(("backbone.", "decode_head.")) for k in weights)
+    assert "mIoU" in fine.result["metrics"]["seg"]
+    again = run_dag(dag_config(root / "raw", root / "ws", *ft))
+    assert [o.reused for o in again.outcomes] == [True, True, True, True]

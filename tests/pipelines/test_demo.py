@@ -42,9 +42,10 @@ def test_console_sends_every_writer_to_the_log_and_keeps_the_terminal_for_the_de
 
 def test_probe_table_puts_the_random_init_baseline_beside_each_metric():
     rows = probe_rows({"pose": {"AP": 0.12, "AR": 0.2}, "normal": {"mean_angle": 31.5}},
-                      {"pose": {"AP": 0.01}, "normal": {"mean_angle": 44.0}})
-    assert re.search(r"pose\s+AP\s+0\.1200\s+0\.0100\s+\(higher is better\)", rows[1])
-    assert re.search(r"normal\s+mean_angle\s+31\.5000\s+44\.0000\s+\(lower is better\)", rows[2])
+                      {"pose": {"AP": 0.01}, "normal": {"mean_angle": 44.0}}, {"normal": {"mean_angle": 20.25}})
+    assert re.search(r"pose\s+AP\s+0\.1200\s+0\.0100\s+-\s+\(higher is better\)", rows[1])
+    assert re.search(r"normal\s+mean_angle\s+31\.5000\s+44\.0000\s+20\.2500\s+\(lower is better\)", rows[2])
+    assert "fine-tuned" in rows[0]
 
 
 def test_loss_line_reads_the_pretraining_window_means():
@@ -58,7 +59,9 @@ def test_a_demo_run_prints_stages_and_the_closing_table_only(tmp_path):
     fast = ["pretrain.steps=4", "pretrain.checkpoint.every=2", "pretrain.metrics.log_every=1",
             "pretrain.metrics.images_every=4", "probe.tasks=[pose, seg, knn]", "probe.pose.steps=20",
             "probe.seg.steps=10", "probe.synthetic.train_images=24", "probe.synthetic.val_images=8",
-            f"curate.detector.weights={CENTERNET}", "curate.ray.num_cpus=null", "probe.ray.num_cpus=null"]
+            f"curate.detector.weights={CENTERNET}", "curate.ray.num_cpus=null", "probe.ray.num_cpus=null",
+            "finetune.tasks=[seg]", "finetune.steps=4", "finetune.checkpoint.every=2",
+            "finetune.synthetic.train_images=24", "finetune.synthetic.val_images=8", "finetune.ray.num_cpus=null"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
     done = subprocess.run([sys.executable, "pipelines/demo.py", "--corpus", str(tmp_path / "raw"),
                            f"workspace={tmp_path / 'ws'}", *fast], cwd=REPO, env=env, capture_output=True, text=True,
@@ -66,13 +69,14 @@ def test_a_demo_run_prints_stages_and_the_closing_table_only(tmp_path):
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert done.stderr == ""
-    for stage in ("curate", "pretrain", "probe", "baseline", "audit"):
+    for stage in ("curate", "pretrain", "finetune", "probe", "baseline", "audit"):
         assert re.search(rf"^{stage}\s+(ran|reused|wrote|ready)", out, re.M), (stage, out)
     for noise in ("TrainingReport", "Checkpoint successfully created", "PreemptionWatcher", "core_worker",
                   "INFO", "WARNING"):
         assert noise not in out, (noise, out)
     assert "curation funnel" in out and re.search(r"kept \(in shards\)\s+\d+", out)
     assert re.search(r"total loss [\d.]+ -> [\d.]+", out)
+    assert re.search(r"seg\s+mIoU\s+[\d.]+\s+[\d.]+\s+[\d.]+", out)  # pretrained, random init, fine-tuned
     assert re.search(r"pose\s+AP\s+[\d.]+\s+[\d.]+", out) and re.search(r"knn\s+top1_k20\s+[\d.]+\s+[\d.]+", out)
     assert re.search(r"mlflow ui --backend-store-uri sqlite:///\S+mlflow\.db", out)
     assert "workflowType=machine_learning" in out

@@ -74,3 +74,39 @@ def test_the_store_is_the_configured_one_else_a_server_from_the_environment_else
     assert tracking_uri(DagConfig(), ws) == f"sqlite:///{ws / 'mlflow.db'}"
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert tracking_uri(DagConfig(), ws) == f"sqlite:///{ws / 'mlflow.db'}"
+
+
+def test_finetuning_identity_is_its_settings_the_checkpoint_digest_and_the_data(demo, tmp_path):
+    from evaluation.config import SplitPaths
+    from evaluation.finetune import stage
+
+    cfg = demo.finetune
+    base = stage.identity(cfg, "digest-1")
+    moved = stage.place(stage.with_backbone(cfg, "/elsewhere/student.safetensors", "run-9"), tmp_path / "ft" / "y")
+    assert stage.identity(moved, "digest-1") == base and moved.output_dir == str(tmp_path / "ft" / "y")
+    assert stage.identity(cfg, "digest-2") != base
+    assert stage.identity(dataclasses.replace(cfg, steps=cfg.steps + 1), "digest-1") != base
+    assert stage.identity(cfg, "") != base
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "a.png").write_bytes(b"x" * 10)
+    labels = tmp_path / "seg"
+    labels.mkdir()
+    real = dataclasses.replace(cfg, tasks=["seg"], seg=dataclasses.replace(
+        cfg.seg, train=SplitPaths(images=str(images), labels=str(labels)), val=SplitPaths(images=str(images), labels=str(labels))))
+    before = stage.identity(real, "digest-1")
+    (images / "b.png").write_bytes(b"y" * 10)  # the data changed: a new identity
+    assert stage.identity(real, "digest-1") != before
+
+
+@pytest.mark.parametrize("stages, ok", [
+    (["curate", "pretrain", "probe"], True), (["curate", "pretrain", "finetune", "probe"], True),
+    (["pretrain", "finetune"], True), (["finetune", "probe"], True), (["finetune"], True),
+    (["curate", "finetune"], False), (["probe", "finetune"], False), (["curate", "probe"], False)])
+def test_the_finetune_stage_sits_between_pretraining_and_probing_and_may_be_left_out(stages, ok):
+    cfg = load_config(DagConfig, None, [f"stages=[{', '.join(stages)}]", "inputs.dataset=x"])
+    if ok:
+        cfg.validate()
+    else:
+        with pytest.raises(ValueError, match="stages must be a contiguous run"):
+            cfg.validate()
