@@ -45,7 +45,7 @@ class Partition:
     """A unit of work and of resume: its rows become one output shard."""
 
     id: str
-    kind: str                       # "files" | "tar" | "parquet"
+    kind: str                       # "files" | "tar" | "parquet" | "staged" (a later pass: rows read back from staging)
     uris: tuple[str, ...]           # files: the image files; tar/parquet: the one container file
     root: str = ""                  # files: the folder keys are made relative to
     sizes: tuple[int, ...] = ()     # files: byte sizes from the listing
@@ -211,9 +211,7 @@ def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iter
         if buf.full():
             yield buf.flush()
     if failure is not None:
-        # The container broke: what was read is kept; the rest of the tar is one recorded error.
-        buf.add(make_key(f"{tar_stem}_unreadable", uri + "#unreadable"), uri + "#unreadable", None,
-                reason=READ_FAILED, error=failure)
+        _add_unreadable(buf, failure)  # the container broke: what was read is kept, the rest is one error
     if buf.rows:
         yield buf.flush()
 
@@ -237,16 +235,35 @@ def parquet_columns(names: list[str], cfg: InputConfig, uri: str) -> tuple[str |
     return image_col, path_col, _pick_column(names, cfg.parquet_key_column, ("key",), "key")
 
 
-def _read_parquet(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa.Table]:
+def _add_unreadable(buf: _RowBuffer, error: str) -> None:
+    """One ``read_failed`` row standing for (the rest of) a container (tar, parquet) that could not
+    be read, e.g. removed between planning and reading: recorded, and the rest of the run goes on."""
+    uri = buf.partition.uris[0]
+    stem = posixpath.splitext(posixpath.basename(storage.resolve(uri)[1]))[0]
+    buf.add(make_key(f"{stem}_unreadable", uri + "#unreadable"), uri + "#unreadable", None, reason=READ_FAILED,
+            error=error)
+
+
+def _parquet_rows(p: Partition, cfg: InputConfig) -> tuple[pa.Table, str | None, str | None, str | None, int]:
     uri = p.uris[0]
     fs, path = storage.resolve(uri)
     with fs.open_input_file(path) as fh:
         pf = pq.ParquetFile(fh)
-        names = pf.schema_arrow.names
-        image_col, path_col, key_col = parquet_columns(names, cfg, uri)
+        image_col, path_col, key_col = parquet_columns(pf.schema_arrow.names, cfg, uri)
         first_row = sum(pf.metadata.row_group(g).num_rows for g in range(p.row_groups[0]))
         columns = [c for c in (image_col, path_col, key_col) if c]
-        table = pf.read_row_groups(list(p.row_groups), columns=columns)
+        return pf.read_row_groups(list(p.row_groups), columns=columns), image_col, path_col, key_col, first_row
+
+
+def _read_parquet(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa.Table]:
+    uri = p.uris[0]
+    try:
+        table, image_col, path_col, key_col, first_row = _parquet_rows(p, cfg)
+    except OSError as err:
+        buf = _RowBuffer(p)
+        _add_unreadable(buf, f"{type(err).__name__}: {err}")
+        yield buf.flush()
+        return
     buf = _RowBuffer(p)
     for i, row in enumerate(table.to_pylist()):
         row_no = first_row + i

@@ -147,7 +147,13 @@ def _run_task(batch: pa.Table, stage: Stage) -> pa.Table:
 
 def apply_stage(ds, stage: Stage, autoscale: bool = False):
     """Append ``stage`` to a Ray Dataset pipeline with the stage's declared resources. A model
-    stage's pool is ``num_actors`` actors from the start, or (``autoscale``) 1 growing to it."""
+    stage's pool is ``num_actors`` actors from the start, or (``autoscale``) 1 growing to it.
+
+    Worker faults: an actor whose process dies is restarted (its constructor loads the model
+    again) and the batch it held is re-sent: Ray Data gives its actor pools ``max_restarts=-1``
+    and ``max_task_retries=-1`` when not told otherwise (Ray 2.60; passing them is deprecated in
+    favour of those defaults). A task whose worker dies is retried by Ray (``max_retries``, 3).
+    Stages are deterministic, so a retried batch gives the same rows (tests/curation/test_faults.py)."""
     import ray.data
 
     res = stage.resources()
