@@ -104,3 +104,35 @@ def test_seg_and_normal_augmentations_transform_labels_with_the_pixels(synthetic
     out = augment.dense_item(normal, 1, np.random.default_rng(5), aug, augment.Backgrounds(""))
     n = out["target"].numpy()[:, out["mask"].numpy()]
     assert np.allclose(np.linalg.norm(n, axis=0), 1.0, atol=1e-5) and (n[2] < 0).all()  # still unit, still facing us
+
+
+@pytest.mark.parametrize("name", ["sapiens2_tiny", "sapiens_tiny"])
+def test_both_families_fine_tune_in_process_and_export_the_released_layout(name, synthetic_root, tmp_path):
+    """Three steps of each family on the synthetic seg split (no Ray): the loss is finite, the
+    weights move, the export holds ``backbone.`` + the backbone's own keys and ``decode_head.``."""
+    import torch
+
+    from evaluation.finetune.data import train_loader
+    from evaluation.finetune.engine import build_finetuner, evaluate, train_step
+    from evaluation.finetune.loop import export
+    from evaluation.finetune.tasks import TaskInputs, synthetic_data
+    from models import build_backbone
+    from models.io import load_state_dict_file
+
+    cfg = dataclasses.replace(config(tmp_path, tasks=["seg"], steps=3, batch_size_per_worker=2),
+                              backbone=dataclasses.replace(FinetuneConfig().backbone, name=name))
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, precision="fp32"))
+    data = synthetic_data("seg", synthetic_root)
+    data.num_classes, data.class_names = 7, list(seg_vocab("seg_synthetic_7").classes)
+    ft = build_finetuner(cfg, "seg", TaskInputs(data, seg_vocab("seg_synthetic_7")), device=torch.device("cpu"))
+    before = {k: v.clone() for k, v in ft.model.backbone.state_dict().items()}
+    for step, batch in enumerate(train_loader(ft.train_set, global_batch=2, seed=0, start=0, stop=3, rank=0, world=1,
+                                              workers=0)):
+        assert np.isfinite(train_step(ft, batch, step)["loss"])
+    assert "mIoU" in evaluate(ft).compute()
+    assert any(not torch.equal(before[k], v) for k, v in ft.model.backbone.state_dict().items())
+    info = export(ft, tmp_path / "seg", rank=0, meta={"pretrain_run_id": "x"})
+    weights = load_state_dict_file(info["export"])
+    backbone_keys = {k.removeprefix("backbone.") for k in weights if k.startswith("backbone.")}
+    assert backbone_keys == set(build_backbone(name, device="meta").state_dict())
+    assert all(k.startswith(("backbone.", "decode_head.")) for k in weights) and len(info["export_sha256"]) == 64

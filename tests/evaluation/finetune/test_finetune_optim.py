@@ -31,28 +31,31 @@ def expected_layer(name: str, L: int) -> int:
     return 0
 
 
-@pytest.mark.parametrize("rate", [0.85, 0.75])
-def test_every_parameter_gets_the_closed_form_learning_rate(rate):
+@pytest.mark.parametrize("name, rate", [("sapiens2_tiny", 0.85), ("sapiens2_tiny", 0.75), ("sapiens_tiny", 0.85)])
+def test_every_parameter_gets_the_closed_form_learning_rate(name, rate):
     torch.manual_seed(0)
-    backbone = build_backbone("sapiens2_tiny")
+    backbone = build_backbone(name)
     model = FinetuneModel(backbone, build_task_head("seg", backbone.embed_dim, num_classes=7, hidden_dim=16))
     L = len(backbone_blocks(backbone))
-    assert L == 18
+    assert L == backbone.config.depth
     cfg = FinetuneOptim(lr=2e-3, layer_decay=rate, weight_decay=0.1)
     opt = build_optimizer(model, L, cfg)
     set_step_lr(opt, 1e-3)
     lrs, wds = lr_of(opt), wd_of(opt)
     seen_layers = set()
-    for name, p in model.named_parameters():
-        layer = expected_layer(name, L)
+    for pname, p in model.named_parameters():
+        layer = expected_layer(pname, L)
         seen_layers.add(layer)
-        assert lrs[id(p)] == pytest.approx(1e-3 * rate ** (L + 1 - layer), rel=1e-12), name
-        no_wd = p.ndim == 1 or name.endswith(".bias") or "pos_embed" in name
-        assert wds[id(p)] == (0.0 if no_wd else 0.1), name
+        assert lrs[id(p)] == pytest.approx(1e-3 * rate ** (L + 1 - layer), rel=1e-12), pname
+        no_wd = p.ndim == 1 or pname.endswith(".bias") or "pos_embed" in pname
+        assert wds[id(p)] == (0.0 if no_wd else 0.1), pname
     assert seen_layers == set(range(L + 2))  # embeddings, every block, head/final norm
     named = dict(model.named_parameters())
-    assert lrs[id(named["backbone.blocks.0.attn.wq.weight"])] == pytest.approx(1e-3 * rate ** L)
-    assert lrs[id(named["backbone.blocks.17.attn.wq.weight"])] == pytest.approx(1e-3 * rate)
+    blocks = "blocks" if name.startswith("sapiens2") else "layers"
+    first_block = next(n for n in named if n.startswith(f"backbone.{blocks}.0.") and n.endswith("weight"))
+    last_block = first_block.replace(f".{blocks}.0.", f".{blocks}.{L - 1}.")
+    assert lrs[id(named[first_block])] == pytest.approx(1e-3 * rate ** L)
+    assert lrs[id(named[last_block])] == pytest.approx(1e-3 * rate)
     assert lrs[id(named["backbone.patch_embed.projection.weight"])] == pytest.approx(1e-3 * rate ** (L + 1))
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
 
