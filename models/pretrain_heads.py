@@ -38,11 +38,13 @@ def unpatchify(patches_BPX: torch.Tensor, stride: int, grid_hw: tuple[int, int])
     return x.permute(0, 5, 1, 3, 2, 4).reshape(B, C, h * stride, w * stride)
 
 
-def normalized_pixel_targets(images_BCHW: torch.Tensor, stride: int, eps: float = 1e-6) -> torch.Tensor:
-    """MAE targets (B, P, X): each patch's pixels standardised by its own mean and variance."""
+def normalized_pixel_targets(images_BCHW: torch.Tensor, stride: int, eps: float = 1e-6, *,
+                             unbiased: bool = False) -> torch.Tensor:
+    """MAE targets (B, P, X): each patch's pixels standardised by its own mean and variance
+    (the population variance, or the unbiased one with ``unbiased``: Sapiens v1's recipe)."""
     patches_BPX = patchify(images_BCHW, stride)
     mean = patches_BPX.mean(dim=-1, keepdim=True)
-    var = patches_BPX.var(dim=-1, keepdim=True, unbiased=False)
+    var = patches_BPX.var(dim=-1, keepdim=True, unbiased=unbiased)
     return (patches_BPX - mean) / (var + eps).sqrt()
 
 

@@ -1,5 +1,5 @@
-"""Sapiens2 pretraining on Ray Train with FSDP2: MAE + DINO CLS loss + KoLeo, from the
-WebDataset shards of a curated dataset version.
+"""Pretraining on Ray Train with FSDP2, from the WebDataset shards of a curated dataset
+version: Sapiens2 (MAE + DINO CLS loss + KoLeo) or Sapiens v1 (MAE only), by the model's family.
 
 Entry point: ``run_pretraining(cfg)`` (``pipelines/pretrain.py`` on the command line).
 Pieces: ``config`` (settings), ``data`` (resumable shard stream), ``augment`` (multi-crop),

@@ -174,7 +174,9 @@ class MetricsConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class PretrainConfig:
-    """A Sapiens2 pretraining run. ``steps``: total optimiser steps of the run;
+    """A pretraining run. The model's family picks the objective: a Sapiens2 model trains
+    with the defaults' recipe, a Sapiens v1 model (``sapiens_*``) with MAE alone (no teacher,
+    CLS or KoLeo loss; ``configs/pretrain_v1_*.yaml``). ``steps``: total optimiser steps of the run;
     ``max_steps_this_session``: stop (with a checkpoint) after this many steps in this
     session (0 = no limit), to be resumed by re-running with the same ``run_name``.
     ``deterministic``: deterministic kernels (bit-exact resume on CPU).
@@ -210,16 +212,18 @@ class PretrainConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the setting when the run cannot work."""
-        from models.registry import get_config
+        from models.registry import family_of, get_config
 
-        model = get_config(self.model)
+        model, v1 = get_config(self.model), family_of(self.model) == "sapiens1"
         stride = model.feature_stride
         if not self.data.dataset:
             raise ValueError("data.dataset is empty: give a dataset version id, a dataset name or a curation output folder")
         for name, (h, w) in (("crops.global_size", self.crops.global_size), ("crops.local_size", self.crops.local_size)):
             if h % stride or w % stride or h <= 0 or w <= 0:
                 raise ValueError(f"{name} = {h}x{w} must be positive multiples of the model's stride {stride}")
-        if self.crops.num_global < 2:
+        if v1:
+            self._validate_v1()
+        elif self.crops.num_global < 2:
             raise ValueError("crops.num_global must be >= 2 (the CLS loss pairs each teacher view with another view)")
         if self.crops.num_local < 0:
             raise ValueError("crops.num_local must be >= 0")
@@ -230,7 +234,7 @@ class PretrainConfig:
             raise ValueError("masking.ratio masks every patch of the global view: lower it or enlarge crops.global_size")
         if self.steps < 1 or self.batch_size_per_worker < 1:
             raise ValueError("steps and batch_size_per_worker must be >= 1")
-        if self.batch_size_per_worker < 2 and self.loss.koleo_weight > 0:
+        if self.batch_size_per_worker < 2 and self.loss.koleo_weight > 0 and not v1:
             raise ValueError("KoLeo needs batch_size_per_worker >= 2 (nearest neighbours within the batch)")
         if self.checkpoint.every < 1 or self.checkpoint.keep < 1 or self.checkpoint.preemption_check_every < 0:
             raise ValueError("checkpoint.every and checkpoint.keep must be >= 1, checkpoint.preemption_check_every >= 0")
@@ -243,8 +247,19 @@ class PretrainConfig:
         if not self.tracking.enabled:
             raise ValueError("tracking.enabled=false: a pretraining run keeps its losses, resume record and lineage "
                              "in MLflow; leave tracking enabled (tracking.uri chooses the store)")
-        if self.decoder.embed_dim % self.decoder.num_heads or (self.decoder.embed_dim // self.decoder.num_heads) % 4:
+        if not v1 and (self.decoder.embed_dim % self.decoder.num_heads
+                       or (self.decoder.embed_dim // self.decoder.num_heads) % 4):
             raise ValueError("decoder.embed_dim / decoder.num_heads must be an integer divisible by 4 (2-D RoPE)")
+
+    def _validate_v1(self) -> None:
+        """Sapiens v1 (a ``sapiens_*`` model): MAE only, on ``crops.num_global`` masked views."""
+        if self.crops.num_global < 1:
+            raise ValueError("crops.num_global must be >= 1 (the views the MAE reconstructs)")
+        if self.crops.num_local:
+            raise ValueError(f"crops.num_local = {self.crops.num_local}: Sapiens v1 pretraining is MAE only and "
+                             "uses no local views; set crops.num_local=0")
+        if self.decoder.embed_dim % self.decoder.num_heads or self.decoder.embed_dim % 4:
+            raise ValueError("decoder.embed_dim must be divisible by decoder.num_heads and by 4 (2-D sin-cos table)")
 
 
 RESUME_FREE = ("run_name", "storage_path", "max_steps_this_session", "peak_tflops", "record_batch_keys",

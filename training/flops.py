@@ -4,7 +4,8 @@ Per sample: teacher forward on the G full global views; student forward on the G
 masked global views (visible tokens only, after a full patch embedding), the L local
 views, the MAE decoder (all P positions) and the DINO head on G + L CLS tokens; the
 student's backward is counted as twice its forward (the usual 6ND convention:
-activation-checkpoint recomputation is not useful work and is not counted).
+activation-checkpoint recomputation is not useful work and is not counted). Sapiens v1's
+MAE has no teacher, local views or DINO head: its step is 3x (masked encoder + decoder).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from models.pretrain_heads import DINOHead, MAEDecoder, MAEDecoderConfig
-from models.registry import get_config
+from models.registry import family_of, get_config
+from models.sapiens1 import Sapiens1Backbone, Sapiens1MAEDecoder
 from models.sapiens2 import Sapiens2Backbone
 from training.config import PretrainConfig
 
@@ -42,7 +44,40 @@ def _count(fn) -> int:
     return counter.get_total_flops()
 
 
+def _meta(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+def _mae_step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
+    """Sapiens v1: patch embedding of the full views, the blocks on CLS + V visible tokens,
+    the decoder on every position; no teacher."""
+    bcfg = get_config(cfg.model).as_pretrain(cfg.crops.global_size)
+    G, (H, W), s = cfg.crops.num_global, cfg.crops.global_size, bcfg.feature_stride
+    P = (H // s) * (W // s)
+    V = P - int(round(cfg.masking.ratio * P))
+    with torch.device("meta"):
+        backbone = Sapiens1Backbone(bcfg)
+        decoder = Sapiens1MAEDecoder(bcfg.embed_dim, pixels_per_token=s * s * bcfg.in_chans, grid_hw=(H // s, W // s),
+                                     embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth,
+                                     num_heads=cfg.decoder.num_heads)
+
+    def masked_encoder():
+        backbone.embed(_meta(G * batch, 3, H, W))
+        x = _meta(G * batch, 1 + V, bcfg.embed_dim)
+        for block in backbone.layers:
+            x = block(x)
+        backbone.ln1(x)
+
+    student = _count(masked_encoder)
+    student += _count(lambda: decoder(_meta(G * batch, 1 + V, bcfg.embed_dim), _meta(G * batch, V, dtype=torch.long),
+                                      (H // s, W // s), 1))
+    return StepCost(flops=3 * student, tokens=tokens_per_step(cfg, batch), teacher_flops=0,
+                    student_forward_flops=student)
+
+
 def step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
+    if family_of(cfg.model) == "sapiens1":
+        return _mae_step_cost(cfg, batch)
     bcfg = get_config(cfg.model)
     G, L = cfg.crops.num_global, cfg.crops.num_local
     (H, W), (h, w) = cfg.crops.global_size, cfg.crops.local_size

@@ -25,7 +25,7 @@ import training.checkpoint as checkpoint
 from training.config import PretrainConfig
 from training.data import RankSpec, ResumableLoader
 from training.flops import peak_tflops, step_cost, tokens_per_step
-from training.meta_arch import SSLMetaArch
+from training.meta_arch import MAEMetaArch, SSLMetaArch, build_meta_arch
 from training.optim import build_optimizer
 from training.parallelize import parallelize
 from training.schedules import values_at
@@ -52,7 +52,7 @@ def set_determinism(cfg: PretrainConfig, device: torch.device) -> None:
 
 def build(cfg: PretrainConfig, device: torch.device, world_size: int):
     """The sharded meta-architecture and its optimiser, initialised identically on every rank."""
-    arch = SSLMetaArch(cfg)  # student initialised on CPU from the seed; teacher on meta
+    arch = build_meta_arch(cfg)  # student initialised on CPU from the seed; teacher (if any) on meta
     mesh = None
     if dist.is_available() and dist.is_initialized():
         from torch.distributed.device_mesh import init_device_mesh
@@ -76,7 +76,7 @@ class Session:
     rank: int
     world: int
     device: torch.device
-    arch: SSLMetaArch
+    arch: SSLMetaArch | MAEMetaArch
     optimizer: torch.optim.Optimizer
     loader: ResumableLoader
     logger: MetricsLogger | None
@@ -263,16 +263,19 @@ def _save_and_report(s: Session) -> None:
 
 
 def _export(arch, *, step: int, rank: int, run_dir: str, cfg: PretrainConfig, meta: dict) -> dict:
-    """Student and teacher backbones as official-layout safetensors under ``<run>/export``."""
+    """Student and teacher backbones as official-layout safetensors under ``<run>/export``
+    (Sapiens v1: the student alone, in the released pretrain ``*_clean`` key layout)."""
     fs, root = storage.resolve(run_dir)
     local = storage.is_local(fs)
     out = Path(storage.join(root, EXPORT_DIR)) if local else Path(tempfile.mkdtemp(prefix="pretrain-export-"))
     out.mkdir(parents=True, exist_ok=True)
     info = {}
-    for role in ("student", "teacher"):
+    inner = arch.module if hasattr(arch, "module") else arch
+    roles = ("student", "teacher") if inner.has_teacher else ("student",)
+    for role in roles:
         path = out / f"{role}_backbone.safetensors"
         digest = checkpoint.export_backbone(getattr(arch, role)["backbone"], path, rank=rank,
-                                            metadata={**meta, "role": role, "step": step, "format": "sapiens2-official"})
+                                            metadata={**meta, "role": role, "step": step, "format": inner.export_format})
         target = storage.join(root, EXPORT_DIR, path.name)
         if rank == 0 and not local:
             import pyarrow.fs as pafs

@@ -13,6 +13,11 @@ sees the full global views. Its parameters follow the student's by EMA
 (``update_teacher``); it is built on the meta device and materialised from the student
 (``materialize_teacher``) after sharding, so it costs no initialisation.
 
+Sapiens v1 (a ``sapiens_*`` model) trains with ``MAEMetaArch`` instead: MAE only, no
+teacher, no CLS losses; the backbone in its pretrain layout (CLS token, frozen sin-cos
+table over ``crops.global_size``) and the released MAEPretrainDecoder. ``build_meta_arch``
+picks the class from the model's family; both have the same interface for the loop.
+
 Shape legend: G global views, L local views, B samples, P grid patches, K prototypes,
 D backbone width.
 """
@@ -24,7 +29,8 @@ import torch
 from torch import nn
 
 from models.pretrain_heads import DINOHead, MAEDecoder, MAEDecoderConfig
-from models.registry import get_config
+from models.registry import family_of, get_config
+from models.sapiens1 import Sapiens1Backbone, Sapiens1MAEDecoder
 from models.sapiens2 import Sapiens2Backbone
 from training.config import PretrainConfig
 from training.ema import copy_params, update_ema
@@ -39,11 +45,14 @@ class ArchOutput:
 
     loss: torch.Tensor
     parts: dict[str, torch.Tensor]
-    teacher_logits: torch.Tensor
+    teacher_logits: torch.Tensor | None
     viz: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class SSLMetaArch(nn.Module):
+    has_teacher = True
+    export_format = "sapiens2-official"  # exported backbones: the released Sapiens2 key layout
+
     def __init__(self, cfg: PretrainConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -123,9 +132,60 @@ class SSLMetaArch(nn.Module):
         loss_koleo = sum(self.koleo_loss(c) for c in s_glob.cls.chunk(G)) / G
         loss = w.mae_weight * loss_mae + w.cl_weight * loss_cl + w.koleo_weight * loss_koleo
         parts = {"mae": loss_mae.detach(), "cl": loss_cl.detach(), "koleo": loss_koleo.detach()}
-        viz = {}
-        if return_viz:  # the first global view of up to 4 samples
-            n = min(4, global_crops.shape[0] // G)
-            viz = {"images": global_crops[:n].detach().float().cpu(), "masks": masks[:n].detach().cpu(),
-                   "preds": pred[:n].detach().float().cpu()}
+        viz = _viz(global_crops, masks, pred, G) if return_viz else {}
         return ArchOutput(loss=loss, parts=parts, teacher_logits=t_logits.detach(), viz=viz)
+
+
+def _viz(global_crops: torch.Tensor, masks: torch.Tensor, pred: torch.Tensor, num_global: int) -> dict[str, torch.Tensor]:
+    """The first global view of up to 4 samples: images, masks and MAE predictions on the CPU."""
+    n = min(4, global_crops.shape[0] // num_global)
+    return {"images": global_crops[:n].detach().float().cpu(), "masks": masks[:n].detach().cpu(),
+            "preds": pred[:n].detach().float().cpu()}
+
+
+class MAEMetaArch(nn.Module):
+    """Sapiens v1 pretraining: the backbone encodes each masked global view from its visible
+    tokens, the MAE decoder reconstructs every patch, L = L_MAE (normalised pixels, per-patch
+    unbiased variance as in the released recipe) on the masked patches. No teacher: the
+    EMA/centre hooks of the loop are no-ops, ``teacher`` is empty."""
+
+    has_teacher = False
+    export_format = "sapiens1-pretrain-clean"  # the released *_clean.pth keys: cls_token, [1, 1+P, D] table
+
+    def __init__(self, cfg: PretrainConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        backbone_cfg = get_config(cfg.model).as_pretrain(cfg.crops.global_size)
+        self.num_global = cfg.crops.num_global
+        self.stride = backbone_cfg.feature_stride
+        h, w = cfg.crops.global_size
+        self.student = nn.ModuleDict({
+            "backbone": Sapiens1Backbone(backbone_cfg),
+            "mae_decoder": Sapiens1MAEDecoder(
+                backbone_cfg.embed_dim, pixels_per_token=self.stride**2 * backbone_cfg.in_chans,
+                grid_hw=(h // self.stride, w // self.stride), embed_dim=cfg.decoder.embed_dim,
+                depth=cfg.decoder.depth, num_heads=cfg.decoder.num_heads, norm_eps=backbone_cfg.norm_eps),
+        })
+        self.teacher = nn.ModuleDict()
+        self.mae_loss = MAELoss(self.stride, norm_pix=cfg.loss.norm_pix, unbiased_var=True)
+
+    def materialize_teacher(self, device: torch.device | str) -> None:
+        """No teacher to materialise."""
+
+    def update_teacher(self, momentum: float) -> None:
+        """No teacher to update."""
+
+    def forward(self, global_crops: torch.Tensor, local_crops: torch.Tensor, masks: torch.Tensor, *,
+                teacher_temp: float, return_viz: bool = False) -> ArchOutput:
+        """Same call as ``SSLMetaArch``; ``local_crops`` (empty) and ``teacher_temp`` are unused."""
+        backbone = self.student["backbone"]
+        out = backbone(global_crops, visible_mask=~masks)
+        pred = self.student["mae_decoder"](out.tokens, out.ids_keep, out.grid_hw, backbone.num_prefix_tokens)
+        loss = self.mae_loss(pred, global_crops, masks)
+        viz = _viz(global_crops, masks, pred, self.num_global) if return_viz else {}
+        return ArchOutput(loss=loss, parts={"mae": loss.detach().float()}, teacher_logits=None, viz=viz)
+
+
+def build_meta_arch(cfg: PretrainConfig) -> SSLMetaArch | MAEMetaArch:
+    """The objective of the model's family: Sapiens2 (MAE + CLS + KoLeo, EMA teacher) or v1 (MAE only)."""
+    return MAEMetaArch(cfg) if family_of(cfg.model) == "sapiens1" else SSLMetaArch(cfg)

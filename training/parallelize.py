@@ -16,12 +16,14 @@ from training.config import ParallelConfig
 
 
 def block_lists(arch: nn.Module) -> list[nn.ModuleList]:
-    """The ModuleLists of transformer blocks: student backbone, MAE decoder, teacher backbone.
+    """The ModuleLists of transformer blocks: student backbone, MAE decoder, teacher backbone
+    (none for Sapiens v1's MAE, which has no teacher).
 
     A 4K tokenizer's window blocks stay in their backbone's group: they run in chunks
     under their own activation checkpointing.
     """
-    return [arch.student["backbone"].blocks, arch.student["mae_decoder"].blocks, arch.teacher["backbone"].blocks]
+    lists = [arch.student["backbone"].blocks, arch.student["mae_decoder"].blocks]
+    return lists + ([arch.teacher["backbone"].blocks] if "backbone" in arch.teacher else [])
 
 
 def apply_activation_checkpointing(blocks: nn.ModuleList) -> None:

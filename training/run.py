@@ -1,11 +1,11 @@
-"""``run_pretraining(cfg)``: one Sapiens2 pretraining run on Ray Train, start or resume.
+"""``run_pretraining(cfg)``: one pretraining run (Sapiens2, or Sapiens v1 MAE) on Ray Train, start or resume.
 
 Layout of a run (``<storage_path>/<run_name>``, the Ray Train experiment folder):
 
     run.json                  identity of the run: settings digest, dataset version, MLflow run
     config.yaml               the resolved settings of the latest session
     checkpoint_<step>/        DCP checkpoints (newest ``checkpoint.keep``), written by Ray Train
-    export/                   student/teacher backbones (.safetensors) and export.json
+    export/                   student/teacher backbones (.safetensors; Sapiens v1: student only) and export.json
     batch_keys/               per-rank batch keys per step (only with ``record_batch_keys``)
 
 Re-running with the same ``run_name`` and ``storage_path`` resumes from the newest
@@ -78,8 +78,10 @@ class PretrainResult:
         for key, (first, last, window) in self.loss_trend().items():
             lines.append(f"{key + ':':11s} {first:.4f} (mean of the first {window} steps) -> {last:.4f} (last {window})")
         if self.student_weights:
-            lines += [f"student:    {self.student_weights}", f"teacher:    {self.teacher_weights}",
-                      f"digest:     {self.checkpoint_digest}"]
+            lines.append(f"student:    {self.student_weights}")
+            if self.teacher_weights:
+                lines.append(f"teacher:    {self.teacher_weights}")
+            lines.append(f"digest:     {self.checkpoint_digest}")
         return "\n".join(lines)
 
 
@@ -242,9 +244,10 @@ def _finish(cfg, result, run_dir, tracking_uri, run_id, record, started) -> Pret
     if checkpoint_uri:
         tags["checkpoint.uri"] = checkpoint_uri
     if manifest:
-        tags.update({"checkpoint.student": manifest["export_student"], "checkpoint.teacher": manifest["export_teacher"],
-                     "checkpoint.digest": manifest["export_student_sha256"],
-                     "checkpoint.teacher_digest": manifest["export_teacher_sha256"]})
+        tags.update({"checkpoint.student": manifest["export_student"], "checkpoint.digest": manifest["export_student_sha256"]})
+        if "export_teacher" in manifest:  # Sapiens v1's MAE has no teacher
+            tags.update({"checkpoint.teacher": manifest["export_teacher"],
+                         "checkpoint.teacher_digest": manifest["export_teacher_sha256"]})
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
     client.set_terminated(run_id, status="FINISHED" if completed else "KILLED")

@@ -73,6 +73,6 @@ def result(cfg: PretrainConfig) -> dict:
     if export.get("step") != cfg.steps:
         raise RuntimeError(f"pretraining run {cfg.run_name} has not reached step {cfg.steps} "
                            f"(export at {export.get('step')})")
-    return {"student_weights": export["export_student"], "teacher_weights": export["export_teacher"],
+    return {"student_weights": export["export_student"], "teacher_weights": export.get("export_teacher"),
             "checkpoint_digest": export["export_student_sha256"], "run_id": record["mlflow_run_id"],
             "dataset_id": record["dataset"]["id"], "final_step": export["step"]}

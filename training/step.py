@@ -1,5 +1,6 @@
 """One optimisation step: forward, a global finiteness check, backward, clipping, AdamW,
-EMA teacher and DINO centre updates.
+EMA teacher and DINO centre updates (the latter two only where the objective has a teacher:
+Sapiens v1's MAE has none, and its only loss part is ``loss_mae``).
 
 A non-finite loss (any part, on any rank) or gradient norm raises ``NonFiniteLossError``
 on every rank, before the optimiser touches the weights: the step is stopped, never
@@ -16,8 +17,6 @@ from torch import nn
 
 from training.optim import set_hyperparams
 from training.schedules import StepValues
-
-PARTS = ("loss", "loss_mae", "loss_cl", "loss_koleo")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -61,16 +60,17 @@ def train_step(
     out = arch(batch.global_crops, batch.local_crops, batch.masks, teacher_temp=values.teacher_temp,
                return_viz=return_viz)
     inner = arch.module if hasattr(arch, "module") else arch
-    stats = torch.stack([out.loss.detach().float(), out.parts["mae"], out.parts["cl"], out.parts["koleo"]])
+    names = ("loss", *(f"loss_{part}" for part in out.parts))
+    stats = torch.stack([out.loss.detach().float(), *out.parts.values()])
     if _distributed():
         dist.all_reduce(stats)
         stats = stats / dist.get_world_size()
     stats_list = stats.tolist()
     if not all(map(_finite, stats_list)):
         raise NonFiniteLossError(f"step {step}: non-finite loss (global mean over ranks) "
-                                 f"{dict(zip(PARTS, stats_list))}; the step was stopped before any update")
+                                 f"{dict(zip(names, stats_list))}; the step was stopped before any update")
     out.loss.backward()
-    if values.freeze_last_layer:
+    if values.freeze_last_layer and "dino_head" in inner.student:
         for p in inner.student["dino_head"].last_layer.parameters():
             p.grad = None
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -81,9 +81,12 @@ def train_step(
     set_hyperparams(optimizer, lr=values.lr, weight_decay=values.weight_decay)
     optimizer.step()
     inner.update_teacher(values.momentum)
-    inner.dino_loss.update_center(out.teacher_logits)
-    result = dict(zip(PARTS, stats_list))
-    result.update(grad_norm=grad_norm, lr=values.lr, momentum=values.momentum, teacher_temp=values.teacher_temp)
+    if out.teacher_logits is not None:
+        inner.dino_loss.update_center(out.teacher_logits)
+    result = dict(zip(names, stats_list))
+    result.update(grad_norm=grad_norm, lr=values.lr)
+    if out.teacher_logits is not None:
+        result.update(momentum=values.momentum, teacher_temp=values.teacher_temp)
     return StepResult(values=result, viz=out.viz)
 
 

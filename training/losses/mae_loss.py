@@ -18,16 +18,20 @@ from models.pretrain_heads import normalized_pixel_targets, patchify
 
 
 class MAELoss(nn.Module):
+    """``unbiased_var``: normalise each patch by its unbiased variance (Sapiens v1's released
+    recipe, ``torch.var``'s default) rather than the population variance."""
+
     def __init__(self, stride: int, *, norm_pix: bool = True, pixel_reduction: Literal["mean", "sum"] = "mean",
-                 eps: float = 1e-6) -> None:
+                 eps: float = 1e-6, unbiased_var: bool = False) -> None:
         super().__init__()
         self.stride, self.norm_pix, self.pixel_reduction, self.eps = stride, norm_pix, pixel_reduction, eps
+        self.unbiased_var = unbiased_var
 
     def targets(self, images_BCHW: torch.Tensor) -> torch.Tensor:
         """(B, P, X) fp32 targets: per-patch standardised pixels, or raw pixels."""
         images_BCHW = images_BCHW.float()
         if self.norm_pix:
-            return normalized_pixel_targets(images_BCHW, self.stride, eps=self.eps)
+            return normalized_pixel_targets(images_BCHW, self.stride, eps=self.eps, unbiased=self.unbiased_var)
         return patchify(images_BCHW, self.stride)
 
     def forward(self, pred_BPX: torch.Tensor, images_BCHW: torch.Tensor, masked_BP: torch.Tensor) -> torch.Tensor:
