@@ -10,7 +10,8 @@ matter end to end? Three runs per dense task at equal steps, same data, heads an
     python benchmarks/finetune_vs_probe.py --pretrain demo        # the platform's own pretraining on the demo corpus
     python benchmarks/finetune_vs_probe.py --checkpoint x.safetensors --steps 400
 
-The pretrained backbone: ``--pretrain ssl`` (default) trains ``evaluation.warmup.ssl_warmup``
+Image size: the synthetic set's (``--set synthetic.height=64 synthetic.width=48`` for a faster
+look). The pretrained backbone: ``--pretrain ssl`` (default) trains ``evaluation.warmup.ssl_warmup``
 (MAE + contrastive, no labels) for ``--pretrain-steps`` on freshly rendered synthetic images (the
 probe tasks' image distribution, not their splits: a built-in advantage, say so when quoting);
 ``--pretrain demo`` curates the demo corpus and runs ``configs/pretrain_tiny.yaml``
@@ -45,14 +46,14 @@ HEADLINE = {"seg": ("mIoU", "higher"), "normal": ("mean_angle", "lower"), "point
             "albedo": ("mae", "lower"), "depth": ("abs_rel", "lower"), "pose": ("AP", "higher")}
 
 
-def ssl_backbone(out: Path, steps: int) -> Path:
+def ssl_backbone(out: Path, steps: int, hw: tuple[int, int]) -> Path:
     from evaluation.warmup import ssl_warmup, synthetic_stream
     from models import build_backbone, save_state_dict_file
 
     torch.manual_seed(0)
     backbone = build_backbone("sapiens2_tiny")
     t0 = time.time()
-    losses = ssl_warmup(backbone, synthetic_stream(512, (128, 96), seed=1000)["images"], steps=steps, batch_size=16,
+    losses = ssl_warmup(backbone, synthetic_stream(512, hw, seed=1000)["images"], steps=steps, batch_size=16,
                         lr=1.5e-3)
     print(f"SSL stand-in: {steps} steps in {time.time() - t0:.0f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}", flush=True)
     return save_state_dict_file(backbone, out / "ssl_backbone.safetensors", metadata={"standin": "ssl", "steps": steps})
@@ -112,11 +113,13 @@ def main() -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
-    checkpoint = args.checkpoint or (str(ssl_backbone(out, args.pretrain_steps)) if args.pretrain == "ssl" else
-                                     _demo_backbone(out, args.pretrain_steps))
     tasks = args.tasks.split(",")
     cfg = load_config(FinetuneConfig, REPO / "configs" / "finetune_tiny.yaml",
                       [f"output_dir={out}", f"tasks=[{', '.join(tasks)}]", f"steps={args.steps}", *args.set])
+    hw = (cfg.synthetic.height, cfg.synthetic.width)
+    cfg = dataclasses.replace(cfg, **{t: dataclasses.replace(cfg.task(t), image_size=list(hw)) for t in tasks})
+    checkpoint = args.checkpoint or (str(ssl_backbone(out, args.pretrain_steps, hw)) if args.pretrain == "ssl" else
+                                     _demo_backbone(out, args.pretrain_steps))
     return _compare(cfg, checkpoint, tasks, out)
 
 

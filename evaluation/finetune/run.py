@@ -84,6 +84,28 @@ def absolutize(cfg: FinetuneConfig) -> FinetuneConfig:
     return dataclasses.replace(cfg, **changes)
 
 
+def manifest_person_boxes(cfg: FinetuneConfig, out: Path) -> FinetuneConfig:
+    """``pose.person_boxes`` naming a curated dataset folder: its manifest's detector boxes
+    (``person_boxes`` / ``person_scores``) for the validation images, written as a COCO
+    detections file under ``out/pose`` that the config then names."""
+    from curation.output import CuratedOutput
+    from evaluation.finetune.pose_eval import detections_from_manifest
+
+    boxes = cfg.pose.person_boxes
+    if "pose" not in cfg.tasks or not boxes or not Path(boxes).is_dir():
+        return cfg
+    rows = CuratedOutput.at(boxes).read_manifest(columns=["source", "person_boxes", "person_scores"]).to_pylist()
+    images = json.loads(Path(cfg.pose.val.labels).read_text())["images"]
+    dets = detections_from_manifest(rows, images, cfg.pose.box_score_threshold)
+    if not dets:
+        raise ValueError(f"pose.person_boxes={boxes!r}: no manifest row's source file matches an image of "
+                         f"{cfg.pose.val.labels}")
+    path = out / "pose" / "person_boxes.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dets))
+    return dataclasses.replace(cfg, pose=dataclasses.replace(cfg.pose, person_boxes=str(path)))
+
+
 def check_inputs(cfg: FinetuneConfig, inputs: dict[str, TaskInputs]) -> None:
     """Everything that can be wrong before training: image sizes off the feature grid, weights
     that do not fit the backbone, label files that do not fit their vocabulary."""
@@ -188,6 +210,7 @@ def run_finetune(cfg: FinetuneConfig) -> FinetuneResult:
     cfg = absolutize(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    cfg = manifest_person_boxes(cfg, out)
     uri = tracking.resolve_tracking_uri(cfg.tracking.uri, str(out)) if cfg.tracking.enabled else None
     lineage = resolve_lineage(cfg.backbone.checkpoint, seed=cfg.seed, pretrain_run_id=cfg.backbone.pretrain_run_id,
                               tracking_uri=uri)
