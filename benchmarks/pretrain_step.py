@@ -15,6 +15,7 @@ time, images/s, tokens/s, achieved TFLOP/s per GPU and MFU (FLOPs counted by
     python benchmarks/pretrain_step.py --device cuda                    # sapiens2_0.4b, 1024x768, all local GPUs
     python benchmarks/pretrain_step.py --step-only --gpus 2             # the same step-only code on CPU/gloo (tiny)
     python benchmarks/pretrain_step.py --device cuda --config configs/pretrain_5b.yaml --batch 4 --compile
+    python benchmarks/pretrain_step.py --device cuda --config configs/pretrain_v1_0.3b.yaml --batch 64  # v1 MAE
 """
 from __future__ import annotations
 
@@ -186,7 +187,7 @@ def step_worker(rank: int, world: int, args, port: int) -> None:
               f"torch {torch.__version__}, bf16={cfg.parallel.precision == 'bf16'}, "
               f"activation checkpointing={cfg.parallel.activation_checkpointing}, compile={cfg.parallel.compile}, "
               f"fused AdamW={bool(optimizer.defaults.get('fused'))}")
-        print(f"batch {B}/GPU: 2 x {H}x{W} global + {L} x {h}x{w} local crops, mask ratio {cfg.masking.ratio}; "
+        print(f"batch {B}/GPU: {G} x {H}x{W} global + {L} x {h}x{w} local crops, mask ratio {cfg.masking.ratio}; "
               f"{cost.flops / 1e12:.1f} TFLOP per GPU-step (teacher fwd {cost.teacher_flops / 1e12:.1f} + "
               f"3 x student fwd {cost.student_forward_flops / 1e12:.1f})")
         line = (f"{med * 1e3:.1f} ms/step (median of {args.steps}; min {min(times) * 1e3:.1f})  "
