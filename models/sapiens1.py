@@ -21,6 +21,13 @@ API (the same shape as ``models.sapiens2``, so training and evaluation drive eit
   sin-cos positions, 8 x 512 LayerNorm blocks, ``decoder_pred``); same call signature as
   ``models.pretrain_heads.MAEDecoder``.
 
+For fine-tuning: parameters are named as released (``patch_embed.projection``, ``pos_embed``,
+``cls_token`` = embeddings; ``layers.<i>.*`` = block i, also reachable as ``.blocks``; ``ln1``
+= final norm). The pose / LIP / CIHP / normal configs' ``patch_cfg=dict(padding=2)`` is
+``get_config(name, patch_padding=2)`` (same keys, same 64x48 grid). Load weights through
+``models.build_backbone(name, weights=...)``: it finds a task checkpoint's ``backbone.``
+prefix, adapts a pretrain file and refuses another family or size in one line.
+
 Shape legend: B batch, C image channels, D width, P grid tokens (h * w), V visible grid
 tokens, N all tokens (prefix + P or prefix + V), F FFN width.
 """
@@ -36,8 +43,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.sapiens2 import BackboneOutput, visible_ids
-
-FAMILY = "sapiens1"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,8 +68,6 @@ class Sapiens1Config:
     patch_padding: int = 0
     norm_eps: float = 1e-6
     out_indices: tuple[int, ...] = (-1,)
-
-    family = FAMILY  # a class attribute, not a field
 
     def __post_init__(self) -> None:
         if self.embed_dim % self.num_heads:
@@ -305,10 +308,11 @@ class Sapiens1Backbone(nn.Module):
 def adapt_state_dict(state: dict[str, torch.Tensor], config: Sapiens1Config) -> dict[str, torch.Tensor]:
     """Backbone tensors of either released layout, shaped for a model of ``config``.
 
-    Into a model without CLS: ``cls_token`` is dropped, and a ``pos_embed`` of odd length
-    (a CLS slot before a square grid) loses its first slot. A grid that differs from the
-    model's is then bicubic-resized (fp32, align_corners=False), as the official load hook
-    does. Anything else is left for the strict key/shape check.
+    Into a model without CLS: ``cls_token`` is dropped, and a ``pos_embed`` of a CLS slot
+    before a square grid (length 1 + n^2, itself not a square) loses its first slot (the
+    official hook drops it for any odd length). A square grid that differs from the model's
+    is then bicubic-resized (fp32, align_corners=False), as the official load hook does.
+    Anything else is left for the strict key/shape check.
     """
     state = dict(state)
     s = config.num_prefix_tokens
@@ -318,13 +322,17 @@ def adapt_state_dict(state: dict[str, torch.Tensor], config: Sapiens1Config) -> 
     if pos is None or pos.dim() != 3:
         return state
     h, w = config.grid
-    if not s and pos.shape[1] % 2 == 1 and pos.shape[1] != h * w:
+    if not s and pos.shape[1] != h * w and _is_square(pos.shape[1] - 1) and not _is_square(pos.shape[1]):
         pos = pos[:, 1:]
     side = math.isqrt(pos.shape[1] - s)
     if pos.shape[1] != s + h * w and side * side == pos.shape[1] - s:
         pos = resize_pos_embed(pos, (side, side), (h, w), s)
     state["pos_embed"] = pos
     return state
+
+
+def _is_square(n: int) -> bool:
+    return n > 0 and math.isqrt(n) ** 2 == n
 
 
 def pretrain_state_dict(backbone: Sapiens1Backbone) -> dict[str, torch.Tensor]:

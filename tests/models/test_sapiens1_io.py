@@ -95,3 +95,15 @@ def test_same_size_with_a_missing_key_lists_it(tmp_path):
     path = save_state_dict_file(state, tmp_path / "bad.safetensors")
     with pytest.raises(StateDictMismatchError, match="missing keys \\(1\\): layers.2.ln2.bias"):
         build_backbone(SMALL, weights=path)
+
+
+def test_a_square_grid_without_cls_slot_is_resized_whole():
+    """7x7 = 49 tokens (odd, but no CLS slot before them) into the 8x6 fine-tune grid: all 49
+    are resized, none dropped."""
+    from models.sapiens1 import adapt_state_dict
+
+    src = build_backbone(SMALL, img_size=(112, 112))
+    state = adapt_state_dict(dict(src.state_dict()), get_config(SMALL))
+    grid = src.pos_embed.reshape(1, 7, 7, 256).permute(0, 3, 1, 2)
+    want = torch.nn.functional.interpolate(grid, size=(8, 6), mode="bicubic", align_corners=False)
+    assert torch.allclose(state["pos_embed"], want.flatten(2).transpose(1, 2))
