@@ -30,12 +30,14 @@ class StepCost:
 
 
 def tokens_per_step(cfg: PretrainConfig, batch: int) -> int:
-    """Patch tokens through the encoders per step and rank: teacher G*P, student G*V + L*P_local."""
+    """Patch tokens through the encoders per step and rank: teacher G*P, student G*V + L*P_local
+    (Sapiens v1: the student's G*V alone, there is no teacher)."""
     s = get_config(cfg.model).feature_stride
     (H, W), (h, w) = cfg.crops.global_size, cfg.crops.local_size
     P, P_local = (H // s) * (W // s), (h // s) * (w // s)
     V = P - int(round(cfg.masking.ratio * P))
-    return batch * (cfg.crops.num_global * (P + V) + cfg.crops.num_local * P_local)
+    teacher = P if family_of(cfg.model) == "sapiens2" else 0
+    return batch * (cfg.crops.num_global * (teacher + V) + cfg.crops.num_local * P_local)
 
 
 def _count(fn) -> int:

@@ -88,6 +88,7 @@ def test_step_flops_are_three_times_masked_encoder_plus_decoder():
     decoder = 2 * (1 + V) * C * 512 + _analytic(1 + P, 512, 2048, 8) + 2 * P * 512 * 768  # embed, blocks, pred
     cost = step_cost(cfg, 1)
     assert cost.student_forward_flops == encoder + decoder and cost.flops == 3 * cost.student_forward_flops
+    assert cost.tokens == V  # the visible tokens of one view: no teacher pass over all P
 
 
 @pytest.fixture()
