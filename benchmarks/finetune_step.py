@@ -47,19 +47,22 @@ def _loss(out: dict) -> torch.Tensor:
     return sum(v.float().pow(2).mean() for v in out.values())
 
 
-def timed(fn, steps: int, warmup: int, device: torch.device) -> float:
+def timed(fn, steps: int, warmup: int, device: torch.device) -> tuple[float, float]:
+    """Median wall seconds and median CPU seconds of this process per call (the CPU time
+    swings less with a shared machine's load)."""
     for _ in range(warmup):
         fn()
-    times = []
+    walls, cpus = [], []
     for _ in range(steps):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def finetune_step_fn(model: FinetuneModel, images: torch.Tensor, amp: bool):
@@ -113,13 +116,15 @@ def main() -> int:
     device = torch.device("cuda") if args.gpu else torch.device("cpu")
     model = make_model(args.model, args.task, device, args.hidden)
     images = torch.randn(args.batch, 3, *args.hw, device=device)
-    ft = timed(finetune_step_fn(model, images, args.gpu), args.steps, args.warmup, device)
-    pr = timed(probe_step_fn(model, images, args.gpu), args.steps, args.warmup, device)
+    (ft, ft_cpu) = timed(finetune_step_fn(model, images, args.gpu), args.steps, args.warmup, device)
+    (pr, pr_cpu) = timed(probe_step_fn(model, images, args.gpu), args.steps, args.warmup, device)
     print(f"{args.model} + {args.task} head (width {args.hidden}), {args.hw[0]}x{args.hw[1]}, batch {args.batch}, "
-          f"{device.type}{' bf16' if args.gpu else ' fp32'}, median of {args.steps} steps")
-    print(f"  fine-tune step   {ft * 1e3:9.1f} ms  {args.batch / ft:8.2f} images/s")
-    print(f"  frozen-probe step {pr * 1e3:8.1f} ms  {args.batch / pr:8.2f} images/s   (baseline)")
-    print(f"  fine-tune / probe step time: {ft / pr:.2f}x")
+          f"{device.type}{' bf16' if args.gpu else ' fp32'}, median of {args.steps} steps, "
+          f"{torch.get_num_threads()} threads")
+    print(f"  fine-tune step    {ft * 1e3:9.1f} ms wall {ft_cpu * 1e3:9.1f} ms CPU  {args.batch / ft:8.2f} images/s")
+    print(f"  frozen-probe step {pr * 1e3:9.1f} ms wall {pr_cpu * 1e3:9.1f} ms CPU  {args.batch / pr:8.2f} images/s"
+          "   (baseline)")
+    print(f"  fine-tune / probe: {ft / pr:.2f}x wall, {ft_cpu / max(pr_cpu, 1e-9):.2f}x CPU time")
     if args.gpu:
         from training.flops import peak_tflops
 
