@@ -7,7 +7,7 @@
   manifest/<partition>.parquet  one row per input image (kept, dropped or error)
   manifest/_empty-<partition>   commit marker of a partition that wrote no manifest rows
   stats.json  config.yaml  partitions.jsonl  job_digest
-  _dedup/                       global dedup decisions and the near-duplicate index
+  _dedup/decisions/<step>/<partition>.parquet   global dedup decisions, by step and partition
   _staging/                     scored rows waiting for the global steps (removed at the end)
   _SUCCESS                      written last: dataset version id, MLflow run id
 ```
@@ -34,6 +34,7 @@ JOB_DIGEST_FILE = "job_digest"
 DEDUP_DIR, STAGING_DIR, LISTING_FILE = "_dedup", "_staging", "_listing.json"
 NEAR_INDEX_DIR = "near_index"
 DECISIONS_FILE = "decisions.parquet"
+DECISIONS_DIR = "decisions"  # _dedup/decisions/<step>/<partition>.parquet: one step's drops in one partition
 
 _MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's base_plus_ext, exactly
 
@@ -65,6 +66,15 @@ def manifest_part_path(output: str, pid: str) -> str:
 
 def empty_marker_path(output: str, pid: str) -> str:
     return storage.join(output, MANIFEST, f"_empty-{pid}")
+
+
+def decisions_path(output: str, step: str, pid: str) -> str:
+    return storage.join(output, DEDUP_DIR, DECISIONS_DIR, step, f"{pid}.parquet")
+
+
+def part_id(path: str) -> str:
+    """The partition id of a manifest part's path."""
+    return path.rsplit("/", 1)[-1].removesuffix(".parquet")
 
 
 def is_written(fs, output: str, pid: str) -> bool:
@@ -131,6 +141,13 @@ class CuratedOutput:
 
     def manifest_files(self) -> list[str]:
         return self._files(MANIFEST, ".parquet")
+
+    def read_part(self, path: str, columns: list[str] | None = None) -> pa.Table:
+        """One manifest part (a path from ``manifest_files``), ``columns`` only."""
+        import pyarrow.parquet as pq
+
+        with self.fs.open_input_file(path) as fh:
+            return pq.read_table(fh, columns=columns)
 
     def manifest_schema(self) -> pa.Schema:
         import pyarrow.dataset as pads

@@ -30,18 +30,19 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from curation import output, readers, staging
-from curation.dedup import DECISION_SCHEMA
-from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_dedup
+from curation.dedup.distributed import GlobalDedupInput, decided_steps, partition_decisions
+from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_global_dedup, steps_before
 from curation.recipe import HUMANS1B, CurationConfig
 from curation.stages import BuiltRecipe, Pass, Recipe, apply_stage, check_fits, run_stages_locally, section_of
-from curation.stats import compute_stats, format_summary, tracking_record
-from curation.versions import code_version, dataset_version_id
+from curation.stats import SUMMARY_COLUMNS, format_summary, manifest_counts, merge_counts, stats_from_counts, tracking_record
+from curation.versions import code_version, combine_digests, partition_digest
 from curation.writer import WriteShards, survivors_only
 from infra import storage
 from infra.config import config_to_dict, dump_config
@@ -255,22 +256,20 @@ def pass_job(job: Job, p: Pass) -> Job:
     return dataclasses.replace(job, steps=job.steps.up_to(p), root=root)
 
 
-def _survivors(pid: str, src_uri: str, dst_uri: str, decisions_ref, inline: list):
-    import ray
-
+def _survivors(pid: str, src_uri: str, dst_uri: str, out_uri: str, inline: list):
     fs, src = storage.resolve(src_uri)
     dst = storage.resolve(dst_uri)[1]
     rows = staging.read_partition_rows(fs, src, pid)
     staging.write_listing(fs, dst, pid, [] if rows is None else rows.column("key").to_pylist())
     if rows is None:
         return
-    rows = survivors_only(rows, ray.get(decisions_ref))
+    rows = survivors_only(rows, partition_decisions(*storage.resolve(out_uri), pid))
     for start in range(0, rows.num_rows, readers.ROWS_PER_BLOCK):
         chunk = rows.slice(start, readers.ROWS_PER_BLOCK)
         yield run_stages_locally(chunk, inline) if inline else chunk
 
 
-def score_survivors(job: Job, p: Pass, pids: list[str], decisions: pa.Table) -> None:
+def score_survivors(job: Job, p: Pass, pids: list[str]) -> None:
     """Pass ``p`` (2 or later) over the partitions ``pids`` not yet complete in it: rows read back
     from the previous pass's staging with the decisions so far marked; only pending rows carry
     image bytes, so only they reach the models."""
@@ -284,76 +283,106 @@ def score_survivors(job: Job, p: Pass, pids: list[str], decisions: pa.Table) -> 
         return
     for pid in todo:
         staging.clear_partition(job.fs, dst.root, pid)
-    ref, inline, pooled = ray.put(decisions), *split_inline(p.stages)
+    inline, pooled = split_inline(p.stages)
     parts = [readers.Partition(id=pid, kind="staged", uris=(src.uri,)) for pid in todo]
-    source = readers.partition_datasource(parts, lambda q: _survivors(q.id, src.uri, dst.uri, ref, inline), schema=None)
+    source = readers.partition_datasource(parts, lambda q: _survivors(q.id, src.uri, dst.uri, job.uri, inline), schema=None)
     ds = ray.data.read_datasource(source, override_num_blocks=len(parts), num_cpus=job.cfg.input.num_cpus)
     for stage in pooled:
         ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
     ds.write_datasink(staging.StagingSink(dst.uri))
 
 
-def run_passes(job: Job, pids: list[str], pending: list[str]) -> tuple[pa.Table, dict[str, float]]:
+def run_passes(job: Job, pids: list[str], pending: list[str]) -> tuple[dict[str, int], dict[str, float]]:
     """Every pass after the first, each followed by its global steps (pass 1's are run first).
     ``pids``: all partitions (the global steps see the whole run); ``pending``: those not yet
-    written. Returns every dedup decision, and seconds per phase."""
-    decisions, phases = DECISION_SCHEMA.empty_table(), {"dedup": 0.0, "score_survivors": 0.0}
+    written. Returns rows dropped per dedup step (the decisions are on disk, per partition), and
+    seconds per phase."""
+    dropped, phases = {}, {"dedup": 0.0, "score_survivors": 0.0}
     for p in job.steps.passes():
         if p.index > 1:
             t = time.time()
-            score_survivors(job, p, pending, decisions)
+            score_survivors(job, p, pending)
             phases["score_survivors"] += time.time() - t
         if p.global_steps:
             t = time.time()
-            decisions = pa.concat_tables([decisions, global_dedup(pass_job(job, p), pids)]).sort_by("key")
+            dropped.update(global_dedup(pass_job(job, p), pids))
             phases["dedup"] += time.time() - t
     job.steps.steps[-1].staged_at = pass_job(job, job.steps.passes()[-1]).uri
-    return decisions, phases
+    return dropped, phases
 
 
-def global_dedup(job: Job, pids: list[str]) -> pa.Table:
-    """Dedup decisions over the whole run, from the metadata the dedup steps read; saved with the output."""
-    steps: list[DedupStep] = job.steps.of_kind(DedupStep)
+def global_dedup(job: Job, pids: list[str], steps: list[DedupStep] | None = None) -> dict[str, int]:
+    """Dedup decisions over the whole run (``steps``: the recipe's dedup steps by default), from
+    the staged metadata the steps read; written under ``_dedup/decisions/<step>/<partition>.parquet``
+    (``output.decisions_path``), each step on the rows the earlier steps' files left. Returns rows
+    dropped per step. May be called more than once per run with different steps (e.g. semantic
+    dedup after a second pass): later calls see the decisions of the earlier ones on disk.
+    With ``dedup.engine=ray`` exact and near dedup run as Ray Data shuffles (``curation.dedup.distributed``)."""
+    steps = job.steps.of_kind(DedupStep) if steps is None else steps
+    fs, out_root = storage.resolve(job.cfg.output_dir)
+    earlier = steps_before(steps, decided_steps(fs, out_root))
     columns, absent = candidate_columns(steps, job.steps.available())
-    candidates = staging.read_candidates(job.fs, job.root, pids, columns)
-    for column in absent:  # e.g. no detector: representatives are chosen without a person score
-        candidates = candidates.append_column(column, pa.nulls(candidates.num_rows, pa.float32()))
-    ctx = DedupContext.open(job.cfg.dedup, any(isinstance(s, NearDedup) for s in steps))
-    decisions = run_dedup(steps, candidates, ctx)
-    storage.write_parquet(job.fs, output.path(job.root, output.DEDUP_DIR, output.DECISIONS_FILE), decisions)
+    # staging: this pass's (job.root); decisions: always under the output folder itself
+    inp = GlobalDedupInput(job.uri, tuple(pids), tuple(columns), tuple(absent), tuple(earlier), job.cfg.output_dir)
+    ctx = DedupContext.open(job.cfg.dedup, next((s.cfg for s in steps if isinstance(s, NearDedup)), None))
+    dropped = run_global_dedup(steps, inp, ctx)
     if ctx.index is not None and storage.is_local(job.fs):
-        ctx.index.save(output.path(job.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
-    return decisions
+        ctx.index.save(output.path(out_root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
+    log.info("global dedup dropped %s", dropped)
+    return dropped
 
 
-def write_all(job: Job, partitions: list[str], decisions: pa.Table) -> list[dict]:
-    import ray
+def write_all(job: Job, partitions: list[str], decisions=None) -> list[dict]:
+    """Each partition's shard, sidecar and manifest part; a task reads its partition's decisions only
+    (``decisions``, a former whole-run table, is no longer used)."""
     import ray.data
 
     if not partitions:
         return []
-    decisions_ref, uri = ray.put(decisions), job.uri
-    writer: WriteShards = job.steps.steps[-1]
+    uri, writer = job.uri, job.steps.steps[-1]
 
     def _write(row: dict) -> dict:
-        return writer.write(uri, row["pid"], ray.get(decisions_ref))
+        return writer.write(uri, row["pid"], partition_decisions(*storage.resolve(uri), row["pid"]))
 
     ds = ray.data.from_items([{"pid": p} for p in partitions], override_num_blocks=len(partitions))
     return ds.map(_write, num_cpus=1).take_all()
 
 
+def _summarise_part(row: dict, uri: str) -> dict:
+    """One manifest part's stats counts and version digest (read where it lies, summary columns only)."""
+    out = output.CuratedOutput.at(uri)
+    part = out.read_part(row["path"], SUMMARY_COLUMNS)
+    return {"pid": row["pid"], "counts": json.dumps(manifest_counts(part)), "digest": partition_digest(part)}
+
+
+def summarise_manifest(job: Job) -> tuple[dict, dict[str, str]]:
+    """(summed stats counts, per-partition version digests): one Ray task per batch of parts."""
+    import ray.data
+
+    files = output.CuratedOutput(job.fs, job.root).manifest_files()
+    if not files:
+        return merge_counts([]), {}
+    items = [{"pid": output.part_id(f), "path": f} for f in files]
+    rows = (ray.data.from_items(items, override_num_blocks=min(len(items), 64))
+            .map(_summarise_part, fn_kwargs={"uri": job.uri}).take_all())
+    counts = merge_counts({k: (Counter(v) if isinstance(v, dict) else v) for k, v in json.loads(r["counts"]).items()}
+                          for r in rows)
+    return counts, {r["pid"]: r["digest"] for r in rows}
+
+
 def finish(job: Job, partitions: int, phases: dict[str, float], t0: float) -> tuple[dict, str, str | None]:
-    """stats.json, the dataset version id, the MLflow record, then ``_SUCCESS`` (last)."""
+    """stats.json, the dataset version id, the MLflow record, then ``_SUCCESS`` (last). Stats and the
+    id come from per-part summaries (``summarise_manifest``): no process reads the whole manifest."""
     out = output.CuratedOutput(job.fs, job.root)
-    manifest = out.read_manifest(["key", "sha256", "status", "reason", "notes"])
-    stats = compute_stats(manifest, job.steps.funnel(), samples_in_shards=out.samples_in_shards(),
-                          shards=len(out.shard_files()), stages=job.steps.describe())
+    counts, digests = summarise_manifest(job)
+    stats = stats_from_counts(counts, job.steps.funnel(), samples_in_shards=out.samples_in_shards(),
+                              shards=len(out.shard_files()), stages=job.steps.describe())
     stats.update(partitions=partitions, job_digest=job.digest)
     if not stats["reconciled"]:
         raise RuntimeError(f"accounting does not reconcile: {format_summary(stats)}")
     storage.atomic_write_bytes(job.fs, output.path(job.root, output.STATS_FILE),
                                json.dumps(stats, indent=2, sort_keys=True).encode())
-    dataset_id = dataset_version_id(manifest, job.digest)
+    dataset_id = combine_digests(digests, job.digest)
     name = job.cfg.dataset_name or job.cfg.name
     t = time.time()
     run_id = _record(job, stats, out.manifest_schema(), dataset_id, name, out.shard_uris())
@@ -400,10 +429,10 @@ def run_curation(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationResu
     if incomplete:
         raise RuntimeError(f"{len(incomplete)} partitions did not complete scoring (e.g. {incomplete[:3]}); re-run to resume")
     pending = [p.id for p in partitions if p.id not in written]
-    decisions, more = run_passes(job, [p.id for p in partitions], pending)
+    _, more = run_passes(job, [p.id for p in partitions], pending)
     phases.update(more)
     t = time.time()
-    write_all(job, pending, decisions)
+    write_all(job, pending)
     phases["write"], phases["stats_and_tracking"] = time.time() - t, 0.0
     stats, dataset_id, run_id = finish(job, len(partitions), phases, t0)
     _drop_staging(job)

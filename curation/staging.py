@@ -46,7 +46,7 @@ def write_parts(fs, output: str, table: pa.Table) -> int:
     return table.num_rows
 
 
-def _part_paths(fs, output: str, pid: str) -> list[str]:
+def part_paths(fs, output: str, pid: str) -> list[str]:
     d = partition_dir(output, pid)
     if not storage.exists(fs, d):
         return []
@@ -60,7 +60,7 @@ def is_complete(fs, output: str, pid: str) -> bool:
         return False
     expected = set(json.loads(storage.read_bytes(fs, listing_path)))
     staged: set[str] = set()
-    for path in _part_paths(fs, output, pid):
+    for path in part_paths(fs, output, pid):
         with fs.open_input_file(path) as fh:
             staged.update(pq.read_table(fh, columns=["key"]).column("key").to_pylist())
     return expected <= staged
@@ -75,7 +75,7 @@ def clear_partition(fs, output: str, pid: str) -> None:
 def read_partition_rows(fs, output: str, pid: str, columns: list[str] | None = None) -> pa.Table | None:
     """All staged rows of a partition, one per key (a retried block may have been written twice), by key."""
     tables = []
-    for path in sorted(_part_paths(fs, output, pid)):
+    for path in sorted(part_paths(fs, output, pid)):
         with fs.open_input_file(path) as fh:
             tables.append(pq.read_table(fh, columns=columns))
     if not tables:

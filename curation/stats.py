@@ -1,4 +1,9 @@
-"""stats.json: counts per stage and reason, derived from the manifest (so they always reconcile)."""
+"""stats.json: counts per stage and reason, derived from the manifest (so they always reconcile).
+
+The pipeline never reads the manifest whole: each part is summarised where it lies
+(``manifest_counts`` over ``SUMMARY_COLUMNS``, never the embeddings), and the small per-part
+counts are summed (``merge_counts``) into ``stats_from_counts``.
+"""
 from __future__ import annotations
 
 from collections import Counter
@@ -8,24 +13,57 @@ import pyarrow as pa
 from curation import schema
 
 
+SUMMARY_COLUMNS = ["key", "sha256", "status", "reason", "notes"]  # what stats and the version id read
+
+
+def manifest_counts(manifest: pa.Table) -> dict:
+    """The counts stats are made of, for one manifest part (or a whole manifest): small, and
+    summed across parts by ``merge_counts``."""
+    status = manifest.column("status").to_pylist()
+    reasons = manifest.column("reason").to_pylist()
+    notes = manifest.column("notes").to_pylist() if "notes" in manifest.column_names else []
+    return {
+        "inputs": manifest.num_rows,
+        "status": Counter(status),
+        "reasons": Counter(r for r in reasons if r is not None),
+        "notes": Counter(n for ns in notes if ns for n in ns),
+        "dropped_by_reason": Counter(r for r, s in zip(reasons, status) if s == schema.DROPPED),
+        "errors_by_reason": Counter(r for r, s in zip(reasons, status) if s == schema.ERROR),
+    }
+
+
+def merge_counts(parts) -> dict:
+    total = {"inputs": 0, "status": Counter(), "reasons": Counter(), "notes": Counter(),
+             "dropped_by_reason": Counter(), "errors_by_reason": Counter()}
+    for part in parts:
+        total["inputs"] += part["inputs"]
+        for k in ("status", "reasons", "notes", "dropped_by_reason", "errors_by_reason"):
+            total[k].update(part[k])
+    return total
+
 
 def compute_stats(manifest: pa.Table, funnel: list[tuple[str, tuple[str, ...]]], *, samples_in_shards: int,
                   shards: int, stages: list[dict]) -> dict:
+    """Stats of a whole manifest table (audits; the pipeline sums per-part counts instead)."""
+    return stats_from_counts(manifest_counts(manifest), funnel, samples_in_shards=samples_in_shards,
+                             shards=shards, stages=stages)
+
+
+def stats_from_counts(counts: dict, funnel: list[tuple[str, tuple[str, ...]]], *, samples_in_shards: int,
+                      shards: int, stages: list[dict]) -> dict:
     """Per-stage funnel (in, out, dropped by reason), totals and the accounting check.
 
     ``funnel`` lists (stage name, reasons it may set) in pipeline order; a row ended by a
     reason leaves the funnel at the stage owning that reason.
     """
-    status = Counter(manifest.column("status").to_pylist())
-    reasons = Counter(r for r in manifest.column("reason").to_pylist() if r is not None)
-    notes = Counter(n for ns in manifest.column("notes").to_pylist() if ns for n in ns)
-    inputs = manifest.num_rows
+    status, reasons = counts["status"], counts["reasons"]
+    inputs = counts["inputs"]
     steps, remaining, seen = [], inputs, set()
     for name, owned in funnel:
-        counts = {r: reasons[r] for r in owned if reasons.get(r)}
+        removed_counts = {r: reasons[r] for r in owned if reasons.get(r)}
         seen.update(owned)
-        removed = sum(counts.values())
-        steps.append({"stage": name, "in": remaining, "out": remaining - removed, "removed": counts})
+        removed = sum(removed_counts.values())
+        steps.append({"stage": name, "in": remaining, "out": remaining - removed, "removed": removed_counts})
         remaining -= removed
     unknown = {r: c for r, c in reasons.items() if r not in seen}
     if unknown:
@@ -37,13 +75,9 @@ def compute_stats(manifest: pa.Table, funnel: list[tuple[str, tuple[str, ...]]],
         "kept": kept,
         "dropped": dropped,
         "errors": errors,
-        "dropped_by_reason": dict(sorted(Counter(r for r, s in zip(manifest.column("reason").to_pylist(),
-                                                                   manifest.column("status").to_pylist())
-                                                 if s == schema.DROPPED).items())),
-        "errors_by_reason": dict(sorted(Counter(r for r, s in zip(manifest.column("reason").to_pylist(),
-                                                                  manifest.column("status").to_pylist())
-                                                if s == schema.ERROR).items())),
-        "decode_notes": dict(sorted(notes.items())),
+        "dropped_by_reason": dict(sorted(counts["dropped_by_reason"].items())),
+        "errors_by_reason": dict(sorted(counts["errors_by_reason"].items())),
+        "decode_notes": dict(sorted(counts["notes"].items())),
         "funnel": steps,
         "shards": shards,
         "samples_in_shards": samples_in_shards,

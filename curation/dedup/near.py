@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from curation.dedup import DECISION_SCHEMA
+from curation.dedup.bands import plan_bands
 from curation.dedup.components import META_COLUMNS, canonical_order, component_labels, decisions_from_labels, meta_columns
 from curation.dedup.hashing import hamming, hex_to_uint64
 
@@ -146,6 +147,15 @@ def _run_pairs(sorted_keys: np.ndarray, max_pairs: int) -> Iterator[tuple[np.nda
         lo = hi
 
 
+def shared_key_order(keys: np.ndarray) -> np.ndarray:
+    """Positions of the keys that occur more than once, sorted by key: one hash pass over all
+    keys (O(n)), then a sort of the shared ones only (few, once the band is selective)."""
+    import pandas as pd
+
+    shared = np.flatnonzero(pd.Series(keys, copy=False).duplicated(keep=False).to_numpy())
+    return shared[np.argsort(keys[shared])]
+
+
 def value_edges(values: np.ndarray, masks: np.ndarray, max_distance: int,
                 max_pairs: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
     """All index pairs (a < b) of distinct ``values`` within ``max_distance`` bits.
@@ -157,12 +167,12 @@ def value_edges(values: np.ndarray, masks: np.ndarray, max_distance: int,
     found = [np.zeros(0, dtype=np.int64)]
     for mask in masks:
         keys = values & mask
-        order = np.argsort(keys)  # any sort: only the pair set matters
+        order = shared_key_order(keys)
+        in_order = values[order]  # the pairs' values, read in key order (cache-friendly)
         codes = []
         for i, j in _run_pairs(keys[order], max_pairs):
-            a, b = order[i], order[j]
-            close = hamming(values[a], values[b]) <= max_distance
-            a, b = a[close], b[close]
+            close = hamming(in_order[i], in_order[j]) <= max_distance
+            a, b = order[i[close]], order[j[close]]
             codes.append(np.minimum(a, b).astype(np.int64) * n + np.maximum(a, b))
         if codes:
             found.append(np.unique(np.concatenate(codes)))
@@ -224,8 +234,8 @@ def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *,
     table = _prepare(candidates, cfg)
     rows, values = row_values(table, cfg)
     distinct, value_ids = np.unique(values, return_inverse=True)
-    blocks = cfg.num_blocks or plan_blocks(len(distinct), cfg.max_distance)
-    ea, eb = value_edges(distinct, band_masks(blocks, cfg.max_distance), cfg.max_distance, cfg.max_pairs_per_chunk)
+    masks = plan_bands(distinct, cfg.max_distance, num_blocks=cfg.num_blocks).masks()
+    ea, eb = value_edges(distinct, masks, cfg.max_distance, cfg.max_pairs_per_chunk)
     labels = labels_from_value_edges(table.num_rows, len(distinct), rows, value_ids, ea, eb)
     return decisions_from_labels(table, labels, NEAR_DUPLICATE, GROUP_PREFIX, prefer)
 

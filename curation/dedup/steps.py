@@ -20,8 +20,10 @@ from curation.config import DedupSettings
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.components import QUALITY_COLUMNS
 from curation.dedup.exact import exact_duplicate_decisions, exact_duplicate_decisions_ray
+from curation.dedup.distributed import (GlobalDedupInput, clear_step, exact_decisions, near_decisions,
+                                        read_candidates, with_partitions)
 from curation.dedup.incremental import NearDupIndex, incremental_decisions
-from curation.dedup.near import NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
+from curation.dedup.near import GROUP_PREFIX, NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
 from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions, semantic_duplicate_decisions_ray
 from curation.stages import Step, section_of
 from infra import storage
@@ -43,7 +45,8 @@ class DedupContext:
     index: NearDupIndex | None = None         # the near-dup index this run saves
 
     @classmethod
-    def open(cls, settings: DedupSettings, near_enabled: bool) -> DedupContext:
+    def open(cls, settings: DedupSettings, near: NearDupConfig | bool | None) -> DedupContext:
+        """``near``: the near-dedup settings when that step runs (True: the defaults), else None/False."""
         ctx = cls(engine=settings.engine, against=settings.against)
         if settings.against:
             earlier = output.CuratedOutput.at(settings.against)
@@ -52,14 +55,33 @@ class DedupContext:
                                  f"(no {output.SUCCESS_FILE})")
             manifest = earlier.read_manifest(["key", "sha256", "status"])
             ctx.against_kept = manifest.filter(pc.equal(manifest.column("status"), schema.KEPT)).select(["key", "sha256"])
-            if near_enabled:
-                ctx.against_index = NearDupIndex.load(output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
+            if near:
+                ctx.against_index = earlier_index(earlier, near if isinstance(near, NearDupConfig) else NearDupConfig())
         return ctx
 
     def dataset(self, table: pa.Table):
         import ray.data
 
         return ray.data.from_arrow(table)
+
+
+def earlier_index(earlier: output.CuratedOutput, cfg: NearDupConfig) -> NearDupIndex:
+    """An earlier version's near-dup index: the one it saved (an in-process near dedup), else built
+    from its manifest (a run whose near dedup ran in Ray Data saves no index): its near-dedup
+    candidates are the rows kept or dropped by near or semantic dedup, represented by ``duplicate_of``."""
+    path = output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
+    if storage.exists(earlier.fs, path):
+        return NearDupIndex.load(path)
+    names = earlier.manifest_schema().names
+    wanted = ["key", *cfg.hash_columns(), "width", "height", "converted", "input_bytes", "status", "reason",
+              "duplicate_of"]
+    rows = earlier.read_manifest([c for c in wanted if c in names])
+    later = pa.array([schema.NEAR_DUPLICATE, schema.SEMANTIC_DUPLICATE])
+    candidates = rows.filter(pc.or_(pc.equal(rows.column("status"), schema.KEPT),
+                                    pc.fill_null(pc.is_in(rows.column("reason"), value_set=later), False)))
+    near = candidates.filter(pc.equal(candidates.column("reason"), schema.NEAR_DUPLICATE))
+    decisions = pa.table({"key": near.column("key"), "duplicate_of": near.column("duplicate_of")})
+    return NearDupIndex.build(candidates.drop_columns(["status", "reason", "duplicate_of"]), cfg, decisions)
 
 
 class DedupStep(Step):
@@ -83,6 +105,11 @@ class DedupStep(Step):
     def decide(self, remaining: pa.Table, ctx: DedupContext) -> pa.Table:
         """Decisions for ``remaining`` (rows no earlier dedup step dropped)."""
 
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
+        """Decide in Ray Data, writing the decisions partitioned; rows dropped, or None when this
+        step (with these settings) has no distributed form: then ``decide`` runs on the driver."""
+        return None
+
 
 class ExactDedup(DedupStep):
     name = "exact_dedup"
@@ -104,6 +131,9 @@ class ExactDedup(DedupStep):
         parts.append(exact_duplicate_decisions_ray(ctx.dataset(remaining)) if ctx.engine == "ray"
                      else exact_duplicate_decisions(remaining))
         return pa.concat_tables(parts)
+
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
+        return None if ctx.against_kept is not None else exact_decisions(inp, schema.EXACT_DUPLICATE, self.name)
 
 
 class NearDedup(DedupStep):
@@ -128,6 +158,11 @@ class NearDedup(DedupStep):
         ctx.index = NearDupIndex.build(remaining, self.cfg, near)
         return near
 
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
+        if ctx.against_index is not None:
+            return None
+        return near_decisions(inp, self.cfg, schema.NEAR_DUPLICATE, GROUP_PREFIX, self.name)
+
 
 class SemanticDedup(DedupStep):
     name = "semantic_dedup"
@@ -146,6 +181,17 @@ class SemanticDedup(DedupStep):
             return DECISION_SCHEMA.empty_table()
         return (semantic_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg) if ctx.engine == "ray"
                 else semantic_duplicate_decisions(remaining, self.cfg))
+
+
+# The order the dedup steps run in (each sees the rows the ones before it kept).
+DEDUP_ORDER = tuple(cls.name for cls in (ExactDedup, NearDedup, SemanticDedup))
+
+
+def steps_before(steps: list[DedupStep], decided: list[str]) -> list[str]:
+    """Of the steps with decisions on disk (``decided``), those that run before ``steps``: their
+    drops are not candidates. Later steps' files (e.g. of a killed run's second pass) are ignored."""
+    first = min(DEDUP_ORDER.index(s.name) for s in steps) if steps else len(DEDUP_ORDER)
+    return [name for name in DEDUP_ORDER[:first] if name in decided]
 
 
 def without(table: pa.Table, decisions: pa.Table) -> pa.Table:
@@ -175,6 +221,36 @@ def candidate_columns(steps: list[DedupStep], available: set[str]) -> tuple[list
     present = [c for c in dict.fromkeys(prefers) if c in available and c not in needed]
     absent = [c for c in dict.fromkeys(prefers) if c not in available]
     return needed + present, absent
+
+
+def run_global_dedup(steps: list[DedupStep], inp: GlobalDedupInput, ctx: DedupContext) -> dict[str, int]:
+    """Run the steps in order over the staged candidates, each on the rows the earlier ones kept;
+    decisions are written per step and partition (``output.decisions_path``). Returns rows
+    dropped per step. With ``dedup.engine=ray`` every step that has a distributed form runs in
+    Ray Data (nothing corpus-sized on the driver); the others (``engine=local``, incremental
+    ``dedup.against``, semantic) read their candidates into the driver and decide there."""
+    dropped: dict[str, int] = {}
+    for step in steps:
+        step_inp = dataclasses.replace(inp, earlier_steps=tuple(dropped))
+        n = step.decide_distributed(step_inp, ctx) if ctx.engine == "ray" else None
+        dropped[step.name] = n if n is not None else decide_on_driver(step, step_inp, ctx)
+    return dropped
+
+
+def decide_on_driver(step: DedupStep, inp: GlobalDedupInput, ctx: DedupContext) -> int:
+    """One step in the driver's process: candidates read into one table, decisions written per partition."""
+    fs, root = storage.resolve(inp.out)
+    tables = [read_candidates(inp, i) for i in range(len(inp.pids))]
+    candidates = pa.concat_tables(tables, promote_options="default").sort_by("key") if tables else None
+    decisions = (step.decide(candidates, ctx) if candidates is not None and candidates.num_rows
+                 else DECISION_SCHEMA.empty_table())
+    clear_step(fs, root, step.name)
+    if decisions.num_rows:
+        decisions = with_partitions(decisions, candidates)
+        for pid in pc.unique(decisions.column("partition")).to_pylist():
+            rows = decisions.filter(pc.equal(decisions.column("partition"), pid)).drop_columns(["partition"])
+            storage.write_parquet(fs, output.decisions_path(root, step.name, pid), rows.sort_by("key"))
+    return decisions.num_rows
 
 
 def run_dedup(steps: list[DedupStep], candidates: pa.Table, ctx: DedupContext) -> pa.Table:
