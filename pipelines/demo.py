@@ -250,8 +250,9 @@ def summary(result: DagResult, baseline: DagResult | None, audit_page: str | Non
                   *probe_rows(outcomes["probe"].result["metrics"], base, tuned),
                   f"  pretrained: {outcomes['probe'].folder}"]
         if tuned:
-            lines.append(f"  fine-tuned: {outcomes['finetune'].folder}  (exports: backbone. + decode_head. "
-                         "safetensors, their sha256 in MLflow)")
+            ft = outcomes["finetune"]
+            lines.append(f"  fine-tuned: {ft.folder}  ({ft.result.get('steps', '?')} end-to-end steps per task, with "
+                         "augmentation; exports: backbone. + decode_head., sha256 in MLflow)")
         if baseline:
             lines += [f"  random init: {baseline.outcomes[-1].folder}",
                       "  (40 tiny steps on a few images do not make a better backbone than random init: the demo shows "

@@ -83,4 +83,4 @@ def result(cfg: FinetuneConfig) -> dict:
         raise RuntimeError(f"fine-tuning in {cfg.output_dir} has not finished")
     return {"metrics": {t: {k: v for k, v in m.items() if not k.startswith("iou.")}
                         for t, m in results["metrics"].items()},
-            "exports": results["exports"], "run_id": results["mlflow_run_id"]}
+            "exports": results["exports"], "run_id": results["mlflow_run_id"], "steps": cfg.steps}
