@@ -23,7 +23,7 @@ from models.io import load_state_dict_file
 from tests.conftest import REPO, kill_when
 
 pytestmark = pytest.mark.slow
-STEPS, EVERY = 30, 5
+STEPS, EVERY = 20, 5
 
 
 def cmd(out: Path, root: Path, ray_tmp: str) -> list[str]:
