@@ -4,10 +4,12 @@
     python benchmarks/dedup_scaling.py --quick               # small sizes, a minute or two
     python benchmarks/dedup_scaling.py --accuracy            # real-photo accuracy table only
 
-Two hash families (``--kinds``), each with a fraction (``--dup-fraction``) of planted copies
+Hash families (``--kinds``), each with a fraction (``--dup-fraction``) of planted copies
 of an earlier hash with 0..t bits flipped:
 
 - ``uniform``: independent uniform bits.
+- ``dct``: PHash-like bits from a smooth-image model (``dct_hashes``: 1/f DCT coefficients
+  thresholded at their median, as PHash does).
 - ``correlated``: bits that move together, as the 64 bits of a real PHash do (they are signs
   of one image's low DCT coefficients): bit j = [w_j . z + ``--noise`` * e_j > 0], z a
   ``--latent-dim``-dimensional standard Gaussian per hash, w_j fixed unit vectors, e_j
@@ -52,7 +54,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-KINDS = ("uniform", "correlated")
+KINDS = ("uniform", "correlated", "dct")
 
 
 def kind_params(kind: str, latent_dim: int, noise: float) -> tuple[str, int, float]:
@@ -61,7 +63,7 @@ def kind_params(kind: str, latent_dim: int, noise: float) -> tuple[str, int, flo
         return kind, latent_dim, noise
     family, _, rest = kind.partition(":")
     if family != "correlated" or rest.count(":") != 1:
-        raise ValueError(f"unknown hash kind {kind!r}: uniform, correlated or correlated:D:NOISE")
+        raise ValueError(f"unknown hash kind {kind!r}: uniform, correlated, dct or correlated:D:NOISE")
     d, nz = rest.split(":")
     return family, int(d), float(nz)
 IMAGEDEDUP = {"imagededup": "brute_force_cython", "imagededup-bktree": "bktree"}
@@ -72,6 +74,8 @@ def hash_values(n: int, kind: str, rng: np.random.Generator, latent_dim: int = 8
     kind, latent_dim, noise = kind_params(kind, latent_dim, noise)
     if kind == "uniform":
         return rng.integers(0, 2**64, n, dtype=np.uint64)
+    if kind == "dct":
+        return dct_hashes(n, rng)
     if kind != "correlated":
         raise ValueError(kind)
     w = np.random.default_rng(12345).standard_normal((64, latent_dim)).astype(np.float32)  # fixed across runs
@@ -82,6 +86,24 @@ def hash_values(n: int, kind: str, rng: np.random.Generator, latent_dim: int = 8
         m = min(n, s + 200_000) - s
         z = rng.standard_normal((m, latent_dim), dtype=np.float32)
         bits = (z @ w.T + noise * rng.standard_normal((m, 64), dtype=np.float32)) > 0
+        out[s:s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+    return out
+
+
+def dct_hashes(n: int, rng: np.random.Generator, alpha: float = 1.0) -> np.ndarray:
+    """PHash-like values from a smooth image model: an image's 8 x 8 lowest DCT coefficients are
+    independent Gaussians with the 1/f amplitude of natural images (sd 1 / (1 + u + v)^alpha, the DC
+    term 8x larger), and bit (u, v) = [c_uv > median of the 64], as PHash thresholds them: the DC bit
+    is almost always set, and the shared median couples every bit to every other."""
+    u, v = np.meshgrid(np.arange(8), np.arange(8), indexing="ij")
+    sd = (1.0 / (1.0 + u + v) ** alpha).astype(np.float32).ravel()
+    sd[0] *= 8.0
+    weights = np.uint64(1) << np.arange(64, dtype=np.uint64)
+    out = np.empty(n, dtype=np.uint64)
+    for s in range(0, n, 200_000):
+        m = min(n, s + 200_000) - s
+        c = rng.standard_normal((m, 64), dtype=np.float32) * sd
+        bits = c > np.median(c, axis=1, keepdims=True)
         out[s:s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     return out
 

@@ -7,8 +7,9 @@ conversion, then largest resolution, then most input bytes per pixel, then small
 one decision row per other member. A dropped row
 never represents another group: membership is decided by components, not pair by pair.
 
-Components are computed in one process (scipy's union-find over a sparse graph): the edge
-list is small next to the number of rows, since only duplicates have edges.
+In one process, components come from scipy's union-find over a sparse graph; the distributed
+global dedup computes them in Ray Data by star rounds (``curation.dedup.shuffle``) and then calls
+``decisions_from_labels`` per component group, so both choose the same representatives.
 """
 from __future__ import annotations
 

@@ -10,10 +10,12 @@ scan) and sub-quadratic, by banding with the pigeonhole principle: the 64 bit po
 dealt into B interleaved blocks (block b holds positions p with p % B == b); two values at
 most t bits apart differ in at most t blocks, so they agree exactly on at least B - t
 blocks. Every choice of B - t blocks is one *band* (C(B, t) bands); values that agree on a
-band are candidate pairs, and each candidate pair gets the exact Hamming check. B is chosen
-from the number of distinct values so that bands stay selective (``plan_blocks``): more
-bands cost more passes, wider bands fewer false candidates; expected work per value is
-C(B, t) * (1 + n / 2^(64 (B - t) / B)). The result does not depend on B, only the cost.
+band are candidate pairs, and each candidate pair gets the exact Hamming check. The blocks
+and B come from the data (``curation.dedup.bands.plan_bands``: bits dealt by measured entropy
+and correlation, B by the candidate pairs counted on a deterministic sample): on correlated
+bits (real PHashes) the uniform-bit work per value, C(B, t) * (1 + n / 2^(64 (B - t) / B)),
+underestimates the pairs. Any partition of the bits keeps the search exact: the result does
+not depend on the plan, only the cost. (The interleaved deal, ``band_masks``, is one plan.)
 
 Work happens on distinct hash values, not rows: rows sharing a value are joined through it,
 so a value shared by many rows costs nothing quadratic. Nothing here reads images.
@@ -29,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from curation.dedup import DECISION_SCHEMA
-from curation.dedup.bands import plan_bands
+from curation.dedup.bands import plan_bands, sorted_unique
 from curation.dedup.components import META_COLUMNS, canonical_order, component_labels, decisions_from_labels, meta_columns
 from curation.dedup.hashing import hamming, hex_to_uint64
 
@@ -147,15 +149,6 @@ def _run_pairs(sorted_keys: np.ndarray, max_pairs: int) -> Iterator[tuple[np.nda
         lo = hi
 
 
-def shared_key_order(keys: np.ndarray) -> np.ndarray:
-    """Positions of the keys that occur more than once, sorted by key: one hash pass over all
-    keys (O(n)), then a sort of the shared ones only (few, once the band is selective)."""
-    import pandas as pd
-
-    shared = np.flatnonzero(pd.Series(keys, copy=False).duplicated(keep=False).to_numpy())
-    return shared[np.argsort(keys[shared])]
-
-
 def value_edges(values: np.ndarray, masks: np.ndarray, max_distance: int,
                 max_pairs: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
     """All index pairs (a < b) of distinct ``values`` within ``max_distance`` bits.
@@ -167,7 +160,7 @@ def value_edges(values: np.ndarray, masks: np.ndarray, max_distance: int,
     found = [np.zeros(0, dtype=np.int64)]
     for mask in masks:
         keys = values & mask
-        order = shared_key_order(keys)
+        order = np.argsort(keys)  # any sort: only the pair set matters
         in_order = values[order]  # the pairs' values, read in key order (cache-friendly)
         codes = []
         for i, j in _run_pairs(keys[order], max_pairs):
@@ -175,8 +168,8 @@ def value_edges(values: np.ndarray, masks: np.ndarray, max_distance: int,
             a, b = order[i[close]], order[j[close]]
             codes.append(np.minimum(a, b).astype(np.int64) * n + np.maximum(a, b))
         if codes:
-            found.append(np.unique(np.concatenate(codes)))
-    edges = np.unique(np.concatenate(found))
+            found.append(sorted_unique(np.concatenate(codes)))
+    edges = sorted_unique(np.concatenate(found))
     return edges // max(n, 1), edges % max(n, 1)
 
 

@@ -160,3 +160,24 @@ def reference_decisions(table: pa.Table, t: int) -> list[dict]:
 def test_decisions_equal_a_brute_force_reference(t):
     table = planted_table(400, seed=10 + t, max_flips=t + 2)
     assert near_duplicate_decisions(table, NearDupConfig(max_distance=t)).to_pylist() == reference_decisions(table, t)
+
+
+@pytest.mark.parametrize("t", [2, 4, 6])
+def test_data_driven_bands_find_exactly_the_brute_force_pairs_on_correlated_bits(t):
+    from curation.dedup.bands import bit_matrix, bit_statistics, greedy_blocks, plan_bands
+
+    rng = np.random.default_rng(t)
+    w = rng.standard_normal((64, 4))
+    bits = (rng.standard_normal((1200, 4)) @ w.T + 0.5 * rng.standard_normal((1200, 64))) > 0  # strongly correlated
+    values = (bits.astype(np.uint64) << np.arange(64, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
+    copies = values[rng.integers(0, 1200, 300)] ^ (np.uint64(1) << rng.integers(0, 64, 300).astype(np.uint64))
+    values = np.unique(np.concatenate([values, copies]))
+    d = hamming(values[:, None], values[None, :])
+    i, j = np.triu_indices(len(values), 1)
+    truth = set(zip(i[d[i, j] <= t].tolist(), j[d[i, j] <= t].tolist()))
+    assert len(truth) > 100
+    plan = plan_bands(values, t)
+    assert sorted(bin(b).count("1") for b in plan.blocks) and sum(plan.blocks) == 2**64 - 1
+    for masks in (plan.masks(), greedy_blocks(*bit_statistics(bit_matrix(values)), t + 2, t).masks()):
+        a, b = value_edges(values, masks, t, max_pairs=5000)
+        assert set(zip(a.tolist(), b.tolist())) == truth
