@@ -33,7 +33,6 @@ STATS_FILE, SUCCESS_FILE, CONFIG_FILE, PLAN_FILE = "stats.json", "_SUCCESS", "co
 JOB_DIGEST_FILE = "job_digest"
 DEDUP_DIR, STAGING_DIR, LISTING_FILE = "_dedup", "_staging", "_listing.json"
 NEAR_INDEX_DIR = "near_index"
-DECISIONS_FILE = "decisions.parquet"
 DECISIONS_DIR = "decisions"  # _dedup/decisions/<step>/<partition>.parquet: one step's drops in one partition
 
 _MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's base_plus_ext, exactly

@@ -86,22 +86,6 @@ def read_partition_rows(fs, output: str, pid: str, columns: list[str] | None = N
     return table.take(first) if len(first) != len(keys) else table
 
 
-def read_candidates(fs, output: str, pids: list[str], columns: list[str]) -> pa.Table:
-    """Metadata columns of every pending row across the run (no image bytes): the dedup input."""
-    need = list(dict.fromkeys([*columns, "decode_ok", "reason"]))
-    tables = []
-    for pid in pids:
-        t = read_partition_rows(fs, output, pid, ["key", *[c for c in need if c != "key"]])
-        if t is None:
-            continue
-        mask = pa.compute.and_(pa.compute.fill_null(t.column("decode_ok"), False),
-                               pa.compute.is_null(t.column("reason")))
-        tables.append(t.filter(mask).select(columns))
-    if not tables:
-        return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return pa.concat_tables(tables, promote_options="default").sort_by("key")
-
-
 class StagingSink:
     """Ray Data datasink writing scored rows into staging part files."""
 
