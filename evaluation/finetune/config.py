@@ -41,6 +41,12 @@ class FinetuneOptim:
     poly_power: float = 1.0
     milestones: list[float] = field(default_factory=lambda: [170 / 210, 200 / 210])  # fractions of steps
     gamma: float = 0.1
+    # The backbone's embeddings and blocks (LLRD layers 0..L; the final norm goes with the head):
+    # an extra lr factor, and LP-FT (linear probe, then fine-tune): lr 0 for the first
+    # ``freeze_backbone_steps`` steps (the head alone, as a probe), then a linear ramp over
+    # ``warmup_steps`` steps. Defaults (1.0, 0): the reference's recipe.
+    backbone_lr_scale: float = 1.0
+    freeze_backbone_steps: int = 0
 
     def __post_init__(self) -> None:
         if not 0 < self.layer_decay <= 1:
@@ -49,6 +55,10 @@ class FinetuneOptim:
             raise ValueError("optim.lr must be > 0, optim.weight_decay and optim.warmup_steps >= 0")
         if not 0 < self.warmup_start_factor <= 1:
             raise ValueError(f"optim.warmup_start_factor must be in (0, 1], got {self.warmup_start_factor}")
+        if self.backbone_lr_scale < 0:
+            raise ValueError(f"optim.backbone_lr_scale must be >= 0, got {self.backbone_lr_scale}")
+        if self.freeze_backbone_steps < 0:
+            raise ValueError(f"optim.freeze_backbone_steps must be >= 0, got {self.freeze_backbone_steps}")
 
 
 @dataclasses.dataclass(kw_only=True)

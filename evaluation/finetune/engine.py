@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from evaluation.finetune.config import FinetuneConfig
 from evaluation.finetune.data import TrainSet
-from evaluation.finetune.optim import base_lr, build_optimizer, set_step_lr
+from evaluation.finetune.optim import backbone_factor, base_lr, build_optimizer, set_step_lr
 from evaluation.finetune.pose_eval import flip_heatmaps
 from evaluation.finetune.tasks import FinetuneModel, TaskInputs, backbone_blocks, build_model
 from evaluation.tasks import TASKS
@@ -118,7 +118,7 @@ def _mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
 def train_step(ft: Finetuner, batch: dict, step: int) -> dict[str, float]:
     """One AdamW step at 0-based ``step``: returns loss (mean over ranks), lr, grad_norm."""
     lr = base_lr(step, ft.cfg.steps, ft.cfg.optim)
-    set_step_lr(ft.optimizer, lr)
+    set_step_lr(ft.optimizer, lr, backbone_factor(step, ft.cfg.optim))
     ft.optimizer.zero_grad(set_to_none=True)
     batch = _to(batch, ft.device)
     with ft.autocast():

@@ -12,6 +12,11 @@ The reference's rule (``sapiens1_reference.json`` ``finetune.common.layer_decay`
 One AdamW parameter group per (layer id, decay); each group carries its ``lr_scale``, and
 ``set_step_lr`` sets ``lr = schedule(step) * lr_scale`` (the schedule is a pure function of the
 step, so a resumed run needs no scheduler state).
+
+Two recipe options for small data sets (``FinetuneOptim``): ``backbone_lr_scale`` (the
+backbone's groups x a factor, the head's lr unchanged) and ``freeze_backbone_steps`` (LP-FT:
+the head is fitted on the frozen backbone first, so the backbone's first gradients do not come
+from a random head; ``backbone_factor``).
 """
 from __future__ import annotations
 
@@ -55,9 +60,11 @@ def param_groups(model: nn.Module, num_layers: int, cfg: FinetuneOptim) -> list[
             continue
         key = (layer_id(name, num_layers), no_weight_decay(name, p))
         if key not in groups:
+            in_backbone = key[0] <= num_layers
+            scale = lr_scale(key[0], num_layers, cfg.layer_decay) * (cfg.backbone_lr_scale if in_backbone else 1.0)
             groups[key] = {"params": [], "layer_id": key[0], "apply_decay": not key[1],
-                           "weight_decay": 0.0 if key[1] else cfg.weight_decay,
-                           "lr_scale": lr_scale(key[0], num_layers, cfg.layer_decay)}
+                           "weight_decay": 0.0 if key[1] else cfg.weight_decay, "lr_scale": scale,
+                           "backbone": in_backbone}
         groups[key]["params"].append(p)
     return [groups[k] for k in sorted(groups)]
 
@@ -92,6 +99,17 @@ def base_lr(step: int, total: int, cfg: FinetuneOptim) -> float:
     return cfg.lr * warm * decay
 
 
-def set_step_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def backbone_factor(step: int, cfg: FinetuneOptim) -> float:
+    """LP-FT: the backbone's lr factor at 0-based ``step``: 0 while frozen, then a linear ramp
+    over ``warmup_steps`` (1 throughout when ``freeze_backbone_steps`` is 0)."""
+    if cfg.freeze_backbone_steps == 0:
+        return 1.0
+    if step < cfg.freeze_backbone_steps:
+        return 0.0
+    return min(1.0, (step - cfg.freeze_backbone_steps + 1) / max(cfg.warmup_steps, 1))
+
+
+def set_step_lr(optimizer: torch.optim.Optimizer, lr: float, backbone: float = 1.0) -> None:
+    """Every group at ``lr`` x its LLRD scale, the backbone's (layers 0..L) also x ``backbone``."""
     for group in optimizer.param_groups:
-        group["lr"] = lr * group["lr_scale"]
+        group["lr"] = lr * group["lr_scale"] * (backbone if group.get("backbone") else 1.0)

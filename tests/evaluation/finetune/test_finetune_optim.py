@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from evaluation.finetune.config import FinetuneOptim
-from evaluation.finetune.optim import base_lr, build_optimizer, set_step_lr
+from evaluation.finetune.optim import backbone_factor, base_lr, build_optimizer, set_step_lr
 from evaluation.finetune.tasks import FinetuneModel, backbone_blocks
 from models import build_backbone, build_task_head
 
@@ -73,3 +73,45 @@ def test_schedule_warms_up_linearly_then_decays_to_zero():
 def test_bad_optim_settings_name_the_field():
     with pytest.raises(ValueError, match="optim.layer_decay"):
         FinetuneOptim(layer_decay=1.5)
+    with pytest.raises(ValueError, match="optim.freeze_backbone_steps"):
+        FinetuneOptim(freeze_backbone_steps=-1)
+    with pytest.raises(ValueError, match="optim.backbone_lr_scale"):
+        FinetuneOptim(backbone_lr_scale=-0.5)
+
+
+def _tiny_model() -> FinetuneModel:
+    torch.manual_seed(0)
+    backbone = build_backbone("sapiens_tiny")
+    return FinetuneModel(backbone, build_task_head("seg", backbone.embed_dim, num_classes=7, hidden_dim=16))
+
+
+def test_backbone_lr_scale_multiplies_embeddings_and_blocks_only():
+    model = _tiny_model()
+    L = len(backbone_blocks(model.backbone))
+    plain = lr_of(build_optimizer(model, L, FinetuneOptim(lr=1e-3, layer_decay=0.8)))
+    scaled = lr_of(build_optimizer(model, L, FinetuneOptim(lr=1e-3, layer_decay=0.8, backbone_lr_scale=0.25)))
+    for pname, p in model.named_parameters():
+        factor = 1.0 if expected_layer(pname, L) == L + 1 else 0.25  # the final norm goes with the head
+        assert scaled[id(p)] == pytest.approx(plain[id(p)] * factor, rel=1e-12), pname
+
+
+def test_lp_ft_freezes_the_backbone_then_ramps_it_up_while_the_head_trains():
+    cfg = FinetuneOptim(lr=1e-2, warmup_steps=4, freeze_backbone_steps=3)
+    assert [backbone_factor(s, cfg) for s in range(9)] == pytest.approx([0, 0, 0, 0.25, 0.5, 0.75, 1, 1, 1])
+    assert all(backbone_factor(s, FinetuneOptim(warmup_steps=4)) == 1.0 for s in range(9))
+    model = _tiny_model()
+    L = len(backbone_blocks(model.backbone))
+    opt = build_optimizer(model, L, cfg)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    images = torch.randn(2, 3, 64, 64)
+    for step in range(2):  # frozen steps: real gradients reach the backbone, its lr is 0
+        set_step_lr(opt, base_lr(step, 10, cfg), backbone_factor(step, cfg))
+        opt.zero_grad()
+        model(images)["logits"].square().mean().backward()
+        opt.step()
+    for n, p in model.named_parameters():
+        if expected_layer(n, L) <= L:
+            assert torch.equal(p, before[n]), n
+    assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters() if n.startswith("decode_head."))
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters()
+               if n.startswith("backbone.layers."))
