@@ -117,12 +117,12 @@ def _mean_over_ranks(x: torch.Tensor) -> torch.Tensor:
 
 def train_step(ft: Finetuner, batch: dict, step: int) -> dict[str, float]:
     """One AdamW step at 0-based ``step``: returns loss (mean over ranks), lr, grad_norm."""
-    lr = base_lr(step, ft.cfg.steps, ft.cfg.optim)
-    set_step_lr(ft.optimizer, lr, backbone_factor(step, ft.cfg.optim))
+    lr, backbone = base_lr(step, ft.cfg.steps, ft.cfg.optim), backbone_factor(step, ft.cfg.optim)
+    set_step_lr(ft.optimizer, lr, backbone)
     ft.optimizer.zero_grad(set_to_none=True)
     batch = _to(batch, ft.device)
-    with ft.autocast():
-        out = ft.model(batch["image"])
+    with ft.autocast():  # a frozen backbone (LP-FT) gets no gradients: AdamW leaves it and its moments alone
+        out = ft.model(batch["image"], train_backbone=backbone > 0)
     loss = ft.loss_fn({k: v.float() for k, v in out.items()}, batch)
     mean = float(_mean_over_ranks(loss.detach().float().clone()))
     if mean != mean or abs(mean) == float("inf"):

@@ -51,8 +51,11 @@ class FinetuneModel(nn.Module):
     def num_layers(self) -> int:
         return len(backbone_blocks(self.backbone))
 
-    def forward(self, images_BCHW: torch.Tensor) -> dict[str, torch.Tensor]:
-        return self.decode_head(self.backbone(images_BCHW, out_indices=(self.feature_block,)).feature_maps)
+    def forward(self, images_BCHW: torch.Tensor, train_backbone: bool = True) -> dict[str, torch.Tensor]:
+        """``train_backbone=False`` (LP-FT's frozen steps): no graph through the backbone."""
+        with torch.set_grad_enabled(train_backbone and torch.is_grad_enabled()):
+            features = self.backbone(images_BCHW, out_indices=(self.feature_block,)).feature_maps
+        return self.decode_head(features)
 
 
 def synthetic_data(task: str, root: Path) -> TaskData:
