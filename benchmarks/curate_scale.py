@@ -9,8 +9,9 @@ Parquet parts, ``--rows-per-partition`` rows each, no image bytes) with:
 
 - correlated 64-bit PHashes (bit j = [w_j . z + e_j > 0], z an 8-dim Gaussian per image, as
   ``benchmarks/dedup_scaling.py``'s ``correlated`` family) and their mirror hashes;
-- planted exact duplicates (same SHA-256; ``--exact``), near duplicates (the hash with 0..4
-  bits flipped; ``--near``) and blank-image clusters (one all-zero hash family, 0..2 bits
+- planted exact duplicates (same SHA-256 from a pool of n / 40 digests; ``--exact``), near
+  duplicates (one of n / 20 originals with 0..4 bits flipped; ``--near``: families of ~2
+  copies at every size, so the true pairs grow with n, not n^2) and blank-image clusters (one all-zero hash family, 0..2 bits
   flipped, shared by ``--blank`` of the rows: every blank image is one near-dup group);
 - 3% rows already ended by an earlier stage (a reason) and 1% undecodable.
 
@@ -76,7 +77,8 @@ def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
 
     values = hash_values(n, "correlated", rng)
     mirrors = hash_values(n, "correlated", rng)
-    bases = hash_values(4096, "correlated", np.random.default_rng(99))  # originals the copies come from
+    originals = max(4096, args.total // 20)  # the pool grows with the corpus: families of ~2 copies
+    bases = hash_values(originals, "correlated", np.random.default_rng(99))  # originals the copies come from
     u = rng.random(n)
     near = u < args.near
     blank = (u >= args.near) & (u < args.near + args.blank)
@@ -87,7 +89,7 @@ def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
         values[flip] ^= np.uint64(1) << rng.integers(0, 64, flip.sum()).astype(np.uint64)
     sha = rng.integers(0, 2**63, n)
     exact = rng.random(n) < args.exact
-    sha[exact] = rng.integers(0, 4096, exact.sum())  # a small pool: copies across partitions
+    sha[exact] = rng.integers(0, max(4096, args.total // 40), exact.sum())  # copies across partitions
     reasons = np.where(rng.random(n) < 0.03, "too_small", None)
     return pa.table({
         "key": [f"{pid}-{start + i:09d}" for i in range(n)], "partition": [pid] * n,
@@ -102,6 +104,8 @@ def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
 def stage_corpus(root: str, n: int, args) -> list[str]:
     from curation import staging
     from infra import storage
+
+    args.total = n
 
     fs, path = storage.resolve(root)
     pids = []
