@@ -237,8 +237,29 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
         digest = decisions_digest(decisions, keys) if n <= args.digest_max else ""
     if method == "ray":
         ray.shutdown()
+    counts = search_counts(table, n, kind, args) if method == "ours" else {}
     return {"method": method, "kind": kind, "n": n, "seconds": seconds, "dropped": int(dropped), "digest": digest,
-            "rss_mb": peak_rss - base_rss, "traced_mb": traced_peak / 2**20}
+            "rss_mb": peak_rss - base_rss, "traced_mb": traced_peak / 2**20, **counts}
+
+
+def search_counts(table, n: int, kind: str, args) -> dict:
+    """The search's work in counts (load-free): distinct values, blocks and bands of the plan,
+    candidate pairs (pairs sharing a band key, summed over bands: each gets a Hamming check),
+    true pairs within t among the distinct values, and the accidental ones among them: true pairs
+    of the same generator's values before any copy is planted (``synthetic_table`` draws them first
+    from the same seed)."""
+    from curation.dedup.bands import plan_bands, sample_pairs, sorted_unique
+    from curation.dedup.hashing import hex_to_uint64
+    from curation.dedup.near import value_edges
+
+    t = args.max_distance
+    distinct = sorted_unique(hex_to_uint64(table.column("phash")))
+    plan = plan_bands(distinct, t)
+    masks = plan.masks()
+    unplanted = sorted_unique(hash_values(n, kind, np.random.default_rng(0), args.latent_dim, args.noise))
+    return {"distinct": len(distinct), "blocks": plan.num_blocks, "bands": len(masks),
+            "candidates": int(sample_pairs(distinct, masks)), "true_pairs": len(value_edges(distinct, masks, t)[0]),
+            "accidental_pairs": len(value_edges(unplanted, plan_bands(unplanted, t).masks(), t)[0])}
 
 
 def run_child(method: str, n: int, kind: str, args) -> dict:
@@ -270,6 +291,24 @@ def growth(results: list[dict], method: str, kind: str, sizes: list[int] | None 
     steps = [f"{n1:.0e}->{n2:.0e}: n^{math.log(t2 / t1) / math.log(n2 / n1):.2f}"
              for (n1, t1), (n2, t2) in zip(pts, pts[1:])]
     return f"{method:18s} {kind:16s}: {'; '.join(steps)}; fit over all sizes n^{fit(pts)[0]:.2f}"
+
+
+def print_work_growth(results: list[dict], kinds: list[str], sizes: list[int]) -> None:
+    """Growth of the search's work in counts (free of the machine's load): work = distinct values x
+    bands (the band sorts) + candidate pairs (the Hamming checks), one unit each."""
+    print("\nsearch work in counts (work = distinct values x bands + candidate pairs; ~ n^k):")
+    for kind in kinds:
+        rows = sorted((r for r in results if r["method"] == "ours" and r["kind"] == kind and r["n"] in sizes
+                       and "candidates" in r), key=lambda r: r["n"])
+        work = [(r["n"], r["distinct"] * r["bands"] + r["candidates"]) for r in rows]
+        steps = [f"{n1:.0e}->{n2:.0e}: work {w1:.3g}->{w2:.3g} n^{math.log(w2 / w1) / math.log(n2 / n1):.2f}, "
+                 f"candidates n^{math.log(c2 / c1) / math.log(n2 / n1):.2f}, "
+                 f"accidental pairs {a1}->{a2}"
+                 for (n1, w1), (n2, w2), c1, c2, a1, a2 in zip(
+                     work, work[1:], [r["candidates"] or 1 for r in rows], [r["candidates"] or 1 for r in rows[1:]],
+                     [r["accidental_pairs"] for r in rows], [r["accidental_pairs"] for r in rows[1:]])]
+        if steps:
+            print(f"  ours {kind:16s}: " + "; ".join(steps))
 
 
 def print_accuracy() -> None:
@@ -327,7 +366,8 @@ def main() -> None:
               f"Hamming distance between unrelated hashes mean {s['dist_mean']:.1f}, sd {s['dist_sd']:.1f} "
               f"(independent uniform bits: 32.0, 4.0); bits set {s['bits_set_mean']:.1f}")
     width = max(10, *map(len, args.kinds))
-    print(f"{'method':18s} {'kind':{width}s} {'N':>9s} {'seconds':>9s} {'rss MB':>8s} {'traced MB':>9s} {'dropped':>8s}")
+    print(f"{'method':18s} {'kind':{width}s} {'N':>9s} {'seconds':>9s} {'rss MB':>8s} {'traced MB':>9s} {'dropped':>8s}"
+          f" {'B/bands':>7s} {'cand/item':>9s} {'true pairs':>10s} {'accidental':>10s}")
     plan = [("ours", n, k) for k in args.kinds for n in sizes]
     plan += [("ray", int(n), "uniform") for n in args.ray_sizes if "uniform" in args.kinds]
     for method, method_sizes, kinds in (("imagededup", args.imagededup_sizes, args.imagededup_kinds),
@@ -340,8 +380,10 @@ def main() -> None:
     for method, n, kind in plan:
         r = run_child(method, n, kind, args)
         results.append(r)
+        counts = (f" {r['blocks']:>3d}/{r['bands']:<3d} {r['candidates'] / n:9.2f} {r['true_pairs']:10d} "
+                  f"{r['accidental_pairs']:10d}" if "candidates" in r else "")
         print(f"{method:18s} {kind:{width}s} {n:9d} {r['seconds']:9.2f} {r['rss_mb']:8.0f} {r['traced_mb']:9.0f} "
-              f"{r['dropped']:8d}", flush=True)
+              f"{r['dropped']:8d}{counts}", flush=True)
 
     print("\ndecisions check (same hashes, same threshold):")
     checked = 0
@@ -360,6 +402,7 @@ def main() -> None:
             line = growth(results, method, kind, sizes if method == "ours" else None)
             if line:
                 print("  " + line)
+    print_work_growth(results, args.kinds, sizes)
     by = lambda m, k: sorted((r["n"], r["seconds"]) for r in results if r["method"] == m and r["kind"] == k)  # noqa: E731
     for kind in args.kinds:
         ours = dict(by("ours", kind))

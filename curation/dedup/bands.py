@@ -132,8 +132,9 @@ def greedy_blocks(entropy: np.ndarray, corr: np.ndarray, num_blocks: int, max_di
 def sample_pairs(sample: np.ndarray, masks: np.ndarray) -> float:
     """Pairs of sample values sharing a band key, summed over the bands."""
     total = 0
-    for mask in masks:
-        _, counts = np.unique(sample & mask, return_counts=True)
+    for mask in masks:  # run lengths of the sorted keys (np.unique's counts hash, slower at 1e6)
+        keys = np.sort(sample & mask)
+        counts = np.diff(np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True]))
         total += int((counts * (counts - 1) // 2).sum())
     return float(total)
 
