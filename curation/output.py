@@ -8,6 +8,7 @@
   manifest/_empty-<partition>   commit marker of a partition that wrote no manifest rows
   stats.json  config.yaml  partitions.jsonl  job_digest
   _dedup/decisions/<step>/<partition>.parquet   global dedup decisions, by step and partition
+  _dedup/near_index/index.json, parts/<id>/...   the near-dup index, bucketed by band key (index_store)
   _staging/                     scored rows waiting for the global steps (removed at the end)
   _SUCCESS                      written last: dataset version id, MLflow run id
 ```
@@ -32,7 +33,8 @@ SHARDS, MANIFEST = "shards", "manifest"
 STATS_FILE, SUCCESS_FILE, CONFIG_FILE, PLAN_FILE = "stats.json", "_SUCCESS", "config.yaml", "partitions.jsonl"
 JOB_DIGEST_FILE = "job_digest"
 DEDUP_DIR, STAGING_DIR, LISTING_FILE = "_dedup", "_staging", "_listing.json"
-NEAR_INDEX_DIR = "near_index"
+NEAR_INDEX_DIR = "near_index"  # _dedup/near_index/: the partitioned near-dup index (curation.dedup.index_store)
+NEAR_INDEX_HEADER = "index.json"
 DECISIONS_DIR = "decisions"  # _dedup/decisions/<step>/<partition>.parquet: one step's drops in one partition
 
 _MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's base_plus_ext, exactly

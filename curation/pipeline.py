@@ -326,8 +326,7 @@ def global_dedup(job: Job, pids: list[str], steps: list[DedupStep] | None = None
     inp = GlobalDedupInput(job.uri, tuple(pids), tuple(columns), tuple(absent), tuple(earlier), job.cfg.output_dir)
     ctx = DedupContext.open(job.cfg.dedup, next((s.cfg for s in steps if isinstance(s, NearDedup)), None))
     dropped = run_global_dedup(steps, inp, ctx)
-    if ctx.index is not None and storage.is_local(job.fs):
-        ctx.index.save(output.path(out_root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
+    ctx.save_index(fs, output.path(out_root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
     log.info("global dedup dropped %s", dropped)
     return dropped
 

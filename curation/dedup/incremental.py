@@ -4,7 +4,8 @@ The existing version is summarised by a ``NearDupIndex``: its near-dedup candida
 (key, hashes, size, person score), each row's representative (itself when kept, else its
 ``duplicate_of``), the distinct hash values, and per band the sort order of the values by
 band key, so a new batch is searched against it without re-sorting or re-deciding the old
-rows. It saves to and loads from a directory of Parquet files.
+rows. On disk it is stored partitioned by band key (``curation.dedup.index_store``); a search
+there loads only the small ``NearDupIndex`` of the rows a new batch can reach.
 
 Contract of ``incremental_decisions(new, index, cfg)``:
 
@@ -29,22 +30,15 @@ old representative); incremental mode keeps it, by design.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.components import component_labels, decisions_from_labels, meta_columns
 from curation.dedup.hashing import hamming
 from curation.dedup.near import (GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, _check_columns, _prepare,
                                  band_masks, plan_blocks, row_values, value_edges)
-
-_FORMAT = 1
-
 
 @dataclasses.dataclass
 class NearDupIndex:
@@ -62,9 +56,12 @@ class NearDupIndex:
     match_mirrored: bool
     max_distance: int
     num_blocks: int
+    plan_masks: tuple[int, ...] | None = None   # the band masks, when not ``band_masks(num_blocks, t)``
 
     @property
     def masks(self) -> np.ndarray:
+        if self.plan_masks is not None:
+            return np.array(self.plan_masks, dtype=np.uint64)
         return band_masks(self.num_blocks, self.max_distance)
 
     @classmethod
@@ -94,36 +91,32 @@ class NearDupIndex:
         return NearDupIndex.build(merged, dataclasses.replace(cfg, num_blocks=self.num_blocks,
                                                               max_distance=self.max_distance), decisions)
 
-    def save(self, path: str) -> None:
-        """Write ``rows.parquet``, ``bands.parquet`` (values + one order column per band) and ``index.json``."""
-        os.makedirs(path, exist_ok=True)
-        pq.write_table(self.rows, os.path.join(path, "rows.parquet"))
-        bands = {"value": pa.array(self.values, pa.uint64())}
-        bands.update({f"band_{j:04d}": pa.array(o.astype(np.int64)) for j, o in enumerate(self.band_orders)})
-        pq.write_table(pa.table(bands), os.path.join(path, "bands.parquet"))
-        meta = {"format": _FORMAT, "hash": self.hash, "match_mirrored": self.match_mirrored,
-                "max_distance": self.max_distance, "num_blocks": self.num_blocks}
-        with open(os.path.join(path, "index.json"), "w") as f:
-            json.dump(meta, f, indent=2, sort_keys=True)
-
     @classmethod
-    def load(cls, path: str) -> NearDupIndex:
-        with open(os.path.join(path, "index.json")) as f:
-            meta = json.load(f)
-        if meta.pop("format") != _FORMAT:
-            raise ValueError(f"{path}: near-dup index format is not {_FORMAT}; rebuild it with NearDupIndex.build")
-        bands = pq.read_table(os.path.join(path, "bands.parquet"))
-        orders = [bands.column(n).to_numpy() for n in bands.column_names if n.startswith("band_")]
-        return cls(pq.read_table(os.path.join(path, "rows.parquet")), bands.column("value").to_numpy(),
-                   orders, **meta)
+    def from_rows(cls, rows: pa.Table | None, cfg: NearDupConfig, *, masks: np.ndarray, num_blocks: int,
+                  max_distance: int, like: pa.Table | None = None) -> NearDupIndex:
+        """An index of stored rows (with ``representative``) under a given band plan; ``rows`` None:
+        an empty index with ``like``'s prepared columns."""
+        if rows is None:
+            rows = _prepare(like, cfg).slice(0, 0).append_column("representative", pa.array([], pa.string()))
+        rows = rows.sort_by("key")
+        _, values = row_values(rows, cfg)
+        distinct = np.unique(values)
+        orders = [np.argsort(distinct & m) for m in masks]
+        return cls(rows, distinct, orders, cfg.hash, cfg.match_mirrored, max_distance, num_blocks,
+                   tuple(int(m) for m in masks))
 
     def check(self, cfg: NearDupConfig) -> None:
-        if cfg.hash != self.hash or cfg.match_mirrored != self.match_mirrored:
-            raise ValueError(f"the index was built with hash={self.hash!r}, match_mirrored={self.match_mirrored}; "
-                             f"the config asks hash={cfg.hash!r}, match_mirrored={cfg.match_mirrored}")
-        if cfg.max_distance > self.max_distance:
-            raise ValueError(f"the index was built for max_distance <= {self.max_distance}, the config asks "
-                             f"{cfg.max_distance}: rebuild the index (NearDupIndex.build) with the new setting")
+        check_settings(self.hash, self.match_mirrored, self.max_distance, cfg)
+
+
+def check_settings(hash_name: str, match_mirrored: bool, max_distance: int, cfg: NearDupConfig) -> None:
+    """A ValueError when ``cfg`` cannot be searched against an index built with these settings."""
+    if cfg.hash != hash_name or cfg.match_mirrored != match_mirrored:
+        raise ValueError(f"the index was built with hash={hash_name!r}, match_mirrored={match_mirrored}; "
+                         f"the config asks hash={cfg.hash!r}, match_mirrored={cfg.match_mirrored}")
+    if cfg.max_distance > max_distance:
+        raise ValueError(f"the index was built for max_distance <= {max_distance}, the config asks "
+                         f"{cfg.max_distance}: rebuild the index (NearDupIndex.build) with the new setting")
 
 
 def _cross_edges(new_values: np.ndarray, index: NearDupIndex, max_distance: int,

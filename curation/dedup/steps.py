@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -22,7 +23,8 @@ from curation.dedup.components import QUALITY_COLUMNS
 from curation.dedup.exact import exact_duplicate_decisions, exact_duplicate_decisions_ray
 from curation.dedup.distributed import (GlobalDedupInput, clear_step, exact_decisions, near_decisions,
                                         read_candidates, with_partitions)
-from curation.dedup.incremental import NearDupIndex, incremental_decisions
+from curation.dedup.incremental import NearDupIndex
+from curation.dedup.index_store import FORMAT, IndexExtension, PartitionedNearIndex, decide_against, save_any
 from curation.dedup.near import GROUP_PREFIX, NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
 from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions, semantic_duplicate_decisions_ray
 from curation.stages import Step, section_of
@@ -41,8 +43,8 @@ class DedupContext:
     engine: str = "local"
     against: str | None = None
     against_kept: pa.Table | None = None      # key, sha256 of the earlier version's kept images
-    against_index: NearDupIndex | None = None
-    index: NearDupIndex | None = None         # the near-dup index this run saves
+    against_index: PartitionedNearIndex | NearDupIndex | None = None  # opened by its header only
+    index: NearDupIndex | IndexExtension | None = None  # the near-dup index this run saves
 
     @classmethod
     def open(cls, settings: DedupSettings, near: NearDupConfig | bool | None) -> DedupContext:
@@ -59,19 +61,25 @@ class DedupContext:
                 ctx.against_index = earlier_index(earlier, near if isinstance(near, NearDupConfig) else NearDupConfig())
         return ctx
 
+    def save_index(self, fs, path: str) -> None:
+        """Write this run's near-dup index (partitioned, ``curation.dedup.index_store``) if it has one."""
+        if self.index is not None:
+            save_any(self.index, fs, path)
+
     def dataset(self, table: pa.Table):
         import ray.data
 
         return ray.data.from_arrow(table)
 
 
-def earlier_index(earlier: output.CuratedOutput, cfg: NearDupConfig) -> NearDupIndex:
-    """An earlier version's near-dup index: the one it saved (an in-process near dedup), else built
-    from its manifest (a run whose near dedup ran in Ray Data saves no index): its near-dedup
-    candidates are the rows kept or dropped by near or semantic dedup, represented by ``duplicate_of``."""
-    path = output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
-    if storage.exists(earlier.fs, path):
-        return NearDupIndex.load(path)
+def earlier_index(earlier: output.CuratedOutput, cfg: NearDupConfig) -> PartitionedNearIndex | NearDupIndex:
+    """An earlier version's near-dup index: the partitioned one it saved, opened by its header only
+    (searches read the buckets a new batch touches), else built in memory from its manifest (a run
+    whose near dedup ran in Ray Data, or an older index format): its near-dedup candidates are the
+    rows kept or dropped by near or semantic dedup, represented by ``duplicate_of``."""
+    header = output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR, output.NEAR_INDEX_HEADER)
+    if storage.exists(earlier.fs, header) and json.loads(storage.read_bytes(earlier.fs, header)).get("format") == FORMAT:
+        return PartitionedNearIndex.open(earlier.fs, output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
     names = earlier.manifest_schema().names
     wanted = ["key", *cfg.hash_columns(), "width", "height", "converted", "input_bytes", "status", "reason",
               "duplicate_of"]
@@ -150,8 +158,7 @@ class NearDedup(DedupStep):
 
     def decide(self, remaining: pa.Table, ctx: DedupContext) -> pa.Table:
         if ctx.against_index is not None:
-            near = incremental_decisions(remaining, ctx.against_index, self.cfg)
-            ctx.index = ctx.against_index.extended(remaining, near, self.cfg)
+            near, ctx.index = decide_against(remaining, ctx.against_index, self.cfg)
             return near
         near = (near_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg) if ctx.engine == "ray"
                 else near_duplicate_decisions(remaining, self.cfg))

@@ -43,21 +43,30 @@ def test_incremental_equals_plain_full_recomputation_when_old_copies_are_larger(
 
 
 def test_index_save_load_and_extension(tmp_path):
+    import pyarrow.fs as pafs
+
+    from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index
+
     cfg = NearDupConfig()
+    fs = pafs.LocalFileSystem()
     table = planted_table(3000, seed=7)
     v1, rest = split(table, 7, new_fraction=0.5)
     b1, b2 = split(rest, 8, new_fraction=0.5)
     index = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
-    index.save(str(tmp_path / "v1"))
-    loaded = NearDupIndex.load(str(tmp_path / "v1"))
+    save_index(index, fs, str(tmp_path / "v1"))
+    loaded = PartitionedNearIndex.open(fs, str(tmp_path / "v1")).load()
+    assert loaded.rows.equals(index.rows)
     d1 = incremental_decisions(b1, loaded, cfg)
     assert d1.equals(incremental_decisions(shuffled(b1, 3), index, cfg))
-    # version 2 = v1 + b1; b2 against it equals b2 against an index built from scratch
-    v2 = loaded.extended(b1, d1, cfg)
+    # version 2 = v1 + b1 (one more part); b2 against it equals b2 against an index built from scratch
+    _, extension = decide_against(b1, PartitionedNearIndex.open(fs, str(tmp_path / "v1")), cfg)
+    extension.write(fs, str(tmp_path / "v2"))
+    v2 = PartitionedNearIndex.open(fs, str(tmp_path / "v2"))
+    assert len(v2.header["parts"]) == 2
     scratch = NearDupIndex.build(pa.concat_tables([v1, b1]), cfg,
                                  pa.concat_tables([near_duplicate_decisions(v1, cfg), d1]))
-    assert v2.rows.equals(scratch.rows)
-    assert incremental_decisions(b2, v2, cfg).equals(incremental_decisions(b2, scratch, cfg))
+    assert v2.load().rows.equals(scratch.rows)
+    assert v2.decisions(b2, cfg).equals(incremental_decisions(b2, scratch, cfg))
 
 
 def test_index_settings_must_match():

@@ -1,0 +1,244 @@
+"""The near-dup index stored partitioned, so a new batch dedups against an earlier version
+without loading it whole.
+
+Layout (under an output's ``_dedup/near_index/``; any pyarrow filesystem)::
+
+    index.json                          header: format, hash, match_mirrored, max_distance,
+                                        num_blocks, masks (the band plan), num_buckets, parts
+    parts/<part id>/rows/<b>.parquet    one part's rows (key, hashes, size, quality, representative),
+                                        bucketed by crc32(key) % P
+    parts/<part id>/bands/<j>/<b>.parquet  postings (value, key) of band j, bucketed by
+                                        mix64(value & mask_j) % P, sorted by value
+
+A part holds the rows one version added (the first version: all its candidates). The next
+version's header lists the earlier parts where they are (by URI) and adds one new part: the
+index grows append-only, nothing already written is rewritten. ``<part id>`` is a digest of
+the part's keys (content, not paths).
+
+A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets the new batch's
+band keys hash to, keeps the postings whose band key equals a new one, then reads the rows
+of those keys and of their representatives (their key buckets only). The result is a small
+in-memory ``NearDupIndex`` holding every existing row a new value can reach, so
+``incremental_decisions`` on it equals the whole-index decisions row for row. Driver memory:
+the new batch, plus the touched buckets (about min(P, batch values) / P of each band's postings
+per band, and the matching rows' key buckets), never the earlier corpus as such; for a batch
+much smaller than P x rows-per-bucket it is O(batch x B x rows per bucket).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import zlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from curation.dedup import DECISION_SCHEMA
+from curation.dedup.bands import mix64
+from curation.dedup.incremental import NearDupIndex, check_settings, incremental_decisions
+from curation.dedup.near import NearDupConfig, row_values
+from curation.output import NEAR_INDEX_HEADER as HEADER
+from infra import storage
+
+FORMAT = 2
+DEFAULT_BUCKETS = 32
+
+
+def key_buckets(keys: list[str], num_buckets: int) -> np.ndarray:
+    return np.array([zlib.crc32(k.encode()) % num_buckets for k in keys], dtype=np.int64)
+
+
+def value_buckets(values: np.ndarray, mask: int, num_buckets: int) -> np.ndarray:
+    return (mix64(values & np.uint64(mask)) % np.uint64(num_buckets)).astype(np.int64)
+
+
+def _rows_file(part: str, b: int) -> str:
+    return storage.join(part, "rows", f"{b:05d}.parquet")
+
+
+def _band_file(part: str, j: int, b: int) -> str:
+    return storage.join(part, "bands", f"{j:04d}", f"{b:05d}.parquet")
+
+
+def _write_buckets(fs, table: pa.Table, buckets: np.ndarray, path_of) -> list[int]:
+    """Each non-empty bucket of ``table`` to ``path_of(b)``; returns the buckets written."""
+    order = np.argsort(buckets, kind="stable")
+    ids, starts = np.unique(buckets[order], return_index=True)
+    for b, lo, hi in zip(ids, starts, [*starts[1:], len(order)]):
+        storage.write_parquet(fs, path_of(int(b)), table.take(order[lo:hi]))
+    return [int(b) for b in ids]
+
+
+def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray,
+               num_buckets: int) -> dict:
+    """One part (``rows`` carry ``representative``) under ``index_root/parts/<id>``; its header entry."""
+    keys = rows.column("key").to_pylist()
+    part_id = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
+    part = storage.join(index_root, "parts", part_id)
+    row_b = _write_buckets(fs, rows, key_buckets(keys, num_buckets), lambda b: _rows_file(part, b))
+    r, v = row_values(rows, cfg)
+    order = np.argsort(v, kind="stable")
+    postings = pa.table({"value": pa.array(v[order], pa.uint64()), "key": pa.array(keys).take(pa.array(r[order]))})
+    band_b = [_write_buckets(fs, postings, value_buckets(v[order], int(m), num_buckets),
+                             lambda b, j=j: _band_file(part, j, b)) for j, m in enumerate(masks)]
+    return {"id": part_id, "uri": storage.to_uri(fs, part), "rows": len(keys), "row_buckets": row_b,
+            "band_buckets": band_b}
+
+
+def write_index(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, *, masks: np.ndarray,
+                num_blocks: int, max_distance: int, earlier: dict | None = None,
+                num_buckets: int = DEFAULT_BUCKETS) -> dict:
+    """Write ``rows`` as a new part and the header listing ``earlier``'s parts (if any) before it."""
+    if earlier is not None:
+        num_buckets = earlier["num_buckets"]
+    header = {"format": FORMAT, "hash": cfg.hash, "match_mirrored": cfg.match_mirrored,
+              "max_distance": max_distance, "num_blocks": num_blocks,
+              "masks": [str(int(m)) for m in masks], "num_buckets": num_buckets,
+              "parts": list(earlier["parts"]) if earlier else []}
+    if rows.num_rows:
+        header["parts"].append(write_part(fs, index_root, rows, cfg, masks, num_buckets))
+    storage.atomic_write_bytes(fs, storage.join(index_root, HEADER),
+                               json.dumps(header, indent=2, sort_keys=True).encode())
+    return header
+
+
+@dataclasses.dataclass
+class PartitionedNearIndex:
+    """An index on disk, opened by its header only; ``opened`` lists the bucket files read."""
+
+    fs: object
+    root: str
+    header: dict
+    opened: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def open(cls, fs, root: str) -> PartitionedNearIndex:
+        header = json.loads(storage.read_bytes(fs, storage.join(root, HEADER)))
+        if header.get("format") != FORMAT:
+            raise ValueError(f"{root}: near-dup index format is not {FORMAT}; rebuild it (NearDupIndex.build)")
+        return cls(fs, root, header)
+
+    @property
+    def masks(self) -> np.ndarray:
+        return np.array([int(m) for m in self.header["masks"]], dtype=np.uint64)
+
+    @property
+    def num_files(self) -> int:
+        """Bucket files of the whole index (what a full load would open)."""
+        return sum(len(p["row_buckets"]) + sum(len(b) for b in p["band_buckets"]) for p in self.header["parts"])
+
+    def check(self, cfg: NearDupConfig) -> None:
+        h = self.header
+        check_settings(h["hash"], h["match_mirrored"], h["max_distance"], cfg)
+
+    def _read(self, path_of, wanted: set[int], listed: str, j: int | None = None) -> list[pa.Table]:
+        tables = []
+        for part in self.header["parts"]:
+            fs, root = storage.resolve(part["uri"]) if "://" in part["uri"] else (self.fs, part["uri"])
+            present = part[listed] if j is None else part[listed][j]
+            for b in sorted(wanted.intersection(present)):
+                path = path_of(root, b)
+                self.opened.append(path)
+                with fs.open_input_file(path) as fh:
+                    tables.append(pq.read_table(fh))
+        return tables
+
+    def read_rows(self, keys: list[str]) -> pa.Table | None:
+        """The stored rows with these keys (their key buckets only), or None when none is stored."""
+        wanted = set(key_buckets(keys, self.header["num_buckets"]).tolist())
+        tables = self._read(_rows_file, wanted, "row_buckets")
+        if not tables:
+            return None
+        rows = pa.concat_tables(tables, promote_options="default")
+        return rows.filter(pc.is_in(rows.column("key"), value_set=pa.array(sorted(set(keys)), pa.string())))
+
+    def reachable_keys(self, new_values: np.ndarray) -> list[str]:
+        """Keys of stored rows sharing a band key with a new value in some band."""
+        found: set[str] = set()
+        p = self.header["num_buckets"]
+        for j, mask in enumerate(self.masks):
+            wanted = set(value_buckets(new_values, int(mask), p).tolist())
+            for t in self._read(lambda root, b, j=j: _band_file(root, j, b), wanted, "band_buckets", j):
+                v = t.column("value").to_numpy()
+                same = np.isin(v & mask, new_values & mask)
+                found.update(t.column("key").filter(pa.array(same)).to_pylist())
+        return sorted(found)
+
+    def sub_index(self, new: pa.Table, cfg: NearDupConfig) -> NearDupIndex:
+        """A small in-memory index: every stored row a new value can reach, and their representatives."""
+        self.check(cfg)
+        clash = self.read_rows(new.column("key").to_pylist())
+        if clash is not None and clash.num_rows:
+            raise ValueError(f"new rows reuse keys of the existing version: {clash.column('key')[0].as_py()!r}")
+        _, values = row_values(new, cfg)
+        rows = self.read_rows(self.reachable_keys(np.unique(values))) if len(values) else None
+        if rows is not None and rows.num_rows:
+            reps = sorted(set(rows.column("representative").to_pylist()) - set(rows.column("key").to_pylist()))
+            more = self.read_rows(reps) if reps else None
+            rows = pa.concat_tables([rows, more], promote_options="default") if more is not None else rows
+        h = self.header
+        return NearDupIndex.from_rows(rows, cfg, masks=self.masks, num_blocks=h["num_blocks"],
+                                      max_distance=h["max_distance"], like=new)
+
+    def decisions(self, new: pa.Table, cfg: NearDupConfig) -> pa.Table:
+        """``incremental_decisions`` of ``new`` against this index, reading only touched buckets."""
+        if not cfg.enabled or new.num_rows == 0:
+            return DECISION_SCHEMA.empty_table()
+        return incremental_decisions(new, self.sub_index(new, cfg), cfg)
+
+    def load(self) -> NearDupIndex:
+        """The whole index in memory (every bucket file: for tests and small versions only)."""
+        h = self.header
+        cfg = NearDupConfig(hash=h["hash"], match_mirrored=h["match_mirrored"], max_distance=h["max_distance"])
+        tables = self._read(_rows_file, set(range(h["num_buckets"])), "row_buckets")
+        rows = pa.concat_tables(tables, promote_options="default") if tables else None
+        if rows is None:
+            raise ValueError(f"{self.root}: the near-dup index holds no rows")
+        return NearDupIndex.from_rows(rows, cfg, masks=self.masks, num_blocks=h["num_blocks"],
+                                      max_distance=h["max_distance"])
+
+
+def save_index(index: NearDupIndex, fs, path: str, num_buckets: int = DEFAULT_BUCKETS) -> dict:
+    """An in-memory index written partitioned, as one part."""
+    cfg = NearDupConfig(hash=index.hash, match_mirrored=index.match_mirrored, max_distance=index.max_distance)
+    return write_index(fs, path, index.rows, cfg, masks=index.masks, num_blocks=index.num_blocks,
+                       max_distance=index.max_distance, num_buckets=num_buckets)
+
+
+@dataclasses.dataclass
+class IndexExtension:
+    """The index a run saves after deciding a batch against ``base``: ``base``'s parts plus one part
+    of the batch's rows (``representative``: their ``duplicate_of`` or themselves)."""
+
+    base: PartitionedNearIndex
+    rows: pa.Table
+
+    def write(self, fs, path: str) -> dict:
+        h = self.base.header
+        cfg = NearDupConfig(hash=h["hash"], match_mirrored=h["match_mirrored"], max_distance=h["max_distance"])
+        return write_index(fs, path, self.rows, cfg, masks=self.base.masks, num_blocks=h["num_blocks"],
+                           max_distance=h["max_distance"], earlier=h)
+
+    def save(self, path: str) -> dict:
+        return self.write(*storage.resolve(path))
+
+
+def decide_against(new: pa.Table, index: NearDupIndex | PartitionedNearIndex,
+                   cfg: NearDupConfig) -> tuple[pa.Table, NearDupIndex | IndexExtension]:
+    """A new batch's near-dup decisions against an earlier version's index, and the index the run
+    saves: a partitioned index grows by one part (the batch's rows); an in-memory one (built from a
+    manifest) is extended whole."""
+    if isinstance(index, NearDupIndex):
+        decisions = incremental_decisions(new, index, cfg)
+        return decisions, index.extended(new, decisions, cfg)
+    decisions = index.decisions(new, cfg)
+    rows = NearDupIndex.build(new, cfg, decisions).rows if new.num_rows else new.slice(0, 0)
+    return decisions, IndexExtension(index, rows)
+
+
+def save_any(index: NearDupIndex | IndexExtension, fs, path: str) -> dict:
+    """Write the index a run built (whole, as one part) or extended (one new part)."""
+    return save_index(index, fs, path) if isinstance(index, NearDupIndex) else index.write(fs, path)

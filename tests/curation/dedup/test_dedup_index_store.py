@@ -1,0 +1,67 @@
+"""The partitioned near-dup index: decisions equal the in-memory index and a brute-force reference
+across a chain of versions, and a small batch reads only the buckets its band keys fall into."""
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+from dedup_fixtures import planted_table
+from test_dedup_near import reference_decisions
+
+from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index, value_buckets
+from curation.dedup.incremental import NearDupIndex
+from curation.dedup.near import NearDupConfig, near_duplicate_decisions, row_values
+
+
+def with_width(table: pa.Table, width: int) -> pa.Table:
+    return table.set_column(table.schema.get_field_index("width"), "width",
+                            pa.array(np.full(table.num_rows, width, np.int32)))
+
+
+def only(decisions, keys: pa.Table) -> list[dict]:
+    return decisions.filter(pc.is_in(decisions.column("key"), value_set=keys.column("key"))).to_pylist()
+
+
+def test_chain_of_two_versions_partitioned_equals_in_memory_equals_brute_force(tmp_path):
+    """v1, then b1 against v1 (version 2 = one more part), then b2 against version 2. Older rows
+    are larger, so the brute-force reference over everything picks the same representatives."""
+    cfg = NearDupConfig(max_distance=4)
+    fs = pafs.LocalFileSystem()
+    table = planted_table(900, seed=21, max_flips=5)
+    part = np.random.default_rng(21).integers(0, 3, table.num_rows)
+    v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))
+    v1, b1 = with_width(v1, 4000), with_width(b1, 2000)
+    memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
+    save_index(memory, fs, str(tmp_path / "v1"), num_buckets=8)
+    d1, ext = decide_against(b1, PartitionedNearIndex.open(fs, str(tmp_path / "v1")), cfg)
+    m1, memory2 = decide_against(b1, memory, cfg)
+    ext.write(fs, str(tmp_path / "v2"))
+    d2, _ = decide_against(b2, PartitionedNearIndex.open(fs, str(tmp_path / "v2")), cfg)
+    m2, _ = decide_against(b2, memory2, cfg)
+    assert d1.equals(m1) and d2.equals(m2)
+    assert d1.to_pylist() == only(pa.Table.from_pylist(reference_decisions(pa.concat_tables([v1, b1]), 4)), b1)
+    everything = pa.Table.from_pylist(reference_decisions(pa.concat_tables([v1, b1, b2]), 4))
+    assert d2.to_pylist() == only(everything, b2)
+    # the chain matched across versions: b2 rows joined b1 rows' and v1 rows' groups
+    targets = set(d2.column("duplicate_of").to_pylist())
+    assert targets & set(v1.column("key").to_pylist()) and targets & set(b1.column("key").to_pylist())
+
+
+def test_a_small_batch_opens_only_the_buckets_its_band_keys_fall_into(tmp_path):
+    cfg = NearDupConfig(max_distance=4)
+    fs = pafs.LocalFileSystem()
+    table = planted_table(4000, seed=3)
+    copies = near_duplicate_decisions(table, cfg).column("key").to_pylist()[-3:]  # planted copies, late keys
+    is_new = pc.is_in(table.column("key"), value_set=pa.array(copies))
+    old, new = table.filter(pc.invert(is_new)), table.filter(is_new)
+    save_index(NearDupIndex.build(old, cfg, near_duplicate_decisions(old, cfg)), fs, str(tmp_path / "v1"),
+               num_buckets=64)
+    index = PartitionedNearIndex.open(fs, str(tmp_path / "v1"))
+    got = index.decisions(new, cfg)
+    assert got.num_rows >= 1
+    assert got.equals(decide_against(new, PartitionedNearIndex.open(fs, str(tmp_path / "v1")).load(), cfg)[0])
+    _, values = row_values(new, cfg)
+    band_files = {p for p in index.opened if "/bands/" in p}
+    allowed = {f"{j:04d}/{b:05d}" for j, m in enumerate(index.masks)
+               for b in value_buckets(np.unique(values), int(m), 64).tolist()}
+    assert {"/".join(p.rsplit("/", 2)[-2:]).removesuffix(".parquet") for p in band_files} <= allowed
+    assert len(set(index.opened)) < index.num_files / 4, (len(set(index.opened)), index.num_files)
