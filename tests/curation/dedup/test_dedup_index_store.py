@@ -65,3 +65,51 @@ def test_a_small_batch_opens_only_the_buckets_its_band_keys_fall_into(tmp_path):
                for b in value_buckets(np.unique(values), int(m), 64).tolist()}
     assert {"/".join(p.rsplit("/", 2)[-2:]).removesuffix(".parquet") for p in band_files} <= allowed
     assert len(set(index.opened)) < index.num_files / 4, (len(set(index.opened)), index.num_files)
+
+
+def finished_output(root, table: pa.Table, decisions: pa.Table) -> None:
+    """A minimal finished curation output: a manifest (near-dup drops marked) and ``_SUCCESS``."""
+    import pyarrow.parquet as pq
+
+    from curation import output, schema
+
+    dropped = set(decisions.column("key").to_pylist())
+    keys = table.column("key").to_pylist()
+    (root / output.MANIFEST).mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"key": keys, "sha256": [f"sha-{k}" for k in keys],
+                             "status": [schema.DROPPED if k in dropped else schema.KEPT for k in keys]}),
+                   root / output.MANIFEST / "p0.parquet")
+    (root / output.SUCCESS_FILE).write_text("{}")
+
+
+def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
+    """The steps' path: a run saves its index (DedupContext.save_index), the next run with
+    dedup.against opens it by its header, decides, and saves one more part; a third run against
+    that equals the in-memory chain."""
+    from curation import output
+    from curation.config import DedupSettings
+    from curation.dedup.steps import DedupContext, NearDedup
+
+    cfg = NearDupConfig(max_distance=4)
+    fs = pafs.LocalFileSystem()
+    table = planted_table(1500, seed=9)
+    part = np.random.default_rng(9).integers(0, 3, table.num_rows)
+    batches = [table.filter(pa.array(part == i)) for i in range(3)]
+    memory, decided, against = None, [], None
+    for i, batch in enumerate(batches):
+        settings = DedupSettings(against=against)
+        ctx = DedupContext.open(settings, cfg)
+        assert (ctx.against_index is None) == (i == 0)
+        assert i == 0 or isinstance(ctx.against_index, PartitionedNearIndex)
+        got = NearDedup(cfg, settings).decide(batch, ctx)
+        want, memory = (decide_against(batch, memory, cfg) if memory is not None
+                        else (near_duplicate_decisions(batch, cfg), NearDupIndex.build(batch, cfg, got)))
+        assert got.equals(want)
+        decided.append(got.num_rows)
+        out = tmp_path / f"v{i}"
+        ctx.save_index(fs, output.path(str(out), output.DEDUP_DIR, output.NEAR_INDEX_DIR))
+        finished_output(out, batch, got)
+        against = str(out)
+    assert min(decided) > 20
+    last = PartitionedNearIndex.open(fs, output.path(against, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
+    assert len(last.header["parts"]) == 3 and last.load().rows.equals(memory.rows)
