@@ -181,3 +181,17 @@ def test_data_driven_bands_find_exactly_the_brute_force_pairs_on_correlated_bits
     for masks in (plan.masks(), greedy_blocks(*bit_statistics(bit_matrix(values)), t + 2, t).masks()):
         a, b = value_edges(values, masks, t, max_pairs=5000)
         assert set(zip(a.tolist(), b.tolist())) == truth
+
+
+def test_candidate_pair_count_equals_the_pairs_sharing_a_band_key():
+    """``bands.sample_pairs`` (the planner's and the benchmark's candidate count) counts, summed over
+    the bands, the pairs of values whose keys under the band's mask are equal."""
+    from curation.dedup.bands import interleaved, sample_pairs
+
+    rng = np.random.default_rng(3)
+    values = np.unique(rng.integers(0, 2**12, 600, dtype=np.uint64) * np.uint64(0x1000100010001))  # few keys: many ties
+    masks = interleaved(6, 4).masks()
+    expected = sum(int((values[i] & m) == (values[j] & m))
+                   for m in masks for i, j in itertools.combinations(range(len(values)), 2))
+    assert expected > 1000
+    assert sample_pairs(values, masks) == expected
