@@ -19,10 +19,14 @@ A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets 
 band keys hash to, keeps the postings whose band key equals a new one, then reads the rows
 of those keys and of their representatives (their key buckets only). The result is a small
 in-memory ``NearDupIndex`` holding every existing row a new value can reach, so
-``incremental_decisions`` on it equals the whole-index decisions row for row. Driver memory:
-the new batch, plus the touched buckets (about min(P, batch values) / P of each band's postings
-per band, and the matching rows' key buckets), never the earlier corpus as such; for a batch
-much smaller than P x rows-per-bucket it is O(batch x B x rows per bucket).
+``incremental_decisions`` on it equals the whole-index decisions row for row.
+
+Driver memory scales with the new batch and what it reaches, not with the earlier corpus:
+each bucket file is filtered as it is read, so the driver holds the batch, one bucket file
+(about N / P postings or rows) and the reached rows (the batch's near matches and their
+representatives). I/O is per band min(P, b) of P bucket files for a batch of b distinct
+values, i.e. about min(1, b / P) x N postings per band: reads are partial when b << P, and
+approach the whole index (streamed, never held) when the batch has more values than P.
 """
 from __future__ import annotations
 
@@ -44,7 +48,12 @@ from curation.output import NEAR_INDEX_HEADER as HEADER
 from infra import storage
 
 FORMAT = 2
-DEFAULT_BUCKETS = 32
+MAX_BUCKETS = 4096
+
+
+def default_buckets(num_rows: int) -> int:
+    """P for a new index: ~4096 rows per bucket file, 8..4096 buckets (fixed for every later part)."""
+    return int(min(MAX_BUCKETS, max(8, num_rows // 4096)))
 
 
 def key_buckets(keys: list[str], num_buckets: int) -> np.ndarray:
@@ -90,7 +99,7 @@ def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: n
 
 def write_index(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, *, masks: np.ndarray,
                 num_blocks: int, max_distance: int, earlier: dict | None = None,
-                num_buckets: int = DEFAULT_BUCKETS) -> dict:
+                num_buckets: int = 8) -> dict:
     """Write ``rows`` as a new part and the header listing ``earlier``'s parts (if any) before it."""
     if earlier is not None:
         num_buckets = earlier["num_buckets"]
@@ -113,6 +122,9 @@ class PartitionedNearIndex:
     root: str
     header: dict
     opened: list[str] = dataclasses.field(default_factory=list)
+    rows_read: int = 0        # rows (postings and index rows) of the files read
+    largest_file: int = 0     # rows of the largest file read (the most held before filtering)
+    reached: int = 0          # rows of the last sub_index
 
     @classmethod
     def open(cls, fs, root: str) -> PartitionedNearIndex:
@@ -134,7 +146,9 @@ class PartitionedNearIndex:
         h = self.header
         check_settings(h["hash"], h["match_mirrored"], h["max_distance"], cfg)
 
-    def _read(self, path_of, wanted: set[int], listed: str, j: int | None = None) -> list[pa.Table]:
+    def _read(self, path_of, wanted: set[int], listed: str, j: int | None = None, keep=None) -> list[pa.Table]:
+        """The files of buckets ``wanted`` in every part, each one filtered by ``keep`` as it is read
+        (so at most one whole bucket file is held at a time)."""
         tables = []
         for part in self.header["parts"]:
             fs, root = storage.resolve(part["uri"]) if "://" in part["uri"] else (self.fs, part["uri"])
@@ -143,17 +157,19 @@ class PartitionedNearIndex:
                 path = path_of(root, b)
                 self.opened.append(path)
                 with fs.open_input_file(path) as fh:
-                    tables.append(pq.read_table(fh))
+                    table = pq.read_table(fh)
+                self.rows_read += table.num_rows
+                self.largest_file = max(self.largest_file, table.num_rows)
+                tables.append(keep(table) if keep is not None else table)
         return tables
 
     def read_rows(self, keys: list[str]) -> pa.Table | None:
         """The stored rows with these keys (their key buckets only), or None when none is stored."""
         wanted = set(key_buckets(keys, self.header["num_buckets"]).tolist())
-        tables = self._read(_rows_file, wanted, "row_buckets")
-        if not tables:
-            return None
-        rows = pa.concat_tables(tables, promote_options="default")
-        return rows.filter(pc.is_in(rows.column("key"), value_set=pa.array(sorted(set(keys)), pa.string())))
+        key_set = pa.array(sorted(set(keys)), pa.string())
+        tables = self._read(_rows_file, wanted, "row_buckets",
+                            keep=lambda t: t.filter(pc.is_in(t.column("key"), value_set=key_set)))
+        return pa.concat_tables(tables, promote_options="default") if tables else None
 
     def reachable_keys(self, new_values: np.ndarray) -> list[str]:
         """Keys of stored rows sharing a band key with a new value in some band."""
@@ -161,10 +177,14 @@ class PartitionedNearIndex:
         p = self.header["num_buckets"]
         for j, mask in enumerate(self.masks):
             wanted = set(value_buckets(new_values, int(mask), p).tolist())
-            for t in self._read(lambda root, b, j=j: _band_file(root, j, b), wanted, "band_buckets", j):
-                v = t.column("value").to_numpy()
-                same = np.isin(v & mask, new_values & mask)
-                found.update(t.column("key").filter(pa.array(same)).to_pylist())
+            band_keys = np.unique(new_values & mask)
+
+            def keep(t: pa.Table, mask=mask, band_keys=band_keys) -> pa.Table:
+                same = np.isin(t.column("value").to_numpy() & mask, band_keys)
+                return t.select(["key"]).filter(pa.array(same))
+
+            for t in self._read(lambda root, b, j=j: _band_file(root, j, b), wanted, "band_buckets", j, keep):
+                found.update(t.column("key").to_pylist())
         return sorted(found)
 
     def sub_index(self, new: pa.Table, cfg: NearDupConfig) -> NearDupIndex:
@@ -180,6 +200,7 @@ class PartitionedNearIndex:
             more = self.read_rows(reps) if reps else None
             rows = pa.concat_tables([rows, more], promote_options="default") if more is not None else rows
         h = self.header
+        self.reached = 0 if rows is None else rows.num_rows
         return NearDupIndex.from_rows(rows, cfg, masks=self.masks, num_blocks=h["num_blocks"],
                                       max_distance=h["max_distance"], like=new)
 
@@ -201,11 +222,11 @@ class PartitionedNearIndex:
                                       max_distance=h["max_distance"])
 
 
-def save_index(index: NearDupIndex, fs, path: str, num_buckets: int = DEFAULT_BUCKETS) -> dict:
-    """An in-memory index written partitioned, as one part."""
+def save_index(index: NearDupIndex, fs, path: str, num_buckets: int | None = None) -> dict:
+    """An in-memory index written partitioned, as one part (``num_buckets`` None: ``default_buckets``)."""
     cfg = NearDupConfig(hash=index.hash, match_mirrored=index.match_mirrored, max_distance=index.max_distance)
     return write_index(fs, path, index.rows, cfg, masks=index.masks, num_blocks=index.num_blocks,
-                       max_distance=index.max_distance, num_buckets=num_buckets)
+                       max_distance=index.max_distance, num_buckets=num_buckets or default_buckets(index.rows.num_rows))
 
 
 @dataclasses.dataclass
