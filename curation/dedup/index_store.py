@@ -151,7 +151,7 @@ class PartitionedNearIndex:
         (so at most one whole bucket file is held at a time)."""
         tables = []
         for part in self.header["parts"]:
-            fs, root = storage.resolve(part["uri"]) if "://" in part["uri"] else (self.fs, part["uri"])
+            fs, root = self._located(part["uri"])
             present = part[listed] if j is None else part[listed][j]
             for b in sorted(wanted.intersection(present)):
                 path = path_of(root, b)
@@ -162,6 +162,14 @@ class PartitionedNearIndex:
                 self.largest_file = max(self.largest_file, table.num_rows)
                 tables.append(keep(table) if keep is not None else table)
         return tables
+
+    def _located(self, uri: str) -> tuple[object, str]:
+        """(filesystem, path) of a part: this index's filesystem when the part is on the same kind
+        (keeping its endpoint and credentials), else the one its URI names."""
+        prefix = f"{self.fs.type_name}://"
+        if uri.startswith(prefix):
+            return self.fs, uri[len(prefix):]
+        return storage.resolve(uri) if "://" in uri else (self.fs, uri)
 
     def read_rows(self, keys: list[str]) -> pa.Table | None:
         """The stored rows with these keys (their key buckets only), or None when none is stored."""

@@ -10,6 +10,7 @@ from test_dedup_near import reference_decisions
 from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index, value_buckets
 from curation.dedup.incremental import NearDupIndex
 from curation.dedup.near import NearDupConfig, near_duplicate_decisions, row_values
+from tests.curation.test_object_store import BUCKET, s3  # noqa: F401  (the moto S3 fixture)
 
 
 def with_width(table: pa.Table, width: int) -> pa.Table:
@@ -113,3 +114,21 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
     assert min(decided) > 20
     last = PartitionedNearIndex.open(fs, output.path(against, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
     assert len(last.header["parts"]) == 3 and last.load().rows.equals(memory.rows)
+
+
+def test_the_index_lives_on_s3(s3):
+    """Written to and searched on S3 (moto's server through pyarrow), parts named by s3:// URIs."""
+    cfg = NearDupConfig()
+    table = planted_table(1200, seed=4)
+    part = np.random.default_rng(4).integers(0, 3, table.num_rows)
+    v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))
+    memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
+    save_index(memory, s3, f"{BUCKET}/v1/near_index")
+    d1, ext = decide_against(b1, PartitionedNearIndex.open(s3, f"{BUCKET}/v1/near_index"), cfg)
+    m1, memory = decide_against(b1, memory, cfg)
+    ext.write(s3, f"{BUCKET}/v2/near_index")
+    v2 = PartitionedNearIndex.open(s3, f"{BUCKET}/v2/near_index")
+    assert [p["uri"].split("/")[:4] for p in v2.header["parts"]] == [
+        ["s3:", "", BUCKET, "v1"], ["s3:", "", BUCKET, "v2"]]
+    d2 = v2.decisions(b2, cfg)
+    assert d1.equals(m1) and d2.equals(decide_against(b2, memory, cfg)[0]) and d2.num_rows > 20
