@@ -1,6 +1,6 @@
 """The demo: build the demo corpus (real photos + planted bad cases), run the whole
-curate -> pretrain -> finetune -> probe DAG on it with tiny settings (the fine-tune composites
-people onto the corpus' person-free photos), probe a randomly initialised backbone with the
+curate -> pretrain -> finetune -> probe DAG on it with tiny settings (the fine-tune: LP-FT,
+see configs/dag_demo.yaml), probe a randomly initialised backbone with the
 same settings as the baseline, write the curation audit page, and end with one table of what
 came out and where it is (fine-tuned metrics beside the frozen probes').
 
@@ -251,8 +251,8 @@ def summary(result: DagResult, baseline: DagResult | None, audit_page: str | Non
                   f"  pretrained: {outcomes['probe'].folder}"]
         if tuned:
             ft = outcomes["finetune"]
-            lines.append(f"  fine-tuned: {ft.folder}  ({ft.result.get('steps', '?')} end-to-end steps per task, with "
-                         "augmentation; exports: backbone. + decode_head., sha256 in MLflow)")
+            lines.append(f"  fine-tuned: {ft.folder}  ({ft.result.get('steps', '?')} steps per task, LP-FT as "
+                         "configs/dag_demo.yaml says; exports: backbone. + decode_head., sha256 in MLflow)")
         if baseline:
             lines += [f"  random init: {baseline.outcomes[-1].folder}",
                       "  (40 tiny steps on a few images do not make a better backbone than random init: the demo shows "
