@@ -1,14 +1,15 @@
 """Does end-to-end fine-tuning beat the frozen probe of the same backbone, and does pretraining
-matter end to end? Three runs per dense task at equal steps, same data, heads and batch size:
+matter end to end? Three runs per dense task at equal steps, same data, heads, batch size and
+head lr, each once per seed (``--seeds``; mean ± half the range, paired wins per seed):
 
 - "probe": the pretrained backbone frozen, the task's head trained (``evaluation.probe_trainer.run_probe``);
 - "fine-tune": the pretrained backbone + the same head trained end to end (``evaluation.finetune``:
-  layer-wise lr decay, the reference's recipe, its augmentations);
-- "fine-tune (random init)": the same fine-tune from a randomly initialised backbone.
+  layer-wise lr decay as the reference, with ``RECIPE`` on top of configs/finetune_tiny.yaml);
+- "fine-tune (random init)": the same fine-tune recipe from a randomly initialised backbone.
 
     python benchmarks/finetune_vs_probe.py                        # 200 steps, SSL stand-in backbone
     python benchmarks/finetune_vs_probe.py --pretrain demo        # the platform's own pretraining on the demo corpus
-    python benchmarks/finetune_vs_probe.py --checkpoint x.safetensors --steps 400
+    python benchmarks/finetune_vs_probe.py --checkpoint x.safetensors --steps 400 --seeds 0,1,2,3
 
 Image size: the synthetic set's (``--set synthetic.height=64 synthetic.width=48`` for a faster
 look). The pretrained backbone: ``--pretrain ssl`` (default) trains ``evaluation.warmup.ssl_warmup``
@@ -18,8 +19,30 @@ probe tasks' image distribution, not their splits: a built-in advantage, say so 
 (``benchmarks/probe_trained_vs_random.pretrain_on_demo``; 16 curated images: at this scale the
 platform's pretraining need not beat random init, see that benchmark). Everything runs in this
 process on the CPU (the Ray Train / FSDP2 path is the same code, tested in
-tests/evaluation/finetune/); one seed per run, so differences of a few percent are noise.
-Writes ``bench.json`` under ``--out``.
+tests/evaluation/finetune/). Writes ``bench.json`` under ``--out``.
+
+The recipe, and why (200 steps, batch 8, 64x48, the SSL stand-in, seeds 0 and 1, synthetic set
+seed 0; probe: seg mIoU 0.360, normal 35.4 deg, pointmap l2 0.511):
+
+| fine-tune recipe                                   | seg mIoU | normal deg | pointmap l2 |
+| reference (LLRD 0.85, full augmentation)           | 0.337    | 32.3       | 0.549       |
+|   + LP-FT (backbone frozen 70 steps)               | 0.330    | 32.3       | 0.616       |
+|   + backbone lr x0.25                              | 0.329    | 32.4       | 0.491       |
+|   + both                                           | 0.329    | 32.4       | 0.487       |
+| backbone frozen all 200 steps, no augmentation     | 0.360    |            |             |
+| backbone frozen all 200 steps, full augmentation   | 0.328    |            |             |
+| no augmentation                                    | 0.369    | 37.2       | 0.426       |
+| no augmentation, LP-FT 100 + backbone lr x0.25     | 0.360    | 37.6       | 0.481       |
+| LP-FT 70 + x0.25, flips only                       | 0.364    | 33.4       | 0.489       |
+| flips only (RECIPE)                                | 0.376    | 33.1       | 0.432       |
+
+The head's optimiser is not the gap (frozen for the whole run, the fine-tune equals the probe:
+0.3598 vs 0.3597). The reference's rotation / scale / photometric augmentation is: on 160
+clean synthetic images and 200 steps it costs seg 0.03 mIoU and pointmap 0.1 l2, while normals
+need some augmentation (37 deg without, 32-33 with flips). LP-FT and a lower backbone lr only
+help under the full augmentation (pointmap); otherwise they cost a little. These figures chose
+the recipe on the synthetic val split: quote the benchmark on other seeds and another synthetic
+set (``--seeds 3,4,5 --set synthetic.seed=1``), not these.
 """
 from __future__ import annotations
 
@@ -42,6 +65,9 @@ import torch  # noqa: E402
 from evaluation.finetune.config import FinetuneConfig  # noqa: E402
 from infra.config import load_config  # noqa: E402
 
+# The fine-tune recipe compared here (on top of configs/finetune_tiny.yaml; --set goes on top):
+# horizontal flips only (left/right classes, normals and points mirrored). See the docstring.
+RECIPE = ["augment.rotation_prob=0", "augment.scale=[1.0,1.0]", "augment.photometric_prob=0"]
 HEADLINE = {"seg": ("mIoU", "higher"), "normal": ("mean_angle", "lower"), "pointmap": ("l2", "lower"),
             "albedo": ("mae", "lower"), "depth": ("abs_rel", "lower"), "pose": ("AP", "higher")}
 
@@ -84,19 +110,37 @@ def probe(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, float]
                      seed=cfg.seed)
 
 
-def verdict(value: float, ref: float, better: str) -> str:
-    wins = value > ref if better == "higher" else value < ref
-    return "better" if wins else ("same" if value == ref else "WORSE")
+def _stats(values: list[float]) -> tuple[float, float]:
+    """Mean and half the range (max - min) / 2 over seeds."""
+    return sum(values) / len(values), (max(values) - min(values)) / 2
+
+
+def verdict(values: list[float], refs: list[float], better: str) -> str:
+    """On the seed means, and how many seeds (paired: same seed, same data order) win; "clear"
+    when every fine-tune seed beats every baseline seed (the ranges do not overlap; 2+ seeds)."""
+    sign = 1 if better == "higher" else -1
+    mean, ref = _stats(values)[0], _stats(refs)[0]
+    wins = sum(sign * (v - r) > 0 for v, r in zip(values, refs))
+    word = "better" if sign * (mean - ref) > 0 else ("same" if mean == ref else "WORSE")
+    clear = sign * (min(values) - max(refs)) > 0 if sign > 0 else sign * (max(values) - min(refs)) > 0
+    clear_worse = sign * (max(values) - min(refs)) < 0 if sign > 0 else sign * (min(values) - max(refs)) < 0
+    tag = " (clear)" if len(values) > 1 and ((word == "better" and clear) or (word == "WORSE" and clear_worse)) else ""
+    return f"{word}{tag}, {wins}/{len(values)} seeds"
 
 
 def table(results: dict) -> str:
-    lines = [f"| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |",
+    """``results[task][run]``: the headline metric per seed."""
+    def cell(v: list[float]) -> str:
+        m, h = _stats(v)
+        return f"{m:.4f} ± {h:.4f}"
+
+    lines = ["| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |",
              "|---|---|---|---|---|---|---|"]
     for task, r in results.items():
         name, better = HEADLINE[task]
-        p, f, rnd = r["probe"][name], r["finetune"][name], r["finetune_random"][name]
-        lines.append(f"| {task} | {name} ({better}) | {p:.4f} | {f:.4f} | {rnd:.4f} | {verdict(f, p, better)} | "
-                     f"{verdict(f, rnd, better)} |")
+        p, f, rnd = ([m[name] for m in r[k]] for k in ("probe", "finetune", "finetune_random"))
+        lines.append(f"| {task} | {name} ({better}) | {cell(p)} | {cell(f)} | {cell(rnd)} | "
+                     f"{verdict(f, p, better)} | {verdict(f, rnd, better)} |")
     return "\n".join(lines)
 
 
@@ -107,6 +151,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--pretrain", choices=["ssl", "demo"], default="ssl")
     ap.add_argument("--pretrain-steps", type=int, default=300)
+    ap.add_argument("--seeds", default="0,1,2", help="every run once per seed (head init, data order, augmentation)")
     ap.add_argument("--checkpoint", default="", help="an official-layout backbone to use instead of pretraining one")
     ap.add_argument("--set", nargs="*", default=[], help="key=value overrides of configs/finetune_tiny.yaml")
     args = ap.parse_args()
@@ -115,12 +160,12 @@ def main() -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     tasks = args.tasks.split(",")
     cfg = load_config(FinetuneConfig, REPO / "configs" / "finetune_tiny.yaml",
-                      [f"output_dir={out}", f"tasks=[{', '.join(tasks)}]", f"steps={args.steps}", *args.set])
+                      [f"output_dir={out}", f"tasks=[{', '.join(tasks)}]", f"steps={args.steps}", *RECIPE, *args.set])
     hw = (cfg.synthetic.height, cfg.synthetic.width)
     cfg = dataclasses.replace(cfg, **{t: dataclasses.replace(cfg.task(t), image_size=list(hw)) for t in tasks})
     checkpoint = args.checkpoint or (str(ssl_backbone(out, args.pretrain_steps, hw)) if args.pretrain == "ssl" else
                                      _demo_backbone(out, args.pretrain_steps))
-    return _compare(cfg, checkpoint, tasks, out)
+    return _compare(cfg, checkpoint, tasks, out, [int(x) for x in args.seeds.split(",")])
 
 
 def _demo_backbone(out: Path, steps: int) -> str:
@@ -130,22 +175,28 @@ def _demo_backbone(out: Path, steps: int) -> str:
     return pretrain_on_demo(out / "demo", steps, [])["student_weights"]
 
 
-def _compare(cfg: FinetuneConfig, checkpoint: str, tasks: list[str], out: Path) -> int:
+def _compare(cfg: FinetuneConfig, checkpoint: str, tasks: list[str], out: Path, seeds: list[int]) -> int:
     from evaluation.finetune.tasks import resolve_inputs
 
     pretrained = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, checkpoint=checkpoint))
     inputs = resolve_inputs(cfg, out)
+    runs = {"probe": (probe, pretrained), "finetune": (finetune, pretrained), "finetune_random": (finetune, cfg)}
     results = {}
     for task in tasks:
-        results[task] = {"probe": probe(pretrained, task, inputs[task], out),
-                         "finetune": finetune(pretrained, task, inputs[task], out),
-                         "finetune_random": finetune(cfg, task, inputs[task], out)}
-        print(f"{task}: " + "  ".join(f"{k} {HEADLINE[task][0]}={v[HEADLINE[task][0]]:.4f}"
-                                     for k, v in results[task].items()), flush=True)
-    print(f"\n{cfg.steps} steps each, batch {cfg.batch_size_per_worker}, backbone {cfg.backbone.name} "
-          f"({checkpoint})\n" + table(results))
-    (out / "bench.json").write_text(json.dumps({"steps": cfg.steps, "checkpoint": checkpoint, "results": results},
-                                               indent=1))
+        results[task] = {k: [] for k in runs}
+        for seed in seeds:
+            for kind, (fn, c) in runs.items():
+                results[task][kind].append(fn(dataclasses.replace(c, seed=seed), task, inputs[task], out))
+            print(f"{task} seed {seed}: " + "  ".join(f"{k} {HEADLINE[task][0]}={v[-1][HEADLINE[task][0]]:.4f}"
+                                                    for k, v in results[task].items()), flush=True)
+    o = cfg.optim
+    print(f"\n{cfg.steps} steps each, batch {cfg.batch_size_per_worker}, seeds {seeds} (mean ± half-range), "
+          f"backbone {cfg.backbone.name} ({checkpoint})\nfine-tune: lr {o.lr} (the probe's too), backbone x"
+          f"{o.backbone_lr_scale}, layer decay {o.layer_decay}, backbone frozen for {o.freeze_backbone_steps} steps, "
+          f"warm-up {o.warmup_steps}, augment {'on' if cfg.augment.enabled else 'off'} (rotation p "
+          f"{cfg.augment.rotation_prob}, scale {list(cfg.augment.scale)})\n" + table(results))
+    (out / "bench.json").write_text(json.dumps({"steps": cfg.steps, "seeds": seeds, "checkpoint": checkpoint,
+                                                "optim": dataclasses.asdict(o), "results": results}, indent=1))
     return 0
 
 
