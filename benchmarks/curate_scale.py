@@ -205,6 +205,8 @@ def measure(n: int, args) -> dict:
     import ray.data
     ray.data.DataContext.get_current().enable_progress_bars = False
     ray.data.DataContext.get_current().print_on_execution_start = False
+    if args.workdir:
+        os.makedirs(args.workdir, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir) as root:
         t = time.perf_counter()
         pids = stage_corpus(root, n, args)
