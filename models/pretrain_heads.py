@@ -48,6 +48,17 @@ def normalized_pixel_targets(images_BCHW: torch.Tensor, stride: int, eps: float 
     return (patches_BPX - mean) / (var + eps).sqrt()
 
 
+def scatter_visible(x_BND: torch.Tensor, mask_token: torch.Tensor, ids_keep_BV: torch.Tensor,
+                    grid_hw: tuple[int, int], num_prefix_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prefix tokens, the full grid): the V visible tokens put back at their positions, the
+    mask token everywhere else. The MAE decoders' first step (both families)."""
+    prefix_BSD, visible_BVD = x_BND[:, :num_prefix_tokens], x_BND[:, num_prefix_tokens:]
+    B, _, D = visible_BVD.shape
+    h, w = grid_hw
+    full_BPD = mask_token.to(x_BND.dtype).expand(B, h * w, D).clone()
+    return prefix_BSD, full_BPD.scatter(1, ids_keep_BV[..., None].expand(-1, -1, D), visible_BVD)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MAEDecoderConfig:
     """A light transformer; the defaults are Sapiens v1's 8 layers x 512 wide."""
@@ -112,11 +123,8 @@ class MAEDecoder(nn.Module):
     ) -> torch.Tensor:
         """Encoder output (prefix + V visible tokens) -> predictions (B, P, X) for all tokens."""
         x_BND = self.decoder_embed(tokens_BND)
-        prefix_BSD, visible_BVD = x_BND[:, :num_prefix_tokens], x_BND[:, num_prefix_tokens:]
-        B, V, D = visible_BVD.shape
+        prefix_BSD, full_BPD = scatter_visible(x_BND, self.mask_token, ids_keep_BV, grid_hw, num_prefix_tokens)
         h, w = grid_hw
-        full_BPD = self.mask_token.to(x_BND.dtype).expand(B, h * w, D).clone()
-        full_BPD = full_BPD.scatter(1, ids_keep_BV[..., None].expand(-1, -1, D), visible_BVD)
         x_BND = torch.cat((prefix_BSD, full_BPD), dim=1)
         rope = self.rope_embed(h, w)
         for block in self.blocks:

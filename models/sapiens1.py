@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.sapiens2 import BackboneOutput, visible_ids
+from models.pretrain_heads import scatter_visible
+from models.sapiens2 import BackboneOutput, block_ids, visible_ids
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,7 +259,7 @@ class Sapiens1Backbone(nn.Module):
         prefix and the visible tokens only (MAE encoder), each sample keeping the same count,
         which equals a full pass whose attention ignores the masked tokens.
         ``out_indices`` overrides ``config.out_indices``; feature maps come in block order."""
-        wanted = self._block_ids(out_indices or self.config.out_indices)
+        wanted = block_ids(out_indices or self.config.out_indices, len(self.layers))
         x_BPD, (h, w), prefix = self.embed(x_BCHW)
         B, P, D = x_BPD.shape
         ids_keep_BV = None
@@ -293,12 +294,6 @@ class Sapiens1Backbone(nn.Module):
             grid_hw=(h, w),
             ids_keep=ids_keep_BV,
         )
-
-    def _block_ids(self, out_indices: tuple[int, ...]) -> set[int]:
-        depth = len(self.layers)
-        if any(not -depth <= i < depth for i in out_indices):
-            raise ValueError(f"out_indices {out_indices} must be block ids in [-{depth}, {depth})")
-        return {i % depth for i in out_indices}
 
     def forward_masked(self, x_BCHW: torch.Tensor, visible_mask_BP: torch.Tensor) -> BackboneOutput:
         """MAE encoder pass: ``forward(x, visible_mask=...)``."""
@@ -384,11 +379,8 @@ class Sapiens1MAEDecoder(nn.Module):
                 num_prefix_tokens: int) -> torch.Tensor:
         """Encoder output (prefix + V visible tokens) -> predictions (B, P, X) for every grid token."""
         x_BND = self.decoder_embed(tokens_BND)
-        prefix_BSD, visible_BVD = x_BND[:, :num_prefix_tokens], x_BND[:, num_prefix_tokens:]
-        B, V, D = visible_BVD.shape
+        prefix_BSD, full_BPD = scatter_visible(x_BND, self.mask_token, ids_keep_BV, grid_hw, num_prefix_tokens)
         h, w = grid_hw
-        full_BPD = self.mask_token.to(x_BND.dtype).expand(B, h * w, D).clone()
-        full_BPD = full_BPD.scatter(1, ids_keep_BV[..., None].expand(-1, -1, D), visible_BVD)
         pos = resize_pos_embed(self.decoder_pos_embed, self.grid_hw, (h, w), 1).to(x_BND.dtype)
         x_BND = torch.cat((prefix_BSD + pos[:, :1], full_BPD + pos[:, 1:]), dim=1)
         for block in self.decoder_blocks:

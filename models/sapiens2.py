@@ -123,6 +123,13 @@ class BackboneOutput:
     ids_keep: torch.Tensor | None = None
 
 
+def block_ids(out_indices: tuple[int, ...], depth: int) -> set[int]:
+    """Block indices (negative from the end) as ids in [0, depth); out of range -> ValueError."""
+    if any(not -depth <= i < depth for i in out_indices):
+        raise ValueError(f"out_indices {out_indices} must be block ids in [-{depth}, {depth})")
+    return {i % depth for i in out_indices}
+
+
 def visible_ids(visible_mask_BP: torch.Tensor) -> torch.Tensor:
     """Sorted grid indices (B, V) of the True entries; every row must have the same count."""
     if visible_mask_BP.dtype != torch.bool or visible_mask_BP.dim() != 2:
@@ -238,7 +245,7 @@ class Sapiens2Backbone(nn.Module):
         ``out_indices`` overrides ``config.out_indices``; feature maps come in block
         order, on the (H / feature_stride, W / feature_stride) grid.
         """
-        wanted = self._block_ids(out_indices or self.config.out_indices)
+        wanted = block_ids(out_indices or self.config.out_indices, len(self.blocks))
         x_BPD, (h, w) = self.embed(x_BCHW)
         B = x_BPD.shape[0]
         rope = self.rope_embed(h, w)
@@ -278,12 +285,6 @@ class Sapiens2Backbone(nn.Module):
             normed_BND = tokens_BND if i == len(self.blocks) - 1 else self.ln1(collected[i])
             maps.append(normed_BND[:, p:].transpose(1, 2).reshape(tokens_BND.shape[0], -1, h, w))
         return maps
-
-    def _block_ids(self, out_indices: tuple[int, ...]) -> set[int]:
-        depth = len(self.blocks)
-        if any(not -depth <= i < depth for i in out_indices):
-            raise ValueError(f"out_indices {out_indices} must be block ids in [-{depth}, {depth})")
-        return {i % depth for i in out_indices}
 
     def forward_masked(self, x_BCHW: torch.Tensor, visible_mask_BP: torch.Tensor) -> BackboneOutput:
         """MAE encoder pass: ``forward(x, visible_mask=...)``."""
