@@ -37,6 +37,7 @@ from curation import output, staging
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.bands import BandPlan, bit_matrix, bit_statistics, greedy_blocks, interleaved, mix64
 from curation.dedup.components import decisions_from_labels, meta_columns
+from curation.dedup.exact import exact_against
 from curation.dedup.hashing import hex_to_uint64
 from curation.dedup.shuffle import connected_components, shuffle
 from infra import storage
@@ -178,25 +179,56 @@ def with_partitions(decisions: pa.Table, meta: pa.Table) -> pa.Table:
 # ---- exact ------------------------------------------------------------------------------------
 
 def _exact_group(group: pa.Table, reason: str) -> pa.Table:
-    if group.num_rows < 2:
-        return PARTITIONED_DECISION_SCHEMA.empty_table()
-    sha = group.column("sha256")
-    codes = pc.index_in(sha, value_set=pc.unique(sha)).to_numpy()
-    out = decisions_from_labels(group, codes, reason, "sha256:")
-    digest = sha.take(pc.index_in(out.column("key"), value_set=group.column("key")))
-    group_ids = pc.binary_join_element_wise("sha256:", pc.utf8_slice_codeunits(digest, 0, 16), "")
-    out = out.set_column(out.schema.get_field_index("duplicate_group"), "duplicate_group", group_ids)
-    return with_partitions(out, group)
+    """One shuffle group's exact duplicates. Rows marked ``_earlier`` (an earlier version's kept
+    images, ``dedup.against``) are never dropped: every new row with their digest is dropped as a
+    duplicate of the smallest earlier key with it; the other new rows group by digest."""
+    earlier = pc.fill_null(group.column("_earlier"), False) if "_earlier" in group.column_names else None
+    parts = [PARTITIONED_DECISION_SCHEMA.empty_table()]
+    if earlier is not None and pc.any(earlier).as_py():
+        old = group.filter(earlier).select(["key", "sha256"])
+        group = group.filter(pc.invert(earlier))
+        hit = pc.is_in(group.column("sha256"), value_set=old.column("sha256"))
+        parts.append(with_partitions(exact_against(group.filter(hit).select(["key", "sha256"]), old), group))
+        group = group.filter(pc.invert(hit))
+    if group.num_rows >= 2:
+        sha = group.column("sha256")
+        codes = pc.index_in(sha, value_set=pc.unique(sha)).to_numpy()
+        out = decisions_from_labels(group, codes, reason, "sha256:")
+        digest = sha.take(pc.index_in(out.column("key"), value_set=group.column("key")))
+        group_ids = pc.binary_join_element_wise("sha256:", pc.utf8_slice_codeunits(digest, 0, 16), "")
+        out = out.set_column(out.schema.get_field_index("duplicate_group"), "duplicate_group", group_ids)
+        parts.append(with_partitions(out, group))
+    return pa.concat_tables(parts)
 
 
 def _sha_key(batch: pa.Table) -> pa.Table:
     return batch.append_column("_sha", pa.array(hex_to_uint64(pc.utf8_slice_codeunits(batch.column("sha256"), 0, 16))))
 
 
-def exact_decisions(inp: GlobalDedupInput, reason: str, step: str) -> int:
-    """Exact duplicates (same SHA-256) over the run, one shuffle by digest; returns rows dropped."""
+def _earlier_kept(batch: dict, uri: str) -> pa.Table:
+    """The kept (key, sha256) rows of some of an earlier version's manifest parts, marked ``_earlier``."""
+    from curation.dedup.earlier import KEY_SHA, EarlierVersion
+
+    earlier = EarlierVersion.open(uri)
+    table = pa.concat_tables([KEY_SHA.empty_table(), *[earlier.kept_part(str(p), ["key", "sha256"]).cast(KEY_SHA)
+                                                        for p in batch["path"]]])
+    table = table.filter(pc.is_valid(table.column("sha256")))
+    return _sha_key(table).append_column("_earlier", pa.array(np.ones(table.num_rows, bool)))
+
+
+def exact_decisions(inp: GlobalDedupInput, reason: str, step: str, earlier=None) -> int:
+    """Exact duplicates (same SHA-256) over the run, one shuffle by digest; returns rows dropped.
+    ``earlier`` (an ``EarlierVersion``): its kept rows join the shuffle, read by Ray tasks part by part."""
     ds = candidates_dataset(inp, inp.meta("sha256")).map_batches(_sha_key, batch_format="pyarrow")
     parts = inp.partitions_by_input()
+    if earlier is not None and earlier.parts:
+        import ray.data
+
+        old = ray.data.from_items([{"path": p} for p in earlier.parts],
+                                  override_num_blocks=max(1, min(len(earlier.parts), 200)))
+        ds = ds.union(old.map_batches(_earlier_kept, batch_size=1, batch_format="numpy",
+                                      fn_kwargs={"uri": earlier.uri}))
+        parts = max(parts, min(256, len(earlier.parts) // 4))
     decided = shuffle(ds, "_sha", lambda g: _exact_group(g.drop_columns(["_sha"]), reason), parts)
     return write_decisions(decided, inp.out, step, parts)
 

@@ -21,6 +21,20 @@ def exact_duplicate_decisions(candidates: pa.Table) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
 
 
+def exact_against(candidates: pa.Table, existing_kept: pa.Table) -> pa.Table:
+    """Rows whose input bytes equal an image the earlier version kept (``existing_kept``: key, sha256
+    of those kept images, or only of the ones sharing a digest with ``candidates``)."""
+    first_key = {}
+    for key, sha in sorted(zip(existing_kept.column("key").to_pylist(), existing_kept.column("sha256").to_pylist())):
+        if sha is not None:
+            first_key.setdefault(sha, key)
+    rows = [{"key": k, "reason": EXACT_DUPLICATE, "duplicate_of": first_key[s],
+             "duplicate_group": f"sha256:{s[:16]}"}
+            for k, s in zip(candidates.column("key").to_pylist(), candidates.column("sha256").to_pylist())
+            if s in first_key]
+    return pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
+
+
 def _decide_group(group: pa.Table) -> pa.Table:
     rows = group.to_pylist()
     if len(rows) < 2:

@@ -3,8 +3,9 @@
 Each step sees only the rows the previous ones kept, so every dropped row has exactly one
 reason. With ``dedup.against`` (an earlier curation output) the run is incremental: this
 run's images are deduplicated against that version's kept images (exact by content hash,
-near-duplicates through its saved index) and the earlier version is not recomputed; its
-images are never dropped. Every run saves its near-dup index so a later run can build on it.
+near-duplicates through its saved index, semantic by the best cosine match to its kept
+embeddings), read part by part (``curation.dedup.earlier``), never whole on the driver; the
+earlier version is not recomputed and its images are never dropped. Every run saves its near-dup index so a later run can build on it.
 """
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from curation import output, schema
 from curation.config import DedupSettings
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.components import QUALITY_COLUMNS
-from curation.dedup.exact import exact_duplicate_decisions, exact_duplicate_decisions_ray
+from curation.dedup.earlier import EarlierVersion, semantic_against
+from curation.dedup.exact import exact_against, exact_duplicate_decisions, exact_duplicate_decisions_ray
 from curation.dedup.distributed import (GlobalDedupInput, clear_step, exact_decisions, near_decisions,
                                         read_candidates, with_partitions)
 from curation.dedup.incremental import NearDupIndex
@@ -42,7 +44,7 @@ class DedupContext:
 
     engine: str = "local"
     against: str | None = None
-    against_kept: pa.Table | None = None      # key, sha256 of the earlier version's kept images
+    earlier: EarlierVersion | None = None     # the earlier version, read part by part (never whole)
     against_index: PartitionedNearIndex | NearDupIndex | None = None  # opened by its header only
     index: NearDupIndex | IndexExtension | None = None  # the near-dup index this run saves
 
@@ -51,14 +53,10 @@ class DedupContext:
         """``near``: the near-dedup settings when that step runs (True: the defaults), else None/False."""
         ctx = cls(engine=settings.engine, against=settings.against)
         if settings.against:
-            earlier = output.CuratedOutput.at(settings.against)
-            if not earlier.finished:
-                raise ValueError(f"dedup.against={settings.against!r} is not a finished curation output "
-                                 f"(no {output.SUCCESS_FILE})")
-            manifest = earlier.read_manifest(["key", "sha256", "status"])
-            ctx.against_kept = manifest.filter(pc.equal(manifest.column("status"), schema.KEPT)).select(["key", "sha256"])
+            ctx.earlier = EarlierVersion.open(settings.against)
             if near:
-                ctx.against_index = earlier_index(earlier, near if isinstance(near, NearDupConfig) else NearDupConfig())
+                ctx.against_index = earlier_index(ctx.earlier.output,
+                                                  near if isinstance(near, NearDupConfig) else NearDupConfig())
         return ctx
 
     def save_index(self, fs, path: str) -> None:
@@ -133,15 +131,15 @@ class ExactDedup(DedupStep):
         if not remaining.num_rows:
             return DECISION_SCHEMA.empty_table()
         parts = []
-        if ctx.against_kept is not None:
-            parts.append(exact_against(remaining, ctx.against_kept))
+        if ctx.earlier is not None:
+            parts.append(exact_against(remaining, ctx.earlier.kept_with_sha(remaining.column("sha256"))))
             remaining = without(remaining, parts[-1])
         parts.append(exact_duplicate_decisions_ray(ctx.dataset(remaining)) if ctx.engine == "ray"
                      else exact_duplicate_decisions(remaining))
         return pa.concat_tables(parts)
 
     def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
-        return None if ctx.against_kept is not None else exact_decisions(inp, schema.EXACT_DUPLICATE, self.name)
+        return exact_decisions(inp, schema.EXACT_DUPLICATE, self.name, ctx.earlier)
 
 
 class NearDedup(DedupStep):
@@ -184,10 +182,15 @@ class SemanticDedup(DedupStep):
         return {"threshold": self.cfg.threshold}
 
     def decide(self, remaining: pa.Table, ctx: DedupContext) -> pa.Table:
-        if not remaining.num_rows:
+        if not remaining.num_rows or not self.cfg.enabled:
             return DECISION_SCHEMA.empty_table()
-        return (semantic_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg) if ctx.engine == "ray"
-                else semantic_duplicate_decisions(remaining, self.cfg))
+        parts = []
+        if ctx.earlier is not None:
+            parts.append(semantic_against(remaining, ctx.earlier, self.cfg, ctx.engine))
+            remaining = without(remaining, parts[-1])
+        parts.append(semantic_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg) if ctx.engine == "ray"
+                     else semantic_duplicate_decisions(remaining, self.cfg))
+        return pa.concat_tables(parts).sort_by("key")
 
 
 # The order the dedup steps run in (each sees the rows the ones before it kept).
@@ -207,18 +210,6 @@ def without(table: pa.Table, decisions: pa.Table) -> pa.Table:
     return table.filter(pc.invert(pc.is_in(table.column("key"), value_set=decisions.column("key"))))
 
 
-def exact_against(candidates: pa.Table, existing_kept: pa.Table) -> pa.Table:
-    """Rows whose input bytes equal an image the earlier version kept."""
-    first_key = {}
-    for key, sha in sorted(zip(existing_kept.column("key").to_pylist(), existing_kept.column("sha256").to_pylist())):
-        first_key.setdefault(sha, key)
-    rows = [{"key": k, "reason": schema.EXACT_DUPLICATE, "duplicate_of": first_key[s],
-             "duplicate_group": f"sha256:{s[:16]}"}
-            for k, s in zip(candidates.column("key").to_pylist(), candidates.column("sha256").to_pylist())
-            if s in first_key]
-    return pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
-
-
 def candidate_columns(steps: list[DedupStep], available: set[str]) -> tuple[list[str], list[str]]:
     """(columns to read for the dedup steps, preferred columns no step wrote: filled with nulls)."""
     needed = ["key", "partition"]
@@ -234,8 +225,11 @@ def run_global_dedup(steps: list[DedupStep], inp: GlobalDedupInput, ctx: DedupCo
     """Run the steps in order over the staged candidates, each on the rows the earlier ones kept;
     decisions are written per step and partition (``output.decisions_path``). Returns rows
     dropped per step. With ``dedup.engine=ray`` every step that has a distributed form runs in
-    Ray Data (nothing corpus-sized on the driver); the others (``engine=local``, incremental
-    ``dedup.against``, semantic) read their candidates into the driver and decide there."""
+    Ray Data (nothing corpus-sized on the driver); the others (``engine=local``, near dedup
+    with ``dedup.against``, semantic) read their candidates into the driver and decide there.
+    An earlier version (``dedup.against``) is never loaded whole: exact dedup joins its kept
+    digests in the Ray shuffle (or streams its manifest parts on the driver), semantic dedup
+    streams a top-1 search over its parts' embeddings (``curation.dedup.earlier``)."""
     dropped: dict[str, int] = {}
     for step in steps:
         step_inp = dataclasses.replace(inp, earlier_steps=tuple(dropped))
