@@ -162,8 +162,9 @@ def _pretrain_step(uri: str, since: float) -> int:
 
 def _finetune_steps(folder: Path, tasks: list[str]) -> int:
     """Steps the fine-tune has logged so far, over its tasks (``<task>/history.jsonl``)."""
-    return sum(len((folder / t / "history.jsonl").read_text().splitlines())
-               for t in tasks if (folder / t / "history.jsonl").is_file())
+    from evaluation.finetune.run import task_losses
+
+    return sum(len(task_losses(folder / t)) for t in tasks)
 
 
 def _headline(o: StageOutcome) -> str:

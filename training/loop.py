@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from infra import storage
+from infra import jsonl, storage
 from infra.config import from_dict
 from infra.tracking import MetricsLogger
 import training.checkpoint as checkpoint
@@ -144,8 +144,10 @@ def _start(cfg: PretrainConfig, payload: dict) -> Session:
     logger = None
     if rank == 0 and payload.get("mlflow_run_id") and _tracking_reachable(payload["tracking_uri"]):
         logger = MetricsLogger(payload["tracking_uri"], payload["mlflow_run_id"], flush_every=cfg.metrics.log_every)
+    keys_file = _keys_file(cfg, payload["run_dir"], rank)
+    _mark_session_start(keys_file, step)
     return Session(cfg=cfg, payload=payload, rank=rank, world=world, device=device, arch=arch, optimizer=optimizer,
-                   loader=loader, logger=logger, keys_file=_keys_file(cfg, payload["run_dir"], rank), step=step)
+                   loader=loader, logger=logger, keys_file=keys_file, step=step)
 
 
 def _restore(arch, optimizer, rank: int, dataset_id: str) -> tuple[int, dict | None]:
@@ -171,6 +173,12 @@ def _keys_file(cfg: PretrainConfig, run_dir: str, rank: int) -> Path | None:
     keys_file = Path(run_dir) / "batch_keys" / f"rank_{rank:05d}.jsonl"
     keys_file.parent.mkdir(parents=True, exist_ok=True)
     return keys_file
+
+
+def _mark_session_start(keys_file: Path | None, step: int) -> None:
+    """Record ``{"session_start": step}``: the step this session resumed from (0: fresh)."""
+    if keys_file is not None:
+        jsonl.append(keys_file, {"session_start": step})
 
 
 def _train(s: Session) -> None:
@@ -215,8 +223,7 @@ def _one_step(s: Session, cost: StepCost) -> None:
     if cost.flops:
         s.last["mfu"] = cost.flops / elapsed / (cost.peak_tflops * 1e12)
     if s.keys_file is not None:
-        with open(s.keys_file, "a") as f:
-            f.write(json.dumps({"step": s.step, "keys": batch.keys}) + "\n")
+        jsonl.append(s.keys_file, {"step": s.step, "keys": batch.keys})
     if s.logger is not None:
         s.logger.log(s.step, s.last)
         if images_now:

@@ -26,6 +26,7 @@ from evaluation.finetune.tasks import TaskInputs
 from evaluation.config import SplitPaths
 from evaluation.tasks import TaskData
 from evaluation.visualize import save_png
+from infra import jsonl
 from infra.config import from_dict
 from infra.tracking import MetricsLogger
 from training.loop import set_determinism
@@ -108,6 +109,8 @@ def _train(ft: Finetuner, payload: dict, step: int, rank: int, world: int, logge
     loader = train_loader(ft.train_set, global_batch=cfg.batch_size_per_worker * world, seed=cfg.seed, start=step,
                           stop=stop, rank=rank, world=world, workers=cfg.loader_workers)
     history = Path(payload["task_dir"]) / HISTORY
+    if rank == 0:
+        jsonl.append(history, {"session_start": step})
     tick = time.perf_counter()
     for batch in loader:
         values = train_step(ft, batch, step)
@@ -115,8 +118,7 @@ def _train(ft: Finetuner, payload: dict, step: int, rank: int, world: int, logge
         now = time.perf_counter()
         values.update(step_time_s=now - tick, images_per_s=world * cfg.batch_size_per_worker / (now - tick))
         if rank == 0:
-            with open(history, "a") as f:
-                f.write(json.dumps({"step": step, **values}) + "\n")
+            jsonl.append(history, {"step": step, **values})
             if logger is not None:
                 logger.log(step, {f"{ft.task}.{k}": v for k, v in values.items()})
         if step % cfg.checkpoint.every == 0 or step == stop:

@@ -26,7 +26,7 @@ from evaluation.finetune.config import FinetuneConfig
 from evaluation.finetune.loop import EXPORT_DIR, EXPORT_MANIFEST, HISTORY
 from evaluation.finetune.tasks import TaskInputs, check_labels, resolve_inputs
 from evaluation.lineage import Lineage, resolve_lineage
-from infra import tracking
+from infra import jsonl, tracking
 from infra.config import config_digest, config_to_dict, dump_config
 
 RUN_RECORD = "run.json"
@@ -184,11 +184,7 @@ def _fit_task(cfg: FinetuneConfig, payload: dict) -> None:
 
 def task_losses(task_dir: Path) -> dict[int, float]:
     """Step -> loss from ``history.jsonl`` (a replayed step keeps its latest value)."""
-    path = task_dir / HISTORY
-    if not path.is_file():
-        return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-    return {row["step"]: row["loss"] for row in rows}
+    return {row["step"]: row["loss"] for row in jsonl.read(task_dir / HISTORY) if "step" in row}
 
 
 def finished_task(task_dir: Path, steps: int) -> dict | None:

@@ -44,14 +44,30 @@ def pretrain_cmd(dataset_id: str, root: Path, storage: Path, run_name: str, ray_
             "ray.progress_bars=off"]
 
 
-def recorded_steps(run_dir: Path) -> dict[int, list[int]]:
-    """Steps each rank has finished, in the order it recorded them (all sessions)."""
+def records(run_dir: Path) -> dict[int, list[dict]]:
+    """Each rank's records in order (all sessions): ``{"step": s, ...}`` after step s and
+    ``{"session_start": s}`` when a session began at step s. A line being appended right now
+    (or torn by the kill) may be incomplete: only whole lines count."""
     out = {}
     for path in sorted((run_dir / "batch_keys").glob("rank_*.jsonl")):
-        lines = path.read_text().splitlines()
-        # a line being appended right now may be incomplete: only whole lines count
-        out[int(path.stem.split("_")[1])] = [json.loads(line)["step"] for line in lines if line.endswith("}")]
+        rank = int(path.stem.split("_")[1])
+        out[rank] = []
+        for line in path.read_text().splitlines():
+            try:
+                out[rank].append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
     return out
+
+
+def recorded_steps(run_dir: Path) -> dict[int, list[int]]:
+    """Steps each rank has finished, in the order it recorded them (all sessions)."""
+    return {rank: [r["step"] for r in recs if "step" in r] for rank, recs in records(run_dir).items()}
+
+
+def session_starts(run_dir: Path) -> dict[int, list[int]]:
+    """The step each session of each rank started from (0 for the first)."""
+    return {rank: [r["session_start"] for r in recs if "session_start" in r] for rank, recs in records(run_dir).items()}
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
@@ -98,10 +114,13 @@ def test_sigkilled_pretraining_resumes_to_the_uninterrupted_result(curated_demo,
     # Re-run the very same command: it resumes from a checkpoint and finishes.
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
-    resumed_from = {rank: steps[len(at_kill[rank])] - 1 for rank, steps in recorded_steps(run_dir).items()}
-    print(f"killed after steps {at_kill}, checkpoints then {ckpts_at_kill}; resumed from step {resumed_from}")
-    # every rank restarted right after one and the same checkpoint written before the kill (not from scratch)
-    assert len(set(resumed_from.values())) == 1 and resumed_from[0] in ckpts_at_kill
+    starts = session_starts(run_dir)
+    print(f"killed after steps {at_kill}, checkpoints then {ckpts_at_kill}; sessions started at {starts}")
+    # every rank restarted from one and the same checkpoint written before the kill (not from
+    # scratch): the second session's start, as the rank itself recorded it after restoring
+    assert all(len(s) == 2 and s[0] == 0 for s in starts.values()), starts
+    resumed_from = {s[1] for s in starts.values()}
+    assert len(resumed_from) == 1 and resumed_from.pop() in ckpts_at_kill
 
     (ref_history, ref_weights), (history, weights) = outcome(storage / "reference"), outcome(run_dir)
     assert sorted(history) == sorted(ref_history) == list(range(1, STEPS + 1))

@@ -42,7 +42,8 @@ def batch_keys(run_dir: str) -> dict[tuple[int, int], list[str]]:
         rank = int(path.stem.split("_")[1])
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            out[(record["step"], rank)] = record["keys"]  # a replayed step keeps its latest keys
+            if "step" in record:  # not a {"session_start": step} marker
+                out[(record["step"], rank)] = record["keys"]  # a replayed step keeps its latest keys
     return out
 
 

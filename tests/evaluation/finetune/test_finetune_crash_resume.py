@@ -9,7 +9,6 @@ AdamW state come back from the DCP checkpoint.
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from infra import jsonl
 from infra.local_cluster import pids_naming
 from models.io import load_state_dict_file
 from tests.conftest import REPO, kill_when
@@ -35,8 +35,13 @@ def cmd(out: Path, root: Path, ray_tmp: str) -> list[str]:
 
 
 def history(task_dir: Path) -> list[dict]:
-    path = task_dir / "history.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")] if path.is_file() else []
+    """The step records (``{"step": s, "loss": ...}``) of all sessions, in order."""
+    return [row for row in jsonl.read(task_dir / "history.jsonl") if "step" in row]
+
+
+def session_starts(task_dir: Path) -> list[int]:
+    """The step each session started from (0 for the first), as rank 0 recorded it after restoring."""
+    return [row["session_start"] for row in jsonl.read(task_dir / "history.jsonl") if "session_start" in row]
 
 
 def checkpoints(task_dir: Path) -> list[int]:
@@ -70,10 +75,10 @@ def test_sigkilled_finetune_resumes_to_the_uninterrupted_result(tmp_path):
     done = subprocess.run(cmd(tmp_path / "crashed", tmp_path, ray_b), env=env, capture_output=True, text=True,
                           timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
-    steps = [row["step"] for row in history(task_dir)]
-    resumed_from = steps[steps.index(killed_at) + 1] - 1  # the first step of the second session, minus one
-    print(f"killed after step {killed_at} (checkpoints {ckpts}); resumed from step {resumed_from}")
-    assert resumed_from in ckpts and resumed_from < killed_at
+    starts = session_starts(task_dir)
+    print(f"killed after step {killed_at} (checkpoints {ckpts}); sessions started at {starts}")
+    assert len(starts) == 2 and starts[0] == 0, starts
+    assert starts[1] in ckpts and starts[1] < killed_at  # resumed from a checkpoint written before the kill
 
     ref_losses, got = losses(tmp_path / "reference" / "seg"), losses(task_dir)
     assert sorted(got) == sorted(ref_losses) == list(range(1, STEPS + 1))
