@@ -373,3 +373,97 @@ def near_decisions(inp: GlobalDedupInput, cfg, reason: str, prefix: str, step: s
                .map_groups(_members, fn_kwargs={"inp": inp}, batch_format="pyarrow"))
     decided = shuffle(members, "label", _near_group, parts, fn_kwargs={"reason": reason, "prefix": prefix})
     return write_decisions(decided, inp.out, step, parts)
+
+
+# ---- near: the partitioned index the next version searches --------------------------------------
+
+def _index_rows(batch: pa.Table, inp: GlobalDedupInput, cfg, step: str) -> pa.Table:
+    """Index rows (``index_store``'s: prepared candidates and their representative) of the batch's
+    partitions, the representative read from the partition's decisions of ``step``."""
+    from curation.dedup.near import _prepare
+
+    fs, root = storage.resolve(inp.out)
+    dup_of: dict[str, str] = {}
+    for pid in pc.unique(batch.column("partition")).to_pylist():
+        d = read_decisions(fs, root, pid, step)
+        dup_of.update(zip(d.column("key").to_pylist(), d.column("duplicate_of").to_pylist()))
+    rows = _prepare(batch.drop_columns([c for c in ("partition", "row_id") if c in batch.column_names]), cfg)
+    reps = [dup_of.get(k, k) for k in rows.column("key").to_pylist()]
+    return rows.append_column("representative", pa.array(reps, pa.string()))
+
+
+def _key_sums(batch: pa.Table) -> pa.Table:
+    from curation.dedup.index_store import keys_sum
+
+    return pa.table({"rows": [batch.num_rows], "sum": [str(keys_sum(batch.column("key").to_pylist()))]})
+
+
+def _row_bucket_of(batch: pa.Table, num_buckets: int) -> pa.Table:
+    from curation.dedup.index_store import key_buckets
+
+    return batch.append_column("_b", pa.array(key_buckets(batch.column("key").to_pylist(), num_buckets)))
+
+
+def _band_records(batch: pa.Table, cfg, masks: np.ndarray, num_buckets: int) -> pa.Table:
+    """Per band j and distinct hash value of a row: (value, key, _b = j * P + value bucket)."""
+    from curation.dedup.index_store import postings, value_buckets
+
+    post = postings(batch, cfg)
+    v = post.column("value").to_numpy()
+    return pa.concat_tables([post.append_column("_b", pa.array(j * num_buckets + value_buckets(v, int(m), num_buckets)))
+                             for j, m in enumerate(masks)])
+
+
+def _write_buckets_of(group: pa.Table, uri: str, part: str, num_buckets: int, kind: str) -> pa.Table:
+    """Every bucket file of one shuffle group (rows by ``_b`` = key bucket, or postings by
+    ``_b`` = band * P + value bucket); returns the ``_b`` written."""
+    from curation.dedup.index_store import bucket_slices, write_band_bucket, write_row_bucket
+
+    fs, _ = storage.resolve(uri)
+    written = bucket_slices(group.column("_b").to_numpy())
+    body = group.drop_columns(["_b"])
+    for b, idx in written.items():
+        if kind == "rows":
+            write_row_bucket(fs, part, b, body.take(idx))
+        else:
+            write_band_bucket(fs, part, b // num_buckets, b % num_buckets, body.take(idx))
+    return pa.table({"_b": pa.array(list(written), pa.int64())})
+
+
+def write_near_index(inp: GlobalDedupInput, cfg, step: str) -> dict:
+    """The run's near-dup index (``curation.dedup.index_store``'s format: one part of every near
+    candidate with its representative), written under the output by Ray tasks: rows shuffled by
+    key bucket, postings by (band, value bucket), each group writing its bucket files. The driver
+    holds counts, the per-block key digests and the lists of buckets written."""
+    from curation.dedup.index_store import (default_buckets, part_dir, part_entry, part_id, write_header)
+    from curation.dedup.near import band_masks, plan_blocks
+
+    fs, root = storage.resolve(inp.out)
+    index_root = output.path(root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
+    if storage.exists(fs, index_root):
+        fs.delete_dir(index_root)
+    rows = candidates_dataset(inp, inp.meta(*cfg.hash_columns())).map_batches(
+        _index_rows, fn_kwargs={"inp": inp, "cfg": cfg, "step": step}, batch_format="pyarrow").materialize()
+    sums = [(int(r["rows"]), int(r["sum"])) for r in rows.map_batches(_key_sums, batch_format="pyarrow").take_all()]
+    n = sum(r for r, _ in sums)
+    blocks = cfg.num_blocks or plan_blocks(n, cfg.max_distance)
+    masks = band_masks(blocks, cfg.max_distance)
+    p = default_buckets(n)
+    parts = []
+    if n:
+        pid = part_id(n, sum(s for _, s in sums) % 2**128)
+        part = part_dir(index_root, pid)
+        kw = {"uri": inp.out, "part": part, "num_buckets": p}
+        shuffles = inp.num_partitions(n)
+        row_b = shuffle(rows.map_batches(_row_bucket_of, fn_kwargs={"num_buckets": p}, batch_format="pyarrow"),
+                        "_b", _write_buckets_of, shuffles, fn_kwargs={**kw, "kind": "rows"})
+        records = rows.map_batches(_band_records, fn_kwargs={"cfg": cfg, "masks": masks, "num_buckets": p},
+                                   batch_format="pyarrow")
+        band_b = shuffle(records, "_b", _write_buckets_of, inp.num_partitions(n * len(masks)),
+                         fn_kwargs={**kw, "kind": "bands"})
+        written = np.concatenate([b.column("_b").to_numpy() for b in
+                                  band_b.iter_batches(batch_format="pyarrow", batch_size=None)] or [np.zeros(0, int)])
+        rows_written = [int(r["_b"]) for r in row_b.take_all()]
+        parts.append(part_entry(pid, n, rows_written, [written[written // p == j] % p for j in range(len(masks))]))
+    return write_header(fs, index_root, cfg, masks=masks, num_blocks=blocks, max_distance=cfg.max_distance,
+                        num_buckets=p, parts=parts)

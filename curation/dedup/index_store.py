@@ -11,9 +11,12 @@ Layout (under an output's ``_dedup/near_index/``; any pyarrow filesystem)::
                                         mix64(value & mask_j) % P, sorted by value
 
 A part holds the rows one version added (the first version: all its candidates). The next
-version's header lists the earlier parts where they are (by URI) and adds one new part: the
-index grows append-only, nothing already written is rewritten. ``<part id>`` is a digest of
-the part's keys (content, not paths).
+version's header lists the earlier parts where they are and adds one new part: the index
+grows append-only, nothing already written is rewritten. A header names the parts under its
+own folder relative to it (``parts/<id>``: a copied or moved output keeps working) and the
+parts of earlier versions (another output or bucket) by absolute URI. ``<part id>`` is a
+digest of the part's keys (content, not paths), order-free so that a distributed writer
+(``curation.dedup.distributed.write_near_index``) sums it from partial digests.
 
 A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets the new batch's
 band keys hash to, keeps the postings whose band key equals a new one, then reads the rows
@@ -51,6 +54,11 @@ FORMAT = 2
 MAX_BUCKETS = 4096
 
 
+def is_relative(uri: str) -> bool:
+    """A part named relative to its index folder (not a URI, not an absolute path)."""
+    return "://" not in uri and not uri.startswith("/")
+
+
 def default_buckets(num_rows: int) -> int:
     """P for a new index: ~4096 rows per bucket file, 8..4096 buckets (fixed for every later part)."""
     return int(min(MAX_BUCKETS, max(8, num_rows // 4096)))
@@ -72,46 +80,98 @@ def _band_file(part: str, j: int, b: int) -> str:
     return storage.join(part, "bands", f"{j:04d}", f"{b:05d}.parquet")
 
 
-def _write_buckets(fs, table: pa.Table, buckets: np.ndarray, path_of) -> list[int]:
-    """Each non-empty bucket of ``table`` to ``path_of(b)``; returns the buckets written."""
+def bucket_slices(buckets: np.ndarray) -> dict[int, np.ndarray]:
+    """Row positions per non-empty bucket, each in the rows' order."""
     order = np.argsort(buckets, kind="stable")
     ids, starts = np.unique(buckets[order], return_index=True)
-    for b, lo, hi in zip(ids, starts, [*starts[1:], len(order)]):
-        storage.write_parquet(fs, path_of(int(b)), table.take(order[lo:hi]))
-    return [int(b) for b in ids]
+    return {int(b): order[lo:hi] for b, lo, hi in zip(ids, starts, [*starts[1:], len(order)])}
+
+
+def keys_sum(keys: list[str]) -> int:
+    """An order-free digest of a multiset of keys: the sum of their 128-bit BLAKE2b hashes mod 2^128.
+    Partial sums of any split of the keys add up to it, so a distributed writer never gathers them."""
+    return sum(int.from_bytes(hashlib.blake2b(k.encode(), digest_size=16).digest(), "big") for k in keys) % 2**128
+
+
+def part_id(num_rows: int, key_sum: int) -> str:
+    """A part's id: a digest of its keys (``keys_sum``) and their number (content, not paths)."""
+    return hashlib.sha256(f"{num_rows}:{key_sum:032x}".encode()).hexdigest()[:16]
+
+
+def part_dir(index_root: str, pid: str) -> str:
+    return storage.join(index_root, "parts", pid)
+
+
+def relative_part(pid: str) -> str:
+    """How the header names a part under its own index folder (relative: the output may be moved)."""
+    return storage.join("parts", pid)
+
+
+def postings(rows: pa.Table, cfg: NearDupConfig) -> pa.Table:
+    """(value, key) per distinct hash value of each row, sorted by value then key (the same order
+    whatever the row order, so both writers give the same files)."""
+    r, v = row_values(rows, cfg)
+    return pa.table({"value": pa.array(v, pa.uint64()), "key": rows.column("key").take(pa.array(r))}).sort_by(
+        [("value", "ascending"), ("key", "ascending")])
+
+
+def write_row_bucket(fs, part: str, b: int, rows: pa.Table) -> None:
+    storage.write_parquet(fs, _rows_file(part, b), rows.sort_by("key"))
+
+
+def write_band_bucket(fs, part: str, j: int, b: int, band_postings: pa.Table) -> None:
+    storage.write_parquet(fs, _band_file(part, j, b), band_postings.sort_by([("value", "ascending"), ("key", "ascending")]))
 
 
 def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray,
                num_buckets: int) -> dict:
-    """One part (``rows`` carry ``representative``) under ``index_root/parts/<id>``; its header entry."""
+    """One part (``rows`` carry ``representative``) under ``index_root/parts/<id>``; its header entry.
+    (``curation.dedup.distributed.write_near_index`` writes the same files from Ray tasks.)"""
+    rows = rows.sort_by("key")
     keys = rows.column("key").to_pylist()
-    part_id = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()[:16]
-    part = storage.join(index_root, "parts", part_id)
-    row_b = _write_buckets(fs, rows, key_buckets(keys, num_buckets), lambda b: _rows_file(part, b))
-    r, v = row_values(rows, cfg)
-    order = np.argsort(v, kind="stable")
-    postings = pa.table({"value": pa.array(v[order], pa.uint64()), "key": pa.array(keys).take(pa.array(r[order]))})
-    band_b = [_write_buckets(fs, postings, value_buckets(v[order], int(m), num_buckets),
-                             lambda b, j=j: _band_file(part, j, b)) for j, m in enumerate(masks)]
-    return {"id": part_id, "uri": storage.to_uri(fs, part), "rows": len(keys), "row_buckets": row_b,
-            "band_buckets": band_b}
+    by_key = bucket_slices(key_buckets(keys, num_buckets))
+    pid = part_id(len(keys), keys_sum(keys))
+    part = part_dir(index_root, pid)
+    for b, idx in by_key.items():
+        write_row_bucket(fs, part, b, rows.take(idx))
+    post = postings(rows, cfg)
+    v = post.column("value").to_numpy()
+    band_b = []
+    for j, m in enumerate(masks):
+        by_value = bucket_slices(value_buckets(v, int(m), num_buckets))
+        for b, idx in by_value.items():
+            write_band_bucket(fs, part, j, b, post.take(idx))
+        band_b.append(list(by_value))
+    return part_entry(pid, len(keys), list(by_key), band_b)
 
 
-def write_index(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, *, masks: np.ndarray,
-                num_blocks: int, max_distance: int, earlier: dict | None = None,
-                num_buckets: int = 8) -> dict:
-    """Write ``rows`` as a new part and the header listing ``earlier``'s parts (if any) before it."""
-    if earlier is not None:
-        num_buckets = earlier["num_buckets"]
+def part_entry(pid: str, num_rows: int, row_buckets: list[int], band_buckets: list[list[int]]) -> dict:
+    return {"id": pid, "uri": relative_part(pid), "rows": int(num_rows), "row_buckets": sorted(int(b) for b in row_buckets),
+            "band_buckets": [sorted(int(b) for b in band) for band in band_buckets]}
+
+
+def write_header(fs, index_root: str, cfg: NearDupConfig, *, masks: np.ndarray, num_blocks: int, max_distance: int,
+                 num_buckets: int, parts: list[dict]) -> dict:
     header = {"format": FORMAT, "hash": cfg.hash, "match_mirrored": cfg.match_mirrored,
               "max_distance": max_distance, "num_blocks": num_blocks,
-              "masks": [str(int(m)) for m in masks], "num_buckets": num_buckets,
-              "parts": list(earlier["parts"]) if earlier else []}
-    if rows.num_rows:
-        header["parts"].append(write_part(fs, index_root, rows, cfg, masks, num_buckets))
+              "masks": [str(int(m)) for m in masks], "num_buckets": num_buckets, "parts": parts}
     storage.atomic_write_bytes(fs, storage.join(index_root, HEADER),
                                json.dumps(header, indent=2, sort_keys=True).encode())
     return header
+
+
+def write_index(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, *, masks: np.ndarray,
+                num_blocks: int, max_distance: int, earlier: PartitionedNearIndex | None = None,
+                num_buckets: int = 8) -> dict:
+    """Write ``rows`` as a new part and the header listing ``earlier``'s parts (if any) before it."""
+    parts = []
+    if earlier is not None:
+        num_buckets = earlier.header["num_buckets"]
+        parts = [dict(p, uri=earlier.part_uri_from(p, fs, index_root)) for p in earlier.header["parts"]]
+    if rows.num_rows:
+        parts.append(write_part(fs, index_root, rows, cfg, masks, num_buckets))
+    return write_header(fs, index_root, cfg, masks=masks, num_blocks=num_blocks, max_distance=max_distance,
+                        num_buckets=num_buckets, parts=parts)
 
 
 @dataclasses.dataclass
@@ -164,12 +224,22 @@ class PartitionedNearIndex:
         return tables
 
     def _located(self, uri: str) -> tuple[object, str]:
-        """(filesystem, path) of a part: this index's filesystem when the part is on the same kind
-        (keeping its endpoint and credentials), else the one its URI names."""
+        """(filesystem, path) of a part: under this index's folder when ``uri`` is relative; this
+        index's filesystem when the part is on the same kind (keeping its endpoint and
+        credentials), else the one its URI names."""
+        if is_relative(uri):
+            return self.fs, storage.join(self.root, uri)
         prefix = f"{self.fs.type_name}://"
         if uri.startswith(prefix):
             return self.fs, uri[len(prefix):]
         return storage.resolve(uri) if "://" in uri else (self.fs, uri)
+
+    def part_uri_from(self, part: dict, fs, index_root: str) -> str:
+        """How an index written at ``index_root`` (on ``fs``) names this index's ``part``: relative
+        when the part lies under that folder, else its absolute URI (another output or bucket)."""
+        part_fs, path = self._located(part["uri"])
+        inside = part_fs.type_name == fs.type_name and path.startswith(index_root.rstrip("/") + "/")
+        return path[len(index_root.rstrip("/")) + 1:] if inside else storage.to_uri(part_fs, path)
 
     def read_rows(self, keys: list[str]) -> pa.Table | None:
         """The stored rows with these keys (their key buckets only), or None when none is stored."""
@@ -249,7 +319,7 @@ class IndexExtension:
         h = self.base.header
         cfg = NearDupConfig(hash=h["hash"], match_mirrored=h["match_mirrored"], max_distance=h["max_distance"])
         return write_index(fs, path, self.rows, cfg, masks=self.base.masks, num_blocks=h["num_blocks"],
-                           max_distance=h["max_distance"], earlier=h)
+                           max_distance=h["max_distance"], earlier=self.base)
 
     def save(self, path: str) -> dict:
         return self.write(*storage.resolve(path))

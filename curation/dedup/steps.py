@@ -3,9 +3,11 @@
 Each step sees only the rows the previous ones kept, so every dropped row has exactly one
 reason. With ``dedup.against`` (an earlier curation output) the run is incremental: this
 run's images are deduplicated against that version's kept images (exact by content hash,
-near-duplicates through its saved index, semantic by the best cosine match to its kept
-embeddings), read part by part (``curation.dedup.earlier``), never whole on the driver; the
-earlier version is not recomputed and its images are never dropped. Every run saves its near-dup index so a later run can build on it.
+near-duplicates through its saved partitioned index, semantic by the best cosine match to
+its kept embeddings), read part by part (``curation.dedup.earlier``), never whole on the
+driver; the earlier version is not recomputed and its images are never dropped. Every run
+saves its near-dup index so a later run can build on it (``dedup.engine=ray``: written by the
+Ray tasks, ``distributed.write_near_index``).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from curation.dedup.components import QUALITY_COLUMNS
 from curation.dedup.earlier import EarlierVersion, semantic_against
 from curation.dedup.exact import exact_against, exact_duplicate_decisions, exact_duplicate_decisions_ray
 from curation.dedup.distributed import (GlobalDedupInput, clear_step, exact_decisions, near_decisions,
-                                        read_candidates, with_partitions)
+                                        read_candidates, with_partitions, write_near_index)
 from curation.dedup.incremental import NearDupIndex
 from curation.dedup.index_store import FORMAT, IndexExtension, PartitionedNearIndex, decide_against, save_any
 from curation.dedup.near import GROUP_PREFIX, NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
@@ -72,8 +74,8 @@ class DedupContext:
 
 def earlier_index(earlier: output.CuratedOutput, cfg: NearDupConfig) -> PartitionedNearIndex | NearDupIndex:
     """An earlier version's near-dup index: the partitioned one it saved, opened by its header only
-    (searches read the buckets a new batch touches), else built in memory from its manifest (a run
-    whose near dedup ran in Ray Data, or an older index format): its near-dedup candidates are the
+    (searches read the buckets a new batch touches; both engines save one), else built in memory
+    from its manifest (an output written before runs saved their index, or an older index format): its near-dedup candidates are the
     rows kept or dropped by near or semantic dedup, represented by ``duplicate_of``."""
     header = output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR, output.NEAR_INDEX_HEADER)
     if storage.exists(earlier.fs, header) and json.loads(storage.read_bytes(earlier.fs, header)).get("format") == FORMAT:
@@ -166,7 +168,10 @@ class NearDedup(DedupStep):
     def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
         if ctx.against_index is not None:
             return None
-        return near_decisions(inp, self.cfg, schema.NEAR_DUPLICATE, GROUP_PREFIX, self.name)
+        dropped = near_decisions(inp, self.cfg, schema.NEAR_DUPLICATE, GROUP_PREFIX, self.name)
+        write_near_index(inp, self.cfg, self.name)   # written by Ray tasks: nothing left for save_index
+        ctx.index = None
+        return dropped
 
 
 class SemanticDedup(DedupStep):

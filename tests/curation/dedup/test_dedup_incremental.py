@@ -96,7 +96,7 @@ def test_a_new_row_bridging_two_old_groups_joins_the_better_one():
 
 
 def test_an_earlier_version_without_a_saved_index_is_indexed_from_its_manifest(tmp_path):
-    """A run whose near dedup ran in Ray Data saves no index; a later incremental run builds it from
+    """An output with no saved near-dup index (written before runs saved one); a later incremental run builds it from
     that version's manifest (kept rows and near/semantic-dropped rows, representatives from
     ``duplicate_of``) and gets the same decisions as from the index built in-process."""
     import pyarrow.parquet as pq
