@@ -217,7 +217,8 @@ class DecodeStage(Stage):
         out = {k: row.get(k) for k in ("partition", "key", "source", "source_meta", "input_bytes",
                                        "reason", "error_message")}
         out.update(decode_ok=False, width=None, height=None, format=None, mode=None, notes=[], converted=None,
-                   image=None, image_ext=None, phash=None, phash_mirror=None, sha256=None)
+                   image=None, image_ext=None, phash=None, phash_mirror=None, sha256=None, bytes_uri=None,
+                   bytes_offset=None)
         raw = row.get("raw")
         if raw is not None:
             out["sha256"] = hashlib.sha256(raw).hexdigest()
@@ -226,6 +227,8 @@ class DecodeStage(Stage):
         try:
             rgb, facts = decode_image(raw or b"", self.cfg, draft_side=HASH_DRAFT_SIDE)
             out["image"] = encode_output(raw, rgb, facts, self.cfg)
+            if out["image"] is raw:  # kept as it is: readable again where the reader found it
+                out["bytes_uri"], out["bytes_offset"] = row.get("bytes_uri"), row.get("bytes_offset")
         except DecodeError as err:
             out["reason"], out["error_message"] = err.reason, str(err)[:500]
             return out

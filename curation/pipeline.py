@@ -8,12 +8,15 @@
 3. **Pass 1** over every partition not yet complete: read -> the cheap stages (decode: header,
    size, SHA-256, PHash; geometry) inside each read task, into staging part files.
 4. **Global steps** of the pass (exact + near dedup) on metadata only, across the run.
-5. **Pass 2** over the survivors, read back from pass 1's staging (never from the source
-   again: the bytes are already there, a source that changed or vanished since cannot make
-   the passes disagree, and an object store is not read twice): the model stages on actor
-   pools; rows that ended earlier ride along without their image bytes so that every input
-   stays one manifest row. Then its global steps (semantic dedup on pass 2's embeddings).
-6. **Write** each partition's shard, sidecar and manifest part (skipping committed ones).
+5. **Pass 2** over the survivors, read back from pass 1's staging; the survivors' image bytes
+   are read from the input by reference where staging holds none (``curation.staging``: a
+   file or an uncompressed tar member kept as it is), checked against pass 1's SHA-256, so a
+   source that changed or vanished since fails the run instead of making the passes disagree:
+   the model stages on actor pools; rows that ended earlier ride along without their image
+   bytes so that every input stays one manifest row. Then its global steps (semantic dedup
+   on pass 2's embeddings).
+6. **Write** each partition's shard, sidecar and manifest part (skipping committed ones); kept
+   images staged by reference are copied from the input into the shard, checked the same way.
 7. **Finish**: stats from the manifest, the dataset version, MLflow, then ``_SUCCESS``.
 
 Resume is by files: a re-run of the same job into the same output redoes only the
@@ -36,7 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from curation import output, readers, staging
+from curation import output, readers, schema, staging
 from curation.dedup.distributed import GlobalDedupInput, decided_steps, partition_decisions
 from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_global_dedup, steps_before
 from curation.recipe import HUMANS1B, CurationConfig
@@ -226,6 +229,12 @@ def _read_and_list(p: readers.Partition, reader: readers.ReadImages, inline: lis
         yield run_stages_locally(table, inline) if inline else table
 
 
+def staging_task_resources(job: Job) -> dict:
+    """A staging write task's CPUs: the read task's (``input.num_cpus``), not Ray's default of one
+    CPU, which a fixed model pool leaving less than a CPU free would starve until the pool ends."""
+    return {"num_cpus": job.cfg.input.num_cpus}
+
+
 def split_inline(stages: list) -> tuple[list, list]:
     """(the leading cheap stages, the rest). The cheap ones run inside each partition's read task:
     as separate Ray Data operators, every image's bytes would cross the object store once more
@@ -245,7 +254,7 @@ def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
     ds = ray.data.read_datasource(source, override_num_blocks=len(partitions), num_cpus=job.cfg.input.num_cpus)
     for stage in pooled:
         ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
-    ds.write_datasink(staging.StagingSink(uri))
+    ds.write_datasink(staging.StagingSink(uri), ray_remote_args=staging_task_resources(job))
 
 
 def pass_job(job: Job, p: Pass) -> Job:
@@ -256,7 +265,9 @@ def pass_job(job: Job, p: Pass) -> Job:
     return dataclasses.replace(job, steps=job.steps.up_to(p), root=root)
 
 
-def _survivors(pid: str, src_uri: str, dst_uri: str, out_uri: str, inline: list):
+def _survivors(pid: str, src_uri: str, dst_uri: str, out_uri: str, inline: list, images: bool = True):
+    """Pass k's rows of partition ``pid``; ``images``: the pending rows get their image bytes
+    (read from the input where staged by reference)."""
     fs, src = storage.resolve(src_uri)
     dst = storage.resolve(dst_uri)[1]
     rows = staging.read_partition_rows(fs, src, pid)
@@ -264,6 +275,8 @@ def _survivors(pid: str, src_uri: str, dst_uri: str, out_uri: str, inline: list)
     if rows is None:
         return
     rows = survivors_only(rows, partition_decisions(*storage.resolve(out_uri), pid))
+    if images:
+        rows = staging.load_image_bytes(rows, schema.pending_mask(rows))
     for start in range(0, rows.num_rows, readers.ROWS_PER_BLOCK):
         chunk = rows.slice(start, readers.ROWS_PER_BLOCK)
         yield run_stages_locally(chunk, inline) if inline else chunk
@@ -284,12 +297,14 @@ def score_survivors(job: Job, p: Pass, pids: list[str]) -> None:
     for pid in todo:
         staging.clear_partition(job.fs, dst.root, pid)
     inline, pooled = split_inline(p.stages)
+    images = any("image" in s.columns_read() for s in p.stages)
     parts = [readers.Partition(id=pid, kind="staged", uris=(src.uri,)) for pid in todo]
-    source = readers.partition_datasource(parts, lambda q: _survivors(q.id, src.uri, dst.uri, job.uri, inline), schema=None)
+    source = readers.partition_datasource(parts, lambda q: _survivors(q.id, src.uri, dst.uri, job.uri, inline, images),
+                                          schema=None)
     ds = ray.data.read_datasource(source, override_num_blocks=len(parts), num_cpus=job.cfg.input.num_cpus)
     for stage in pooled:
         ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
-    ds.write_datasink(staging.StagingSink(dst.uri))
+    ds.write_datasink(staging.StagingSink(dst.uri), ray_remote_args=staging_task_resources(job))
 
 
 def run_passes(job: Job, pids: list[str], pending: list[str]) -> tuple[dict[str, int], dict[str, float]]:

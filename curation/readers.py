@@ -123,12 +123,16 @@ class _RowBuffer:
         self.rows: list[dict] = []
 
     def add(self, key: str, source: str, raw: bytes | None, *, size: int | None = None,
-            meta: str | None = None, reason: str | None = None, error: str | None = None) -> None:
+            meta: str | None = None, reason: str | None = None, error: str | None = None,
+            at: tuple[str, int] | None = None) -> None:
+        """``at``: (uri, offset) where ``raw`` can be read again, when it can (``schema``'s ``bytes_uri``)."""
         if raw is not None and len(raw) == 0 and reason is None:
             reason = EMPTY_FILE
+        ok = reason is None and raw is not None and at is not None and (size is None or size == len(raw))
         self.rows.append({"partition": self.partition.id, "key": key, "source": source, "source_meta": meta,
                           "input_bytes": size if size is not None else (len(raw) if raw is not None else None),
-                          "raw": raw if reason is None else None, "reason": reason, "error_message": error})
+                          "raw": raw if reason is None else None, "reason": reason, "error_message": error,
+                          "bytes_uri": at[0] if ok else None, "bytes_offset": at[1] if ok else None})
 
     def full(self) -> bool:
         return len(self.rows) >= ROWS_PER_BLOCK
@@ -141,15 +145,16 @@ class _RowBuffer:
 
 def _read_files(p: Partition, max_bytes: int) -> Iterator[pa.Table]:
     buf = _RowBuffer(p)
+    root = storage.resolve(p.root)[1] if p.root else None
     for uri, size in zip(p.uris, p.sizes):
-        rel = posixpath.relpath(storage.resolve(uri)[1], storage.resolve(p.root)[1]) if p.root else uri
+        fs, path = storage.resolve(uri)
+        rel = posixpath.relpath(path, root) if root is not None else uri
         key = make_key(posixpath.splitext(rel)[0], uri)
         if size > max_bytes:
             buf.add(key, uri, None, size=size, reason=FILE_TOO_LARGE, error=f"{size} bytes > decode.max_bytes={max_bytes}")
         else:
             try:
-                fs, path = storage.resolve(uri)
-                buf.add(key, uri, storage.read_bytes(fs, path), size=size)
+                buf.add(key, uri, storage.read_bytes(fs, path), size=size, at=(uri, 0))
             except OSError as err:
                 buf.add(key, uri, None, size=size, reason=READ_FAILED, error=f"{type(err).__name__}: {err}")
         if buf.full():
@@ -159,33 +164,37 @@ def _read_files(p: Partition, max_bytes: int) -> Iterator[pa.Table]:
 
 
 def _collect_tar_samples(uri: str, max_bytes: int, image_exts: tuple[str, ...]) -> tuple[dict[str, dict], str | None]:
-    """Sample key -> {"image": (ext, bytes or None when too large, size), "json"/"txt": text}, in
-    first-seen order, grouped by WebDataset's member-name rule across the whole tar; and the
-    error that cut the tar short, if any (what was read before it is kept)."""
+    """Sample key -> {"image": (ext, bytes or None when too large, size, offset of the bytes in
+    the tar or None when it is compressed), "json"/"txt": text}, in first-seen order, grouped by
+    WebDataset's member-name rule across the whole tar; and the error that cut the tar short, if
+    any (what was read before it is kept)."""
     samples: dict[str, dict] = {}
     try:
         fs, path = storage.resolve(uri)
         with fs.open_input_stream(path) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+            plain = getattr(tar.fileobj, "comptype", None) == "tar"  # member offsets are file offsets
             for member in tar:
                 # Directories, links and devices carry no image bytes; a name without a key and an
                 # extension (README, .hidden) is no sample member for WebDataset either.
                 split = split_member(member.name) if member.isfile() else None
                 if split is not None:
-                    _add_tar_member(samples.setdefault(split[0], {}), split[1], tar, member, max_bytes, image_exts)
+                    _add_tar_member(samples.setdefault(split[0], {}), split[1], tar, member, max_bytes, image_exts,
+                                    plain)
     except (tarfile.TarError, OSError, EOFError) as err:
         return samples, f"{type(err).__name__}: {err}"
     return samples, None
 
 
 def _add_tar_member(entry: dict, ext: str, tar: tarfile.TarFile, member: tarfile.TarInfo, max_bytes: int,
-                    image_exts: tuple[str, ...]) -> None:
+                    image_exts: tuple[str, ...], plain: bool = False) -> None:
     """The sample's first image member (bytes unless over ``max_bytes``) and its json/txt metadata."""
     if ext in image_exts and "image" not in entry:
+        offset = member.offset_data if plain and not member.sparse else None
         if member.size > max_bytes:
-            entry["image"] = (ext, None, member.size)
+            entry["image"] = (ext, None, member.size, None)
         else:
             fh = tar.extractfile(member)
-            entry["image"] = (ext, fh.read() if fh else b"", member.size)
+            entry["image"] = (ext, fh.read() if fh else b"", member.size, offset)
     elif ext in ("json", "txt") and member.size <= 1 << 20:
         fh = tar.extractfile(member)
         entry[ext] = (fh.read() if fh else b"").decode("utf-8", "replace")
@@ -199,7 +208,7 @@ def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iter
     for sample_key, entry in samples.items():
         if "image" not in entry:
             continue  # e.g. img2dataset's records of failed downloads: no image, not an input image
-        ext, raw, size = entry["image"]
+        ext, raw, size, offset = entry["image"]
         source = f"{uri}#{sample_key}.{ext}"
         key = make_key(f"{tar_stem}_{sample_key}", source)
         meta = entry.get("json", entry.get("txt"))
@@ -207,7 +216,7 @@ def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iter
             buf.add(key, source, None, size=size, meta=meta, reason=FILE_TOO_LARGE,
                     error=f"{size} bytes > decode.max_bytes={max_bytes}")
         else:
-            buf.add(key, source, raw, size=size, meta=meta)
+            buf.add(key, source, raw, size=size, meta=meta, at=None if offset is None else (uri, offset))
         if buf.full():
             yield buf.flush()
     if failure is not None:
@@ -289,7 +298,7 @@ def _read_parquet(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa
                     buf.add(key, source, None, size=size, reason=FILE_TOO_LARGE,
                             error=f"{size} bytes > decode.max_bytes={max_bytes}")
                 else:
-                    buf.add(key, source, storage.read_bytes(tfs, tpath))
+                    buf.add(key, source, storage.read_bytes(tfs, tpath), at=(storage.to_uri(tfs, tpath), 0))
             except (OSError, ValueError, TypeError) as err:
                 buf.add(key, source, None, reason=READ_FAILED, error=f"{type(err).__name__}: {err}")
         if buf.full():

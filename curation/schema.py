@@ -26,6 +26,11 @@ Row columns written by the reader and the decode stage (the base schema):
 - ``image_ext``: extension of ``image`` in the shards (``jpg``).
 - ``phash``/``phash_mirror``: 64-bit perceptual hash (imagededup's PHash algorithm) of the
   image and of its mirror, as 16 hex characters.
+- ``bytes_uri``/``bytes_offset``: where the input's bytes can be read again (a file, or an
+  uncompressed tar at the member's offset; ``input_bytes`` long), null when they cannot (Parquet
+  byte columns, compressed tars) or when the image was re-encoded. Staging then stores no image
+  bytes for the row: pass 2 and the shard writer read them from there by reference, checked
+  against ``sha256`` (``curation.staging.load_image_bytes``). Never written to the manifest.
 """
 from __future__ import annotations
 
@@ -74,6 +79,8 @@ BASE_FIELDS = [
     pa.field("image_ext", pa.string()),
     pa.field("phash", pa.string()),
     pa.field("phash_mirror", pa.string()),  # PHash of the horizontal mirror: flipped copies are near-duplicates
+    pa.field("bytes_uri", pa.string()),
+    pa.field("bytes_offset", pa.int64()),
 ]
 
 # The reader's raw rows, before decode.
@@ -86,6 +93,8 @@ RAW_FIELDS = [
     pa.field("raw", pa.binary()),
     pa.field("reason", pa.string()),
     pa.field("error_message", pa.string()),
+    pa.field("bytes_uri", pa.string()),
+    pa.field("bytes_offset", pa.int64()),
 ]
 RAW_SCHEMA = pa.schema(RAW_FIELDS)
 
@@ -107,6 +116,8 @@ DECISION_FIELDS = [
 
 # Columns never copied into the manifest (image payloads live in the shards only).
 PAYLOAD_COLUMNS = ("image", "raw")
+# Where the payload can be read again (staging only): never copied into the manifest or the shards.
+REFERENCE_COLUMNS = ("bytes_uri", "bytes_offset")
 
 
 def pending_mask(table: pa.Table) -> list[bool]:

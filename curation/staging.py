@@ -4,8 +4,12 @@ Layout under ``<output>/_staging/<partition>/``:
 
 - ``_listing.json``: the partition's keys, written by its read task before any of its rows
   go downstream.
-- ``part-<digest>.parquet``: scored rows (image bytes included) as the sink received them;
-  rows of one partition may arrive in several blocks, so a partition has one or more parts.
+- ``part-<digest>.parquet``: scored rows as the sink received them; rows of one partition may
+  arrive in several blocks, so a partition has one or more parts. Image bytes that can be read
+  again from the input (``bytes_uri``/``bytes_offset``: a file, an uncompressed tar member) are
+  not copied here: pass 2 and the shard writer read them by reference (``load_image_bytes``),
+  checked against the row's SHA-256. Only re-encoded images and bytes from Parquet byte columns
+  or compressed tars are staged.
 
 A partition is *complete* when its listing exists and every listed key is in its parts.
 Completeness is derived from the files, so a job killed at any point restarts by deleting
@@ -17,6 +21,7 @@ import hashlib
 import json
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from curation.output import LISTING_FILE as LISTING
@@ -34,8 +39,62 @@ def write_listing(fs, output: str, pid: str, keys: list[str]) -> None:
                                json.dumps(sorted(keys)).encode())
 
 
+def by_reference(table: pa.Table) -> pa.Table:
+    """``table`` without the image bytes of rows that can read them again from the input."""
+    if "image" not in table.column_names or "bytes_uri" not in table.column_names:
+        return table
+    image = table.column("image")
+    return table.set_column(table.schema.get_field_index("image"), "image",
+                            pc.if_else(pc.is_valid(table.column("bytes_uri")), pa.nulls(table.num_rows, image.type),
+                                       image))
+
+
+def _read_references(refs: list[tuple[int, str, int, int]]) -> dict[int, bytes]:
+    """Bytes of (row, uri, offset, length) references, each container opened once."""
+    out: dict[int, bytes] = {}
+    by_uri: dict[str, list[tuple[int, int, int]]] = {}
+    for row, uri, offset, length in refs:
+        by_uri.setdefault(uri, []).append((offset, length, row))
+    for uri, wanted in by_uri.items():
+        fs, path = storage.resolve(uri)
+        with fs.open_input_file(path) as fh:
+            for offset, length, row in sorted(wanted):
+                out[row] = fh.read_at(length, offset)
+    return out
+
+
+def load_image_bytes(table: pa.Table, rows: list[bool]) -> pa.Table:
+    """``table`` with the image bytes of the ``rows`` staged by reference read back from the input.
+
+    The bytes must have the SHA-256 pass 1 recorded: an input that changed or vanished since is
+    a ``RuntimeError`` naming it (the passes would disagree otherwise)."""
+    if "bytes_uri" not in table.column_names or table.num_rows == 0:
+        return table
+    image = table.column("image").to_pylist()
+    uris, offsets = table.column("bytes_uri").to_pylist(), table.column("bytes_offset").to_pylist()
+    sizes, digests = table.column("input_bytes").to_pylist(), table.column("sha256").to_pylist()
+    keys = table.column("key").to_pylist()
+    refs = [(i, uris[i], offsets[i], sizes[i]) for i, wanted in enumerate(rows)
+            if wanted and image[i] is None and uris[i] is not None]
+    if not refs:
+        return table
+    try:
+        loaded = _read_references(refs)
+    except OSError as err:
+        raise RuntimeError(f"an input read in pass 1 can no longer be read ({type(err).__name__}: {err}); "
+                           "inputs must stay in place until the run completes") from None
+    for i, data in loaded.items():
+        if hashlib.sha256(data).hexdigest() != digests[i]:
+            raise RuntimeError(f"input {uris[i]} (offset {offsets[i]}, key {keys[i]}) changed since pass 1 read it "
+                               "(SHA-256 differs); inputs must stay unchanged until the run completes")
+        image[i] = data
+    return table.set_column(table.schema.get_field_index("image"), "image", pa.array(image, pa.binary()))
+
+
 def write_parts(fs, output: str, table: pa.Table) -> int:
-    """Write one part file per partition present in ``table``; returns rows written."""
+    """Write one part file per partition present in ``table`` (image bytes by reference where
+    they can be read again, ``by_reference``); returns rows written."""
+    table = by_reference(table)
     parts = table.column("partition").to_pylist()
     for pid in sorted(set(parts)):
         rows = table.filter(pa.compute.equal(table.column("partition"), pid))

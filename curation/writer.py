@@ -27,7 +27,8 @@ from curation.output import empty_marker_path, manifest_part_path, shard_path, s
 from curation.stages import Step
 from infra import storage
 
-_META_SKIP = set(schema.PAYLOAD_COLUMNS) | {"decode_ok", "reason", "error_message", "status", "duplicate_of",
+_NOT_STORED = (*schema.PAYLOAD_COLUMNS, *schema.REFERENCE_COLUMNS)  # in neither the manifest nor the sidecar
+_META_SKIP = set(_NOT_STORED) | {"decode_ok", "reason", "error_message", "status", "duplicate_of",
                                            "duplicate_group", "image_ext"}
 
 
@@ -108,11 +109,12 @@ def write_partition(output: str, pid: str, decisions: pa.Table, staged_at: str |
     kept = table.filter(pc.equal(table.column("status"), schema.KEPT))
     shard_name = posixpath.basename(shard_path(root, pid)) if kept.num_rows else None
     if kept.num_rows:
+        kept = staging.load_image_bytes(kept, [True] * kept.num_rows)  # from the input, where staged by reference
         write_tar(fs, shard_path(root, pid), kept.to_pylist())
-        sidecar = kept.drop_columns([c for c in schema.PAYLOAD_COLUMNS if c in kept.column_names])
+        sidecar = kept.drop_columns([c for c in _NOT_STORED if c in kept.column_names])
         sidecar = schema.with_columns(sidecar, {"shard": pa.array([shard_name] * kept.num_rows, pa.string())})
         storage.write_parquet(fs, sidecar_path(root, pid), sidecar)
-    manifest = table.drop_columns([c for c in schema.PAYLOAD_COLUMNS if c in table.column_names])
+    manifest = table.drop_columns([c for c in _NOT_STORED if c in table.column_names])
     shard_col = [shard_name if s == schema.KEPT else None for s in manifest.column("status").to_pylist()]
     manifest = schema.with_columns(manifest, {"shard": pa.array(shard_col, pa.string())})
     storage.write_parquet(fs, manifest_part_path(root, pid), manifest)
