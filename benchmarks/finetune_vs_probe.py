@@ -8,6 +8,7 @@ head lr, each once per seed (``--seeds``; mean ± half the range, paired wins pe
 - "fine-tune (random init)": the same fine-tune recipe from a randomly initialised backbone.
 
     python benchmarks/finetune_vs_probe.py                        # 200 steps, SSL stand-in backbone
+    python benchmarks/finetune_vs_probe.py --pretrain synthetic   # the platform's pretraining on curated rendered figures
     python benchmarks/finetune_vs_probe.py --pretrain demo        # the platform's own pretraining on the demo corpus
     python benchmarks/finetune_vs_probe.py --checkpoint x.safetensors --steps 400 --seeds 0,1,2,3
 
@@ -15,6 +16,10 @@ Image size: the synthetic set's (``--set synthetic.height=64 synthetic.width=48`
 look). The pretrained backbone: ``--pretrain ssl`` (default) trains ``evaluation.warmup.ssl_warmup``
 (MAE + contrastive, no labels) for ``--pretrain-steps`` on freshly rendered synthetic images (the
 probe tasks' image distribution, not their splits: a built-in advantage, say so when quoting);
+``--pretrain synthetic`` renders ``--pretrain-images`` figures of that distribution as JPEG files,
+curates them with the real pipeline (no person detector: they are renders) and runs the platform's
+pretraining stage (``configs/pretrain_tiny.yaml``: the Sapiens2 objective, Ray Train, FSDP2) on
+the curated shards for ``--pretrain-steps`` (``benchmarks/probe_trained_vs_random.pretrain_on_synthetic``);
 ``--pretrain demo`` curates the demo corpus and runs ``configs/pretrain_tiny.yaml``
 (``benchmarks/probe_trained_vs_random.pretrain_on_demo``; 16 curated images: at this scale the
 platform's pretraining need not beat random init, see that benchmark). Everything runs in this
@@ -149,8 +154,11 @@ def main() -> int:
     ap.add_argument("--out", default="runs/bench/finetune_vs_probe")
     ap.add_argument("--tasks", default="seg,normal,pointmap,albedo,depth")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--pretrain", choices=["ssl", "demo"], default="ssl")
-    ap.add_argument("--pretrain-steps", type=int, default=300)
+    ap.add_argument("--pretrain", choices=["ssl", "synthetic", "demo"], default="ssl")
+    ap.add_argument("--pretrain-steps", type=int, default=1500)
+    ap.add_argument("--pretrain-images", type=int, default=512, help="--pretrain synthetic: figures rendered")
+    ap.add_argument("--pretrain-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="--pretrain synthetic/demo: settings over configs/pretrain_tiny.yaml")
     ap.add_argument("--seeds", default="0,1,2", help="every run once per seed (head init, data order, augmentation)")
     ap.add_argument("--checkpoint", default="", help="an official-layout backbone to use instead of pretraining one")
     ap.add_argument("--set", nargs="*", default=[], help="key=value overrides of configs/finetune_tiny.yaml")
@@ -163,16 +171,22 @@ def main() -> int:
                       [f"output_dir={out}", f"tasks=[{', '.join(tasks)}]", f"steps={args.steps}", *RECIPE, *args.set])
     hw = (cfg.synthetic.height, cfg.synthetic.width)
     cfg = dataclasses.replace(cfg, **{t: dataclasses.replace(cfg.task(t), image_size=list(hw)) for t in tasks})
-    checkpoint = args.checkpoint or (str(ssl_backbone(out, args.pretrain_steps, hw)) if args.pretrain == "ssl" else
-                                     _demo_backbone(out, args.pretrain_steps))
+    checkpoint = args.checkpoint or _pretrained(args, out, hw)
     return _compare(cfg, checkpoint, tasks, out, [int(x) for x in args.seeds.split(",")])
 
 
-def _demo_backbone(out: Path, steps: int) -> str:
+def _pretrained(args, out: Path, hw: tuple[int, int]) -> str:
+    """The pretrained backbone's file: the SSL stand-in, or the platform's pretraining stage on
+    curated shards (of rendered figures, or of the demo corpus)."""
+    if args.pretrain == "ssl":
+        return str(ssl_backbone(out, args.pretrain_steps, hw))
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from probe_trained_vs_random import pretrain_on_demo
+    from probe_trained_vs_random import pretrain_on_demo, pretrain_on_synthetic
 
-    return pretrain_on_demo(out / "demo", steps, [])["student_weights"]
+    if args.pretrain == "demo":
+        return pretrain_on_demo(out / "demo", args.pretrain_steps, args.pretrain_set)["student_weights"]
+    return pretrain_on_synthetic(out / "synthetic", args.pretrain_steps, args.pretrain_images, hw,
+                                 args.pretrain_set)["student_weights"]
 
 
 def _compare(cfg: FinetuneConfig, checkpoint: str, tasks: list[str], out: Path, seeds: list[int]) -> int:

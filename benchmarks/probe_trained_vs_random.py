@@ -71,26 +71,57 @@ CENTERNET = REPO.parent / "shared" / "assets" / "models" / "person_centernet_512
 
 
 def pretrain_on_demo(out: Path, steps: int, overrides: list[str]) -> dict:
-    """Curate the demo corpus, pretrain on it; returns the pretraining stage's result."""
-    from curation import stage as curation_stage
-    from curation.recipe import CurationConfig
+    """Curate the demo corpus (CenterNet person detector, OCR off), pretrain on it; returns the
+    pretraining stage's result."""
     from pipelines.demo_corpus import build_demo_corpus
-    from training import stage as training_stage
-    from training.config import PretrainConfig
 
     t0 = time.time()
     build_demo_corpus(out / "raw")
+    return curate_and_pretrain(out, steps, [f"detector.weights={CENTERNET}", "content.text.enabled=false"],
+                               overrides, since=t0)
+
+
+def pretrain_on_synthetic(out: Path, steps: int, count: int, hw: tuple[int, int], overrides: list[str]) -> dict:
+    """Render ``count`` synthetic figures (``evaluation.synthetic``, a stream apart from the probe
+    splits: seed 1000, as the stand-ins) as JPEG files, curate them with the real pipeline
+    (decode, hashes, geometry, exact + near dedup, shards; no person detector: the renders are
+    not photos of people) and pretrain on the curated shards; returns the pretraining stage's
+    result."""
+    import numpy as np
+    from PIL import Image
+
+    from evaluation.synthetic import render_sample
+
+    t0 = time.time()
+    raw = out / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        image = render_sample(np.random.default_rng([1000, 2, i]), hw)["image"]
+        Image.fromarray(image).save(raw / f"figure_{i:06d}.jpg", quality=95)
+    return curate_and_pretrain(out, steps, ["detector.backend=none", "content.text.enabled=false",
+                                            "geometry.min_short_side=0", "input.images_per_partition=128"],
+                               overrides, since=t0)
+
+
+def curate_and_pretrain(out: Path, steps: int, curation_overrides: list[str], pretrain_overrides: list[str], *,
+                        since: float) -> dict:
+    """``out/raw`` curated into ``out/curated`` (``configs/curate_demo.yaml`` + overrides), then
+    ``steps`` of ``configs/pretrain_tiny.yaml`` on those shards, through the stage facades."""
+    from curation import stage as curation_stage
+    from curation.recipe import CurationConfig
+    from training import stage as training_stage
+    from training.config import PretrainConfig
+
     ccfg = load_config(CurationConfig, REPO / "configs" / "curate_demo.yaml",
-                       [f"input.uri={out / 'raw'}", f"output_dir={out / 'curated'}", f"detector.weights={CENTERNET}",
-                        "content.text.enabled=false"])
+                       [f"input.uri={out / 'raw'}", f"output_dir={out / 'curated'}", *curation_overrides])
     curation_stage.run(ccfg)
     curated = curation_stage.result(ccfg)
     t1 = time.time()
-    print(f"curated the demo corpus: {curated['kept']} of {curated['inputs']} images kept in "
-          f"{len(curated['shards'])} shards, dataset {curated['dataset_id']} ({t1 - t0:.0f}s)", flush=True)
+    print(f"curated {out / 'raw'}: {curated['kept']} of {curated['inputs']} images kept in "
+          f"{len(curated['shards'])} shards, dataset {curated['dataset_id']} ({t1 - since:.0f}s)", flush=True)
     pcfg = load_config(PretrainConfig, REPO / "configs" / "pretrain_tiny.yaml",
                        [f"data.dataset={out / 'curated'}", f"storage_path={out / 'pretrain'}",
-                        f"run_name=tiny-{steps}steps", f"steps={steps}", *overrides])
+                        f"run_name=tiny-{steps}steps", f"steps={steps}", *pretrain_overrides])
     trend = training_stage.run(pcfg)
     res = training_stage.result(pcfg)
     res["seconds"] = time.time() - t1
