@@ -6,7 +6,15 @@ The figure is the time ratio (Sapiens2 / baseline); FLOPs per step are printed f
 can be read against the extra work of SwiGLU (12 D^2 vs 8 D^2 per token), QK-norm and
 RoPE. On CUDA the step runs under bf16 autocast and achieved TFLOP/s and MFU are printed.
 
-    python benchmarks/backbone_step.py                       # CPU, sapiens2_small, 256x192
+On CPU the steps of the two models alternate and the headline is the median of the
+per-step ratios of process CPU time, with its quartiles and range, over the FLOP ratio
+("per FLOP": 1.00x = the same time per counted FLOP as the plain encoder). One torch
+thread by default: its CPU time is the step's own work however loaded the machine is,
+where with two threads on a shared machine OpenMP threads wait for each other behind
+other processes (wall times there spread over 4x). The load average is printed with it.
+
+    python benchmarks/backbone_step.py                       # CPU, sapiens2_small, 256x192, 1 thread
+    python benchmarks/backbone_step.py --threads 2           # all cores (a quiet machine only)
     python benchmarks/backbone_step.py --device cuda         # sapiens2_0.4b, 1024x768, bf16
     python benchmarks/backbone_step.py --device cuda --model sapiens2_1b --batch 4 --peak-tflops 989
 """
@@ -14,6 +22,7 @@ RoPE. On CUDA the step runs under bf16 autocast and achieved TFLOP/s and MFU are
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -25,7 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from models.registry import build_backbone, get_config
 
 DEFAULTS = {
-    "cpu": {"model": "sapiens2_small", "hw": (256, 192), "batch": 4, "steps": 8, "warmup": 2},
+    "cpu": {"model": "sapiens2_small", "hw": (256, 192), "batch": 4, "steps": 20, "warmup": 2, "threads": 1},
     "cuda": {"model": "sapiens2_0.4b", "hw": (1024, 768), "batch": 8, "steps": 20, "warmup": 5},
 }
 
@@ -89,7 +98,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s for MFU (H100/H200: 989)")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=int, help="CPU threads (default 1 on cpu; on cuda: torch's)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     parser.add_argument("--no-baseline", action="store_true",
                         help="time Sapiens2 alone (its TFLOP/s and MFU; no ratio): halves the run, and the compile time")
@@ -97,8 +106,8 @@ def main() -> None:
     d = DEFAULTS[args.device]
     name, (H, W) = args.model or d["model"], tuple(args.hw or d["hw"])
     batch, steps, warmup = args.batch or d["batch"], args.steps or d["steps"], args.warmup or d["warmup"]
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads or d.get("threads"):
+        torch.set_num_threads(args.threads or d["threads"])
     bf16 = args.device == "cuda"
     device = torch.device(args.device)
 
@@ -126,6 +135,7 @@ def main() -> None:
     print(f"input {batch}x3x{H}x{W} ({grid} patches + {1 + cfg.num_storage_tokens} prefix tokens), device "
           f"{torch.cuda.get_device_name() if bf16 else 'cpu'} ({'bf16 autocast' if bf16 else 'fp32'}, "
           f"{torch.get_num_threads()} threads), torch {torch.__version__}, {steps} timed steps after {warmup}")
+    load_before = os.getloadavg()
     torch.manual_seed(0)
     x = torch.randn(x_shape, device=device)
     models, times, cpu_times, flops = {}, {}, {}, {}
@@ -160,15 +170,19 @@ def main() -> None:
     (t_s, f_s), (t_p, f_p) = results["sapiens2"], results["plain"]
     best = min(times["sapiens2"]) / min(times["plain"])
     # Per-step ratios (the two models' steps alternate), their median and spread.
-    step_ratios = sorted(s / p for s, p in zip(times["sapiens2"], times["plain"]))
-    cpu_ratios = sorted(s / p for s, p in zip(cpu_times["sapiens2"], cpu_times["plain"]))
     flop_ratio = f_s / f_p
     print(f"ratio sapiens2/plain: time {t_s / t_p:.2f}x (median), {best:.2f}x (best step); FLOPs {flop_ratio:.2f}x; "
           f"time per FLOP {(t_s / f_s) / (t_p / f_p):.2f}x (median)")
-    print(f"per-step ratios, wall: median {statistics.median(step_ratios):.3f} [{step_ratios[0]:.3f}..{step_ratios[-1]:.3f}]"
-          f" = {statistics.median(step_ratios) / flop_ratio:.3f}x per FLOP; process CPU time: median "
-          f"{statistics.median(cpu_ratios):.3f} [{cpu_ratios[0]:.3f}..{cpu_ratios[-1]:.3f}] = "
-          f"{statistics.median(cpu_ratios) / flop_ratio:.3f}x per FLOP")
+    for what, (a, b) in {"wall": (times["sapiens2"], times["plain"]),
+                         "process CPU time": (cpu_times["sapiens2"], cpu_times["plain"])}.items():
+        ratios = sorted(s / p for s, p in zip(a, b))
+        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+        med = statistics.median(ratios)
+        print(f"per-step ratios, {what}: median {med:.3f} (quartiles {q1:.3f}..{q3:.3f}, range "
+              f"{ratios[0]:.3f}..{ratios[-1]:.3f}) = {med / flop_ratio:.3f}x per FLOP "
+              f"(quartiles {q1 / flop_ratio:.3f}..{q3 / flop_ratio:.3f})")
+    print("load average (1/5/15 min) before {:.1f}/{:.1f}/{:.1f}, after {:.1f}/{:.1f}/{:.1f}; {} cores".format(
+        *load_before, *os.getloadavg(), os.cpu_count()))
 
 
 if __name__ == "__main__":
