@@ -7,8 +7,11 @@ Each size runs in a fresh process (so its driver peak RSS is its own) on a local
 (``--cpus``, default 2). The corpus is staged as a run's scoring leaves it (``_staging/<pid>/``
 Parquet parts, ``--rows-per-partition`` rows each, no image bytes) with:
 
-- correlated 64-bit PHashes (bit j = [w_j . z + e_j > 0], z an 8-dim Gaussian per image, as
-  ``benchmarks/dedup_scaling.py``'s ``correlated`` family) and their mirror hashes;
+- PHash-like 64-bit hashes and their mirror hashes from ``benchmarks/dedup_scaling.py``'s
+  generators (``--hashes``): ``dct`` by default (bits of a smooth image's 8 x 8 DCT
+  coefficients against their median, as PHash thresholds them: distance statistics like real
+  PHashes'), or the ``correlated`` stress family (bits of a low-dimensional Gaussian, over-
+  concentrated: accidental pairs grow as n^2) or ``uniform``;
 - planted exact duplicates (same SHA-256 from a pool of n / 40 digests; ``--exact``), near
   duplicates (one of n / 20 originals with 0..4 bits flipped; ``--near``: families of ~2
   copies at every size, so the true pairs grow with n, not n^2) and blank-image clusters (one all-zero hash family, 0..2 bits
@@ -18,12 +21,15 @@ Parquet parts, ``--rows-per-partition`` rows each, no image bytes) with:
 Then the global steps, timed one by one, as ``curation.pipeline`` runs them with
 ``dedup.engine=ray``: exact dedup (one shuffle by SHA-256) and near dedup (outer-block
 shuffle, banded search, connected components by star rounds, representatives per
-component), decisions written per partition; each partition's manifest part written with
-its decisions (what the shard writer does, less the tar: no pixels here); stats and the
+component) plus the partitioned near-dup index a later incremental run searches (written
+by Ray tasks, included in the near step's time), decisions written per partition; each
+partition's manifest part written with its decisions (what the shard writer does, less the
+tar: no pixels here); stats and the
 dataset version id from per-part summaries. The driver's peak RSS is sampled every 50 ms
 (psutil) and also read from ``getrusage``; growth exponents log(t2/t1)/log(n2/n1) are
 printed between sizes. The baseline in the same run: the in-process near-dup search
-(``near_duplicate_decisions``) on the same hashes, at the sizes up to ``--local-max``.
+(``near_duplicate_decisions``) on the same hashes, at the sizes up to ``--local-max``, and the
+ratio of the distributed near step to it.
 """
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from dedup_scaling import KINDS  # noqa: E402  (the hash generators live there, in one place)
 
 
 class PeakRss:
@@ -75,10 +82,10 @@ def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
 
     from curation.dedup.hashing import uint64_to_hex
 
-    values = hash_values(n, "correlated", rng)
-    mirrors = hash_values(n, "correlated", rng)
+    values = hash_values(n, args.hashes, rng)
+    mirrors = hash_values(n, args.hashes, rng)
     originals = max(4096, args.total // 20)  # the pool grows with the corpus: families of ~2 copies
-    bases = hash_values(originals, "correlated", np.random.default_rng(99))  # originals the copies come from
+    bases = hash_values(originals, args.hashes, np.random.default_rng(99))  # originals the copies come from
     u = rng.random(n)
     near = u < args.near
     blank = (u >= args.near) & (u < args.near + args.blank)
@@ -137,7 +144,7 @@ def global_steps(root: str, pids: list[str], args) -> dict:
     import ray.data
 
     from curation import schema
-    from curation.dedup.distributed import GlobalDedupInput
+    from curation.dedup.distributed import GlobalDedupInput, write_near_index
     from curation.dedup.near import NearDupConfig
     from curation.dedup.steps import DedupContext, ExactDedup, ExactDupConfig, NearDedup, run_global_dedup
     from curation.output import CuratedOutput
@@ -153,6 +160,11 @@ def global_steps(root: str, pids: list[str], args) -> dict:
         dropped = run_global_dedup([step], inp, ctx)
         seconds[step.name] = time.perf_counter() - t
         seconds[f"{step.name}_dropped"] = dropped[step.name]
+        if isinstance(step, NearDedup):  # its index write again, alone (idempotent; not in the total)
+            t = time.perf_counter()
+            header = write_near_index(inp, step.cfg, step.name)
+            seconds["near_index_alone"] = time.perf_counter() - t
+            seconds["near_index_bands"] = len(header["masks"])
         inp = GlobalDedupInput(root, tuple(pids), columns, earlier_steps=(*inp.earlier_steps, step.name))
     t = time.perf_counter()
     read = [*columns, "decode_ok", "reason", "status", "notes"]
@@ -173,6 +185,7 @@ def global_steps(root: str, pids: list[str], args) -> dict:
     counts = merge_counts({k: v for k, v in json.loads(r["counts"]).items()} for r in rows)
     version = combine_digests({r["pid"]: r["digest"] for r in rows}, "bench", "bench")
     seconds["stats_and_version"] = time.perf_counter() - t
+    seconds["global_total"] = sum(seconds[k] for k in ("exact_dedup", "near_dedup", "write_manifest", "stats_and_version"))
     seconds["kept"] = counts["status"].get(schema.KEPT, 0)
     seconds["version"] = version
     return seconds
@@ -213,9 +226,7 @@ def measure(n: int, args) -> dict:
         staged = time.perf_counter() - t
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         with PeakRss() as rss:
-            t = time.perf_counter()
             seconds = global_steps(root, pids, args)
-            seconds["global_total"] = time.perf_counter() - t
         seconds.update(n=n, partitions=len(pids), staging_s=staged, peak_rss_mb=rss.peak / 2**20,
                        maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, rss_before_mb=base)
         if n <= args.local_max:
@@ -235,6 +246,9 @@ def main() -> None:
     p.add_argument("--exact", type=float, default=0.05)
     p.add_argument("--near", type=float, default=0.10)
     p.add_argument("--blank", type=float, default=0.01)
+    p.add_argument("--hashes", default="dct", choices=KINDS,
+                   help="hash generator of benchmarks/dedup_scaling.py: dct (PHash-like, default), correlated "
+                        "(the over-concentrated stress family), uniform")
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--local-max", type=float, default=1e6, help="the in-process near search up to this size")
     p.add_argument("--workdir", default=None, help="where the staged corpus goes (default: the temp dir)")
@@ -244,12 +258,12 @@ def main() -> None:
         print(json.dumps(measure(int(args.one), args)))
         return
     print(f"curation global steps at scale: {os.cpu_count()} CPUs, Ray on {args.cpus}, load average "
-          f"{os.getloadavg()[0]:.1f} at start; {args.rows_per_partition} rows per partition")
+          f"{os.getloadavg()[0]:.1f} at start; {args.rows_per_partition} rows per partition; {args.hashes} hashes")
     results = []
     for n in [int(s) for s in args.sizes]:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", str(n), "--rows-per-partition",
                str(args.rows_per_partition), "--exact", str(args.exact), "--near", str(args.near), "--blank",
-               str(args.blank), "--cpus", str(args.cpus), "--local-max", str(args.local_max)]
+               str(args.blank), "--cpus", str(args.cpus), "--local-max", str(args.local_max), "--hashes", args.hashes]
         cmd += ["--workdir", args.workdir] if args.workdir else []
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
@@ -258,11 +272,12 @@ def main() -> None:
         r = json.loads(lines[-1])
         results.append(r)
         print(f"n={n:>10,d}: global steps {r['global_total']:8.1f} s (exact {r['exact_dedup']:.1f}, near "
-              f"{r['near_dedup']:.1f}, manifest {r['write_manifest']:.1f}, stats+version {r['stats_and_version']:.1f}); "
+              f"{r['near_dedup']:.1f} of which index ~{r['near_index_alone']:.1f} ({r['near_index_bands']} bands), manifest {r['write_manifest']:.1f}, stats+version {r['stats_and_version']:.1f}); "
               f"dropped exact {r['exact_dedup_dropped']:,} near {r['near_dedup_dropped']:,}, kept {r['kept']:,}; "
               f"driver peak RSS {r['peak_rss_mb']:.0f} MB (getrusage max {r['maxrss_mb']:.0f} MB); staging "
               f"{r['staging_s']:.1f} s; load {os.getloadavg()[0]:.1f}"
-              + (f"; in-process near search {r['local_near_s']:.1f} s" if "local_near_s" in r else ""), flush=True)
+              + (f"; baseline in-process near search {r['local_near_s']:.1f} s (near step / baseline "
+                 f"{r['near_dedup'] / r['local_near_s']:.1f}x)" if "local_near_s" in r else ""), flush=True)
     for a, b in zip(results, results[1:]):
         print(f"{a['n']:.0e} -> {b['n']:.0e}: global steps n^{exponent(a, b, 'global_total'):.2f}, near dedup "
               f"n^{exponent(a, b, 'near_dedup'):.2f}, exact n^{exponent(a, b, 'exact_dedup'):.2f}; driver peak RSS "

@@ -120,7 +120,8 @@ def write_row_bucket(fs, part: str, b: int, rows: pa.Table) -> None:
 
 
 def write_band_bucket(fs, part: str, j: int, b: int, band_postings: pa.Table) -> None:
-    storage.write_parquet(fs, _band_file(part, j, b), band_postings.sort_by([("value", "ascending"), ("key", "ascending")]))
+    order = [("value", "ascending"), ("key", "ascending")]
+    storage.write_parquet(fs, _band_file(part, j, b), band_postings.sort_by(order))
 
 
 def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray,
@@ -146,7 +147,8 @@ def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: n
 
 
 def part_entry(pid: str, num_rows: int, row_buckets: list[int], band_buckets: list[list[int]]) -> dict:
-    return {"id": pid, "uri": relative_part(pid), "rows": int(num_rows), "row_buckets": sorted(int(b) for b in row_buckets),
+    return {"id": pid, "uri": relative_part(pid), "rows": int(num_rows),
+            "row_buckets": sorted(int(b) for b in row_buckets),
             "band_buckets": [sorted(int(b) for b in band) for band in band_buckets]}
 
 

@@ -75,8 +75,9 @@ class DedupContext:
 def earlier_index(earlier: output.CuratedOutput, cfg: NearDupConfig) -> PartitionedNearIndex | NearDupIndex:
     """An earlier version's near-dup index: the partitioned one it saved, opened by its header only
     (searches read the buckets a new batch touches; both engines save one), else built in memory
-    from its manifest (an output written before runs saved their index, or an older index format): its near-dedup candidates are the
-    rows kept or dropped by near or semantic dedup, represented by ``duplicate_of``."""
+    from its manifest (an output written before runs saved their index, or an older index
+    format): its near-dedup candidates are the rows kept or dropped by near or semantic dedup,
+    represented by ``duplicate_of``."""
     header = output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR, output.NEAR_INDEX_HEADER)
     if storage.exists(earlier.fs, header) and json.loads(storage.read_bytes(earlier.fs, header)).get("format") == FORMAT:
         return PartitionedNearIndex.open(earlier.fs, output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
