@@ -20,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import posixpath
 import re
 import tarfile
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from curation.config import InputConfig
@@ -143,18 +145,38 @@ class _RowBuffer:
         return table
 
 
+class _Resolver:
+    """``storage.resolve`` for many files, each local folder's real path computed once (a file's
+    real path is its folder's real path joined with its name, unless the file is a link itself)."""
+
+    def __init__(self) -> None:
+        self.folders: dict[str, str] = {}
+
+    def __call__(self, uri: str):
+        if "://" in uri or not posixpath.isabs(uri) or "/." in uri or "//" in uri:
+            return storage.resolve(uri)
+        folder, name = posixpath.split(uri)
+        real = self.folders.get(folder)
+        if real is None:
+            real = self.folders[folder] = storage.resolve(folder)[1]
+        if os.path.islink(uri):
+            return storage.resolve(uri)
+        return pafs.LocalFileSystem(), posixpath.join(real, name)
+
+
 def _read_files(p: Partition, max_bytes: int) -> Iterator[pa.Table]:
     buf = _RowBuffer(p)
     root = storage.resolve(p.root)[1] if p.root else None
+    resolve = _Resolver()
     for uri, size in zip(p.uris, p.sizes):
-        fs, path = storage.resolve(uri)
+        fs, path = resolve(uri)
         rel = posixpath.relpath(path, root) if root is not None else uri
         key = make_key(posixpath.splitext(rel)[0], uri)
         if size > max_bytes:
             buf.add(key, uri, None, size=size, reason=FILE_TOO_LARGE, error=f"{size} bytes > decode.max_bytes={max_bytes}")
         else:
             try:
-                buf.add(key, uri, storage.read_bytes(fs, path), size=size, at=(uri, 0))
+                buf.add(key, uri, storage.read_bytes(fs, path), size=size, at=(storage.to_uri(fs, path), 0))
             except OSError as err:
                 buf.add(key, uri, None, size=size, reason=READ_FAILED, error=f"{type(err).__name__}: {err}")
         if buf.full():

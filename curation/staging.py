@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from curation.output import LISTING_FILE as LISTING
@@ -56,28 +58,29 @@ def _read_references(refs: list[tuple[int, str, int, int]]) -> dict[int, bytes]:
     for row, uri, offset, length in refs:
         by_uri.setdefault(uri, []).append((offset, length, row))
     for uri, wanted in by_uri.items():
-        fs, path = storage.resolve(uri)
+        # the readers record local files by their resolved absolute path: no need to resolve again
+        local = "://" not in uri and posixpath.isabs(uri)
+        fs, path = (pafs.LocalFileSystem(), uri) if local else storage.resolve(uri)
         with fs.open_input_file(path) as fh:
             for offset, length, row in sorted(wanted):
                 out[row] = fh.read_at(length, offset)
     return out
 
 
-def load_image_bytes(table: pa.Table, rows: list[bool]) -> pa.Table:
-    """``table`` with the image bytes of the ``rows`` staged by reference read back from the input.
+def referenced_bytes(table: pa.Table, rows: list[bool]) -> dict[int, bytes]:
+    """Row index -> image bytes read back from the input, for the ``rows`` staged by reference.
 
     The bytes must have the SHA-256 pass 1 recorded: an input that changed or vanished since is
     a ``RuntimeError`` naming it (the passes would disagree otherwise)."""
     if "bytes_uri" not in table.column_names or table.num_rows == 0:
-        return table
-    image = table.column("image").to_pylist()
+        return {}
     uris, offsets = table.column("bytes_uri").to_pylist(), table.column("bytes_offset").to_pylist()
     sizes, digests = table.column("input_bytes").to_pylist(), table.column("sha256").to_pylist()
-    keys = table.column("key").to_pylist()
+    keys, staged = table.column("key").to_pylist(), table.column("image").is_valid().to_pylist()
     refs = [(i, uris[i], offsets[i], sizes[i]) for i, wanted in enumerate(rows)
-            if wanted and image[i] is None and uris[i] is not None]
+            if wanted and not staged[i] and uris[i] is not None]
     if not refs:
-        return table
+        return {}
     try:
         loaded = _read_references(refs)
     except OSError as err:
@@ -87,6 +90,17 @@ def load_image_bytes(table: pa.Table, rows: list[bool]) -> pa.Table:
         if hashlib.sha256(data).hexdigest() != digests[i]:
             raise RuntimeError(f"input {uris[i]} (offset {offsets[i]}, key {keys[i]}) changed since pass 1 read it "
                                "(SHA-256 differs); inputs must stay unchanged until the run completes")
+    return loaded
+
+
+def load_image_bytes(table: pa.Table, rows: list[bool]) -> pa.Table:
+    """``table`` with the image bytes of the ``rows`` staged by reference read back from the
+    input (``referenced_bytes``)."""
+    loaded = referenced_bytes(table, rows)
+    if not loaded:
+        return table
+    image = table.column("image").to_pylist()
+    for i, data in loaded.items():
         image[i] = data
     return table.set_column(table.schema.get_field_index("image"), "image", pa.array(image, pa.binary()))
 

@@ -109,8 +109,10 @@ def write_partition(output: str, pid: str, decisions: pa.Table, staged_at: str |
     kept = table.filter(pc.equal(table.column("status"), schema.KEPT))
     shard_name = posixpath.basename(shard_path(root, pid)) if kept.num_rows else None
     if kept.num_rows:
-        kept = staging.load_image_bytes(kept, [True] * kept.num_rows)  # from the input, where staged by reference
-        write_tar(fs, shard_path(root, pid), kept.to_pylist())
+        rows = kept.to_pylist()
+        for i, data in staging.referenced_bytes(kept, [True] * kept.num_rows).items():  # staged by reference
+            rows[i]["image"] = data
+        write_tar(fs, shard_path(root, pid), rows)
         sidecar = kept.drop_columns([c for c in _NOT_STORED if c in kept.column_names])
         sidecar = schema.with_columns(sidecar, {"shard": pa.array([shard_name] * kept.num_rows, pa.string())})
         storage.write_parquet(fs, sidecar_path(root, pid), sidecar)
