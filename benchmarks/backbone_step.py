@@ -13,6 +13,15 @@ thread by default: its CPU time is the step's own work however loaded the machin
 where with two threads on a shared machine OpenMP threads wait for each other behind
 other processes (wall times there spread over 4x). The load average is printed with it.
 
+Measured 2026-11-30 (2 shared cores, load average 6-13; process CPU time, 1 thread, 20 steps;
+FLOP ratio 1.267): before the fused QK-norm + RoPE and the shorter RMSNorm backward (at 849bc15)
+1.043x per FLOP (quartiles 1.024..1.072); after 1.060x (1.014..1.117). The two versions
+interleaved in one process (20 steps each, with the plain encoder): 1.041x and 1.041x, after/
+before 0.998 (range 0.953..1.068). The change is below this machine's noise (component timings
+predict ~0.5%: QK-norm + RoPE fwd+bwd ~10% faster, RMSNorm ~10%); the target (<= 1.00x) is not
+reached: the remaining ~4% is elementwise work the plain encoder does not have (QK-norm, bf16
+RoPE, SiLU gate) and that eager PyTorch on CPU cannot fuse further.
+
     python benchmarks/backbone_step.py                       # CPU, sapiens2_small, 256x192, 1 thread
     python benchmarks/backbone_step.py --threads 2           # all cores (a quiet machine only)
     python benchmarks/backbone_step.py --device cuda         # sapiens2_0.4b, 1024x768, bf16
