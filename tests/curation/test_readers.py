@@ -137,3 +137,17 @@ def test_tar_input_through_the_whole_pipeline(tmp_path, ray_local):
     assert [s for s in result.stats["stages"] if s["name"] == "person_detection"][0]["applied"] is False
     for name in ("clip_embedding", "artistic_filter", "watermark_filter", "text_filter"):
         assert [s for s in result.stats["stages"] if s["name"] == name][0]["applied"] is False
+
+
+def test_the_per_folder_resolver_equals_storage_resolve(tmp_path):
+    from curation.readers import _Resolver
+    from infra import storage
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x.jpg").write_bytes(b"1")
+    (tmp_path / "link").symlink_to(tmp_path / "a")                      # a linked folder
+    (tmp_path / "a" / "y.jpg").symlink_to(tmp_path / "a" / "b" / "x.jpg")  # a linked file
+    resolve = _Resolver()
+    for uri in [tmp_path / "a" / "b" / "x.jpg", tmp_path / "link" / "b" / "x.jpg", tmp_path / "a" / "y.jpg",
+                tmp_path / "link" / "y.jpg", f"{tmp_path}/a/../a/y.jpg", "relative/x.jpg", tmp_path / "missing.jpg"]:
+        assert resolve(str(uri))[1] == storage.resolve(str(uri))[1], uri
