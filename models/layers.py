@@ -47,10 +47,15 @@ def _rms_norm_backward(g: torch.Tensor, xhat: torch.Tensor, weight: torch.Tensor
                        weight_grad: bool, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Gradients of ``y = xhat * weight``, ``xhat = x * rstd``, ``rstd = rsqrt(mean(x^2) + eps)``
     w.r.t. x (into ``out`` when given) and (summed to its shape) the weight:
-    ``dx = rstd * (g w - xhat * mean(g w xhat))``, ``dweight = sum(g * xhat)``."""
-    grad_weight = (g * xhat).sum_to_size(weight.shape) if weight_grad else None
+    ``dx = rstd * (g w - xhat * mean(g xhat w))``, ``dweight = sum(g * xhat)``.
+
+    ``weight`` is (D,) or, for per-head weights, (J, 1, D) against a (B, J, N, D) input.
+    ``g * xhat`` is formed once and serves both sums (the second as a matrix-vector product)."""
+    g_xhat = g * xhat
+    grad_weight = g_xhat.sum_to_size(weight.shape) if weight_grad else None
+    w_col = weight.unsqueeze(-1) if weight.dim() == 1 else weight.transpose(-1, -2)
+    c = torch.matmul(g_xhat, w_col).mul_(rstd).div_(-xhat.shape[-1])
     g_w = torch.mul(g, weight, out=out) if out is not None else g * weight
-    c = torch.linalg.vecdot(g_w, xhat).unsqueeze_(-1).mul_(rstd).div_(-xhat.shape[-1])
     return g_w.mul_(rstd).addcmul_(xhat, c), grad_weight
 
 
