@@ -19,44 +19,33 @@ Rope = tuple[torch.Tensor, torch.Tensor]
 
 
 class _RMSNormCPU(torch.autograd.Function):
-    """``F.rms_norm`` on CPU fp32: the same forward ops, a shorter hand-written backward.
+    """``F.rms_norm`` on CPU fp32, with the same forward ops and a hand-written backward.
 
     On CPU ``F.rms_norm`` is a composite (pow, mean, add, rsqrt, mul, mul) that autograd
     differentiates op by op: about ten passes over the activations plus a saved
-    intermediate per op. The forward here runs the same ops, so the output is
-    bit-identical; it keeps ``xhat = x * rstd`` and ``rstd`` for ``_rms_norm_backward``
-    (about five passes). Gradients match autograd's to float rounding, not bit for bit;
-    ``tests/models/test_fused_layers.py`` checks both.
+    intermediate per op. This Function runs the same forward ops (so the output is
+    bit-identical) and replays autograd's own backward formulas for them (MulBackward,
+    RsqrtBackward, MeanBackward, PowBackward, in the same rounding order, so gradients are
+    bit-identical too), but without the graph, the ``x.pow(1)`` copy and the extra saved
+    tensors. ``tests/models/test_fused_layers.py`` checks both against ``F.rms_norm``.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
-        xhat = x * rstd
-        ctx.save_for_backward(xhat, weight, rstd)
-        return xhat * weight
+        ctx.save_for_backward(x, weight, rstd)
+        return (x * rstd).mul_(weight)
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        xhat, weight, rstd = ctx.saved_tensors
-        grad_x, grad_weight = _rms_norm_backward(g, xhat, weight, rstd, ctx.needs_input_grad[1])
+        x, weight, rstd = ctx.saved_tensors
+        grad_weight = (g * (x * rstd)).sum_to_size(weight.shape) if ctx.needs_input_grad[1] else None
+        g_xhat = g * weight
+        # d/drstd of x * rstd, then rsqrt' = -0.5 * rstd^3, then mean' = 1/D: autograd's order.
+        g_var = (-0.5 * (g_xhat * x).sum_to_size(rstd.shape)) * rstd.pow(3) / x.shape[-1]
+        # pow' = 2 * x; the power-of-two factor is exact on either side of the product.
+        grad_x = (g_xhat * rstd).add_(x * (g_var * 2))
         return grad_x, grad_weight, None
-
-
-def _rms_norm_backward(g: torch.Tensor, xhat: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor,
-                       weight_grad: bool, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Gradients of ``y = xhat * weight``, ``xhat = x * rstd``, ``rstd = rsqrt(mean(x^2) + eps)``
-    w.r.t. x (into ``out`` when given) and (summed to its shape) the weight:
-    ``dx = rstd * (g w - xhat * mean(g xhat w))``, ``dweight = sum(g * xhat)``.
-
-    ``weight`` is (D,) or, for per-head weights, (J, 1, D) against a (B, J, N, D) input.
-    ``g * xhat`` is formed once and serves both sums (the second as a matrix-vector product)."""
-    g_xhat = g * xhat
-    grad_weight = g_xhat.sum_to_size(weight.shape) if weight_grad else None
-    w_col = weight.unsqueeze(-1) if weight.dim() == 1 else weight.transpose(-1, -2)
-    c = torch.matmul(g_xhat, w_col).mul_(rstd).div_(-xhat.shape[-1])
-    g_w = torch.mul(g, weight, out=out) if out is not None else g * weight
-    return g_w.mul_(rstd).addcmul_(xhat, c), grad_weight
 
 
 class RMSNorm(nn.RMSNorm):
@@ -164,6 +153,24 @@ def _rope_reference(x_BHNK: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) 
     return torch.cat((head, rotated), dim=-2).to(x_BHNK.dtype)
 
 
+def _rotate_into(out: torch.Tensor, t: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, sign: int) -> None:
+    """``out = t * cos + rotate_half(t) * sin`` (``sign`` 1), or its transpose (``sign`` -1:
+    the backward, ``rotate_half``'s adjoint being ``cat(x2, -x1)``), op by op in ``t``'s
+    dtype with the reference's roundings: ``(-a) * b == -(a * b)`` and ``c + (-d) == c - d``
+    exactly in IEEE arithmetic, so no negated copy or concatenation is needed."""
+    t1, t2 = t.chunk(2, dim=-1)
+    s1, s2 = sin.chunk(2, dim=-1)
+    r = t * cos
+    r1, r2 = r.chunk(2, dim=-1)
+    if sign > 0:
+        r1.sub_(t2 * s1)
+        r2.add_(t1 * s2)
+    else:
+        r1.add_(t2 * s2)
+        r2.sub_(t1 * s1)
+    out.copy_(r)
+
+
 class _Rope(torch.autograd.Function):
     """``_rope_reference`` with one output buffer instead of neg/cat/cat/cast copies, and
     a backward that replays autograd's formulas for it (grad cast to the tables' dtype,
@@ -172,92 +179,21 @@ class _Rope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_BHNK: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(sin, cos)
-        return _rotate_to(x_BHNK.to(sin.dtype), sin, cos, 1, x_BHNK.dtype)
+        return _Rope._rotate(x_BHNK, sin, cos, 1)
 
     @staticmethod
     def backward(ctx, g_BHNK: torch.Tensor):
         sin, cos = ctx.saved_tensors
-        return _rotate_to(g_BHNK.to(sin.dtype), sin, cos, -1, g_BHNK.dtype), None, None
-
-
-class _QKNormRope(torch.autograd.Function):
-    """QK-norm then RoPE of q and k in one pass over their (B, N, H + G, K) block of the
-    packed q/k/v projection, into one contiguous (B, H + G, N, K) buffer (the layout
-    attention reads); q and k are its two head ranges.
-
-    The forward runs ``F.rms_norm``'s ops and the reference rotation's, element by
-    element (every rounding to the tables' dtype where the reference has one), so q and
-    k are bit-identical to ``apply_rope(q_norm(q))`` and its k twin; it keeps ``xhat``
-    and the row scales, not the input. The backward rotates the gradient as the
-    reference's autograd does (cast to the tables' dtype), then runs
-    ``_rms_norm_backward`` into the projection's layout. Against two norms and two
-    rotations: half the calls, no transposed (B, N, H, K) -> (B, H, N, K) norm passes,
-    no gradient copy back to the projection's layout.
-    ``tests/models/test_fused_layers.py`` checks it against the unfused ops.
-    """
+        return _Rope._rotate(g_BHNK, sin, cos, -1), None, None
 
     @staticmethod
-    def forward(ctx, qk_BNJK: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, sin: torch.Tensor,
-                cos: torch.Tensor, eps: float, num_q: int) -> tuple[torch.Tensor, torch.Tensor]:
-        B, N, J, K = qk_BNJK.shape
-        w_J1K = _head_weights(w_q, w_k, num_q, J)
-        x_BJNK = qk_BNJK.transpose(1, 2)
-        rstd_BJN1 = torch.rsqrt(x_BJNK.pow(2).mean(-1, keepdim=True).add_(eps))
-        xhat_BJNK = torch.mul(x_BJNK, rstd_BJN1, out=qk_BNJK.new_empty((B, J, N, K)))
-        # (xhat * w) rounded straight to the tables' dtype, as the reference's cast does.
-        y_BJNK = torch.mul(xhat_BJNK, w_J1K, out=qk_BNJK.new_empty((B, J, N, K), dtype=sin.dtype))
-        out_BJNK = _rotate_to(y_BJNK, sin, cos, 1, qk_BNJK.dtype)
-        ctx.save_for_backward(xhat_BJNK, w_J1K, rstd_BJN1, sin, cos)
-        ctx.num_q = num_q
-        return out_BJNK[:, :num_q], out_BJNK[:, num_q:]
-
-    @staticmethod
-    def backward(ctx, g_q: torch.Tensor, g_k: torch.Tensor):
-        xhat_BJNK, w_J1K, rstd_BJN1, sin, cos = ctx.saved_tensors
-        H = ctx.num_q
-        # The rotation's backward: the grad cast to the tables' dtype (one buffer for q and k).
-        g_BJNK = torch.empty(xhat_BJNK.shape, dtype=sin.dtype, device=xhat_BJNK.device)
-        g_BJNK[:, :H].copy_(g_q)
-        g_BJNK[:, H:].copy_(g_k)
-        gy_BJNK = _rotate_to(g_BJNK, sin, cos, -1, xhat_BJNK.dtype)
-        # The input grad in the projection's (B, N, H + G, K) layout, so it reaches the q/k/v
-        # GEMM's backward without another copy.
-        B, J, N, K = xhat_BJNK.shape
-        grad_BNJK = xhat_BJNK.new_empty((B, N, J, K))
-        _, grad_w_J1K = _rms_norm_backward(gy_BJNK, xhat_BJNK, w_J1K, rstd_BJN1,
-                                           ctx.needs_input_grad[1] or ctx.needs_input_grad[2],
-                                           out=grad_BNJK.transpose(1, 2))
-        grad_wq = grad_wk = None
-        if grad_w_J1K is not None:
-            grad_wq, grad_wk = grad_w_J1K[:H].sum((0, 1)), grad_w_J1K[H:].sum((0, 1))
-        return grad_BNJK, grad_wq, grad_wk, None, None, None, None
-
-
-def _rotate_to(x_BHNK: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, sign: int,
-               out_dtype: torch.dtype) -> torch.Tensor:
-    """``_rope_reference`` (``sign`` 1) or its adjoint (-1) of ``x`` (already in the tables'
-    dtype) into a new contiguous ``out_dtype`` tensor: each op rounds in the tables' dtype
-    as the reference's does; the last add/sub writes (and casts) into the output."""
-    prefix = x_BHNK.shape[-2] - sin.shape[-2]
-    out = torch.empty(x_BHNK.shape, dtype=out_dtype, device=x_BHNK.device)
-    out[..., :prefix, :] = x_BHNK[..., :prefix, :]
-    t1, t2 = x_BHNK[..., prefix:, :].chunk(2, dim=-1)
-    s1, s2 = sin.chunk(2, dim=-1)
-    r1, r2 = (x_BHNK[..., prefix:, :] * cos).chunk(2, dim=-1)
-    o1, o2 = out[..., prefix:, :].chunk(2, dim=-1)
-    if sign > 0:
-        torch.sub(r1, t2 * s1, out=o1)
-        torch.add(r2, t1 * s2, out=o2)
-    else:
-        torch.add(r1, t2 * s2, out=o1)
-        torch.sub(r2, t1 * s1, out=o2)
-    return out
-
-
-def _head_weights(w_q: torch.Tensor, w_k: torch.Tensor, num_q: int, num_heads: int) -> torch.Tensor:
-    """Per-head norm weights (J, 1, K): ``w_q`` for the first ``num_q`` heads, ``w_k`` after."""
-    K = w_q.shape[-1]
-    return torch.cat((w_q.expand(num_q, K), w_k.expand(num_heads - num_q, K)))[:, None]
+    def _rotate(x_BHNK: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor, sign: int) -> torch.Tensor:
+        prefix = x_BHNK.shape[-2] - sin.shape[-2]
+        x = x_BHNK.to(sin.dtype)
+        out = torch.empty(x_BHNK.shape, dtype=x_BHNK.dtype, device=x_BHNK.device)
+        out[..., :prefix, :] = x[..., :prefix, :]  # rounded through the tables' dtype, as in the reference
+        _rotate_into(out[..., prefix:, :], x[..., prefix:, :], sin, cos, sign)
+        return out
 
 
 class Attention(nn.Module):
@@ -306,19 +242,13 @@ class Attention(nn.Module):
         (checked by the parity tests); the input gradient is one product over all three,
         which rounds differently from the sum of three.
         """
-        qkv = self._packed_qkv(x_BND)
-        if qkv is None:
-            return tuple(lin(x_BND) for lin in (self.wq, self.wk, self.wv))
-        return qkv.split([lin.out_features for lin in (self.wq, self.wk, self.wv)], dim=-1)
-
-    def _packed_qkv(self, x_BND: torch.Tensor) -> torch.Tensor | None:
-        """(B, N, D + 2 G K): q, k, v side by side; None when only some have a bias."""
         lins = (self.wq, self.wk, self.wv)
         biases = [lin.bias for lin in lins]
         bias = torch.cat(biases) if all(b is not None for b in biases) else None
         if bias is None and any(b is not None for b in biases):
-            return None
-        return F.linear(x_BND, torch.cat([lin.weight for lin in lins]), bias)
+            return tuple(lin(x_BND) for lin in lins)
+        qkv = F.linear(x_BND, torch.cat([lin.weight for lin in lins]), bias)
+        return qkv.split([lin.out_features for lin in lins], dim=-1)
 
     def forward(
         self,
@@ -328,38 +258,23 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``attn_mask``: optional SDPA mask broadcastable to (B, H, N, N), True = attend."""
         B, N, D = x_BND.shape
-        H, G, K = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self._packed_qkv(x_BND) if self._fused_qk(x_BND, rope) else None
-        if qkv is not None:
-            qk_BNJ, v_BNG = qkv.split([(H + G) * K, G * K], dim=-1)
-            q_BHNK, k_BGNK = _QKNormRope.apply(qk_BNJ.view(B, N, H + G, K), self.q_norm.weight,
-                                               self.k_norm.weight, *rope, self.q_norm.eps, H)
-        else:
-            q_BND, k_BNG, v_BNG = self._qkv(x_BND)
-            q_BHNK = q_BND.view(B, N, H, K).transpose(1, 2)
-            k_BGNK = k_BNG.view(B, N, G, K).transpose(1, 2)
-            if self.q_norm is not None:
-                q_BHNK, k_BGNK = self.q_norm(q_BHNK), self.k_norm(k_BGNK)
-            if rope is not None:
-                q_BHNK, k_BGNK = apply_rope(q_BHNK, rope), apply_rope(k_BGNK, rope)
-        v_BGNK = v_BNG.view(B, N, G, K).transpose(1, 2)
+        q_BND, k_BNG, v_BNG = self._qkv(x_BND)
+        q_BHNK = q_BND.view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        k_BGNK = k_BNG.view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v_BGNK = v_BNG.view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q_BHNK, k_BGNK = self.q_norm(q_BHNK), self.k_norm(k_BGNK)
+        if rope is not None:
+            q_BHNK, k_BGNK = apply_rope(q_BHNK, rope), apply_rope(k_BGNK, rope)
         o_BHNK = F.scaled_dot_product_attention(
             q_BHNK,
             k_BGNK,
             v_BGNK,
             attn_mask=attn_mask,
-            enable_gqa=G != H,
+            enable_gqa=self.num_kv_heads != self.num_heads,
         )
         out_BND = self.proj(o_BHNK.transpose(1, 2).reshape(B, N, D))
         return self.gamma(out_BND) if self.gamma is not None else out_BND
-
-    def _fused_qk(self, x_BND: torch.Tensor, rope: Rope | None) -> bool:
-        """Whether ``_QKNormRope`` runs: CPU fp32 eager, with QK-norm and RoPE."""
-        return (rope is not None and self.q_norm is not None and x_BND.device.type == "cpu"
-                and x_BND.dtype == torch.float32 and not torch.compiler.is_compiling()
-                and rope[0].shape[-2] <= x_BND.shape[1]
-                and self.q_norm.weight is not None and self.k_norm.weight is not None
-                and self.q_norm.eps is not None and self.q_norm.eps == self.k_norm.eps)
 
 
 class Block(nn.Module):
