@@ -20,7 +20,9 @@ interleaved in one process (20 steps each, with the plain encoder): 1.041x and 1
 before 0.998 (range 0.953..1.068). The change is below this machine's noise (component timings
 predict ~0.5%: QK-norm + RoPE fwd+bwd ~10% faster, RMSNorm ~10%); the target (<= 1.00x) is not
 reached: the remaining ~4% is elementwise work the plain encoder does not have (QK-norm, bf16
-RoPE, SiLU gate) and that eager PyTorch on CPU cannot fuse further.
+RoPE, SiLU gate) and that eager PyTorch on CPU cannot fuse further. The fused version was
+reverted (no measurable gain for a second, CPU-only QK-norm + RoPE path): the code measured
+here is the "before" one, 1.04x per FLOP.
 
     python benchmarks/backbone_step.py                       # CPU, sapiens2_small, 256x192, 1 thread
     python benchmarks/backbone_step.py --threads 2           # all cores (a quiet machine only)
