@@ -62,7 +62,10 @@ mean ± half-range; load 3-60, which moves times, not these values):
 
 With 300 stand-in steps (loss 1.40 at the end) fine-tuning lost to random init on seg, pointmap
 and depth: the backbone has to have learned enough for pretraining to show end to end. Depth
-with LP-FT (backbone frozen 50 of 200 steps) was worse (seeds 0, 1: 0.1027, 0.1007).
+with LP-FT (backbone frozen 50 of 200 steps) was worse (seeds 0, 1: 0.1027, 0.1007); at 400 steps
+(``--tasks depth --steps 400``): probe 0.0970 ± 0.0037, fine-tune 0.0956 ± 0.0058, random init
+0.0963 ± 0.0017 (better on the means, 2/3 and 1/3 seeds): depth's seed spread (±0.004) is larger
+than the differences, so this set cannot rank the three runs on depth.
 """
 from __future__ import annotations
 
