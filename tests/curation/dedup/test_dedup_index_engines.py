@@ -63,9 +63,16 @@ def decide_against(against, batch: pa.Table) -> tuple[object, pa.Table]:
     return ctx.against_index, NearDedup(CFG, settings).decide(batch, ctx)
 
 
-def test_a_ray_engine_run_saves_the_partitioned_index_and_incremental_runs_use_it(ray_local, tmp_path):
+@pytest.fixture(scope="module")
+def ray_output(ray_local, tmp_path_factory):
+    """One ray-engine output (the slow part) for both tests; each test copies it before changing anything."""
+    out = tmp_path_factory.mktemp("index_engines") / "ray"
+    return out, curated(out, "ray")
+
+
+def test_a_ray_engine_run_saves_the_partitioned_index_and_incremental_runs_use_it(ray_output, tmp_path):
     candidates = curated(tmp_path / "local", "local")
-    curated(tmp_path / "ray", "ray")
+    shutil.copytree(ray_output[0], tmp_path / "ray")
     local, ray_ = (PartitionedNearIndex.open(*storage.resolve(index_dir(tmp_path / e))) for e in ("local", "ray"))
     assert [is_relative(p["uri"]) for p in ray_.header["parts"]] == [True]
     assert ray_.load().rows.equals(local.load().rows)             # every candidate, the same representatives
@@ -77,8 +84,9 @@ def test_a_ray_engine_run_saves_the_partitioned_index_and_incremental_runs_use_i
     assert want.num_rows > 100 and got.equals(want)
 
 
-def test_a_copied_output_is_searched_where_it_now_lies(ray_local, tmp_path):
-    candidates = curated(tmp_path / "v1", "ray")
+def test_a_copied_output_is_searched_where_it_now_lies(ray_output, tmp_path):
+    shutil.copytree(ray_output[0], tmp_path / "v1")
+    candidates = ray_output[1]
     batch = new_batch(candidates, seed=2)
     _, want = decide_against(tmp_path / "v1", batch)
     shutil.copytree(tmp_path / "v1", tmp_path / "moved" / "v1")
