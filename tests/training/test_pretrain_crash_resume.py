@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from infra import jsonl
 from infra.local_cluster import pids_naming
 from infra.tracking import metric_history
 from models.io import load_state_dict_file
@@ -46,18 +47,8 @@ def pretrain_cmd(dataset_id: str, root: Path, storage: Path, run_name: str, ray_
 
 def records(run_dir: Path) -> dict[int, list[dict]]:
     """Each rank's records in order (all sessions): ``{"step": s, ...}`` after step s and
-    ``{"session_start": s}`` when a session began at step s. A line being appended right now
-    (or torn by the kill) may be incomplete: only whole lines count."""
-    out = {}
-    for path in sorted((run_dir / "batch_keys").glob("rank_*.jsonl")):
-        rank = int(path.stem.split("_")[1])
-        out[rank] = []
-        for line in path.read_text().splitlines():
-            try:
-                out[rank].append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+    ``{"session_start": s}`` when a session began at step s; lines torn by the kill skipped."""
+    return {int(p.stem.split("_")[1]): jsonl.read(p) for p in sorted((run_dir / "batch_keys").glob("rank_*.jsonl"))}
 
 
 def recorded_steps(run_dir: Path) -> dict[int, list[int]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from infra import jsonl
 from models.registry import build_backbone
 from training.run import run_pretraining
 
@@ -40,8 +41,7 @@ def batch_keys(run_dir: str) -> dict[tuple[int, int], list[str]]:
     out = {}
     for path in sorted(Path(run_dir, "batch_keys").glob("rank_*.jsonl")):
         rank = int(path.stem.split("_")[1])
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
+        for record in jsonl.read(path):
             if "step" in record:  # not a {"session_start": step} marker
                 out[(record["step"], rank)] = record["keys"]  # a replayed step keeps its latest keys
     return out
