@@ -392,10 +392,13 @@ def _index_rows(batch: pa.Table, inp: GlobalDedupInput, cfg, step: str) -> pa.Ta
     return rows.append_column("representative", pa.array(reps, pa.string()))
 
 
-def _key_sums(batch: pa.Table) -> pa.Table:
+def _key_sums(batch: pa.Table, cfg) -> pa.Table:
+    """Rows, postings per band (their distinct hash values) and the key digest of one block."""
     from curation.dedup.index_store import keys_sum
+    from curation.dedup.near import row_values
 
-    return pa.table({"rows": [batch.num_rows], "sum": [str(keys_sum(batch.column("key").to_pylist()))]})
+    return pa.table({"rows": [batch.num_rows], "values": [len(row_values(batch, cfg)[1])],
+                     "sum": [str(keys_sum(batch.column("key").to_pylist()))]})
 
 
 def _row_bucket_of(batch: pa.Table, num_buckets: int) -> pa.Table:
@@ -434,9 +437,11 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str) -> dict:
     """The run's near-dup index (``curation.dedup.index_store``'s format: one part of every near
     candidate with its representative), written under the output by Ray tasks: rows shuffled by
     key bucket, postings by (band, value bucket), each group writing its bucket files. The driver
-    holds counts, the per-block key digests and the lists of buckets written."""
+    holds counts, the per-block key digests and the lists of buckets written. The band plan is the
+    index's (``NearDupConfig.index_num_blocks`` or ``incremental.index_blocks``), not the search's."""
+    from curation.dedup.incremental import index_blocks
     from curation.dedup.index_store import (default_buckets, part_dir, part_entry, part_id, write_header)
-    from curation.dedup.near import band_masks, plan_blocks
+    from curation.dedup.near import band_masks
 
     fs, root = storage.resolve(inp.out)
     index_root = output.path(root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
@@ -444,14 +449,15 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str) -> dict:
         fs.delete_dir(index_root)
     rows = candidates_dataset(inp, inp.meta(*cfg.hash_columns())).map_batches(
         _index_rows, fn_kwargs={"inp": inp, "cfg": cfg, "step": step}, batch_format="pyarrow").materialize()
-    sums = [(int(r["rows"]), int(r["sum"])) for r in rows.map_batches(_key_sums, batch_format="pyarrow").take_all()]
-    n = sum(r for r, _ in sums)
-    blocks = cfg.num_blocks or plan_blocks(n, cfg.max_distance)
+    sums = [(int(r["rows"]), int(r["values"]), int(r["sum"]))
+            for r in rows.map_batches(_key_sums, fn_kwargs={"cfg": cfg}, batch_format="pyarrow").take_all()]
+    n, n_values = sum(r for r, _, _ in sums), sum(v for _, v, _ in sums)
+    blocks = cfg.index_num_blocks or index_blocks(n_values, cfg.max_distance)   # the index's plan, not the search's
     masks = band_masks(blocks, cfg.max_distance)
     p = default_buckets(n)
     parts = []
     if n:
-        pid = part_id(n, sum(s for _, s in sums) % 2**128)
+        pid = part_id(n, sum(s for _, _, s in sums) % 2**128)
         part = part_dir(index_root, pid)
         kw = {"uri": inp.out, "part": part, "num_buckets": p}
         shuffles = inp.num_partitions(n)
@@ -464,6 +470,7 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str) -> dict:
         written = np.concatenate([b.column("_b").to_numpy() for b in
                                   band_b.iter_batches(batch_format="pyarrow", batch_size=None)] or [np.zeros(0, int)])
         rows_written = [int(r["_b"]) for r in row_b.take_all()]
-        parts.append(part_entry(pid, n, rows_written, [written[written // p == j] % p for j in range(len(masks))]))
+        parts.append(part_entry(pid, n, rows_written, [written[written // p == j] % p for j in range(len(masks))],
+                                postings=n_values * len(masks)))
     return write_header(fs, index_root, cfg, masks=masks, num_blocks=blocks, max_distance=cfg.max_distance,
                         num_buckets=p, parts=parts)

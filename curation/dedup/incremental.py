@@ -26,10 +26,34 @@ every component that touches V (e.g. the old copies are larger), plain
 ``near_duplicate_decisions(V + B, cfg)`` gives the same rows. Only with ``prefer`` can a
 full recomputation drop an existing row (when a new row bridges two old groups, the worse
 old representative); incremental mode keeps it, by design.
+
+**The index's band plan** (``index_blocks``) is chosen apart from the in-run search's
+(``near.plan_blocks`` / ``bands.plan_bands``, which minimise one run's sort + pair work):
+the index is written once and kept, and every later batch searches it. For B interleaved
+blocks and distance t, with N values indexed (postings per band: one per distinct hash value
+of a row) and a later batch of b values, the cost per indexed value is
+
+    C(B, t) x 2                       postings written once, and streamed once by the batch
+                                      (b >= P buckets: every bucket file of a band is opened)
+  + C(B, t) x b x 2^-(64 (B - t) / B)  candidate pairs that batch checks, per indexed value
+                                      (bands x N x 2^-(band bits) per query value, uniform bits)
+
+a posting and a candidate counted at the same cost (a candidate is a key read back and a
+row fetched, about what a posting costs to write). The batch assumed is
+``INDEX_BATCH_FRACTION`` of the index (a version adds a tenth of the corpus) and at least
+``INDEX_MIN_BATCH`` values. With t = 4 that gives B = 6 (15 bands) up to ~7e7 values
+(~3.5e7 images with mirror hashes), B = 7 (35) up to ~4e9 values, B = 8 (70) up to ~8e10;
+the in-run search's ``plan_blocks`` takes B = 7 from ~4e6 values, 8 from ~2e8, 9 from ~4e9:
+at 1e7 images (~2e7 values) the index stores 15 postings per value instead of 35, at 1e9
+images 35 instead of 70. Any B is exact (pigeonhole): the
+plan changes only cost. ``NearDupConfig.index_num_blocks`` overrides it; an index that is
+appended to keeps the plan its header records.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,8 +61,32 @@ import pyarrow.compute as pc
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.components import component_labels, decisions_from_labels, meta_columns
 from curation.dedup.hashing import hamming
-from curation.dedup.near import (GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, _check_columns, _prepare,
-                                 band_masks, plan_blocks, row_values, value_edges)
+from curation.dedup.near import (_MAX_BANDS, GROUP_PREFIX, HASH_BITS, NEAR_DUPLICATE, NearDupConfig,
+                                 _check_columns, _prepare, band_masks, row_values, value_edges)
+
+INDEX_BATCH_FRACTION = 0.1   # the later batch the index plan is chosen for: a tenth of the index ...
+INDEX_MIN_BATCH = 100_000    # ... and at least this many values
+
+
+def index_batch(n_values: int) -> int:
+    """Values of the later batch ``index_blocks`` assumes for an index of ``n_values``."""
+    return max(INDEX_MIN_BATCH, int(INDEX_BATCH_FRACTION * n_values))
+
+
+def index_cost(num_blocks: int, max_distance: int, batch_values: int) -> float:
+    """Relative cost per indexed value of B interleaved blocks (the module docstring's model)."""
+    t = max_distance
+    band_bits = HASH_BITS * (num_blocks - t) / num_blocks
+    return math.comb(num_blocks, t) * (2.0 + batch_values / 2.0 ** band_bits)
+
+
+def index_blocks(n_values: int, max_distance: int, batch_values: int | None = None) -> int:
+    """B of the index's band plan for ``n_values`` postings per band (the cheapest by ``index_cost``;
+    ties to fewer blocks). ``batch_values`` None: ``index_batch(n_values)``."""
+    b = index_batch(n_values) if batch_values is None else batch_values
+    options = [k for k in range(max_distance + 1, HASH_BITS + 1) if math.comb(k, max_distance) <= _MAX_BANDS]
+    return min(options, key=lambda k: (index_cost(k, max_distance, b), k))
+
 
 @dataclasses.dataclass
 class NearDupIndex:
@@ -75,7 +123,7 @@ class NearDupIndex:
         table = table.append_column("representative", pa.array(rep, pa.string()))
         _, values = row_values(table, cfg)
         distinct = np.unique(values)
-        blocks = cfg.num_blocks or plan_blocks(len(distinct), cfg.max_distance)
+        blocks = cfg.index_num_blocks or index_blocks(len(values), cfg.max_distance)
         orders = [np.argsort(distinct & m) for m in band_masks(blocks, cfg.max_distance)]
         return cls(table, distinct, orders, cfg.hash, cfg.match_mirrored, cfg.max_distance, blocks)
 
@@ -88,8 +136,12 @@ class NearDupIndex:
                                   for k, r in rep.items() if r != k], schema=DECISION_SCHEMA),
             new_decisions.cast(DECISION_SCHEMA)])
         merged = pa.concat_tables([old, _prepare(new, cfg).cast(old.schema)])
-        return NearDupIndex.build(merged, dataclasses.replace(cfg, num_blocks=self.num_blocks,
-                                                              max_distance=self.max_distance), decisions)
+        same = dataclasses.replace(cfg, index_num_blocks=self.num_blocks, max_distance=self.max_distance)
+        index = NearDupIndex.build(merged, same, decisions)    # this index's plan, whatever cfg asks
+        if self.plan_masks is None:
+            return index
+        return NearDupIndex.from_rows(index.rows, same, masks=self.masks, num_blocks=self.num_blocks,
+                                      max_distance=self.max_distance)
 
     @classmethod
     def from_rows(cls, rows: pa.Table | None, cfg: NearDupConfig, *, masks: np.ndarray, num_blocks: int,

@@ -4,7 +4,9 @@ without loading it whole.
 Layout (under an output's ``_dedup/near_index/``; any pyarrow filesystem)::
 
     index.json                          header: format, hash, match_mirrored, max_distance,
-                                        num_blocks, masks (the band plan), num_buckets, parts
+                                        num_blocks, masks (the index's band plan:
+                                        ``incremental.index_blocks`` or ``index_num_blocks``,
+                                        kept by every later part), num_buckets, parts
     parts/<part id>/rows/<b>.parquet    one part's rows (key, hashes, size, quality, representative),
                                         bucketed by crc32(key) % P
     parts/<part id>/bands/<j>/<b>.parquet  postings (value, key) of band j, bucketed by
@@ -143,11 +145,13 @@ def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: n
         for b, idx in by_value.items():
             write_band_bucket(fs, part, j, b, post.take(idx))
         band_b.append(list(by_value))
-    return part_entry(pid, len(keys), list(by_key), band_b)
+    return part_entry(pid, len(keys), list(by_key), band_b, postings=post.num_rows * len(masks))
 
 
-def part_entry(pid: str, num_rows: int, row_buckets: list[int], band_buckets: list[list[int]]) -> dict:
-    return {"id": pid, "uri": relative_part(pid), "rows": int(num_rows),
+def part_entry(pid: str, num_rows: int, row_buckets: list[int], band_buckets: list[list[int]], *,
+               postings: int) -> dict:
+    """A part's header entry; ``postings``: (value, key) records written over all its bands."""
+    return {"id": pid, "uri": relative_part(pid), "rows": int(num_rows), "postings": int(postings),
             "row_buckets": sorted(int(b) for b in row_buckets),
             "band_buckets": [sorted(int(b) for b in band) for band in band_buckets]}
 

@@ -62,6 +62,11 @@ class NearDupConfig:
     number of distinct hash values. ``num_partitions``: groups of the Ray shuffle of band
     rows (None: about one per million band rows). ``max_pairs_per_chunk`` bounds memory
     while candidate pairs are checked.
+    ``index_num_blocks``: B of the band plan of the near-dup index a run saves for later
+    versions (``curation.dedup.index_store``), chosen apart from the search's: the index stores
+    every value once per band, for good, so its plan trades storage against a later batch's
+    candidate pairs (``curation.dedup.incremental.index_blocks``, the default when None).
+    Any B keeps searches exact; an index appended to keeps the plan its header records.
     """
 
     enabled: bool = True
@@ -71,6 +76,7 @@ class NearDupConfig:
     num_blocks: int | None = None
     num_partitions: int | None = None
     max_pairs_per_chunk: int = 2_000_000
+    index_num_blocks: int | None = None
 
     def __post_init__(self) -> None:
         if self.hash not in ("phash", "dhash"):
@@ -78,12 +84,14 @@ class NearDupConfig:
         if not isinstance(self.max_distance, int) or not 0 <= self.max_distance <= 16:
             raise ValueError(f"near_dup.max_distance must be an int in 0..16 bits, got {self.max_distance!r} "
                              "(beyond ~10 unrelated photos start to match; 4 is the default)")
-        if self.num_blocks is not None and not self.max_distance < self.num_blocks <= HASH_BITS:
-            raise ValueError(f"near_dup.num_blocks must be in {self.max_distance + 1}..{HASH_BITS} "
-                             f"(more than max_distance), or None to choose it; got {self.num_blocks}")
-        if self.num_blocks is not None and math.comb(self.num_blocks, self.max_distance) > _MAX_BANDS:
-            raise ValueError(f"near_dup.num_blocks={self.num_blocks} gives C({self.num_blocks}, "
-                             f"{self.max_distance}) > {_MAX_BANDS} bands; use fewer blocks or None")
+        for name in ("num_blocks", "index_num_blocks"):
+            blocks = getattr(self, name)
+            if blocks is not None and (not isinstance(blocks, int) or not self.max_distance < blocks <= HASH_BITS):
+                raise ValueError(f"near_dup.{name} must be an int in {self.max_distance + 1}..{HASH_BITS} "
+                                 f"(more than max_distance), or None to choose it; got {blocks!r}")
+            if blocks is not None and math.comb(blocks, self.max_distance) > _MAX_BANDS:
+                raise ValueError(f"near_dup.{name}={blocks} gives C({blocks}, {self.max_distance}) > "
+                                 f"{_MAX_BANDS} bands; use fewer blocks or None")
         if self.num_partitions is not None and self.num_partitions < 1:
             raise ValueError(f"near_dup.num_partitions must be >= 1 or None, got {self.num_partitions}")
         if self.max_pairs_per_chunk < 1:

@@ -77,6 +77,9 @@ def test_a_ray_engine_run_saves_the_partitioned_index_and_incremental_runs_use_i
     assert [is_relative(p["uri"]) for p in ray_.header["parts"]] == [True]
     assert ray_.load().rows.equals(local.load().rows)             # every candidate, the same representatives
     assert ray_.header["parts"][0]["id"] == local.header["parts"][0]["id"]   # identity by content
+    # the same band plan (the index's own, from the same postings count) and postings written
+    assert (ray_.header["masks"], ray_.header["parts"][0]["postings"]) == (local.header["masks"],
+                                                                          local.header["parts"][0]["postings"])
     batch = new_batch(candidates, seed=1)
     index_l, want = decide_against(tmp_path / "local", batch)
     index_r, got = decide_against(tmp_path / "ray", batch)

@@ -1,0 +1,69 @@
+"""The near-dup index's own band plan (``incremental.index_blocks``): chosen for storage and a
+later batch's query cost, apart from the in-run search's; any plan keeps the index search exact,
+and an index appended to keeps the plan its header records."""
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+from dedup_fixtures import planted_table
+from test_dedup_index_store import only, with_width
+from test_dedup_near import reference_decisions
+
+from curation.dedup.incremental import NearDupIndex, index_blocks, index_cost
+from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index
+from curation.dedup.near import NearDupConfig, near_duplicate_decisions, plan_blocks
+
+
+def test_the_index_plan_grows_with_the_index_and_stays_bounded():
+    sizes = [10**k for k in range(3, 12)]
+    blocks = [index_blocks(n, 4) for n in sizes]
+    assert blocks == sorted(blocks)                                   # monotone in the index size
+    assert all(math.comb(b, 4) <= 210 for b in blocks)               # bounded: <= C(10, 4) bands up to 1e11
+    assert blocks[0] == 6 and index_blocks(2 * 10**7, 4) == 6 and index_blocks(2 * 10**9, 4) == 7
+    # fewer postings than the search's plan where the search steps up (1e7 and 1e9 images with mirrors)
+    for n in (2 * 10**7, 2 * 10**9):
+        assert math.comb(index_blocks(n, 4), 4) < math.comb(plan_blocks(n, 4), 4)
+    # the chosen B is the cheapest of its neighbours under the stated model
+    for n in sizes:
+        b, batch = index_blocks(n, 4), max(100_000, n // 10)
+        assert index_cost(b, 4, batch) <= min(index_cost(k, 4, batch) for k in (b - 1, b + 1) if k > 4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_distance": 4, "index_num_blocks": 4}, "index_num_blocks"),
+    ({"max_distance": 8, "index_num_blocks": 40}, "bands"),
+    ({"index_num_blocks": 6.0}, "index_num_blocks"),
+])
+def test_invalid_index_plans_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        NearDupConfig(**kwargs)
+
+
+@pytest.mark.parametrize("blocks", [5, 9])
+def test_decisions_through_an_index_with_a_non_default_plan_equal_brute_force(tmp_path, blocks):
+    """v1 indexed with B = ``blocks``; b1 against it; the extension (asked for another plan) keeps
+    v1's plan; b2 against version 2 equals the whole-table brute force."""
+    cfg = NearDupConfig(max_distance=4, index_num_blocks=blocks)
+    fs = pafs.LocalFileSystem()
+    table = planted_table(900, seed=31, max_flips=5)
+    part = np.random.default_rng(31).integers(0, 3, table.num_rows)
+    v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))
+    v1, b1 = with_width(v1, 4000), with_width(b1, 2000)      # older rows larger: the rule keeps them
+    memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
+    header = save_index(memory, fs, str(tmp_path / "v1"), num_buckets=8)
+    assert header["num_blocks"] == blocks and len(header["masks"]) == math.comb(blocks, 4)
+    assert header["parts"][0]["postings"] == math.comb(blocks, 4) * len(set(
+        zip(v1.column("key").to_pylist(), v1.column("phash").to_pylist())) | set(
+        zip(v1.column("key").to_pylist(), v1.column("phash_mirror").to_pylist())))
+    other = NearDupConfig(max_distance=4, index_num_blocks=6 if blocks != 6 else 7)
+    d1, ext = decide_against(b1, PartitionedNearIndex.open(fs, str(tmp_path / "v1")), other)
+    v2 = ext.write(fs, str(tmp_path / "v2"))
+    assert v2["num_blocks"] == blocks and v2["masks"] == header["masks"]
+    _, memory2 = decide_against(b1, memory, other)
+    assert memory2.num_blocks == blocks and list(memory2.masks) == list(memory.masks)
+    d2, _ = decide_against(b2, PartitionedNearIndex.open(fs, str(tmp_path / "v2")), cfg)
+    assert d1.to_pylist() == only(pa.Table.from_pylist(reference_decisions(pa.concat_tables([v1, b1]), 4)), b1)
+    assert d2.to_pylist() == only(pa.Table.from_pylist(reference_decisions(pa.concat_tables([v1, b1, b2]), 4)), b2)
+    assert d1.num_rows > 10 and d2.num_rows > 10
