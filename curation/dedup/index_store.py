@@ -13,12 +13,23 @@ Layout (under an output's ``_dedup/near_index/``; any pyarrow filesystem)::
                                         mix64(value & mask_j) % P, sorted by value
 
 A part holds the rows one version added (the first version: all its candidates). The next
-version's header lists the earlier parts where they are and adds one new part: the index
-grows append-only, nothing already written is rewritten. A header names the parts under its
-own folder relative to it (``parts/<id>``: a copied or moved output keeps working) and the
-parts of earlier versions (another output or bucket) by absolute URI. ``<part id>`` is a
-digest of the part's keys (content, not paths), order-free so that a distributed writer
+version's header lists the earlier parts and adds one new part: the index grows append-only,
+nothing already written is rewritten. ``<part id>`` is a digest of the part's keys (content,
+not paths), order-free so that a distributed writer
 (``curation.dedup.distributed.write_near_index``) sums it from partial digests.
+
+**Relocatable.** A header names its own parts relative to its folder (``uri``: ``parts/<id>``:
+a copied or moved output keeps working). A part of an earlier version (another output or
+bucket) is named by what does not move with a path: ``origin`` (the dataset version id of
+the output that wrote it, from its ``_SUCCESS``, and that output's index URI at the time),
+``path`` (``parts/<id>``, relative to its owner's index folder), plus two hints: ``relative``
+(the path from this index's folder at write time: found again when a whole tree of versions
+is moved or copied together) and ``uri`` (the absolute URI at write time). Opening an index
+resolves every part, in order: under each location the user passes now (the searched output
+itself and ``NearDupConfig.index_locations``: where earlier outputs lie now), then the
+relative hint, then the absolute one; the first that exists wins (the part id names its
+content). When none does, the open fails with one line naming the missing version and what
+to pass.
 
 A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets the new batch's
 band keys hash to, keeps the postings whose band key equals a new one, then reads the rows
@@ -38,6 +49,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import posixpath
 import zlib
 
 import numpy as np
@@ -49,6 +61,7 @@ from curation.dedup import DECISION_SCHEMA
 from curation.dedup.bands import mix64
 from curation.dedup.incremental import NearDupIndex, check_settings, incremental_decisions
 from curation.dedup.near import NearDupConfig, row_values
+from curation import output
 from curation.output import NEAR_INDEX_HEADER as HEADER
 from infra import storage
 
@@ -173,7 +186,7 @@ def write_index(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, *, mask
     parts = []
     if earlier is not None:
         num_buckets = earlier.header["num_buckets"]
-        parts = [dict(p, uri=earlier.part_uri_from(p, fs, index_root)) for p in earlier.header["parts"]]
+        parts = [earlier.listed_from(p, fs, index_root) for p in earlier.header["parts"]]
     if rows.num_rows:
         parts.append(write_part(fs, index_root, rows, cfg, masks, num_buckets))
     return write_header(fs, index_root, cfg, masks=masks, num_blocks=num_blocks, max_distance=max_distance,
@@ -191,13 +204,65 @@ class PartitionedNearIndex:
     rows_read: int = 0        # rows (postings and index rows) of the files read
     largest_file: int = 0     # rows of the largest file read (the most held before filtering)
     reached: int = 0          # rows of the last sub_index
+    locations: tuple[str, ...] = ()   # outputs (or index folders) where earlier versions lie now
+    where: dict[str, tuple[object, str]] = dataclasses.field(default_factory=dict)  # part id -> (fs, path)
 
     @classmethod
-    def open(cls, fs, root: str) -> PartitionedNearIndex:
+    def open(cls, fs, root: str, locations: tuple[str, ...] | list[str] = ()) -> PartitionedNearIndex:
+        """The index at ``root``, every part resolved (module docstring); ``locations``: where
+        earlier versions' outputs lie now, searched before the hints a header records."""
         header = json.loads(storage.read_bytes(fs, storage.join(root, HEADER)))
         if header.get("format") != FORMAT:
             raise ValueError(f"{root}: near-dup index format is not {FORMAT}; rebuild it (NearDupIndex.build)")
-        return cls(fs, root, header)
+        index = cls(fs, root, header, locations=tuple(locations))
+        for part in header["parts"]:
+            index.locate(part)
+        return index
+
+    @property
+    def owner(self) -> dict:
+        """Who this index belongs to: the dataset version id of the finished output holding it
+        (None when it is not in one) and its URI now."""
+        version = None
+        suffix = "/" + storage.join(output.DEDUP_DIR, output.NEAR_INDEX_DIR)
+        if self.root.rstrip("/").endswith(suffix):
+            success = storage.join(self.root.rstrip("/")[:-len(suffix)], output.SUCCESS_FILE)
+            if storage.exists(self.fs, success):
+                version = json.loads(storage.read_bytes(self.fs, success)).get("dataset_id")
+        return {"version": version, "index": storage.to_uri(self.fs, self.root)}
+
+    def _index_folders(self) -> list[tuple[object, str]]:
+        """This index's folder, then each location's: an index folder itself, or an output's."""
+        folders = [(self.fs, self.root)]
+        for location in self.locations:
+            fs, path = storage.resolve(location)
+            if not storage.exists(fs, storage.join(path, HEADER)):
+                path = output.path(path, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
+            folders.append((fs, path))
+        return folders
+
+    def locate(self, part: dict) -> tuple[object, str]:
+        """(filesystem, path) of a part, resolved once (module docstring)."""
+        if part["id"] in self.where:
+            return self.where[part["id"]]
+        if is_relative(part["uri"]):                       # one of this index's own parts
+            tried = [(self.fs, storage.join(self.root, part["uri"]))]
+        else:
+            rel = part.get("path") or relative_part(part["id"])
+            tried = [(fs, storage.join(root, rel)) for fs, root in self._index_folders()]
+            if part.get("relative"):
+                tried.append((self.fs, posixpath.normpath(storage.join(self.root, part["relative"]))))
+            tried.append(self._from_uri(part["uri"]))
+        for fs, path in tried:
+            if storage.exists(fs, path):
+                self.where[part["id"]] = (fs, path)
+                return fs, path
+        origin = part.get("origin") or {}
+        raise ValueError(
+            f"near-dup index {storage.to_uri(self.fs, self.root)}: part {part['id']} of earlier version "
+            f"{origin.get('version') or '(no version id)'} (written at {origin.get('index') or part['uri']}) is not "
+            f"at {', '.join(storage.to_uri(fs, p) for fs, p in tried)}; pass where that output lies now in "
+            "dedup.near.index_locations")
 
     @property
     def masks(self) -> np.ndarray:
@@ -217,7 +282,7 @@ class PartitionedNearIndex:
         (so at most one whole bucket file is held at a time)."""
         tables = []
         for part in self.header["parts"]:
-            fs, root = self._located(part["uri"])
+            fs, root = self.locate(part)
             present = part[listed] if j is None else part[listed][j]
             for b in sorted(wanted.intersection(present)):
                 path = path_of(root, b)
@@ -229,23 +294,32 @@ class PartitionedNearIndex:
                 tables.append(keep(table) if keep is not None else table)
         return tables
 
-    def _located(self, uri: str) -> tuple[object, str]:
-        """(filesystem, path) of a part: under this index's folder when ``uri`` is relative; this
-        index's filesystem when the part is on the same kind (keeping its endpoint and
-        credentials), else the one its URI names."""
-        if is_relative(uri):
-            return self.fs, storage.join(self.root, uri)
+    def _from_uri(self, uri: str) -> tuple[object, str]:
+        """(filesystem, path) of an absolute part URI: this index's filesystem when the part is on
+        the same kind (keeping its endpoint and credentials), else the one its URI names."""
         prefix = f"{self.fs.type_name}://"
         if uri.startswith(prefix):
             return self.fs, uri[len(prefix):]
         return storage.resolve(uri) if "://" in uri else (self.fs, uri)
 
-    def part_uri_from(self, part: dict, fs, index_root: str) -> str:
-        """How an index written at ``index_root`` (on ``fs``) names this index's ``part``: relative
-        when the part lies under that folder, else its absolute URI (another output or bucket)."""
-        part_fs, path = self._located(part["uri"])
-        inside = part_fs.type_name == fs.type_name and path.startswith(index_root.rstrip("/") + "/")
-        return path[len(index_root.rstrip("/")) + 1:] if inside else storage.to_uri(part_fs, path)
+    def listed_from(self, part: dict, fs, index_root: str) -> dict:
+        """How an index written at ``index_root`` (on ``fs``) lists this index's ``part``: relative
+        when the part lies under that folder; else as an earlier version's part (module
+        docstring: origin, path in its owner's folder, the relative and absolute hints)."""
+        part_fs, path = self.locate(part)
+        root = index_root.rstrip("/")
+        same_kind = part_fs.type_name == fs.type_name
+        if same_kind and path.startswith(root + "/"):
+            return dict(part, uri=path[len(root) + 1:])
+        origin = part.get("origin") or (self.owner if is_relative(part["uri"]) else   # an older header: its URI
+                                        {"version": None, "index": part["uri"].rsplit("/parts/", 1)[0]})
+        entry = dict(part, uri=storage.to_uri(part_fs, path), path=part.get("path") or relative_part(part["id"]),
+                     origin=origin)
+        if same_kind:
+            entry["relative"] = posixpath.relpath(path, root)
+        else:
+            entry.pop("relative", None)
+        return entry
 
     def read_rows(self, keys: list[str]) -> pa.Table | None:
         """The stored rows with these keys (their key buckets only), or None when none is stored."""

@@ -67,6 +67,10 @@ class NearDupConfig:
     every value once per band, for good, so its plan trades storage against a later batch's
     candidate pairs (``curation.dedup.incremental.index_blocks``, the default when None).
     Any B keeps searches exact; an index appended to keeps the plan its header records.
+    ``index_locations``: where earlier versions' outputs lie now, when one was moved or copied
+    after a later version's index listed its part (``dedup.against`` itself is always
+    searched): an index's earlier parts are looked up there first, then where they were
+    written (``curation.dedup.index_store``, "Relocatable").
     """
 
     enabled: bool = True
@@ -77,6 +81,7 @@ class NearDupConfig:
     num_partitions: int | None = None
     max_pairs_per_chunk: int = 2_000_000
     index_num_blocks: int | None = None
+    index_locations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.hash not in ("phash", "dhash"):
@@ -92,6 +97,9 @@ class NearDupConfig:
             if blocks is not None and math.comb(blocks, self.max_distance) > _MAX_BANDS:
                 raise ValueError(f"near_dup.{name}={blocks} gives C({blocks}, {self.max_distance}) > "
                                  f"{_MAX_BANDS} bands; use fewer blocks or None")
+        if isinstance(self.index_locations, str) or not all(isinstance(x, str) and x for x in self.index_locations):
+            raise ValueError(f"near_dup.index_locations must be a list of output folders or URIs, got "
+                             f"{self.index_locations!r}")
         if self.num_partitions is not None and self.num_partitions < 1:
             raise ValueError(f"near_dup.num_partitions must be >= 1 or None, got {self.num_partitions}")
         if self.max_pairs_per_chunk < 1:

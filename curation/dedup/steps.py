@@ -80,7 +80,8 @@ def earlier_index(earlier: output.CuratedOutput, cfg: NearDupConfig) -> Partitio
     represented by ``duplicate_of``."""
     header = output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR, output.NEAR_INDEX_HEADER)
     if storage.exists(earlier.fs, header) and json.loads(storage.read_bytes(earlier.fs, header)).get("format") == FORMAT:
-        return PartitionedNearIndex.open(earlier.fs, output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
+        return PartitionedNearIndex.open(earlier.fs, output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR),
+                                         cfg.index_locations)
     names = earlier.manifest_schema().names
     wanted = ["key", *cfg.hash_columns(), "width", "height", "converted", "input_bytes", "status", "reason",
               "duplicate_of"]
