@@ -1,6 +1,6 @@
 """Curation throughput on this machine, per core, against a plain Pillow decode loop over the same files.
 
-    python benchmarks/curate_throughput.py --images 1000             # + a 4x larger run for the slope
+    python benchmarks/curate_throughput.py                  # 2,000 images + 8,000 for the slope
 
 Builds a corpus of distinct JPEGs (random crops, sizes and qualities of the real demo photos),
 then measures, in one run:
@@ -296,11 +296,12 @@ def _per_detected(t: Timing, detected: int, n: int, floor_wall: float, floor_cpu
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--images", type=int, default=1000)
+    ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--slope-images", type=int, default=None,
                     help="a larger run for the marginal cost per image (default 4 x --images; 0: none)")
     ap.add_argument("--cpus", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--partition", type=int, default=250, help="images per input partition (= per shard)")
+    ap.add_argument("--partition", type=int, default=InputConfig().images_per_partition,
+                    help="images per input partition (= per shard; default: the config's)")
     ap.add_argument("--detector-sample", type=int, default=300, help="survivors the bare detector is timed on")
     ap.add_argument("--skip-detector", action="store_true")
     args = ap.parse_args()

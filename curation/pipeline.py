@@ -243,12 +243,27 @@ def split_inline(stages: list) -> tuple[list, list]:
     return stages[:n], stages[n:]
 
 
+def _score_partition(p: readers.Partition, reader: readers.ReadImages, inline: list, out_uri: str) -> int:
+    """One partition through the cheap stages into staging, in one task; rows staged."""
+    fs, root = storage.resolve(out_uri)
+    return sum(staging.write_parts(fs, root, table) for table in _read_and_list(p, reader, inline, out_uri))
+
+
 def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
-    """Pass 1: stream the partitions through the first pass's stages into staging."""
+    """Pass 1: the partitions through the first pass's stages into staging. Cheap stages only
+    (the two-pass recipe): one Ray task per partition (``infra.ray_runtime.map_tasks``: no
+    stream between operators to manage, and none of Ray Data's per-task dispatch gaps); with a
+    model stage in pass 1, a Ray Data stream through its actor pool."""
     import ray.data
+
+    from infra.ray_runtime import map_tasks
 
     reader, uri = job.steps.steps[0], job.uri
     inline, pooled = split_inline(job.steps.passes()[0].stages)
+    if not pooled:
+        map_tasks(functools.partial(_score_partition, reader=reader, inline=inline, out_uri=uri), partitions,
+                  num_cpus=job.cfg.input.num_cpus, name="curation.pass1")
+        return
     source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, reader, inline, uri),
                                           schema=None if inline else readers.RAW_SCHEMA)
     ds = ray.data.read_datasource(source, override_num_blocks=len(partitions), num_cpus=job.cfg.input.num_cpus)
@@ -361,36 +376,41 @@ def global_dedup(job: Job, pids: list[str], steps: list[DedupStep] | None = None
 def write_all(job: Job, partitions: list[str], decisions=None) -> list[dict]:
     """Each partition's shard, sidecar and manifest part; a task reads its partition's decisions only
     (``decisions``, a former whole-run table, is no longer used)."""
-    import ray.data
+    from infra.ray_runtime import map_tasks
 
-    if not partitions:
-        return []
     uri, writer = job.uri, job.steps.steps[-1]
 
-    def _write(row: dict) -> dict:
-        return writer.write(uri, row["pid"], partition_decisions(*storage.resolve(uri), row["pid"]))
+    def _write(pid: str) -> dict:
+        return writer.write(uri, pid, partition_decisions(*storage.resolve(uri), pid))
 
-    ds = ray.data.from_items([{"pid": p} for p in partitions], override_num_blocks=len(partitions))
-    return ds.map(_write, num_cpus=1).take_all()
+    return map_tasks(_write, partitions, num_cpus=1, name="curation.write")
 
 
-def _summarise_part(row: dict, uri: str) -> dict:
-    """One manifest part's stats counts and version digest (read where it lies, summary columns only)."""
+def _summarise_parts(paths: list[str], uri: str) -> list[dict]:
+    """Stats counts and version digest of each manifest part (read where it lies, summary columns only)."""
     out = output.CuratedOutput.at(uri)
-    part = out.read_part(row["path"], SUMMARY_COLUMNS)
-    return {"pid": row["pid"], "counts": json.dumps(manifest_counts(part)), "digest": partition_digest(part)}
+    rows = []
+    for path in paths:
+        part = out.read_part(path, SUMMARY_COLUMNS)
+        rows.append({"pid": output.part_id(path), "counts": json.dumps(manifest_counts(part)),
+                     "digest": partition_digest(part)})
+    return rows
+
+
+# Manifest parts summarised per task: parts are small (summary columns only), tasks are not free.
+SUMMARY_PARTS_PER_TASK = 16
 
 
 def summarise_manifest(job: Job) -> tuple[dict, dict[str, str]]:
     """(summed stats counts, per-partition version digests): one Ray task per batch of parts."""
-    import ray.data
+    from infra.ray_runtime import map_tasks
 
     files = output.CuratedOutput(job.fs, job.root).manifest_files()
     if not files:
         return merge_counts([]), {}
-    items = [{"pid": output.part_id(f), "path": f} for f in files]
-    rows = (ray.data.from_items(items, override_num_blocks=min(len(items), 64))
-            .map(_summarise_part, fn_kwargs={"uri": job.uri}).take_all())
+    batches = [files[i:i + SUMMARY_PARTS_PER_TASK] for i in range(0, len(files), SUMMARY_PARTS_PER_TASK)]
+    rows = [r for rs in map_tasks(functools.partial(_summarise_parts, uri=job.uri), batches, num_cpus=1,
+                                  name="curation.summaries") for r in rs]
     counts = merge_counts({k: (Counter(v) if isinstance(v, dict) else v) for k, v in json.loads(r["counts"]).items()}
                           for r in rows)
     return counts, {r["pid"]: r["digest"] for r in rows}
