@@ -260,9 +260,10 @@ def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
 
     reader, uri = job.steps.steps[0], job.uri
     inline, pooled = split_inline(job.steps.passes()[0].stages)
-    if not pooled:
+    if not pooled:  # the task runs the read and every cheap stage: it needs the most any of them asks
+        cpus = max([job.cfg.input.num_cpus, *(s.resources().num_cpus for s in inline)])
         map_tasks(functools.partial(_score_partition, reader=reader, inline=inline, out_uri=uri), partitions,
-                  num_cpus=job.cfg.input.num_cpus, name="curation.pass1")
+                  num_cpus=cpus, name="curation.pass1")
         return
     source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, reader, inline, uri),
                                           schema=None if inline else readers.RAW_SCHEMA)
@@ -300,6 +301,8 @@ def _survivors(pid: str, src_uri: str, dst_uri: str, out_uri: str, inline: list,
 # Rows per staging write after a model stage's actor pool. Its small output blocks, one part
 # file each, cost a write task and a file per batch (125 parts for 1,000 rows at batch 8).
 STAGING_BATCH_ROWS = 256
+# Rows per block fed to the model stages' actor pools (a block is the unit an actor takes).
+POOL_INPUT_ROWS = 64
 
 
 def _same_rows(batch: pa.Table) -> pa.Table:
@@ -326,6 +329,9 @@ def score_survivors(job: Job, p: Pass, pids: list[str]) -> None:
     source = readers.partition_datasource(parts, lambda q: _survivors(q.id, src.uri, dst.uri, job.uri, inline, images),
                                           schema=None)
     ds = ray.data.read_datasource(source, override_num_blocks=len(parts), num_cpus=job.cfg.input.num_cpus)
+    if pooled:  # a read task's output is one block up to 128 MiB (a whole partition here), and a block goes
+        # to one actor: with fewer partitions than actors, actors would idle (735 survivors, 2 actors: one)
+        ds = ds.repartition(target_num_rows_per_block=POOL_INPUT_ROWS)
     for stage in pooled:
         ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
     if pooled:  # an actor returns a block per batch (8 rows for the detector): staged in fewer, larger parts
