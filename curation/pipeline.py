@@ -96,6 +96,8 @@ class Job:
 # resume on another (more GPUs, fewer actors) into the same output.
 RESOURCE_KEYS = frozenset({"num_cpus", "num_gpus", "num_actors"})
 NOT_IDENTITY = ("tracking", "ray", "output_dir", "name", "dataset_name")
+# Nested settings that say where something lies, not what it is: out of the job's identity.
+NOT_IDENTITY_NESTED = (("dedup", "near", "index_locations"),)
 
 
 def _without_resources(value):
@@ -130,6 +132,14 @@ def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
     d = config_to_dict(cfg)
     for k in NOT_IDENTITY:
         d.pop(k, None)
+    for *parents, leaf in NOT_IDENTITY_NESTED:
+        node = d
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    if d.get("dedup", {}).get("against"):  # the earlier version by content (its id), not where it lies
+        d["dedup"]["against"] = {"dataset_id": output.from_output(cfg.dedup.against).id}
     for setting, path in recipe.build(cfg).weight_files().items():
         *parents, leaf = setting.split(".")
         node = d
@@ -301,8 +311,9 @@ def _survivors(pid: str, src_uri: str, dst_uri: str, out_uri: str, inline: list,
 # Rows per staging write after a model stage's actor pool. Its small output blocks, one part
 # file each, cost a write task and a file per batch (125 parts for 1,000 rows at batch 8).
 STAGING_BATCH_ROWS = 256
-# Rows per block fed to the model stages' actor pools (a block is the unit an actor takes).
-POOL_INPUT_ROWS = 64
+# Bytes per block fed to the model stages' actor pools (a block is the unit an actor takes): ~100
+# web images of ~80 KB.
+POOL_INPUT_BYTES = 8 * 2**20
 
 
 def _same_rows(batch: pa.Table) -> pa.Table:
@@ -328,10 +339,18 @@ def score_survivors(job: Job, p: Pass, pids: list[str]) -> None:
     parts = [readers.Partition(id=pid, kind="staged", uris=(src.uri,)) for pid in todo]
     source = readers.partition_datasource(parts, lambda q: _survivors(q.id, src.uri, dst.uri, job.uri, inline, images),
                                           schema=None)
-    ds = ray.data.read_datasource(source, override_num_blocks=len(parts), num_cpus=job.cfg.input.num_cpus)
-    if pooled:  # a read task's output is one block up to 128 MiB (a whole partition here), and a block goes
-        # to one actor: with fewer partitions than actors, actors would idle (735 survivors, 2 actors: one)
-        ds = ds.repartition(target_num_rows_per_block=POOL_INPUT_ROWS)
+    # A read task's output is merged into blocks of up to DataContext.target_max_block_size (128 MiB: a
+    # whole partition here), and a block goes to one actor: with fewer partitions than actors, actors
+    # would idle (735 survivors in one partition, 2 detector actors: one worked). The dataset keeps the
+    # context it is created with, so smaller blocks are set for this read only. (A repartition operator
+    # instead would need a CPU of its own beside fixed pools that hold the rest: it deadlocked.)
+    ctx = ray.data.DataContext.get_current()
+    default_block = ctx.target_max_block_size
+    ctx.target_max_block_size = POOL_INPUT_BYTES if pooled else default_block
+    try:
+        ds = ray.data.read_datasource(source, override_num_blocks=len(parts), num_cpus=job.cfg.input.num_cpus)
+    finally:
+        ctx.target_max_block_size = default_block
     for stage in pooled:
         ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
     if pooled:  # an actor returns a block per batch (8 rows for the detector): staged in fewer, larger parts

@@ -177,6 +177,29 @@ def test_rerun_reuses_and_other_config_is_refused(curated):
         run_curation(changed)
 
 
+def test_an_earlier_version_enters_the_job_by_its_id_not_its_location(curated, tmp_path):
+    import dataclasses
+    import shutil
+
+    root, _, cfg, result = curated
+    copied = tmp_path / "elsewhere" / "v1"
+    shutil.copytree(root / "curated", copied)  # the same version (same _SUCCESS id) at another path
+
+    def incremental(against: Path, locations: tuple[str, ...] = ()):
+        c = demo_config(root / "raw", tmp_path / "v2", Path(cfg.detector.weights))
+        c.dedup.against = str(against)
+        c.dedup.near = dataclasses.replace(c.dedup.near, index_locations=locations)
+        return c
+
+    here = job_digest(incremental(root / "curated"))
+    assert job_digest(incremental(copied)) == here
+    assert job_digest(incremental(root / "curated", (str(copied),))) == here  # where parts lie: not identity
+    assert here != job_digest(demo_config(root / "raw", tmp_path / "v2", Path(cfg.detector.weights)))
+    (copied / "_SUCCESS").unlink()
+    with pytest.raises(ValueError, match="not a finished curation output"):
+        job_digest(incremental(copied))
+
+
 def test_a_training_run_finds_the_shards_by_version_id_alone(curated):
     from curation.output import resolve_dataset
 
