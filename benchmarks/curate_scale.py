@@ -166,13 +166,15 @@ def global_steps(root: str, pids: list[str], args) -> dict:
         return headers[-1]
 
     steps_module.write_near_index = timed_index
-    for step in (ExactDedup(ExactDupConfig()), NearDedup(NearDupConfig(max_distance=4))):
-        t = time.perf_counter()
-        dropped = run_global_dedup([step], inp, ctx)
-        seconds[step.name] = time.perf_counter() - t
-        seconds[f"{step.name}_dropped"] = dropped[step.name]
-        inp = GlobalDedupInput(root, tuple(pids), columns, earlier_steps=(*inp.earlier_steps, step.name))
-    steps_module.write_near_index = write_near_index
+    try:
+        for step in (ExactDedup(ExactDupConfig()), NearDedup(NearDupConfig(max_distance=4))):
+            t = time.perf_counter()
+            dropped = run_global_dedup([step], inp, ctx)
+            seconds[step.name] = time.perf_counter() - t
+            seconds[f"{step.name}_dropped"] = dropped[step.name]
+            inp = GlobalDedupInput(root, tuple(pids), columns, earlier_steps=(*inp.earlier_steps, step.name))
+    finally:
+        steps_module.write_near_index = write_near_index
     header = headers[-1]
     seconds["near_index_blocks"] = header["num_blocks"]
     seconds["near_index_bands"] = len(header["masks"])

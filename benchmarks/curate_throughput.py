@@ -367,7 +367,8 @@ def main() -> None:
             # would charge pass 1's work on ever more dropped images to the images the detector ran on.
             survivors = kept_sources(work / ("out-nodet-large" if large else "out-nodet"))
             sizes = [len(survivors) // 2, len(survivors)] if large else [len(survivors)]
-            corpora = {k: link_corpus(survivors[:k], work / f"det-{k}") for k in sizes}
+            for k in sizes:
+                link_corpus(survivors[:k], work / f"det-{k}")
             sample = random.Random(0).sample(survivors, min(len(survivors), args.detector_sample))
             bare, side = bare_detector(sample), bare_detector_processes(sample, n)
             _row("bare CenterNet (1 thread, draft decode + run)", bare,
@@ -390,9 +391,7 @@ def main() -> None:
                 _row(f"{label}, {size} images", t, f"(detector ran on {detected}, kept {stats['kept']}; load "
                      f"average {os.getloadavg()[0]:.1f})")
                 _per_detected(t, detected, n, floor_wall, floor_cpu, judged=not large)
-                print(f"{'':<8}per input image: {n * t.wall / t.n * 1e3:.1f} ms wall x {n} = "
-                      f"{n * t.wall / t.n / floor_wall:.2f}x the bare detector (dedup and geometry spare it "
-                      f"{t.n - detected} of {t.n} images); seconds per phase: {phases}")
+                print(f"{'':<8}seconds per phase: {phases}")
             if large:
                 slope = timed[sizes[1]].minus(timed[sizes[0]])
                 _row(f"{label}, marginal ({sizes[0]} -> {sizes[1]})", slope)

@@ -96,8 +96,6 @@ class Job:
 # resume on another (more GPUs, fewer actors) into the same output.
 RESOURCE_KEYS = frozenset({"num_cpus", "num_gpus", "num_actors"})
 NOT_IDENTITY = ("tracking", "ray", "output_dir", "name", "dataset_name")
-# Nested settings that say where something lies, not what it is: out of the job's identity.
-NOT_IDENTITY_NESTED = (("dedup", "near", "index_locations"),)
 
 
 def _without_resources(value):
@@ -132,13 +130,8 @@ def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
     d = config_to_dict(cfg)
     for k in NOT_IDENTITY:
         d.pop(k, None)
-    for *parents, leaf in NOT_IDENTITY_NESTED:
-        node = d
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
-    if d.get("dedup", {}).get("against"):  # the earlier version by content (its id), not where it lies
+    d["dedup"]["near"].pop("index_locations", None)  # where earlier index parts lie now: not what the job is
+    if cfg.dedup.against:  # the earlier version by content (its id), not where it lies
         d["dedup"]["against"] = {"dataset_id": output.from_output(cfg.dedup.against).id}
     for setting, path in recipe.build(cfg).weight_files().items():
         *parents, leaf = setting.split(".")
@@ -346,7 +339,8 @@ def score_survivors(job: Job, p: Pass, pids: list[str]) -> None:
     # instead would need a CPU of its own beside fixed pools that hold the rest: it deadlocked.)
     ctx = ray.data.DataContext.get_current()
     default_block = ctx.target_max_block_size
-    ctx.target_max_block_size = POOL_INPUT_BYTES if pooled else default_block
+    if pooled:
+        ctx.target_max_block_size = POOL_INPUT_BYTES
     try:
         ds = ray.data.read_datasource(source, override_num_blocks=len(parts), num_cpus=job.cfg.input.num_cpus)
     finally:
@@ -398,9 +392,8 @@ def global_dedup(job: Job, pids: list[str], steps: list[DedupStep] | None = None
     return dropped
 
 
-def write_all(job: Job, partitions: list[str], decisions=None) -> list[dict]:
-    """Each partition's shard, sidecar and manifest part; a task reads its partition's decisions only
-    (``decisions``, a former whole-run table, is no longer used)."""
+def write_all(job: Job, partitions: list[str]) -> list[dict]:
+    """Each partition's shard, sidecar and manifest part; a task reads its partition's decisions only."""
     from infra.ray_runtime import map_tasks
 
     uri, writer = job.uri, job.steps.steps[-1]

@@ -107,7 +107,7 @@ def map_tasks(fn, items, *, num_cpus: float = 1.0, max_retries: int = 3, name: s
     For work that is one independent task per item with nothing streamed between operators
     (a partition's read + cheap stages + staging write, a partition's shard, a manifest part's
     summary). Ray Data's streaming executor, measured here on 2 CPUs with 16 tasks of 0.6 s CPU
-    (``benchmarks/curate_throughput.py``'s docstring has the timeline): runs the first tasks one
+    (``docs/scale_plan.md``, "pass 1 as Ray tasks"): runs the first tasks one
     at a time for ~1.5 s, then leaves 0.1-0.2 s between one task's end and the next one's start
     (it notices completions every 0.1 s and leases a worker per task); 7.2 s against 4.8 s ideal.
     Tasks queued at Ray start as soon as a CPU frees (the lease is reused): 16 such tasks ran with
@@ -129,16 +129,17 @@ def map_tasks(fn, items, *, num_cpus: float = 1.0, max_retries: int = 3, name: s
     results: list = [None] * len(items)
     pending: dict = {}
     todo = iter(range(len(items)))
-    for i in todo:
-        pending[remote.remote(fn_ref, items[i])] = i
-        if len(pending) >= limit:
-            break
+
+    def fill() -> None:
+        for i in todo:
+            pending[remote.remote(fn_ref, items[i])] = i
+            if len(pending) >= limit:
+                return
+
+    fill()
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         for ref in done:
             results[pending.pop(ref)] = ray.get(ref)
-        for i in todo:
-            pending[remote.remote(fn_ref, items[i])] = i
-            if len(pending) >= limit:
-                break
+        fill()
     return results
