@@ -24,8 +24,21 @@ RoPE, SiLU gate) and that eager PyTorch on CPU cannot fuse further. The fused ve
 reverted (no measurable gain for a second, CPU-only QK-norm + RoPE path): the code measured
 here is the "before" one, 1.04x per FLOP.
 
+Where the rest goes (2026-11-30, ``torch.profiler``, 3 steps each, 1 thread, load ~2): matrix
+products take 1.854 s for Sapiens2 and 1.423 s for the plain encoder, 1.30x, which is their FLOP
+ratio (SwiGLU's 12 D^2 against 8 D^2); attention 0.290 s against 0.304 s (GQA). Everything else
+is 0.488 s against 0.249 s: the plain encoder's fused LayerNorm costs ~0.2 ms a call, Sapiens2's
+49 RMSNorms a step (ln1, ln2, QK-norm, final) ~0.9 ms, its SiLU gate 43 ms a step against GELU's
+26, RoPE 21 ms. With ``--fuse-elementwise`` (those three regions compiled by Inductor; a
+diagnostic, see ``fused_elementwise``), interleaved in one run, load 5: eager 1.040x per FLOP
+(quartiles 1.026..1.066), fused 1.015x (0.997..1.025). Fusing them closes about 60% of the
+excess; the rest is elementwise work the plain encoder has no counterpart for (QK-norm and RoPE
+on q and k, LayerScale, the gate's second operand), so <= 1.00x per FLOP is out of reach on CPU
+without dropping parity-relevant ops.
+
     python benchmarks/backbone_step.py                       # CPU, sapiens2_small, 256x192, 1 thread
     python benchmarks/backbone_step.py --threads 2           # all cores (a quiet machine only)
+    python benchmarks/backbone_step.py --fuse-elementwise    # + a column with RMSNorm, gate, RoPE compiled
     python benchmarks/backbone_step.py --device cuda         # sapiens2_0.4b, 1024x768, bf16
     python benchmarks/backbone_step.py --device cuda --model sapiens2_1b --batch 4 --peak-tflops 989
 """
@@ -33,12 +46,14 @@ here is the "before" one, 1.04x per FLOP.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -67,6 +82,60 @@ class PlainViT(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos
         return self.encoder(torch.cat((self.prefix.expand(x.shape[0], -1, -1), x), dim=1))
+
+
+@contextlib.contextmanager
+def fused_elementwise():
+    """Diagnostic (``--fuse-elementwise``): while active, the Sapiens2 layers' elementwise regions
+    (RMSNorm, including QK-norm; the SwiGLU gate; RoPE) run as ``torch.compile``d versions of
+    their reference formulas, so Inductor fuses each into one or two loops while the matrix
+    products and attention stay eager. The benchmark then times a third column, the same
+    Sapiens2 model stepped inside this context, interleaved with the other two: how much of the
+    per-FLOP excess is those regions' memory passes. Not the shipped path: it needs a C++
+    compiler and compiles once per process (~15 s on this machine)."""
+    import models.layers as layers
+
+    saved = layers.RMSNorm.forward, layers.SwiGLU.forward, layers.apply_rope
+    layers.RMSNorm.forward = lambda self, x: _rms_norm(x, self.weight, self.eps)
+    layers.SwiGLU.forward = lambda self, x: self.w3(_silu_gate(self.w12(x)))
+    layers.apply_rope = lambda x, rope: _rope(x, *rope)
+    try:
+        yield
+    finally:
+        layers.RMSNorm.forward, layers.SwiGLU.forward, layers.apply_rope = saved
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _compiled("rms_norm", lambda x, w, eps: F.rms_norm(x, [x.shape[-1]], w, eps))(x, weight, eps)
+
+
+def _silu_gate(h: torch.Tensor) -> torch.Tensor:
+    def gate(h):
+        a, b = h.chunk(2, dim=-1)
+        return F.silu(a) * b
+    return _compiled("silu_gate", gate)(h)
+
+
+def _rope(x: torch.Tensor, sin: torch.Tensor, cos: torch.Tensor) -> torch.Tensor:
+    from models.layers import _rope_reference
+
+    return _compiled("rope", _rope_reference)(x, sin, cos)
+
+
+def _inside(context: Callable, fn: Callable) -> Callable:
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with context():
+            return fn(x)
+    return run
+
+
+_COMPILED: dict[str, Callable] = {}
+
+
+def _compiled(name: str, fn: Callable) -> Callable:
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(fn, dynamic=True)
+    return _COMPILED[name]
 
 
 def sapiens_tokens(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -111,6 +180,8 @@ def main() -> None:
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s for MFU (H100/H200: 989)")
     parser.add_argument("--threads", type=int, help="CPU threads (default 1 on cpu; on cuda: torch's)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
+    parser.add_argument("--fuse-elementwise", action="store_true",
+                        help="diagnostic: compile only Sapiens2's RMSNorm, SwiGLU gate and RoPE (see fuse_elementwise)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="time Sapiens2 alone (its TFLOP/s and MFU; no ratio): halves the run, and the compile time")
     args = parser.parse_args()
@@ -155,6 +226,10 @@ def main() -> None:
         model = build(device).train()
         models[label] = (model, out(torch.compile(model) if args.compile else model))
         times[label], cpu_times[label] = [], []
+    if args.fuse_elementwise:  # the same model and weights, its elementwise regions compiled
+        model, fn = models["sapiens2"]
+        models["fused"], flops["fused"], times["fused"], cpu_times["fused"] = (
+            (model, _inside(fused_elementwise, fn)), flops["sapiens2"], [], [])
     # Steps alternate between the two models, so load from other processes (or clock
     # changes) hits both alike and the ratio stays meaningful on a shared machine.
     for i in range(warmup + steps):
@@ -178,20 +253,22 @@ def main() -> None:
         print(f"peak GPU memory ({'both models' if len(models) > 1 else 'sapiens2'}): {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     if args.no_baseline:
         return
-    (t_s, f_s), (t_p, f_p) = results["sapiens2"], results["plain"]
-    best = min(times["sapiens2"]) / min(times["plain"])
-    # Per-step ratios (the two models' steps alternate), their median and spread.
-    flop_ratio = f_s / f_p
-    print(f"ratio sapiens2/plain: time {t_s / t_p:.2f}x (median), {best:.2f}x (best step); FLOPs {flop_ratio:.2f}x; "
-          f"time per FLOP {(t_s / f_s) / (t_p / f_p):.2f}x (median)")
-    for what, (a, b) in {"wall": (times["sapiens2"], times["plain"]),
-                         "process CPU time": (cpu_times["sapiens2"], cpu_times["plain"])}.items():
-        ratios = sorted(s / p for s, p in zip(a, b))
-        q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-        med = statistics.median(ratios)
-        print(f"per-step ratios, {what}: median {med:.3f} (quartiles {q1:.3f}..{q3:.3f}, range "
-              f"{ratios[0]:.3f}..{ratios[-1]:.3f}) = {med / flop_ratio:.3f}x per FLOP "
-              f"(quartiles {q1 / flop_ratio:.3f}..{q3 / flop_ratio:.3f})")
+    t_p, f_p = results["plain"]
+    for label in [k for k in results if k != "plain"]:
+        t_s, f_s = results[label]
+        best = min(times[label]) / min(times["plain"])
+        # Per-step ratios (the models' steps alternate), their median and spread.
+        flop_ratio = f_s / f_p
+        print(f"ratio {label}/plain: time {t_s / t_p:.2f}x (median), {best:.2f}x (best step); FLOPs "
+              f"{flop_ratio:.2f}x; time per FLOP {(t_s / f_s) / (t_p / f_p):.2f}x (median)")
+        for what, (a, b) in {"wall": (times[label], times["plain"]),
+                             "process CPU time": (cpu_times[label], cpu_times["plain"])}.items():
+            ratios = sorted(s / p for s, p in zip(a, b))
+            q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+            med = statistics.median(ratios)
+            print(f"  per-step ratios, {what}: median {med:.3f} (quartiles {q1:.3f}..{q3:.3f}, range "
+                  f"{ratios[0]:.3f}..{ratios[-1]:.3f}) = {med / flop_ratio:.3f}x per FLOP "
+                  f"(quartiles {q1 / flop_ratio:.3f}..{q3 / flop_ratio:.3f})")
     print("load average (1/5/15 min) before {:.1f}/{:.1f}/{:.1f}, after {:.1f}/{:.1f}/{:.1f}; {} cores".format(
         *load_before, *os.getloadavg(), os.cpu_count()))
 
