@@ -11,6 +11,12 @@ head lr, each once per seed (``--seeds``; mean ± half the range, paired wins pe
     python benchmarks/finetune_vs_probe.py --pretrain synthetic   # the platform's pretraining on curated rendered figures
     python benchmarks/finetune_vs_probe.py --pretrain demo        # the platform's own pretraining on the demo corpus
     python benchmarks/finetune_vs_probe.py --checkpoint x.safetensors --steps 400 --seeds 0,1,2,3
+    python benchmarks/finetune_vs_probe.py --tasks pose --steps 1000 --set synthetic.height=64 synthetic.width=48
+    python benchmarks/finetune_vs_probe.py --tasks seg,pose --task-steps pose=1000   # per-task steps
+
+Pose is scored without flip test in all three runs (``PROTOCOL``: the probe's evaluator has none;
+the fine-tune stage's default has it). Depth gets two more rows (``DEPTH_PARTS``): its AbsRel
+split into the figure's distance and its shape (see the 2026-12-01 figures below).
 
 Image size: the synthetic set's (``--set synthetic.height=64 synthetic.width=48`` for a faster
 look). The pretrained backbone: ``--pretrain ssl`` (default) trains ``evaluation.warmup.ssl_warmup``
@@ -66,6 +72,55 @@ with LP-FT (backbone frozen 50 of 200 steps) was worse (seeds 0, 1: 0.1027, 0.10
 (``--tasks depth --steps 400``): probe 0.0970 ± 0.0037, fine-tune 0.0956 ± 0.0058, random init
 0.0963 ± 0.0017 (better on the means, 2/3 and 1/3 seeds): depth's seed spread (±0.004) is larger
 than the differences, so this set cannot rank the three runs on depth.
+
+Depth and pose, measured 2026-11-30/12-01 with the 1500-step stand-in above
+(``--checkpoint runs/bench/fvp_ssl1500/ssl_backbone.safetensors``), same train set (160 images).
+
+Depth with 192 val images instead of 48 (``--tasks depth --set synthetic.val_images=192``; the
+first 48 are the same images), seeds 0-2 (load 0.5-5.6; rerun with the split rows, load 0.7-2.0):
+
+| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
+| depth | abs_rel (lower) | 0.1019 ± 0.0025 | 0.1012 ± 0.0036 | 0.1012 ± 0.0018 | better, 2/3 | better, 1/3 |
+| depth | abs_rel_aligned (lower) | 0.0303 ± 0.0014 | 0.0262 ± 0.0020 | 0.0280 ± 0.0002 | better (clear), 3/3 | better, 2/3 |
+| depth | log_scale_err (lower) | 0.0972 ± 0.0021 | 0.0973 ± 0.0034 | 0.0975 ± 0.0016 | WORSE, 1/3 | better, 1/3 |
+
+The spread hardly shrinks with 4x the val images (48: ±0.0034 / ±0.0038 / ±0.0027): not evaluation noise. Where the error
+is: the per-image distance error (``log_scale_err``) is 0.093-0.101 for all three runs (seeds 0-5),
+against 0.105 for the true shape at one distance for every image: no run learns the figure's distance
+(1/its height in pixels, ±5% by construction) in 200 steps. That error is most of AbsRel (0.10;
+0.025-0.032 once each image is rescaled) and its seed-to-seed noise decides the ranking. On the
+shape (``abs_rel_aligned``) the fine-tune beats the probe on every seed. No recipe was changed
+for depth. Quoted on seeds 3-5 (``--tasks depth --seeds 3,4,5 --set synthetic.val_images=192``;
+load 2.5-3.4):
+
+| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
+| depth | abs_rel (lower) | 0.1018 ± 0.0020 | 0.1010 ± 0.0016 | 0.1010 ± 0.0019 | better, 3/3 | better, 1/3 |
+| depth | abs_rel_aligned (lower) | 0.0313 ± 0.0005 | 0.0267 ± 0.0013 | 0.0284 ± 0.0003 | better (clear), 3/3 | better (clear), 3/3 |
+| depth | log_scale_err (lower) | 0.0968 ± 0.0014 | 0.0982 ± 0.0013 | 0.0980 ± 0.0024 | WORSE, 1/3 | WORSE, 1/3 |
+
+(one distance for every image: log_scale_err 0.1051). On the headline AbsRel (metric Z) depth
+is still a tie within the seed spread. The reference trains depth on per-image min-max
+normalised foreground depth (``sapiens1_reference.json`` ``finetune.depth.target``), i.e.
+relative depth, where the distance is not part of the task; this set's depth target is metric
+Z (``evaluation.datasets.DenseMapDataset``), so AbsRel here mostly measures distance guessing.
+
+Pose (probe AP 0 below ~1000 steps at 128x96): 64x48, 1000 steps for each of the three runs,
+the same stand-in (pretrained at 128x96), seeds 0-2, 48 val people, no flip test
+(``--tasks pose --steps 1000 --set synthetic.height=64 synthetic.width=48``; load 1.4-3.2):
+
+| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
+| pose | AP (higher) | 0.3755 ± 0.0264 | 0.4061 ± 0.0128 | 0.5620 ± 0.0198 | better, 3/3 | WORSE (clear), 0/3 |
+
+AP50 0.79-0.87 / 0.82-0.90 / 0.90-0.94. The fine-tune beats the probe on every seed but loses
+clearly to fine-tuning from random init: this stand-in's features do not help pose at this size.
+Not the stand-in's image size: one trained at 64x48 (``--pretrain ssl --pretrain-steps 1500``
+with the same pose command: 266 s, loss 2.631 -> 0.962; load 1.6-3.2) gives probe 0.3707 ±
+0.0179, fine-tune 0.4068 ± 0.0143, random init 0.5620 ± 0.0198 (better 3/3; WORSE (clear)). A
+probe on a frozen randomly initialised backbone (a one-off call of ``probe`` without checkpoint)
+scores 0.3352 / 0.3880 / 0.3758 on seeds 0-2: the stand-in's frozen features are hardly better
+than random ones for pose (0.3755), and starting the fine-tune from them costs 0.16 AP against
+random init. Pose stays open on the "beats random init" half until a pretrained backbone carries
+pose-relevant features (this stand-in was not tried with other recipes).
 """
 from __future__ import annotations
 
@@ -91,6 +146,13 @@ from infra.config import load_config  # noqa: E402
 # The fine-tune recipe compared here (on top of configs/finetune_tiny.yaml; --set goes on top):
 # horizontal flips only (left/right classes, normals and points mirrored). See the docstring.
 RECIPE = ["augment.rotation_prob=0", "augment.scale=[1.0,1.0]", "augment.photometric_prob=0"]
+# One evaluation protocol for the three runs: the probe's pose evaluator has no flip test, so the
+# fine-tunes are scored without it too (the fine-tune stage's default is flip_test=true).
+PROTOCOL = ["flip_test=false"]
+# Depth's AbsRel (on metric Z) mixes two errors: the figure's distance (one scale per image) and
+# its shape. Reported beside it, not instead of it: the AbsRel left after scaling each image's
+# prediction by its median gt / pred ratio, and the mean |log| of that ratio (the distance error).
+DEPTH_PARTS = {"abs_rel_aligned": "lower", "log_scale_err": "lower"}
 HEADLINE = {"seg": ("mIoU", "higher"), "normal": ("mean_angle", "lower"), "pointmap": ("l2", "lower"),
             "albedo": ("mae", "lower"), "depth": ("abs_rel", "lower"), "pose": ("AP", "higher")}
 
@@ -118,7 +180,14 @@ def finetune(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, flo
     for step, batch in enumerate(train_loader(ft.train_set, global_batch=cfg.batch_size_per_worker, seed=cfg.seed,
                                               start=0, stop=cfg.steps, rank=0, world=1, workers=0)):
         train_step(ft, batch, step)
-    return {**evaluate(ft).compute(), "seconds": time.time() - t0}
+    metrics = {**evaluate(ft).compute(), "seconds": time.time() - t0}
+    if task == "depth":
+        from evaluation.finetune.engine import predict
+
+        ft.model.eval()
+        metrics.update(depth_parts(lambda images: predict(ft, images)["depth"], ft.val_set,
+                                   ft.settings.eval_batch_size))
+    return metrics
 
 
 def probe(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, float]:
@@ -129,8 +198,50 @@ def probe(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, float]
     backbone = load_frozen_backbone(cfg.backbone.name, cfg.backbone.checkpoint, seed=cfg.seed)
     s = dataclasses.replace(task_settings(cfg, task, inputs), steps=cfg.steps, lr=cfg.optim.lr,
                             batch_size=cfg.batch_size_per_worker, warmup_steps=cfg.optim.warmup_steps)
-    return run_probe(task, s, inputs.data, FrozenBackbone(backbone, [cfg.feature_block]), out / f"probe_{task}",
-                     seed=cfg.seed)
+    extractor = FrozenBackbone(backbone, [cfg.feature_block])
+    metrics = run_probe(task, s, inputs.data, extractor, out / f"probe_{task}", seed=cfg.seed)
+    if task == "depth":  # the head run_probe trained, read back from its output
+        from evaluation.tasks import TASKS
+        from models.io import load_state_dict_file
+
+        train_ds, val_ds = TASKS[task].datasets(s, inputs.data)
+        head = TASKS[task].head(extractor.out_dim, s, extractor.stride, train_ds).eval()
+        head.load_state_dict(load_state_dict_file(out / f"probe_{task}" / "head.safetensors"))
+        metrics.update(depth_parts(lambda images: head(extractor(images)[0])["depth"], val_ds, s.eval_batch_size))
+    return metrics
+
+
+@torch.no_grad()
+def depth_parts(predict_fn, val_ds, batch_size: int) -> dict[str, float]:
+    """``DEPTH_PARTS`` over ``val_ds`` (the pixels ``DepthMetrics`` counts: mask and gt > 0)."""
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    rel_sum, count, log_errs = 0.0, 0, []
+    for batch in DataLoader(val_ds, batch_size=batch_size, shuffle=False):
+        pred, gt = predict_fn(batch["image"]).float(), batch["target"]
+        if pred.shape[-2:] != gt.shape[-2:]:
+            pred = F.interpolate(pred, size=gt.shape[-2:], mode="bilinear", align_corners=False)
+        for p, g, m in zip(pred[:, 0].double().clamp_min(1e-6), gt[:, 0].double(), batch["mask"]):
+            valid = m & (g > 0)
+            if valid.any():
+                ratio = torch.quantile(g[valid] / p[valid], 0.5)  # the image's scale (median, as numpy's)
+                rel_sum += float(((ratio * p[valid] - g[valid]).abs() / g[valid]).sum())
+                count += int(valid.sum())
+                log_errs.append(float(ratio.log().abs()))
+    return {"abs_rel_aligned": rel_sum / count, "log_scale_err": sum(log_errs) / len(log_errs)}
+
+
+def one_distance_err(val_ds) -> float:
+    """``log_scale_err`` of a prediction with the true shape but one distance for every image
+    (the median over images of each image's median depth): what not estimating distance costs."""
+    medians = []
+    for i in range(len(val_ds)):
+        item = val_ds[i]
+        z = item["target"][0][item["mask"] & (item["target"][0] > 0)].double()
+        medians.append(torch.quantile(z, 0.5))
+    medians = torch.stack(medians)
+    return float((medians / torch.quantile(medians, 0.5)).log().abs().mean())
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -160,10 +271,10 @@ def table(results: dict) -> str:
     lines = ["| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |",
              "|---|---|---|---|---|---|---|"]
     for task, r in results.items():
-        name, better = HEADLINE[task]
-        p, f, rnd = ([m[name] for m in r[k]] for k in ("probe", "finetune", "finetune_random"))
-        lines.append(f"| {task} | {name} ({better}) | {cell(p)} | {cell(f)} | {cell(rnd)} | "
-                     f"{verdict(f, p, better)} | {verdict(f, rnd, better)} |")
+        for name, better in [HEADLINE[task], *(DEPTH_PARTS.items() if task == "depth" else [])]:
+            p, f, rnd = ([m[name] for m in r[k]] for k in ("probe", "finetune", "finetune_random"))
+            lines.append(f"| {task} | {name} ({better}) | {cell(p)} | {cell(f)} | {cell(rnd)} | "
+                         f"{verdict(f, p, better)} | {verdict(f, rnd, better)} |")
     return "\n".join(lines)
 
 
@@ -172,6 +283,8 @@ def main() -> int:
     ap.add_argument("--out", default="runs/bench/finetune_vs_probe")
     ap.add_argument("--tasks", default="seg,normal,pointmap,albedo,depth")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--task-steps", nargs="*", default=[], metavar="TASK=STEPS",
+                    help="another step count for a task's three runs (e.g. pose=1000)")
     ap.add_argument("--pretrain", choices=["ssl", "synthetic", "demo"], default="ssl")
     ap.add_argument("--pretrain-steps", type=int, default=1500)
     ap.add_argument("--pretrain-images", type=int, default=512, help="--pretrain synthetic: figures rendered")
@@ -186,11 +299,18 @@ def main() -> int:
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     tasks = args.tasks.split(",")
     cfg = load_config(FinetuneConfig, REPO / "configs" / "finetune_tiny.yaml",
-                      [f"output_dir={out}", f"tasks=[{', '.join(tasks)}]", f"steps={args.steps}", *RECIPE, *args.set])
+                      [f"output_dir={out}", f"tasks=[{', '.join(tasks)}]", f"steps={args.steps}", *RECIPE, *PROTOCOL,
+                       *args.set])
     hw = (cfg.synthetic.height, cfg.synthetic.width)
     cfg = dataclasses.replace(cfg, **{t: dataclasses.replace(cfg.task(t), image_size=list(hw)) for t in tasks})
+    steps = {t: cfg.steps for t in tasks}
+    for item in args.task_steps:
+        task, _, n = item.partition("=")
+        if task not in steps or not n.isdigit() or int(n) < 1:
+            ap.error(f"--task-steps {item!r}: expected TASK=STEPS with TASK one of --tasks ({', '.join(tasks)})")
+        steps[task] = int(n)
     checkpoint = args.checkpoint or _pretrained(args, out, hw)
-    return _compare(cfg, checkpoint, tasks, out, [int(x) for x in args.seeds.split(",")])
+    return _compare(cfg, checkpoint, steps, out, [int(x) for x in args.seeds.split(",")])
 
 
 def _pretrained(args, out: Path, hw: tuple[int, int]) -> str:
@@ -207,27 +327,37 @@ def _pretrained(args, out: Path, hw: tuple[int, int]) -> str:
                                  args.pretrain_set)["student_weights"]
 
 
-def _compare(cfg: FinetuneConfig, checkpoint: str, tasks: list[str], out: Path, seeds: list[int]) -> int:
+def _compare(cfg: FinetuneConfig, checkpoint: str, steps: dict[str, int], out: Path, seeds: list[int]) -> int:
+    """``steps``: each task's step count (the same for its three runs)."""
     from evaluation.finetune.tasks import resolve_inputs
 
     pretrained = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, checkpoint=checkpoint))
     inputs = resolve_inputs(cfg, out)
     runs = {"probe": (probe, pretrained), "finetune": (finetune, pretrained), "finetune_random": (finetune, cfg)}
     results = {}
-    for task in tasks:
+    for task, n in steps.items():
         results[task] = {k: [] for k in runs}
         for seed in seeds:
             for kind, (fn, c) in runs.items():
-                results[task][kind].append(fn(dataclasses.replace(c, seed=seed), task, inputs[task], out))
+                results[task][kind].append(fn(dataclasses.replace(c, seed=seed, steps=n), task, inputs[task], out))
             print(f"{task} seed {seed}: " + "  ".join(f"{k} {HEADLINE[task][0]}={v[-1][HEADLINE[task][0]]:.4f}"
                                                     for k, v in results[task].items()), flush=True)
     o = cfg.optim
-    print(f"\n{cfg.steps} steps each, batch {cfg.batch_size_per_worker}, seeds {seeds} (mean ± half-range), "
+    print(f"\nsteps per run {steps}, batch {cfg.batch_size_per_worker}, {cfg.synthetic.height}x{cfg.synthetic.width}, "
+          f"seeds {seeds} (mean ± half-range), "
           f"backbone {cfg.backbone.name} ({checkpoint})\nfine-tune: lr {o.lr} (the probe's too), backbone x"
           f"{o.backbone_lr_scale}, layer decay {o.layer_decay}, backbone frozen for {o.freeze_backbone_steps} steps, "
           f"warm-up {o.warmup_steps}, augment {'on' if cfg.augment.enabled else 'off'} (rotation p "
-          f"{cfg.augment.rotation_prob}, scale {list(cfg.augment.scale)})\n" + table(results))
-    (out / "bench.json").write_text(json.dumps({"steps": cfg.steps, "seeds": seeds, "checkpoint": checkpoint,
+          f"{cfg.augment.rotation_prob}, scale {list(cfg.augment.scale)}), flip test {cfg.flip_test}\n"
+          + table(results))
+    if "depth" in results:
+        from evaluation.finetune.engine import task_settings
+        from evaluation.tasks import TASKS
+
+        val = TASKS["depth"].datasets(task_settings(cfg, "depth", inputs["depth"]), inputs["depth"].data)[1]
+        print(f"depth: log_scale_err of the true shape at one distance for every image: {one_distance_err(val):.4f}")
+    (out / "bench.json").write_text(json.dumps({"steps": steps, "seeds": seeds, "checkpoint": checkpoint,
+                                                "synthetic": dataclasses.asdict(cfg.synthetic),
                                                 "optim": dataclasses.asdict(o), "results": results}, indent=1))
     return 0
 
