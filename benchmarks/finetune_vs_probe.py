@@ -84,13 +84,13 @@ first 48 are the same images), seeds 0-2 (load 0.5-5.6; rerun with the split row
 | depth | abs_rel_aligned (lower) | 0.0303 ± 0.0014 | 0.0262 ± 0.0020 | 0.0280 ± 0.0002 | better (clear), 3/3 | better, 2/3 |
 | depth | log_scale_err (lower) | 0.0972 ± 0.0021 | 0.0973 ± 0.0034 | 0.0975 ± 0.0016 | WORSE, 1/3 | better, 1/3 |
 
-The spread hardly shrinks with 4x the val images (48: ±0.0034 / ±0.0038 / ±0.0027): not evaluation noise. Where the error
-is: the per-image distance error (``log_scale_err``) is 0.093-0.101 for all three runs (seeds 0-5),
-against 0.105 for the true shape at one distance for every image: no run learns the figure's distance
-(1/its height in pixels, ±5% by construction) in 200 steps. That error is most of AbsRel (0.10;
-0.025-0.032 once each image is rescaled) and its seed-to-seed noise decides the ranking. On the
-shape (``abs_rel_aligned``) the fine-tune beats the probe on every seed. No recipe was changed
-for depth. Quoted on seeds 3-5 (``--tasks depth --seeds 3,4,5 --set synthetic.val_images=192``;
+The spread hardly shrinks with 4x the val images (48: ±0.0034 / ±0.0038 / ±0.0027): not evaluation
+noise. Where the error is: the per-image distance error (``log_scale_err``) is 0.093-0.101 for all
+three runs (seeds 0-5), against 0.105 for the true shape at one distance for every image: no run
+learns the figure's distance (1/its height in pixels, ±5% by construction) in 200 steps. That error
+is most of AbsRel (0.10; 0.025-0.032 once each image is rescaled) and its seed-to-seed noise decides
+the ranking. On the shape (``abs_rel_aligned``) the fine-tune beats the probe on every seed. No
+recipe was changed for depth. Quoted on seeds 3-5 (``--tasks depth --seeds 3,4,5 --set synthetic.val_images=192``;
 load 2.5-3.4):
 
 | task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
