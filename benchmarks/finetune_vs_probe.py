@@ -121,6 +121,27 @@ scores 0.3352 / 0.3880 / 0.3758 on seeds 0-2: the stand-in's frozen features are
 than random ones for pose (0.3755), and starting the fine-tune from them costs 0.16 AP against
 random init. Pose stays open on the "beats random init" half until a pretrained backbone carries
 pose-relevant features (this stand-in was not tried with other recipes).
+
+The platform's own pretraining instead of the stand-in, measured 2026-11-30/12-01
+(``--pretrain synthetic --pretrain-steps 1500 --pretrain-set parallel.precision=fp32
+parallel.activation_checkpointing=false checkpoint.every=250``: 512 renders curated by the real
+pipeline, 4 shards, then ``configs/pretrain_tiny.yaml`` through Ray Train + FSDP2, 2 workers x
+batch 4, 96x64 global crops; 1783 s, loss 4.35 -> 3.95 (first / last 10 steps); at step 1500
+loss_mae 0.742 and loss_cl 8.305, which is ln 4096 = 8.318: the DINO head's cross-entropy is
+still at a uniform teacher, so the backbone learnt from the MAE term alone). 128x96, 200 steps,
+seeds 0-2, load 1-5:
+
+| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
+| seg | mIoU (higher) | 0.4262 ± 0.0028 | 0.4666 ± 0.0101 | 0.4841 ± 0.0077 | better (clear), 3/3 | WORSE (clear), 0/3 |
+| normal | mean_angle (lower) | 30.574 ± 0.437 | 28.477 ± 0.208 | 28.106 ± 0.268 | better (clear), 3/3 | WORSE, 0/3 |
+| pointmap | l2 (lower) | 0.3558 ± 0.0030 | 0.3470 ± 0.0092 | 0.3354 ± 0.0082 | better, 2/3 | WORSE, 0/3 |
+| albedo | mae (lower) | 0.1054 ± 0.0005 | 0.0991 ± 0.0008 | 0.0988 ± 0.0010 | better (clear), 3/3 | WORSE, 2/3 |
+| depth | abs_rel (lower) | 0.1031 ± 0.0008 | 0.1023 ± 0.0030 | 0.0999 ± 0.0027 | better, 2/3 | WORSE, 0/3 |
+
+Fine-tuning beats the frozen probe of this backbone too, but starting from it is worse than
+random init on every task: at this size and step count the platform's pretraining does not yet
+give a backbone that helps end to end (its contrastive term has not started to learn), which is
+why the stand-in's table above is the one that shows fine-tuning's gain over random init.
 """
 from __future__ import annotations
 
