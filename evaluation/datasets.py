@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from evaluation.depth import relative_depth_target
 from evaluation.heatmaps import apply_affine, box_to_affine, encode_heatmaps
 from evaluation.io import (
     FLOAT_MAP_SUFFIXES,
@@ -328,11 +329,15 @@ class SegmentationDataset(ProbeDataset):
 
 
 class DenseMapDataset(ProbeDataset):
-    """``image``, ``target`` (3, H, W) float32 (``kind="depth"``: (1, H, W), from a 1-channel
-    depth map or a pointmap's Z) and ``mask`` (H, W) bool of valid pixels.
+    """``image``, ``target`` (3, H, W) float32 and ``mask`` (H, W) bool of valid pixels.
 
     Valid = the mask file's non-zero pixels (all, without a masks folder) where the target
     is finite, and for ``kind="normal"`` of non-zero length.
+
+    ``kind="depth"`` (Sapiens v1): target (1, H, W) is the reference's relative depth
+    (``evaluation.depth.relative_depth_target``) of a 1-channel depth map or a pointmap's Z,
+    made at ``image_size``: per image min-max normalised over the valid pixels (0 nearest,
+    1 farthest), -1 elsewhere; ``mask`` = the pixels that count (valid and target > eps).
     """
 
     def __init__(self, images_dir: str | Path, maps_dir: str | Path, masks_dir: str | Path | None = None, *,
@@ -373,6 +378,9 @@ class DenseMapDataset(ProbeDataset):
             valid &= np.linalg.norm(target, axis=2) > 0.5
         target = resize(target, self.image_size, nearest=True)
         valid = resize(valid.astype(np.uint8), self.image_size, nearest=True).astype(bool)
+        if self.kind == "depth":
+            rel, valid = relative_depth_target(target[..., 0], valid)
+            target = rel[..., None]
         item = {"index": i, "target": torch.from_numpy(target.transpose(2, 0, 1).copy()),
                 "mask": torch.from_numpy(valid)}
         if self.with_image:

@@ -6,7 +6,8 @@
   (points = xyz * scale). Target scale = mean valid depth; loss = L1(xyz, gt / scale_gt)
   + |log scale - log scale_gt|.
 - normal: (1 - cosine) + L1 on the valid pixels.
-- depth (Sapiens v1 fine-tuning): scale-invariant log loss on the human pixels, per image
+- depth (Sapiens v1 fine-tuning): scale-invariant log loss on the human pixels with target >
+  eps (the target is the per-image relative depth, ``evaluation.depth``), per image
   sqrt(mean(d^2) - 0.5 * mean(d)^2) with d = log(gt) - log(pred), averaged over the batch.
 - albedo: L1 plus mean-aligned L1 (the prediction shifted so its per-image, per-channel
   mean over the valid pixels equals the target's): the aligned term weighs structure, the
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from evaluation.depth import DEPTH_EPS
 
 
 def heatmap_loss(pred_BKhw: torch.Tensor, target_BKhw: torch.Tensor, weight_BK: torch.Tensor) -> torch.Tensor:
@@ -74,7 +77,7 @@ def albedo_loss(pred_B3HW: torch.Tensor, gt_B3HW: torch.Tensor, mask_BHW: torch.
     return aligned + _masked_mean((pred_B3HW - gt_B3HW).abs(), mask_BHW)
 
 
-def silog_loss(pred_B1HW: torch.Tensor, gt_B1HW: torch.Tensor, mask_BHW: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def silog_loss(pred_B1HW: torch.Tensor, gt_B1HW: torch.Tensor, mask_BHW: torch.Tensor, eps: float = DEPTH_EPS) -> torch.Tensor:
     valid = (mask_BHW & (gt_B1HW[:, 0] > eps)).to(pred_B1HW.dtype)
     d = (gt_B1HW[:, 0].clamp_min(eps).log() - pred_B1HW[:, 0].clamp_min(eps).log()) * valid
     n = valid.sum(dim=(1, 2)).clamp_min(1)

@@ -267,11 +267,13 @@ class DenseEvaluator(Evaluator):
                 maps = [viz.normal_to_rgb(gt, mask), viz.normal_to_rgb(pred, mask)]
             elif self.kind == "albedo":
                 maps = [viz.rgb_map(gt, mask), viz.rgb_map(pred, mask)]
-            else:  # depth (Z of the points, or the depth map), one colour range from the truth
-                c = 2 if gt.shape[0] == 3 else 0
-                z = gt[c][mask] if mask.any() else np.zeros(1)
+            elif self.kind == "depth":  # relative depth: 0 (nearest) .. 1 (farthest) on the person
+                fg = gt[0] >= 0
+                maps = [viz.scalar_to_rgb(gt[0], fg, 0.0, 1.0), viz.scalar_to_rgb(pred[0], fg, 0.0, 1.0)]
+            else:  # pointmap: Z of the points, one colour range from the truth
+                z = gt[2][mask] if mask.any() else np.zeros(1)
                 lo, hi = float(z.min()), float(z.max())
-                maps = [viz.scalar_to_rgb(gt[c], mask, lo, hi), viz.scalar_to_rgb(pred[c], mask, lo, hi)]
+                maps = [viz.scalar_to_rgb(gt[2], mask, lo, hi), viz.scalar_to_rgb(pred[2], mask, lo, hi)]
             out.append((f"{self.kind}_{idx:03d}", viz.panel([img, *maps], ["input", "truth", "prediction"])))
         return out
 

@@ -8,7 +8,10 @@ draws the same ones: ``evaluation.finetune.data`` seeds it with the step and bat
 - seg / depth / normal / pointmap / albedo: the person is first composited onto a random
   background photo (``backgrounds``), then image and labels are warped together (labels by
   nearest neighbour; flipped part classes swap through the vocabulary; normals and points
-  rotate and mirror with the image; a zoom by s brings the person s times nearer: depth / s).
+  rotate and mirror with the image; a zoom by s brings the person s times nearer: the
+  pointmap's Z / s). Depth's target is the reference's relative depth, made again after the
+  warp (``evaluation.depth.relative_depth_target`` over the warped foreground, as the reference
+  pipeline ends with GenerateDepthTarget), so the zoom does not change it.
 - all: photometric jitter (brightness, contrast, saturation, hue) on the image only.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 import torch
 
 from evaluation.datasets import to_tensor
+from evaluation.depth import BACKGROUND, relative_depth_target
 from evaluation.finetune.config import AugmentSettings
 from evaluation.heatmaps import apply_affine, box_to_affine, encode_heatmaps
 from evaluation.io import IMAGE_SUFFIXES, read_rgb
@@ -156,7 +160,7 @@ def dense_values(kind: str, target_HWC: np.ndarray, angle: float, scale: float, 
         c, s = math.cos(angle), math.sin(angle)
         x, y = t[..., 0].copy(), t[..., 1].copy()
         t[..., 0], t[..., 1] = c * x - s * y, s * x + c * y
-    if kind in ("pointmap", "depth"):
+    if kind == "pointmap":
         t[..., -1] = t[..., -1] / scale  # s x larger on the image = s x nearer, same lateral position
     return t
 
@@ -165,13 +169,21 @@ def dense_item(base, i: int, rng: np.random.Generator, aug: AugmentSettings, bac
     """Item ``i`` of a ``DenseMapDataset`` (built with ``with_image=False``), augmented."""
     item = base[i]
     target, mask = item["target"].numpy().transpose(1, 2, 0), item["mask"].numpy()
+    depth = base.kind == "depth"
+    if depth:  # the foreground: every pixel with a relative depth (>= 0), the nearest included
+        mask = target[..., 0] >= 0
     rgb = base.display_image(i)
     if aug.enabled:
         rgb = composite(rgb, mask, rng, aug, backgrounds)
         M, angle, scale, flip = crop_transform(rng, aug, base.image_size)
         rgb = warp(rgb, M, base.image_size, nearest=False)
-        target = dense_values(base.kind, warp(target, M, base.image_size, nearest=True), angle, scale, flip)
+        border = BACKGROUND if depth else 0
+        target = dense_values(base.kind, warp(target, M, base.image_size, nearest=True, border=border), angle, scale,
+                              flip)
         mask = warp(mask.astype(np.uint8), M, base.image_size, nearest=True).astype(bool)
         rgb = photometric(rgb, rng, aug)
+    if depth:  # normalised again over the foreground left after the warp
+        rel, mask = relative_depth_target(target[..., 0], mask)
+        target = rel[..., None]
     return {"index": i, "image": to_tensor(rgb), "target": torch.from_numpy(np.ascontiguousarray(target.transpose(2, 0, 1))),
             "mask": torch.from_numpy(mask)}

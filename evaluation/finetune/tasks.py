@@ -3,7 +3,8 @@ set), its vocabulary, the label checks made before any training, and the model (
 backbone + the task's light head, ``backbone.`` / ``decode_head.`` in its state dict).
 
 Heads, losses and evaluators are the probe tasks' (``evaluation.tasks.TASKS``; ``depth`` is
-the Sapiens v1 task: scale-invariant log loss, RMSE / AbsRel / delta1 on the human pixels).
+the Sapiens v1 task: per-image relative depth target, ``evaluation.depth``; scale-invariant
+log loss, RMSE / AbsRel / delta1 on the human pixels).
 """
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ class FinetuneModel(nn.Module):
 
 
 def synthetic_data(task: str, root: Path) -> TaskData:
-    """The synthetic set's paths for ``task`` (depth: the pointmaps' Z)."""
+    """The synthetic set's paths for ``task`` (depth: the pointmaps' Z, made relative by
+    ``DenseMapDataset``)."""
     kind = "pointmap" if task == "depth" else task
     return TaskData(train=split_paths(root, kind, "train"), val=split_paths(root, kind, "val"))
 

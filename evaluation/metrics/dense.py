@@ -8,12 +8,15 @@
   values, as ``np.median`` does.
 - Albedo: ``mae`` over all valid pixels and channels (pooled), ``psnr`` per image with a
   data range of 1, averaged over images; predictions are clipped to [0, 1] first.
+- Depth (Sapiens v1): ``rmse``, ``abs_rel`` and ``delta1`` on the relative depth target.
 
 Shapes: maps are (B, 3, H, W) arrays, masks (B, H, W) bool.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from evaluation.depth import DEPTH_EPS
 
 NORMAL_THRESHOLDS = (11.25, 22.5, 30.0)
 _HIST_BINS = 18000  # 0.01 degree over [0, 180]
@@ -104,7 +107,9 @@ class AlbedoMetrics:
 class DepthMetrics:
     """Sapiens v1 depth metrics on the human pixels: ``rmse`` and ``abs_rel`` (mean
     |pred - gt| / gt) over all valid pixels, ``delta1`` = % of pixels with
-    max(pred / gt, gt / pred) < 1.25. Maps are (B, 1, H, W); only pixels with gt > 0 count."""
+    max(pred / gt, gt / pred) < 1.25. Maps are (B, 1, H, W), gt the reference's relative depth
+    (``evaluation.depth``: [0, 1] on the person, -1 elsewhere); the pixels that count are the
+    SiLog loss's: mask and gt > ``DEPTH_EPS``. Predictions are clamped to >= ``DEPTH_EPS``."""
 
     def __init__(self) -> None:
         self.sq_sum = self.rel_sum = 0.0
@@ -112,8 +117,9 @@ class DepthMetrics:
 
     def update(self, pred_B1HW: np.ndarray, gt_B1HW: np.ndarray, mask_BHW: np.ndarray) -> None:
         _check(pred_B1HW, gt_B1HW, mask_BHW)
-        valid = mask_BHW & (gt_B1HW[:, 0] > 0)
-        pred, gt = np.maximum(pred_B1HW[:, 0][valid].astype(np.float64), 1e-6), gt_B1HW[:, 0][valid].astype(np.float64)
+        valid = mask_BHW & (gt_B1HW[:, 0] > DEPTH_EPS)
+        pred = np.maximum(pred_B1HW[:, 0][valid].astype(np.float64), DEPTH_EPS)
+        gt = gt_B1HW[:, 0][valid].astype(np.float64)
         self.sq_sum += float(((pred - gt) ** 2).sum())
         self.rel_sum += float((np.abs(pred - gt) / gt).sum())
         self.within += int((np.maximum(pred / gt, gt / pred) < 1.25).sum())

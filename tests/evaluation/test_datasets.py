@@ -204,6 +204,27 @@ def test_float_maps_with_masks_nan_and_zero_normals(tmp_path):
     assert int(no_masks["mask"].sum()) == 64 * 48 - 1  # only the NaN pixel (albedo: zero is a colour)
 
 
+def test_depth_is_the_relative_depth_of_the_person_from_a_depth_map_or_a_pointmap(tmp_path):
+    z = np.linspace(2.0, 4.0, 64 * 48, dtype=np.float32).reshape(64, 48)  # grows down the image
+    z[0, 0] = np.nan
+    mask = np.zeros((64, 48), bool)
+    mask[:32] = True                                    # the person: the top half (z 2 .. ~3)
+    _dense_set(tmp_path / "map", z[..., None], mask)
+    points = np.stack([np.zeros_like(z), np.zeros_like(z), z], axis=2)
+    _dense_set(tmp_path / "points", points, mask)
+    items = [DenseMapDataset(tmp_path / d / "images", tmp_path / d / "maps", tmp_path / d / "masks", image_size=HW,
+                             kind="depth")[0] for d in ("map", "points")]
+    assert torch.equal(items[0]["target"], items[1]["target"]) and torch.equal(items[0]["mask"], items[1]["mask"])
+    t, m = items[0]["target"][0].numpy(), items[0]["mask"].numpy()
+    assert t.shape == HW and (t[32:] == -1).all() and t[0, 0] == -1  # background and NaN: -1
+    fg = z[:32].copy()
+    fg[0, 0] = np.nan
+    expect = (fg - np.nanmin(fg)) / (np.nanmax(fg) - np.nanmin(fg))
+    np.testing.assert_allclose(t[:32][~np.isnan(fg)], expect[~np.isnan(fg)], atol=1e-6)
+    assert t[0, 1] == 0.0 and t[31, 47] == 1.0  # nearest 0, farthest 1
+    assert m.sum() == 32 * 48 - 2 and not m[0, 0] and not m[0, 1]  # counted: valid and > eps
+
+
 def test_float_map_errors(tmp_path):
     _dense_set(tmp_path / "one", np.zeros((8, 8), np.float32))
     with pytest.raises(ValueError, match="a normal map needs 3 channels, got 1"):

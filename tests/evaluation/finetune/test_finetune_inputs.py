@@ -106,6 +106,27 @@ def test_seg_and_normal_augmentations_transform_labels_with_the_pixels(synthetic
     assert np.allclose(np.linalg.norm(n, axis=0), 1.0, atol=1e-5) and (n[2] < 0).all()  # still unit, still facing us
 
 
+def test_depth_target_is_made_relative_again_after_zoom_and_rotation(synthetic_root):
+    """Depth comes from the pointmaps' Z; after a zoom and a rotation the target is the
+    relative depth of the pixels still on the person: [0, 1] where counted, min 0, max 1."""
+    from evaluation.finetune.tasks import synthetic_data
+
+    paths = synthetic_data("depth", synthetic_root).val
+    depth = DenseMapDataset(paths.images, paths.labels, paths.masks, image_size=HW, kind="depth")
+    depth.with_image = False
+    aug = dataclasses.replace(NO_AUG, scale=(1.6, 1.6), rotation_prob=1.0, rotation_deg=40.0)
+    zoomed = 0
+    for i in range(len(depth)):
+        before = depth[i]["target"][0].numpy()
+        out = augment.dense_item(depth, i, np.random.default_rng(i), aug, augment.Backgrounds(""))
+        t, m = out["target"][0].numpy(), out["mask"].numpy()
+        fg = t >= 0
+        assert m.any() and (t[m] > 0).all() and (t[m] <= 1).all() and (t[~fg] == -1).all()
+        assert t[fg].min() == 0.0 and t[fg].max() == 1.0 and np.array_equal(m, fg & (t > 1e-6))
+        zoomed += fg.sum() < (before >= 0).sum() or not np.isin(t[fg], before[before >= 0]).all()
+    assert zoomed  # the zoom cut some people, so their target was normalised again
+
+
 @pytest.mark.parametrize("name", ["sapiens2_tiny", "sapiens_tiny"])
 def test_both_families_fine_tune_in_process_and_export_the_released_layout(name, synthetic_root, tmp_path):
     """Three steps of each family on the synthetic seg split (no Ray): the loss is finite, the
