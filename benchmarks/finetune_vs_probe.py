@@ -15,8 +15,10 @@ head lr, each once per seed (``--seeds``; mean ± half the range, paired wins pe
     python benchmarks/finetune_vs_probe.py --tasks seg,pose --task-steps pose=1000   # per-task steps
 
 Pose is scored without flip test in all three runs (``PROTOCOL``: the probe's evaluator has none;
-the fine-tune stage's default has it). Depth gets two more rows (``DEPTH_PARTS``): its AbsRel
-split into the figure's distance and its shape (see the 2026-12-01 figures below).
+the fine-tune stage's default has it). Depth gets two more rows (``DEPTH_METRICS``: RMSE and
+delta1 beside AbsRel). Depth's target is the reference's relative depth since 2026-12-01
+(``evaluation.depth``); every depth figure below outside that dated section is on the earlier
+metric-Z target and does not compare with it.
 
 Image size: the synthetic set's (``--set synthetic.height=64 synthetic.width=48`` for a faster
 look). The pretrained backbone: ``--pretrain ssl`` (default) trains ``evaluation.warmup.ssl_warmup``
@@ -66,7 +68,7 @@ mean ± half-range; load 3-60, which moves times, not these values):
 | albedo | mae (lower) | 0.1061 ± 0.0010 | 0.0976 ± 0.0004 | 0.0988 ± 0.0010 | better (clear), 3/3 | better, 2/3 |
 | depth | abs_rel (lower) | 0.0979 ± 0.0034 | 0.0980 ± 0.0038 | 0.0999 ± 0.0027 | tie (WORSE by 1e-4), 2/3 | better, 3/3 |
 
-With 300 stand-in steps (loss 1.40 at the end) fine-tuning lost to random init on seg, pointmap
+(depth here and down to the relative-depth section: the earlier metric-Z target.) With 300 stand-in steps (loss 1.40 at the end) fine-tuning lost to random init on seg, pointmap
 and depth: the backbone has to have learned enough for pretraining to show end to end. Depth
 with LP-FT (backbone frozen 50 of 200 steps) was worse (seeds 0, 1: 0.1027, 0.1007); at 400 steps
 (``--tasks depth --steps 400``): probe 0.0970 ± 0.0037, fine-tune 0.0956 ± 0.0058, random init
@@ -76,7 +78,7 @@ than the differences, so this set cannot rank the three runs on depth.
 Depth and pose, measured 2026-11-30/12-01 with the 1500-step stand-in above
 (``--checkpoint runs/bench/fvp_ssl1500/ssl_backbone.safetensors``), same train set (160 images).
 
-Depth with 192 val images instead of 48 (``--tasks depth --set synthetic.val_images=192``; the
+Depth on the earlier metric-Z target (the pointmaps' Z as it is), with 192 val images instead of 48 (``--tasks depth --set synthetic.val_images=192``; the
 first 48 are the same images), seeds 0-2 (load 0.5-5.6; rerun with the split rows, load 0.7-2.0):
 
 | task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
@@ -103,6 +105,34 @@ is still a tie within the seed spread. The reference trains depth on per-image m
 normalised foreground depth (``sapiens1_reference.json`` ``finetune.depth.target``), i.e.
 relative depth, where the distance is not part of the task; this set's depth target is metric
 Z (``evaluation.datasets.DenseMapDataset``), so AbsRel here mostly measures distance guessing.
+(``abs_rel_aligned``: AbsRel after scaling each image's prediction by its median gt / pred ratio;
+``log_scale_err``: the mean |log| of that ratio. Both dropped with the metric-Z target.)
+
+Depth on the reference's target, measured 2026-12-01: per-image min-max normalised foreground
+depth, 0 nearest / 1 farthest, background -1 (``evaluation.depth``, as sapiens'
+GenerateDepthTarget; the fine-tune's train items are normalised again after the warp), SiLog
+loss and the metrics on the pixels with target > 1e-6. A fresh 1500-step stand-in (``--pretrain
+ssl``'s backbone, 911 s, loss 2.630 -> 0.707, load 4-6), then ``--tasks depth --seeds 0,1,2
+--checkpoint <it>``; 128x96, 200 steps, 48 val images (load 4-6, ~7 min per seed):
+
+| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
+| depth | abs_rel (lower) | 15.7484 ± 3.8360 | 9.5533 ± 1.7513 | 11.5830 ± 1.9850 | better, 3/3 | better, 3/3 |
+| depth | rmse (lower) | 0.1715 ± 0.0045 | 0.1634 ± 0.0017 | 0.1728 ± 0.0030 | better (clear), 3/3 | better (clear), 3/3 |
+| depth | delta1 (higher) | 45.082 ± 0.978 | 46.681 ± 0.453 | 44.513 ± 0.437 | better (clear), 3/3 | better (clear), 3/3 |
+
+Per seed (0, 1, 2), rmse / abs_rel / delta1: probe 0.1685 / 19.12 / 45.55, 0.1775 / 16.68 /
+43.87, 0.1686 / 11.45 / 45.82; fine-tune 0.1623 / 8.78 / 46.26, 0.1656 / 11.69 / 46.62, 0.1623 /
+8.19 / 47.17; random init 0.1697 / 9.21 / 44.31, 0.1731 / 13.18 / 45.05, 0.1756 / 12.36 / 44.18.
+One constant for every pixel (the val mean, 0.455) scores rmse 0.232, abs_rel 93.2, delta1 31.3.
+On the reference's target the fine-tune beats both the probe and random init on every seed, and
+clearly (ranges apart) on RMSE and delta1. AbsRel is no longer a usable figure: the nearest
+pixels of every figure have targets just above 1e-6 (2.8% of the counted val pixels are under
+0.01), where |pred - gt| / gt reaches 1e3-1e4, so AbsRel (~10) is set by a few pixels and its seed
+spread is ±2-4. Quote RMSE and delta1 for depth. The metric-Z diagnostic rows were measured in
+this run too and then dropped: abs_rel_aligned was within 3% of AbsRel for every run (the same
+near-zero pixels), log_scale_err (now the prediction's depth-range error, not a distance)
+0.056-0.077 for all three runs (fine-tune 0.0611 ± 0.0047: below the probe's 0.0693 ± 0.0071 on
+3/3 seeds, level with random init's 0.0600 ± 0.0057, 1/3): not a reference metric, not kept.
 
 Pose (probe AP 0 below ~1000 steps at 128x96): 64x48, 1000 steps for each of the three runs,
 the same stand-in (pretrained at 128x96), seeds 0-2, 48 val people, no flip test
@@ -138,6 +168,8 @@ seeds 0-2, load 1-5:
 | albedo | mae (lower) | 0.1054 ± 0.0005 | 0.0991 ± 0.0008 | 0.0988 ± 0.0010 | better (clear), 3/3 | WORSE, 2/3 |
 | depth | abs_rel (lower) | 0.1031 ± 0.0008 | 0.1023 ± 0.0030 | 0.0999 ± 0.0027 | better, 2/3 | WORSE, 0/3 |
 
+(depth: the earlier metric-Z target; not rerun on the relative target.)
+
 Fine-tuning beats the frozen probe of this backbone too, but starting from it is worse than
 random init on every task: at this size and step count the platform's pretraining does not yet
 give a backbone that helps end to end (its contrastive term has not started to learn), which is
@@ -170,10 +202,10 @@ RECIPE = ["augment.rotation_prob=0", "augment.scale=[1.0,1.0]", "augment.photome
 # One evaluation protocol for the three runs: the probe's pose evaluator has no flip test, so the
 # fine-tunes are scored without it too (the fine-tune stage's default is flip_test=true).
 PROTOCOL = ["flip_test=false"]
-# Depth's AbsRel (on metric Z) mixes two errors: the figure's distance (one scale per image) and
-# its shape. Reported beside it, not instead of it: the AbsRel left after scaling each image's
-# prediction by its median gt / pred ratio, and the mean |log| of that ratio (the distance error).
-DEPTH_PARTS = {"abs_rel_aligned": "lower", "log_scale_err": "lower"}
+# Depth's other two metrics, beside its AbsRel. (The metric-Z target's split of AbsRel into the
+# figure's distance and its shape, abs_rel_aligned / log_scale_err, was dropped with that target:
+# the relative target has no distance, and abs_rel_aligned came out within 3% of AbsRel.)
+DEPTH_METRICS = {"rmse": "lower", "delta1": "higher"}
 HEADLINE = {"seg": ("mIoU", "higher"), "normal": ("mean_angle", "lower"), "pointmap": ("l2", "lower"),
             "albedo": ("mae", "lower"), "depth": ("abs_rel", "lower"), "pose": ("AP", "higher")}
 
@@ -201,14 +233,7 @@ def finetune(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, flo
     for step, batch in enumerate(train_loader(ft.train_set, global_batch=cfg.batch_size_per_worker, seed=cfg.seed,
                                               start=0, stop=cfg.steps, rank=0, world=1, workers=0)):
         train_step(ft, batch, step)
-    metrics = {**evaluate(ft).compute(), "seconds": time.time() - t0}
-    if task == "depth":
-        from evaluation.finetune.engine import predict
-
-        ft.model.eval()
-        metrics.update(depth_parts(lambda images: predict(ft, images)["depth"], ft.val_set,
-                                   ft.settings.eval_batch_size))
-    return metrics
+    return {**evaluate(ft).compute(), "seconds": time.time() - t0}
 
 
 def probe(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, float]:
@@ -220,49 +245,7 @@ def probe(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, float]
     s = dataclasses.replace(task_settings(cfg, task, inputs), steps=cfg.steps, lr=cfg.optim.lr,
                             batch_size=cfg.batch_size_per_worker, warmup_steps=cfg.optim.warmup_steps)
     extractor = FrozenBackbone(backbone, [cfg.feature_block])
-    metrics = run_probe(task, s, inputs.data, extractor, out / f"probe_{task}", seed=cfg.seed)
-    if task == "depth":  # the head run_probe trained, read back from its output
-        from evaluation.tasks import TASKS
-        from models.io import load_state_dict_file
-
-        train_ds, val_ds = TASKS[task].datasets(s, inputs.data)
-        head = TASKS[task].head(extractor.out_dim, s, extractor.stride, train_ds).eval()
-        head.load_state_dict(load_state_dict_file(out / f"probe_{task}" / "head.safetensors"))
-        metrics.update(depth_parts(lambda images: head(extractor(images)[0])["depth"], val_ds, s.eval_batch_size))
-    return metrics
-
-
-@torch.no_grad()
-def depth_parts(predict_fn, val_ds, batch_size: int) -> dict[str, float]:
-    """``DEPTH_PARTS`` over ``val_ds`` (the pixels ``DepthMetrics`` counts: mask and gt > 0)."""
-    import torch.nn.functional as F
-    from torch.utils.data import DataLoader
-
-    rel_sum, count, log_errs = 0.0, 0, []
-    for batch in DataLoader(val_ds, batch_size=batch_size, shuffle=False):
-        pred, gt = predict_fn(batch["image"]).float(), batch["target"]
-        if pred.shape[-2:] != gt.shape[-2:]:
-            pred = F.interpolate(pred, size=gt.shape[-2:], mode="bilinear", align_corners=False)
-        for p, g, m in zip(pred[:, 0].double().clamp_min(1e-6), gt[:, 0].double(), batch["mask"]):
-            valid = m & (g > 0)
-            if valid.any():
-                ratio = torch.quantile(g[valid] / p[valid], 0.5)  # the image's scale (median, as numpy's)
-                rel_sum += float(((ratio * p[valid] - g[valid]).abs() / g[valid]).sum())
-                count += int(valid.sum())
-                log_errs.append(float(ratio.log().abs()))
-    return {"abs_rel_aligned": rel_sum / count, "log_scale_err": sum(log_errs) / len(log_errs)}
-
-
-def one_distance_err(val_ds) -> float:
-    """``log_scale_err`` of a prediction with the true shape but one distance for every image
-    (the median over images of each image's median depth): what not estimating distance costs."""
-    medians = []
-    for i in range(len(val_ds)):
-        item = val_ds[i]
-        z = item["target"][0][item["mask"] & (item["target"][0] > 0)].double()
-        medians.append(torch.quantile(z, 0.5))
-    medians = torch.stack(medians)
-    return float((medians / torch.quantile(medians, 0.5)).log().abs().mean())
+    return run_probe(task, s, inputs.data, extractor, out / f"probe_{task}", seed=cfg.seed)
 
 
 def _stats(values: list[float]) -> tuple[float, float]:
@@ -292,7 +275,7 @@ def table(results: dict) -> str:
     lines = ["| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |",
              "|---|---|---|---|---|---|---|"]
     for task, r in results.items():
-        for name, better in [HEADLINE[task], *(DEPTH_PARTS.items() if task == "depth" else [])]:
+        for name, better in [HEADLINE[task], *(DEPTH_METRICS.items() if task == "depth" else [])]:
             p, f, rnd = ([m[name] for m in r[k]] for k in ("probe", "finetune", "finetune_random"))
             lines.append(f"| {task} | {name} ({better}) | {cell(p)} | {cell(f)} | {cell(rnd)} | "
                          f"{verdict(f, p, better)} | {verdict(f, rnd, better)} |")
@@ -372,11 +355,9 @@ def _compare(cfg: FinetuneConfig, checkpoint: str, steps: dict[str, int], out: P
           f"{cfg.augment.rotation_prob}, scale {list(cfg.augment.scale)}), flip test {cfg.flip_test}\n"
           + table(results))
     if "depth" in results:
-        from evaluation.finetune.engine import task_settings
-        from evaluation.tasks import TASKS
-
-        val = TASKS["depth"].datasets(task_settings(cfg, "depth", inputs["depth"]), inputs["depth"].data)[1]
-        print(f"depth: log_scale_err of the true shape at one distance for every image: {one_distance_err(val):.4f}")
+        for kind, runs_ in results["depth"].items():
+            print(f"depth {kind} per seed: " + "; ".join(
+                ", ".join(f"{k} {m[k]:.4f}" for k in ("rmse", "abs_rel", "delta1")) for m in runs_))
     (out / "bench.json").write_text(json.dumps({"steps": steps, "seeds": seeds, "checkpoint": checkpoint,
                                                 "synthetic": dataclasses.asdict(cfg.synthetic),
                                                 "optim": dataclasses.asdict(o), "results": results}, indent=1))
