@@ -190,6 +190,19 @@ loss_mae 0.60 / 0.68 / 0.73 / 0.82 / 0.58 / 0.72. ``--tasks seg,normal --seeds 0
 27.87 against 27.99 / 27.88.) With the contrastive term learning, the platform's own backbone
 now helps end to end on normal (both seeds) and on seg's mean (one seed of two), where the
 old recipe's lost on both (0/3).
+The other three tasks with that backbone (``--checkpoint <its student_backbone.safetensors>
+--tasks pointmap,albedo,depth --seeds 0,1``, load 2-3; depth on the relative target):
+
+| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
+| pointmap | l2 (lower) | 0.3479 ± 0.0023 | 0.3291 ± 0.0109 | 0.3431 ± 0.0010 | better (clear), 2/2 | better (clear), 2/2 |
+| albedo | mae (lower) | 0.1107 ± 0.0001 | 0.0995 ± 0.0005 | 0.0984 ± 0.0007 | better (clear), 2/2 | WORSE (clear), 0/2 |
+| depth | rmse (lower) | 0.1732 ± 0.0014 | 0.1665 ± 0.0023 | 0.1714 ± 0.0017 | better (clear), 2/2 | better (clear), 2/2 |
+| depth | delta1 (higher) | 44.61 ± 0.04 | 45.35 ± 0.41 | 44.68 ± 0.37 | better (clear), 2/2 | better, 1/2 |
+| depth | abs_rel (lower) | 13.31 ± 1.72 | 7.47 ± 0.21 | 11.20 ± 1.99 | better (clear), 2/2 | better (clear), 2/2 |
+
+So with the platform's own pretraining the fine-tune beats its frozen probe on all five dense
+tasks and random init on normal, pointmap and depth (both seeds), on seg's mean (one seed of two),
+and not on albedo (0/2); two seeds only.
 """
 from __future__ import annotations
 
