@@ -84,7 +84,6 @@ import io
 import json
 import math
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -98,11 +97,14 @@ import torch.nn.functional as F  # noqa: E402
 
 
 def write_figure_shards(folder: Path, count: int, hw: tuple[int, int], per_shard: int = 128) -> list[str]:
-    """``count`` rendered figures as JPEG WebDataset shards in the curated layout (cached: a
-    folder that already holds a ``done.json`` for the same count and size is reused)."""
+    """``count`` rendered figures as JPEG WebDataset shards in the curated layout, written by the
+    curation writer's ``write_tar`` (cached: a folder that already holds a ``done.json`` for the
+    same count and size is reused)."""
     from PIL import Image
 
+    from curation.writer import write_tar
     from evaluation.synthetic import render_sample
+    from infra import storage
 
     marker = folder / "done.json"
     want = {"count": count, "hw": list(hw), "per_shard": per_shard}
@@ -111,22 +113,20 @@ def write_figure_shards(folder: Path, count: int, hw: tuple[int, int], per_shard
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.tar"):
         old.unlink()
+    fs, root = storage.resolve(str(folder))
+    H, W = hw
     paths = []
     for s, start in enumerate(range(0, count, per_shard)):
-        path = folder / f"{s:06d}-figures.tar"
-        with tarfile.open(path, "w") as tar:
-            for i in range(start, min(count, start + per_shard)):
-                image = render_sample(np.random.default_rng([1000, 2, i]), hw)["image"]
-                buf = io.BytesIO()
-                Image.fromarray(image).save(buf, format="JPEG", quality=95)
-                H, W = hw
-                key = f"figure_{i:06d}"
-                meta = {"key": key, "width": W, "height": H}
-                for ext, data in (("jpg", buf.getvalue()), ("json", json.dumps(meta).encode())):
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-        paths.append(str(path))
+        rows = []
+        for i in range(start, min(count, start + per_shard)):
+            buf = io.BytesIO()
+            Image.fromarray(render_sample(np.random.default_rng([1000, 2, i]), hw)["image"]).save(
+                buf, format="JPEG", quality=95)
+            rows.append({"key": f"figure_{i:06d}", "image_ext": "jpg", "image": buf.getvalue(), "width": W,
+                         "height": H})
+        path = f"{root}/{s:06d}-figures.tar"
+        write_tar(fs, path, rows)
+        paths.append(str(folder / f"{s:06d}-figures.tar"))
     marker.write_text(json.dumps(want))
     return paths
 
