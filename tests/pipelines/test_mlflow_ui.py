@@ -165,7 +165,9 @@ def test_the_bare_experiment_link_opens_the_genai_view_in_mlflow_3_17(server, st
     """Why the demo's link carries ``workflowType``: without it MLflow 3.17 shows GenAI, tag or not.
     (If a newer MLflow honours ``mlflow.experimentKind`` here, this fails: drop the parameter then.)"""
     _, _, exp_id = store
-    links, _, landed = browser(lambda b: open_experiment(b, f"{server}/#/experiments/{exp_id}", exp_id, "traces"))
+    # The view is read off the side navigation, not the address bar: MLflow writes
+    # ``workflowType=genai`` into the URL asynchronously, after the navigation has rendered (a
+    # loaded run read the bare URL back), so the URL is no evidence either way.
+    links, _, _ = browser(lambda b: open_experiment(b, f"{server}/#/experiments/{exp_id}", exp_id, "traces"))
     assert links.get("traces") == "Traces" and "runs" not in links, links
     assert {"overview", "chat-sessions", "judges"} <= {tab.split("/")[0] for tab in links}, links
-    assert "workflowType=genai" in landed
