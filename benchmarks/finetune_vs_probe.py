@@ -203,6 +203,28 @@ The other three tasks with that backbone (``--checkpoint <its student_backbone.s
 So with the platform's own pretraining the fine-tune beats its frozen probe on all five dense
 tasks and random init on normal, pointmap and depth (both seeds), on seg's mean (one seed of two),
 and not on albedo (0/2); two seeds only.
+
+Twice as long a pretraining, measured 2026-12-01 (the same command with ``--pretrain-steps 3000 --tasks
+albedo,seg --seeds 0,1,2``: 5463 s with the test suite beside it, loss 4.36 -> 2.54 (first / last 10
+steps); loss_cl at steps 1000 / 1500 / 2000 / 2500 / 3000: 6.20 / 5.35 / 5.30 / 4.31 / 5.22, one step's
+value each, loss_mae 0.50 at step 3000; export sha256 e4c03a27...), 128x96, 200 steps:
+
+| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
+| seg | mIoU (higher) | 0.4582 ± 0.0072 | 0.5027 ± 0.0074 | 0.4842 ± 0.0077 | better (clear), 3/3 | better (clear), 3/3 |
+| albedo | mae (lower) | 0.1109 ± 0.0016 | 0.0988 ± 0.0030 | 0.0988 ± 0.0010 | better (clear), 3/3 | tie, 1/3 |
+
+(per seed: seg fine-tune 0.4999 / 0.5114 / 0.4967 against random init 0.4943 / 0.4793 / 0.4788;
+albedo 0.0951 / 0.1001 / 0.1011 against 0.0976 / 0.0991 / 0.0996, means 0.098777 and 0.098778.)
+The longer run makes seg's gain over random init clear on every seed (1500 steps: 1/2) and lifts
+the frozen probe (0.458 against 0.444); albedo moves from WORSE 0/2 to a tie (1/3). Albedo is the
+one dense task where pretraining does not help end to end at this scale.
+Pose with this backbone (``--checkpoint <its export> --tasks pose --steps 1000 --set
+synthetic.height=64 synthetic.width=48 --seeds 0,1``): probe 0.310 / 0.329, fine-tune 0.404 / 0.312,
+random init 0.541 / 0.567 (WORSE, 0/2); with ``optim.layer_decay=1.0`` for all three runs (seed 0):
+fine-tune 0.522, random init 0.646. Without layer-wise decay both fine-tunes gain 0.08-0.12 AP, and
+the pretrained start still loses by 0.12: at 64x48 (12 patches) the frozen pretrained features score
+no better for pose than frozen random ones (0.31-0.33 here, 0.34-0.39 in the fifth session), so
+layer decay, which keeps the lower blocks near their start, is not the whole cause.
 """
 from __future__ import annotations
 
