@@ -37,10 +37,10 @@ on q and k, LayerScale, the gate's second operand), so <= 1.00x per FLOP is out 
 without dropping parity-relevant ops.
 
 Measured 2026-12-01, after two changes in ``models.layers`` found by profiling the step (``torch.profiler``
-with shapes and parent ops): ``aten::copy_`` took ~38 ms of a ~790 ms step, 16 ms of it ``addmm`` copying
+with shapes and parent ops): ``aten::copy_`` took ~38 ms of a ~760 ms step, 16 ms of it ``addmm`` copying
 the broadcast bias into SwiGLU's (804, 2048) ``w12`` output before the GEMM, so biased linears now run as
 ``matmul`` + in-place bias add (``layers.linear``); and RMSNorm's sum of squares is one ``linalg.vecdot``
-with a closed-form backward (fwd+bwd 1.0 ms against 1.4-1.6 ms per call). The old and new layers stepped
+with a closed-form backward (fwd+bwd 1.0 ms against 1.3-1.6 ms per call). The old and new layers stepped
 the same weights interleaved with the plain encoder in one process (1 thread, 30 steps each; three runs
 at load 1-4): new / old **0.968** (quartiles 0.924..1.011), 0.964 and 0.976. The same run at load 1.0:
 old 1.090x per FLOP, new **1.051x** (quartiles 1.021..1.073); ``python benchmarks/backbone_step.py`` right

@@ -27,7 +27,7 @@ class _RMSNormCPU(torch.autograd.Function):
     (``linalg.vecdot(x, x)``: one read, no ``x**2`` written), and the backward is the closed
     form ``dx = rstd * (g w) - x * rstd^3 * <g w, x> / D``, ``dw = sum_rows(g * x * rstd)``
     with its row dot product fused the same way. Measured on sapiens2_small's shapes (1
-    thread): fwd+bwd 1.0 ms against 1.4-1.6 ms for the op-by-op replay this replaced.
+    thread): fwd+bwd 1.0 ms against 1.3-1.6 ms for the op-by-op replay this replaced.
     Rounding: the forward matched ``F.rms_norm`` bit for bit on every shape tried; the
     gradients differ from autograd's op order by a few ulp.
     ``tests/models/test_fused_layers.py`` checks both against ``F.rms_norm``.
@@ -55,7 +55,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 
     ``F.linear`` with a bias is ``addmm``, which on CPU first copies the bias, broadcast,
     into the whole output and then runs the GEMM with beta = 1: for SwiGLU's wide ``w12``
-    output that copy alone was ~16 ms of sapiens2_small's ~790 ms step (profile, 1 thread).
+    output that copy alone was ~16 ms of sapiens2_small's ~760 ms step (profile, 1 thread).
     ``matmul`` + ``add_`` writes the product once and adds the bias in one vectorised pass.
     Same autograd (the product's backward does not need its output). Rounding: bit-identical
     to ``F.linear`` where the GEMM does not split the reduction (K <= 384 here); for larger K
