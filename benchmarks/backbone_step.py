@@ -48,9 +48,26 @@ after: 1.073x (1.027..1.133). On this day's machine the old code measured 1.09x 
 2026-11-30, so the absolute per-FLOP figure moves with the machine by more than the change; the
 interleaved new / old ratio does not. The target (<= 1.00x per FLOP) is still not met on CPU.
 
+The host allocator, measured 2026-12-01 (later that day; 1 thread, load ~1): glibc gives the top of
+the heap back to the kernel when more than twice its adaptive ``mmap`` threshold is free there, which
+a step's freed activations can reach; the next step then faults those pages in again. Depending on
+what the process allocated before, sapiens2_small's step took 0 or 5,000-10,000 minor page faults
+(the plain encoder: 0 in every run). Training workers on CPU now keep freed memory
+(``infra.allocator``, from ``training.loop.prepare_process``), and so does this benchmark for both
+models (``--glibc-default-allocator`` to compare; faults per step are printed). Both settings in the
+same process layout (a script stepping the two models alternately, 20 steps): defaults 1.089x and
+1.093x per FLOP (8,800-9,800 faults per step), memory retained 1.058x (1 fault). This benchmark, 16
+steps, runs alternating: defaults 1.084x (0 faults in that run), 1.044x (5,060), 1.056x (5,524);
+retained 1.055x, 1.034x, 1.049x (0). Retaining is 1.5-3% faster, about this machine's run-to-run
+spread. With it and the elementwise regions compiled (``--fuse-elementwise``): eager 1.050x, fused
+1.002x per FLOP (quartiles 0.963..1.023): even fused by Inductor the step is only level with the plain
+encoder. Also tried and dropped: LayerScale folded into the output projection's weight and the
+residual added by the GEMM itself (``addmm_``, beta 1): new / old 0.997 and 1.004, no gain.
+
     python benchmarks/backbone_step.py                       # CPU, sapiens2_small, 256x192, 1 thread
     python benchmarks/backbone_step.py --threads 2           # all cores (a quiet machine only)
     python benchmarks/backbone_step.py --fuse-elementwise    # + a column with RMSNorm, gate, RoPE compiled
+    python benchmarks/backbone_step.py --glibc-default-allocator   # malloc as glibc leaves it (see above)
     python benchmarks/backbone_step.py --device cuda         # sapiens2_0.4b, 1024x768, bf16
     python benchmarks/backbone_step.py --device cuda --model sapiens2_1b --batch 4 --peak-tflops 989
 """
@@ -60,6 +77,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -69,6 +87,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from infra.allocator import retain_freed_memory
 from models.registry import build_backbone, get_config
 
 DEFAULTS = {
@@ -194,6 +213,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     parser.add_argument("--fuse-elementwise", action="store_true",
                         help="diagnostic: compile only Sapiens2's RMSNorm, SwiGLU gate and RoPE (see fuse_elementwise)")
+    parser.add_argument("--glibc-default-allocator", action="store_true",
+                        help="leave malloc at glibc's defaults instead of the training workers' setting (infra.allocator)")
     parser.add_argument("--no-baseline", action="store_true",
                         help="time Sapiens2 alone (its TFLOP/s and MFU; no ratio): halves the run, and the compile time")
     args = parser.parse_args()
@@ -204,6 +225,8 @@ def main() -> None:
         torch.set_num_threads(args.threads or d["threads"])
     bf16 = args.device == "cuda"
     device = torch.device(args.device)
+    # The allocator the training workers run with on CPU (training.loop.prepare_process), for both models.
+    retained = not bf16 and not args.glibc_default_allocator and retain_freed_memory()
 
     cfg = get_config(name)
     grid = (H // cfg.feature_stride) * (W // cfg.feature_stride)
@@ -229,27 +252,31 @@ def main() -> None:
     print(f"input {batch}x3x{H}x{W} ({grid} patches + {1 + cfg.num_storage_tokens} prefix tokens), device "
           f"{torch.cuda.get_device_name() if bf16 else 'cpu'} ({'bf16 autocast' if bf16 else 'fp32'}, "
           f"{torch.get_num_threads()} threads), torch {torch.__version__}, {steps} timed steps after {warmup}")
+    if not bf16:
+        print(f"host allocator: {'freed memory retained (infra.allocator)' if retained else 'glibc defaults'}")
     load_before = os.getloadavg()
     torch.manual_seed(0)
     x = torch.randn(x_shape, device=device)
-    models, times, cpu_times, flops = {}, {}, {}, {}
+    models, times, cpu_times, flops, faults = {}, {}, {}, {}, {}
     for label, (build, out) in runs.items():
         flops[label] = step_flops(build, out, x_shape)
         model = build(device).train()
         models[label] = (model, out(torch.compile(model) if args.compile else model))
-        times[label], cpu_times[label] = [], []
+        times[label], cpu_times[label], faults[label] = [], [], []
     if args.fuse_elementwise:  # the same model and weights, its elementwise regions compiled
         model, fn = models["sapiens2"]
-        models["fused"], flops["fused"], times["fused"], cpu_times["fused"] = (
-            (model, _inside(fused_elementwise, fn)), flops["sapiens2"], [], [])
+        models["fused"], flops["fused"], times["fused"], cpu_times["fused"], faults["fused"] = (
+            (model, _inside(fused_elementwise, fn)), flops["sapiens2"], [], [], [])
     # Steps alternate between the two models, so load from other processes (or clock
     # changes) hits both alike and the ratio stays meaningful on a shared machine.
     for i in range(warmup + steps):
         for label, (model, fn) in models.items():
+            minflt = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             elapsed, elapsed_cpu = one_step(model, fn, x, bf16)
             if i >= warmup:
                 times[label].append(elapsed)
                 cpu_times[label].append(elapsed_cpu)
+                faults[label].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - minflt)
     results = {}
     for label, (model, _) in models.items():
         med = statistics.median(times[label])
@@ -257,7 +284,7 @@ def main() -> None:
         params = sum(p.numel() for p in model.parameters())
         line = (f"{label:>9}: {params / 1e6:8.1f} M params  {med * 1e3:9.1f} ms/step (median; min "
                 f"{min(times[label]) * 1e3:.1f})  {batch / med:8.2f} img/s  {flops[label] / 1e9:9.1f} GFLOP/step  "
-                f"{flops[label] / med / 1e12:7.3f} TFLOP/s")
+                f"{flops[label] / med / 1e12:7.3f} TFLOP/s  {statistics.median(faults[label]):7.0f} page faults/step")
         if bf16:
             line += f"  MFU {flops[label] / med / 1e12 / args.peak_tflops:6.1%} of {args.peak_tflops:g}"
         print(line)
