@@ -225,6 +225,31 @@ fine-tune 0.522, random init 0.646. Without layer-wise decay both fine-tunes gai
 the pretrained start still loses by 0.12: at 64x48 (12 patches) the frozen pretrained features score
 no better for pose than frozen random ones (0.31-0.33 here, 0.34-0.39 in the fifth session), so
 layer decay, which keeps the lower blocks near their start, is not the whole cause.
+
+Pose at 128x96 (48 patches) with the same 3000-step backbone, measured 2026-12-01 (``--checkpoint <its
+export> --tasks pose --steps 2000 --seeds 0`` and then ``--seeds 1``; load 2-19, the test suite and a
+pretraining beside it; ~19 min per fine-tune): probe 0.410 / 0.366, fine-tune 0.782 / 0.750, random
+init **0.810 / 0.835** (WORSE, 0/2; AP50 1.0 for both fine-tunes). The gap to random init shrinks from
+0.12-0.16 AP at 64x48 to 0.03 / 0.09, and is still a loss on both seeds. A frozen randomly initialised
+backbone probed the same way (2000 steps) scores 0.447 / 0.365: the pretrained features carry no more
+pose information than random ones at this size either, which is where the fine-tune's loss comes from.
+
+Albedo without colour jitter in the pretraining (the hypothesis of the 3000-step run: colour-jittered
+local views teach the contrastive term colour invariance), measured 2026-12-01: ``--pretrain synthetic
+--pretrain-steps 1500 --pretrain-set parallel.precision=fp32 parallel.activation_checkpointing=false
+checkpoint.every=250 crops.local_jitter_prob=0 crops.local_grayscale_prob=0 --tasks albedo --seeds
+0,1,2`` (4111 s at load 9-19; loss 4.37 -> 2.16, loss_cl 5.19 / 5.20 / 4.68 / 3.70 / 4.05 / 3.60 at steps
+250 .. 1500, one step's value each, where the jittered run's was 5.06 at 1500; export sha256 0c713be4...):
+
+| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |
+| albedo | mae (lower) | 0.1086 ± 0.0018 | 0.0986 ± 0.0010 | 0.0988 ± 0.0010 | better (clear), 3/3 | better, 1/3 |
+
+(per seed: fine-tune 0.0981 / 0.0978 / 0.0997 against random init 0.0976 / 0.0991 / 0.0996.) Without
+jitter the frozen probe improves a little (0.1086 against 0.1107 with jitter at 1500 steps and 0.1109 at
+3000) and the fine-tune moves from WORSE (0/2) to a tie with random init (1/3, means 2e-4 apart, inside
+the seed spread), as the 3000-step jittered run did. So colour jitter costs the frozen features some
+albedo information, but it is not why pretraining fails to help albedo end to end: every 200-step
+albedo fine-tune, pretrained or not, lands at 0.098-0.100.
 """
 from __future__ import annotations
 
