@@ -88,6 +88,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from infra.allocator import retain_freed_memory
+from models.kernels import available as kernels_available
 from models.registry import build_backbone, get_config
 
 DEFAULTS = {
@@ -126,6 +127,28 @@ def fused_elementwise():
     compiler and compiles once per process (~15 s on this machine)."""
     import models.layers as layers
 
+    with native_kernels(False), _compiled_regions(layers):
+        yield
+
+
+@contextlib.contextmanager
+def native_kernels(on: bool):
+    """The fused CPU kernels (``models.kernels``) on or off while active (its environment switch)."""
+    from models.kernels import ENV_SWITCH
+
+    saved = os.environ.get(ENV_SWITCH)
+    os.environ[ENV_SWITCH] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_SWITCH)
+        else:
+            os.environ[ENV_SWITCH] = saved
+
+
+@contextlib.contextmanager
+def _compiled_regions(layers):
     saved = layers.RMSNorm.forward, layers.SwiGLU.forward, layers.apply_rope
     layers.RMSNorm.forward = lambda self, x: _rms_norm(x, self.weight, self.eps)
     layers.SwiGLU.forward = lambda self, x: self.w3(_silu_gate(self.w12(x)))
@@ -213,6 +236,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
     parser.add_argument("--fuse-elementwise", action="store_true",
                         help="diagnostic: compile only Sapiens2's RMSNorm, SwiGLU gate and RoPE (see fuse_elementwise)")
+    parser.add_argument("--eager-layers", action="store_true",
+                        help="a column with Sapiens2's fused CPU kernels off (models.kernels): the eager layers alone")
     parser.add_argument("--glibc-default-allocator", action="store_true",
                         help="leave malloc at glibc's defaults instead of the training workers' setting (infra.allocator)")
     parser.add_argument("--no-baseline", action="store_true",
@@ -253,7 +278,8 @@ def main() -> None:
           f"{torch.cuda.get_device_name() if bf16 else 'cpu'} ({'bf16 autocast' if bf16 else 'fp32'}, "
           f"{torch.get_num_threads()} threads), torch {torch.__version__}, {steps} timed steps after {warmup}")
     if not bf16:
-        print(f"host allocator: {'freed memory retained (infra.allocator)' if retained else 'glibc defaults'}")
+        print(f"host allocator: {'freed memory retained (infra.allocator)' if retained else 'glibc defaults'}; "
+              f"fused CPU kernels (models.kernels): {'on' if kernels_available() else 'off'}")
     load_before = os.getloadavg()
     torch.manual_seed(0)
     x = torch.randn(x_shape, device=device)
@@ -263,6 +289,10 @@ def main() -> None:
         model = build(device).train()
         models[label] = (model, out(torch.compile(model) if args.compile else model))
         times[label], cpu_times[label], faults[label] = [], [], []
+    if args.eager_layers:  # the same model and weights without the fused CPU kernels
+        model, fn = models["sapiens2"]
+        models["eager"], flops["eager"], times["eager"], cpu_times["eager"], faults["eager"] = (
+            (model, _inside(lambda: native_kernels(False), fn)), flops["sapiens2"], [], [], [])
     if args.fuse_elementwise:  # the same model and weights, its elementwise regions compiled
         model, fn = models["sapiens2"]
         models["fused"], flops["fused"], times["fused"], cpu_times["fused"], faults["fused"] = (

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.kernels import qk_norm_rope, qk_norm_rope_usable, rms_rstd, swiglu_backward, swiglu_usable
+
 Rope = tuple[torch.Tensor, torch.Tensor]
 """(sin, cos), each (..., P, K) for the P position-carrying tokens at the end of a sequence."""
 
@@ -35,8 +37,7 @@ class _RMSNormCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        mean_sq = torch.linalg.vecdot(x, x).unsqueeze_(-1).div_(x.shape[-1])
-        rstd = torch.rsqrt(mean_sq.add_(eps))
+        rstd = rms_rstd(x, eps)
         ctx.save_for_backward(x, weight, rstd)
         return torch.mul(x, rstd).mul_(weight)
 
@@ -107,18 +108,24 @@ class _SiluMul(torch.autograd.Function):
     Autograd's version computes the two half-gradients separately and then concatenates
     them (a copy of the whole hidden activation); here they are written straight into
     their halves of one buffer. Same formulas (``silu_backward(g * b, a)``, ``g * silu(a)``),
-    so forward and backward are bit-identical to ``F.silu(a) * b``.
+    so forward and backward are bit-identical to ``F.silu(a) * b``. On CPU in fp32 the
+    backward is one fused pass where the kernel builds (``models.kernels.swiglu_backward``:
+    a few ulp from autograd's), and ``silu(a)`` is then not kept for it.
     """
 
     @staticmethod
     def forward(ctx, h_BN2F: torch.Tensor) -> torch.Tensor:
         a_BNF, b_BNF = h_BN2F.chunk(2, dim=-1)
         s_BNF = F.silu(a_BNF)
-        ctx.save_for_backward(h_BN2F, s_BNF)
+        ctx.fused = swiglu_usable(h_BN2F)
+        ctx.save_for_backward(h_BN2F, *(() if ctx.fused else (s_BNF,)))
         return s_BNF * b_BNF
 
     @staticmethod
     def backward(ctx, g_BNF: torch.Tensor) -> torch.Tensor:
+        if ctx.fused:
+            (h_BN2F,) = ctx.saved_tensors
+            return swiglu_backward(g_BNF, h_BN2F)
         h_BN2F, s_BNF = ctx.saved_tensors
         a_BNF, b_BNF = h_BN2F.chunk(2, dim=-1)
         grad_BN2F = torch.empty_like(h_BN2F)
@@ -282,10 +289,16 @@ class Attention(nn.Module):
         q_BHNK = q_BND.view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         k_BGNK = k_BNG.view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v_BGNK = v_BNG.view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
-            q_BHNK, k_BGNK = self.q_norm(q_BHNK), self.k_norm(k_BGNK)
-        if rope is not None:
-            q_BHNK, k_BGNK = apply_rope(q_BHNK, rope), apply_rope(k_BGNK, rope)
+        if (self.q_norm is not None and rope is not None and self.q_norm.eps is not None
+                and self.k_norm.eps is not None and qk_norm_rope_usable(q_BHNK, self.q_norm.weight, rope)):
+            # One fused pass each way for q and for k (models.kernels): same forward bits.
+            q_BHNK = qk_norm_rope(q_BHNK, self.q_norm.weight, self.q_norm.eps, *rope)
+            k_BGNK = qk_norm_rope(k_BGNK, self.k_norm.weight, self.k_norm.eps, *rope)
+        else:
+            if self.q_norm is not None:
+                q_BHNK, k_BGNK = self.q_norm(q_BHNK), self.k_norm(k_BGNK)
+            if rope is not None:
+                q_BHNK, k_BGNK = apply_rope(q_BHNK, rope), apply_rope(k_BGNK, rope)
         o_BHNK = F.scaled_dot_product_attention(
             q_BHNK,
             k_BGNK,
