@@ -64,7 +64,20 @@ spread. With it and the elementwise regions compiled (``--fuse-elementwise``): e
 encoder. Also tried and dropped: LayerScale folded into the output projection's weight and the
 residual added by the GEMM itself (``addmm_``, beta 1): new / old 0.997 and 1.004, no gain.
 
+Fused CPU kernels, measured 2026-12-01 (later again). What the step's extra elementwise work costs,
+found by taking it out (not parity; the same model stepped interleaved, 12 steps, load ~3): without
+RoPE 0.953 of the full step, without RoPE and QK-norm 0.896, without LayerScale 0.978, against the
+plain encoder's 0.768: QK-norm + RoPE were 10% of the step, ~20 eager passes over q and over k each
+way. ``models.kernels`` now runs them as one C pass each way (forward bit-identical to the eager
+layers), and the SwiGLU gate's backward as one pass instead of three ops (silu(a) is then not kept).
+Compiling the same QK region with Inductor (one region per block, bf16 casts emulated) gained only
+0.994 of the eager step; the C kernels take ~0.1 ms forward and ~0.2 ms backward for one (4, 4, 201,
+64) q against ~3 ms eager. ``python benchmarks/backbone_step.py --eager-layers`` (load 1.1-1.3, 20
+steps): kernels **0.969x per FLOP** (quartiles 0.957..0.984), eager layers 1.045x (1.031..1.061) in
+the same run; ``--threads 2 --steps 16``: 0.983x (0.959..1.034) against 1.055x.
+
     python benchmarks/backbone_step.py                       # CPU, sapiens2_small, 256x192, 1 thread
+    python benchmarks/backbone_step.py --eager-layers        # + a column with the fused CPU kernels off
     python benchmarks/backbone_step.py --threads 2           # all cores (a quiet machine only)
     python benchmarks/backbone_step.py --fuse-elementwise    # + a column with RMSNorm, gate, RoPE compiled
     python benchmarks/backbone_step.py --glibc-default-allocator   # malloc as glibc leaves it (see above)
