@@ -1,4 +1,6 @@
-"""Fused CPU kernels for the attention's QK-norm + RoPE (``csrc/qk_norm_rope.c``, built by ``infra.native``).
+"""Fused CPU kernels, built from ``csrc/`` by ``infra.native``: the attention's QK-norm + RoPE
+(``csrc/qk_norm_rope.c``, below) and the SwiGLU gate's backward (``csrc/swiglu_backward.c``,
+``swiglu_backward``: one pass instead of three ops, a few ulp from autograd's).
 
 Why: on CPU in fp32, QK-norm (RMSNorm over each head's channels) followed by RoPE in bf16 is
 ~20 eager operations per block on q and on k, forward and backward, each a pass over the
@@ -12,7 +14,7 @@ another order, a few ulp from the eager backward.
 Used by ``models.layers.Attention`` on CPU fp32 eager forward passes with bf16 RoPE tables, when
 the library builds; otherwise (no C compiler, other dtypes, CUDA, ``torch.compile``) the eager
 layers run and say nothing beyond one warning when a build fails. ``HUMANVISION_NATIVE_KERNELS=0``
-turns the kernel off (to compare, or to rule it out).
+turns both kernels off (to compare, or to rule them out).
 """
 
 from __future__ import annotations

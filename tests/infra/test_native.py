@@ -16,6 +16,13 @@ SOURCE = "int hv_test_add(int a, int b) { return a + b; }\n"
 
 
 @pytest.fixture
+def adder(tmp_path) -> Path:
+    src = tmp_path / "adder.c"
+    src.write_text(SOURCE)
+    return src
+
+
+@pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HUMANVISION_NATIVE_CACHE", str(tmp_path / "cache"))
     native.load_library.cache_clear()
@@ -35,9 +42,8 @@ needs_cc = pytest.mark.skipif(not _has_compiler(), reason="no C compiler on this
 
 
 @needs_cc
-def test_a_library_is_built_once_per_content_and_reused(fresh_cache, tmp_path):
-    src = tmp_path / "adder.c"
-    src.write_text(SOURCE)
+def test_a_library_is_built_once_per_content_and_reused(fresh_cache, adder):
+    src = adder
     lib = native.load_library(src)
     assert lib.hv_test_add(2, 3) == 5
     built = list(fresh_cache.glob("adder-*.so"))
@@ -61,12 +67,10 @@ def test_a_source_the_compiler_refuses_is_a_clear_error(fresh_cache, tmp_path):
     assert not list(fresh_cache.glob("*"))  # nothing half-written left behind
 
 
-def test_no_compiler_is_a_clear_error(fresh_cache, tmp_path, monkeypatch):
+def test_no_compiler_is_a_clear_error(fresh_cache, adder, tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    src = tmp_path / "adder.c"
-    src.write_text(SOURCE)
     with pytest.raises(native.NativeBuildError, match="no C compiler found"):
-        native.load_library(src)
+        native.load_library(adder)
 
 
 def test_without_a_compiler_the_model_runs_its_eager_layers(tmp_path):
@@ -97,27 +101,19 @@ print("LIB", kernels._library("qk_norm_rope"), kernels._library("swiglu_backward
 
 
 @needs_cc
-def test_the_cache_key_follows_the_machine(fresh_cache, tmp_path, monkeypatch):
+def test_the_cache_key_follows_the_machine(fresh_cache, adder, monkeypatch):
     """The build uses -march=native: a library built on one kind of CPU is not loaded on another."""
-    src = tmp_path / "adder.c"
-    src.write_text(SOURCE)
-    native.load_library(src)
+    native.load_library(adder)
     monkeypatch.setattr(native, "cpu_signature", lambda: "x86_64 model name=another CPU; flags=sse2")
     native.load_library.cache_clear()
-    assert native.load_library(src).hv_test_add(1, 1) == 2
+    assert native.load_library(adder).hv_test_add(1, 1) == 2
     assert len(list(fresh_cache.glob("adder-*.so"))) == 2
 
 
 @needs_cc
-def test_an_unwritable_cache_is_a_clear_error(tmp_path, monkeypatch):
+def test_an_unwritable_cache_is_a_clear_error(fresh_cache, adder, tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("HUMANVISION_NATIVE_CACHE", str(blocker / "cache"))
-    native.load_library.cache_clear()
-    src = tmp_path / "adder.c"
-    src.write_text(SOURCE)
-    try:
-        with pytest.raises(native.NativeBuildError, match="cannot build or load"):
-            native.load_library(src)
-    finally:
-        native.load_library.cache_clear()
+    with pytest.raises(native.NativeBuildError, match="cannot build or load"):
+        native.load_library(adder)
