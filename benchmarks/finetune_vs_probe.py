@@ -292,7 +292,7 @@ seeds 0 and 1, ad hoc calls of this file's functions; train AP on the 160 train 
 
 (pose per seed: fine-tune 0.523 / 0.431 / 0.474 against random init 0.589 / 0.535 / 0.525.) One
 label-free backbone, the v1 objective, beats its frozen probe on all six tasks and random init on
-five; on albedo clearly, where the 128x96 runs above tied. Its pose gain on seeds 0 and 1 was
+five (pointmap on the mean only, 1/3 seeds); on albedo clearly, where the 128x96 runs above tied. Its pose gain on seeds 0 and 1 was
 selection: at 64x48 pose loses to random init by 0.07 AP on fresh seeds, and by 0.075 with 3000 fine-tune
 steps (seed 3: 0.601 against 0.676).
 
@@ -305,8 +305,8 @@ synthetic.seed=1 --seeds S`` for S = 3, 4, 5 (three processes side by side, load
 | pose | AP (higher) | 0.5333 ± 0.0162 | 0.8531 ± 0.0110 | 0.8051 ± 0.0220 | better (clear), 3/3 | better (clear), 3/3 |
 
 (per seed: fine-tune 0.865 / 0.843 / 0.851 against random init 0.813 / 0.823 / 0.779; probe 0.551 /
-0.530 / 0.519; AP50 1.0 / 1.0 / 1.0 against 0.97 / 1.0 / 1.0; ~8 min per fine-tune.) Seeds 3 and 4 were also run
-by the ad hoc script first and gave the same four values to every printed digit. The frozen
+0.530 / 0.519; AP50 1.0 / 1.0 / 1.0 against 0.97 / 1.0 / 1.0; ~8 min per fine-tune.) Seeds 3 and 4
+were also run by the ad hoc script first and gave the same four values to every printed digit. The frozen
 features probe 0.52-0.55 here; on the seed-0 set the ``ssl`` stand-in's and the platform's probed
 0.31-0.41 and a random backbone's 0.34-0.45 (the sections above). It is the first label-free start
 whose frozen features carry pose information, and the first to beat random init on pose end to
