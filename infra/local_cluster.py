@@ -6,6 +6,7 @@ collides with, or ends, another Ray on the same machine.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -35,10 +36,32 @@ def kill_pids(pids: list[int]) -> None:
             pass
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free on 127.0.0.1 now. Every socket stays bound until all ``n`` are
+    chosen, so the kernel cannot hand the same port out twice (asking one at a time, closing
+    each before the next, can: two Ray components were once given one port that way)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+# Every port `ray start --head` opens on its own, by its flag: a head given all of them never
+# meets another Ray on the machine (the worker ports, 10002-19999 by default, are outside the
+# kernel's ephemeral range that free_ports draws from).
+HEAD_PORT_FLAGS = ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
+                   "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
+                   "node-manager-port", "object-manager-port")
+
+
+def head_ports() -> dict[str, int]:
+    """A distinct free port for each of HEAD_PORT_FLAGS."""
+    return dict(zip(HEAD_PORT_FLAGS, free_ports(len(HEAD_PORT_FLAGS))))
 
 
 class LocalRayHead:
@@ -47,7 +70,8 @@ class LocalRayHead:
     def __init__(self, num_cpus: int = 2, env: dict | None = None) -> None:
         self.num_cpus = num_cpus
         self.temp_dir = tempfile.mkdtemp(prefix="hvray-", dir="/tmp")  # short: Ray's socket paths are length-limited
-        self.dashboard_port = free_port()
+        self.ports = head_ports()
+        self.dashboard_port = self.ports["dashboard-port"]
         self.env = dict(env or os.environ)
         self.env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # Token authentication with a token of this head's own: clients get it from client_env().
@@ -67,11 +91,8 @@ class LocalRayHead:
     def start(self, timeout: float = 120) -> "LocalRayHead":
         ray_cli = str(Path(sys.executable).with_name("ray"))
         cmd = [ray_cli, "start", "--head", "--block", f"--num-cpus={self.num_cpus}", "--node-ip-address=127.0.0.1",
-               f"--port={free_port()}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-               f"--dashboard-port={self.dashboard_port}", f"--ray-client-server-port={free_port()}",
-               f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-               f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}",
-               f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+               "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+               *(f"--{flag}={port}" for flag, port in self.ports.items()),
                "--disable-usage-stats", f"--temp-dir={self.temp_dir}"]
         self.log = open(Path(self.temp_dir) / "head.log", "w")
         self.proc = subprocess.Popen(cmd, env=self.env, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT)

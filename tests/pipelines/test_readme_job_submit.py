@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.local_cluster import free_port, kill_pids, pids_naming
+from infra.local_cluster import head_ports, kill_pids, pids_naming
 from pipelines.demo_corpus import build_demo_corpus
 from tests.conftest import REPO
 
@@ -43,13 +43,12 @@ def test_the_block_is_what_a_new_user_needs():
 
 
 def _own_ports(lines: str, runs: Path) -> str:
-    dashboard = free_port()
+    ports = head_ports()
+    dashboard = ports.pop("dashboard-port")
     for literal in ("--port=6379", "127.0.0.1:8265", "--dashboard-port=8265", "$PWD/runs/"):
         assert literal in lines, f"the README lines no longer contain {literal!r}: update this test's substitutions"
-    extra = " ".join(f"--{flag}={free_port()}" for flag in (
-        "ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "metrics-export-port",
-        "runtime-env-agent-port", "node-manager-port", "object-manager-port"))
-    lines = lines.replace("--port=6379", f"--port={free_port()}")
+    lines = lines.replace("--port=6379", f"--port={ports.pop('port')}")
+    extra = " ".join(f"--{flag}={port}" for flag, port in ports.items())
     lines = lines.replace("--dashboard-port=8265", f"--dashboard-port={dashboard}")
     lines = lines.replace("127.0.0.1:8265", f"127.0.0.1:{dashboard}")
     lines = re.sub(r"^(ray start .*)$", rf"\1 {extra}", lines, count=1, flags=re.M)

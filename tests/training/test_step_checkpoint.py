@@ -2,12 +2,12 @@
 DCP checkpoint round trip, exports, and the FSDP2 wrapping (one-rank gloo group)."""
 import copy
 import dataclasses
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from infra.local_cluster import free_port
 from models.registry import build_backbone
 from training import checkpoint
 from training.data import RankSpec, ResumableLoader
@@ -129,16 +129,10 @@ def test_exported_backbones_load_into_the_registry_model(batches, tmp_path):
     assert checkpoint.export_backbone(arch.student["backbone"], tmp_path / "x.safetensors", rank=1, metadata={}) is None
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_fsdp2_wrapping_in_a_one_rank_group_trains_in_bf16_with_checkpointing(batches):
     from torch.distributed.fsdp import FSDPModule
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         cfg = tiny_config("parallel.precision=bf16", "parallel.activation_checkpointing=true")
         arch, opt = build(cfg, torch.device("cpu"), 1)
@@ -160,7 +154,7 @@ def test_fsdp2_wrapping_in_a_one_rank_group_trains_in_bf16_with_checkpointing(ba
 def test_shard_blocks_false_makes_one_fsdp_unit_per_sub_model():
     from torch.distributed.fsdp import FSDPModule
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         cfg = tiny_config("parallel.shard_blocks=false", "parallel.activation_checkpointing=false")
         arch, _ = build(cfg, torch.device("cpu"), 1)
