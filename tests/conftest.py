@@ -1,6 +1,7 @@
 """Test-wide settings: offline, no telemetry, caches in temp folders; one local Ray for the session."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -68,3 +69,27 @@ def kill_when(proc, ready, *, timeout: float, leftovers: str, poll: float = 0.2)
     finally:
         time.sleep(2)
         kill_pids(pids_naming(leftovers))
+
+
+@contextlib.contextmanager
+def alongside(cmd: list[str], *, log: Path, leftovers: str, env: dict | None = None, timeout: float = 1200):
+    """Run ``cmd`` (an uninterrupted reference job) in its own session while the body runs: most
+    of a small job is waiting on Ray to start, so a crash-and-resume test overlaps the two. Its
+    stderr goes to ``log`` (a pipe could fill and stall it). When the body ends normally, the job
+    must end with exit 0 within ``timeout``; when the body raises, the job's whole group and any
+    process naming ``leftovers`` (its Ray temp dir) are SIGKILLed."""
+    import signal
+    import subprocess
+
+    from infra.local_cluster import kill_pids, pids_naming
+
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=fh)
+    try:
+        yield proc
+        assert proc.wait(timeout=timeout) == 0, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            kill_pids(pids_naming(leftovers))

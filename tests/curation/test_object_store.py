@@ -12,7 +12,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from pipelines.demo_corpus import build_demo_corpus
-from tests.conftest import REPO, kill_when
+from tests.conftest import REPO, alongside, kill_when
 
 pytestmark = pytest.mark.slow
 BUCKET = "humanvision-test"
@@ -66,20 +66,20 @@ def test_s3_in_and_out_with_a_kill_and_resume(tmp_path, s3, centernet_path):
                     destination_filesystem=s3)
     raw, db = f"s3://{BUCKET}/raw", tmp_path / "mlflow.db"
     ray_a, ray_b = f"/tmp/hvs-{os.getpid()}-a", f"/tmp/hvs-{os.getpid()}-b"
-    ref = subprocess.run(curate(raw, f"s3://{BUCKET}/ref", centernet_path, ray_a, db), capture_output=True, text=True,
-                         timeout=600)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-
     cmd = curate(raw, f"s3://{BUCKET}/out", centernet_path, ray_b, db)
     staged = lambda: [i for i in s3.get_file_info(pafs.FileSelector(f"{BUCKET}/out/_staging", recursive=True,  # noqa: E731
                                                                      allow_not_found=True))
                       if i.base_name.startswith("part-")]
-    proc = subprocess.Popen(cmd, env=dict(os.environ), start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    kill_when(proc, lambda: len(staged()) >= 2, timeout=300, leftovers=ray_b)
-    assert s3.get_file_info(f"{BUCKET}/out/_SUCCESS").type == pafs.FileType.NotFound
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # The uninterrupted reference run, alongside the killed one, with its own MLflow store (the two
+    # never share a SQLite file). The kill waits on the staged objects, not on timing.
+    with alongside(curate(raw, f"s3://{BUCKET}/ref", centernet_path, ray_a, tmp_path / "ref.db"),
+                   log=tmp_path / "ref.log", leftovers=ray_a, env=dict(os.environ), timeout=600):
+        proc = subprocess.Popen(cmd, env=dict(os.environ), start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        kill_when(proc, lambda: len(staged()) >= 2, timeout=300, leftovers=ray_b)
+        assert s3.get_file_info(f"{BUCKET}/out/_SUCCESS").type == pafs.FileType.NotFound
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
     assert "already done" in done.stderr and s3.get_file_info(f"{BUCKET}/out/_SUCCESS").type == pafs.FileType.File
     resumed, reference = objects(s3, f"{BUCKET}/out"), objects(s3, f"{BUCKET}/ref")
     assert resumed == reference and any(k.endswith(".tar") for k in resumed)

@@ -11,7 +11,7 @@ import pytest
 
 from infra.local_cluster import pids_naming
 from pipelines.demo_corpus import build_demo_corpus
-from tests.conftest import REPO, kill_when
+from tests.conftest import REPO, alongside, kill_when
 
 pytestmark = pytest.mark.slow
 
@@ -48,27 +48,29 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
     build_demo_corpus(raw)
     ray_a, ray_b = f"/tmp/hvr-{os.getpid()}-a", f"/tmp/hvr-{os.getpid()}-b"
 
-    # Uninterrupted reference run.
-    ref = tmp_path / "ref"
-    subprocess.run(curate_cmd(raw, ref, centernet_path, ray_a), check=True, capture_output=True, timeout=600)
-
+    # The uninterrupted reference run, alongside the killed ones (its own folder, so its own
+    # MLflow store: the two never share a SQLite file). The kills wait on files, not on timing.
+    ref = tmp_path / "reference" / "out"
+    ref.parent.mkdir()
     out = tmp_path / "out"
     cmd = curate_cmd(raw, out, centernet_path, ray_b)
-    pass1 = lambda: list((out / "_staging").glob("*/part-*.parquet"))  # noqa: E731
-    pass2 = lambda: list((out / "_staging" / "pass2" / "_staging").glob("*/part-*.parquet"))  # noqa: E731
-    _killed(cmd, lambda: len(pass1()) >= 3, ray_b, tmp_path / "run1.log")
-    assert pass1() and not pass2() and not (out / "_SUCCESS").exists()
-    # Run 1 can get past pass 1 before the kill lands (pass 1 of the demo corpus takes well under a
-    # second on a quiet machine), so run 2 is killed only once it has logged its own plan.
-    log2 = tmp_path / "run2.log"
-    decided = lambda: (out / "_dedup").is_dir() and any((out / "_dedup").rglob("*.parquet"))  # noqa: E731
-    second = _killed(cmd, lambda: "already done" in log2.read_text() and decided(), ray_b, log2)
-    assert _done(second, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1  # pass 1 resumed, not redone
-    _killed(cmd, lambda: len(pass2()) >= 2, ray_b, tmp_path / "run3.log")
-    assert not (out / "_SUCCESS").exists()
+    with alongside(curate_cmd(raw, ref, centernet_path, ray_a), log=ref.parent / "stderr.log", leftovers=ray_a,
+                   env=dict(os.environ), timeout=600):
+        pass1 = lambda: list((out / "_staging").glob("*/part-*.parquet"))  # noqa: E731
+        pass2 = lambda: list((out / "_staging" / "pass2" / "_staging").glob("*/part-*.parquet"))  # noqa: E731
+        _killed(cmd, lambda: len(pass1()) >= 3, ray_b, tmp_path / "run1.log")
+        assert pass1() and not pass2() and not (out / "_SUCCESS").exists()
+        # Run 1 can get past pass 1 before the kill lands (pass 1 of the demo corpus takes well under
+        # a second on a quiet machine), so run 2 is killed only once it has logged its own plan.
+        log2 = tmp_path / "run2.log"
+        decided = lambda: (out / "_dedup").is_dir() and any((out / "_dedup").rglob("*.parquet"))  # noqa: E731
+        second = _killed(cmd, lambda: "already done" in log2.read_text() and decided(), ray_b, log2)
+        assert _done(second, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1  # pass 1 resumed, not redone
+        _killed(cmd, lambda: len(pass2()) >= 2, ray_b, tmp_path / "run3.log")
+        assert not (out / "_SUCCESS").exists()
 
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "_SUCCESS").exists()
     assert output_files(out) == output_files(ref)          # byte-identical shards, sidecars and manifest
     assert output_files(ref)                                # (and there is something to compare)

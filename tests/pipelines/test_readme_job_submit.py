@@ -84,3 +84,4 @@ def test_readme_ray_job_submit_lines_work_as_written(tmp_path):
     assert not leftovers, f"processes of the head still ran a minute after the README's kill line: {leftovers}"
     stats = json.loads((runs / "job-demo" / "stats.json").read_text())
     assert stats["inputs"] == len(expected) and stats["reconciled"]
+    assert stats["kept"] == sum(1 for status, _ in expected.values() if status == "kept")

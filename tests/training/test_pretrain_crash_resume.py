@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ from infra import jsonl
 from infra.local_cluster import pids_naming
 from infra.tracking import metric_history
 from models.io import load_state_dict_file
-from tests.conftest import REPO, kill_when
+from tests.conftest import REPO, alongside, kill_when
 from training.loop import EXPORT_DIR, EXPORT_MANIFEST
 from training.run import HISTORY_KEYS, RUN_RECORD
 
@@ -86,25 +87,29 @@ def test_sigkilled_pretraining_resumes_to_the_uninterrupted_result(curated_demo,
     env = dict(os.environ)
     ray_a, ray_b = f"/tmp/hvp-{os.getpid()}-a", f"/tmp/hvp-{os.getpid()}-b"  # short: Ray's socket paths
 
-    # Uninterrupted reference run.
-    ref = subprocess.run(pretrain_cmd(curated.dataset_id, root, storage, "reference", ray_a), env=env,
-                         capture_output=True, text=True, timeout=1200)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    # The uninterrupted reference run, alongside the crashed one. It tracks to a copy of the store
+    # that registers the dataset, so the two never share a SQLite file. Neither depends on the
+    # other's timing: the kill waits on files.
+    ref_store = tmp_path / "ref-store"
+    ref_store.mkdir()
+    shutil.copyfile(root / "mlflow.db", ref_store / "mlflow.db")
+    with alongside(pretrain_cmd(curated.dataset_id, ref_store, storage, "reference", ray_a),
+                   log=ref_store / "stderr.log", leftovers=ray_a, env=env):
+        # The same run, SIGKILLed (whole process group) while a step after a checkpoint runs.
+        run_dir = storage / "crashed"
+        cmd = pretrain_cmd(curated.dataset_id, root, storage, "crashed", ray_b)
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        kill_when(proc, lambda: past_a_checkpoint(run_dir), timeout=1200, leftovers=ray_b)
+        at_kill = recorded_steps(run_dir)
+        ckpts_at_kill = checkpoint_steps(run_dir)
+        assert not (run_dir / EXPORT_DIR / EXPORT_MANIFEST).exists(), "the run finished before the kill"
+        assert max(s[-1] for s in at_kill.values()) < STEPS
+        assert not pids_naming(ray_b), "a process of the killed job survived"
 
-    # The same run, SIGKILLed (whole process group) while a step after a checkpoint runs.
-    run_dir = storage / "crashed"
-    cmd = pretrain_cmd(curated.dataset_id, root, storage, "crashed", ray_b)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    kill_when(proc, lambda: past_a_checkpoint(run_dir), timeout=1200, leftovers=ray_b)
-    at_kill = recorded_steps(run_dir)
-    ckpts_at_kill = checkpoint_steps(run_dir)
-    assert not (run_dir / EXPORT_DIR / EXPORT_MANIFEST).exists(), "the run finished before the kill"
-    assert max(s[-1] for s in at_kill.values()) < STEPS
-    assert not pids_naming(ray_b), "a process of the killed job survived"
-
-    # Re-run the very same command: it resumes from a checkpoint and finishes.
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
+        # Re-run the very same command: it resumes from a checkpoint and finishes.
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, done.stderr[-3000:]
     starts = session_starts(run_dir)
     print(f"killed after steps {at_kill}, checkpoints then {ckpts_at_kill}; sessions started at {starts}")
     # every rank restarted from one and the same checkpoint written before the kill (not from

@@ -20,7 +20,7 @@ import torch
 from infra import jsonl
 from infra.local_cluster import pids_naming
 from models.io import load_state_dict_file
-from tests.conftest import REPO, kill_when
+from tests.conftest import REPO, alongside, kill_when
 
 pytestmark = pytest.mark.slow
 STEPS, EVERY = 20, 5
@@ -60,21 +60,23 @@ def losses(task_dir: Path) -> dict[int, float]:
 def test_sigkilled_finetune_resumes_to_the_uninterrupted_result(tmp_path):
     ray_a, ray_b = f"/tmp/hvf-{os.getpid()}-a", f"/tmp/hvf-{os.getpid()}-b"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    ref = subprocess.run(cmd(tmp_path / "reference", tmp_path, ray_a), env=env, capture_output=True, text=True,
-                         timeout=1200)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    # The uninterrupted reference runs alongside the crashed one, with its own MLflow store so the
+    # two never share a SQLite file. Neither depends on the other's timing: the kill waits on
+    # files, the numbers are a function of the step.
+    (tmp_path / "ref-store").mkdir()
+    with alongside(cmd(tmp_path / "reference", tmp_path / "ref-store", ray_a), log=tmp_path / "ref-store" / "stderr.log",
+                   leftovers=ray_a, env=env):
+        task_dir = tmp_path / "crashed" / "seg"
+        proc = subprocess.Popen(cmd(tmp_path / "crashed", tmp_path, ray_b), env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        kill_when(proc, lambda: past_a_checkpoint(task_dir), timeout=1200, leftovers=ray_b)
+        killed_at, ckpts = history(task_dir)[-1]["step"], checkpoints(task_dir)
+        assert killed_at < STEPS and not (task_dir / "export" / "export.json").exists(), "the run finished before the kill"
+        assert not pids_naming(ray_b), "a process of the killed job survived"
 
-    task_dir = tmp_path / "crashed" / "seg"
-    proc = subprocess.Popen(cmd(tmp_path / "crashed", tmp_path, ray_b), env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    kill_when(proc, lambda: past_a_checkpoint(task_dir), timeout=1200, leftovers=ray_b)
-    killed_at, ckpts = history(task_dir)[-1]["step"], checkpoints(task_dir)
-    assert killed_at < STEPS and not (task_dir / "export" / "export.json").exists(), "the run finished before the kill"
-    assert not pids_naming(ray_b), "a process of the killed job survived"
-
-    done = subprocess.run(cmd(tmp_path / "crashed", tmp_path, ray_b), env=env, capture_output=True, text=True,
-                          timeout=1200)
-    assert done.returncode == 0, done.stderr[-3000:]
+        done = subprocess.run(cmd(tmp_path / "crashed", tmp_path, ray_b), env=env, capture_output=True, text=True,
+                              timeout=1200)
+        assert done.returncode == 0, done.stderr[-3000:]
     starts = session_starts(task_dir)
     print(f"killed after step {killed_at} (checkpoints {ckpts}); sessions started at {starts}")
     assert len(starts) == 2 and starts[0] == 0, starts
