@@ -292,9 +292,9 @@ seeds 0 and 1, ad hoc calls of this file's functions; train AP on the 160 train 
 
 (pose per seed: fine-tune 0.523 / 0.431 / 0.474 against random init 0.589 / 0.535 / 0.525.) One
 label-free backbone, the v1 objective, beats its frozen probe on all six tasks and random init on
-five (pointmap on the mean only, 1/3 seeds); on albedo clearly, where the 128x96 runs above tied. Its pose gain on seeds 0 and 1 was
-selection: at 64x48 pose loses to random init by 0.07 AP on fresh seeds, and by 0.075 with 3000 fine-tune
-steps (seed 3: 0.601 against 0.676).
+five (pointmap on the mean only, 1/3 seeds); on albedo clearly, where the 128x96 runs above tied.
+Its pose gain on seeds 0 and 1 was selection: at 64x48 pose loses to random init by 0.07 AP on fresh
+seeds, and by 0.075 with 3000 fine-tune steps (seed 3: 0.601 against 0.676).
 
 At 128x96 it wins. The ``mae`` stand-in trained at 128x96 (1500 steps, 614 s, loss 2.031 -> 0.558; the
 weights ``--pretrain mae`` gives, from an ad hoc call with the same settings, which at 64x48 matched

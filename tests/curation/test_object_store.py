@@ -73,7 +73,7 @@ def test_s3_in_and_out_with_a_kill_and_resume(tmp_path, s3, centernet_path):
     # The uninterrupted reference run, alongside the killed one, with its own MLflow store (the two
     # never share a SQLite file). The kill waits on the staged objects, not on timing.
     with alongside(curate(raw, f"s3://{BUCKET}/ref", centernet_path, ray_a, tmp_path / "ref.db"),
-                   log=tmp_path / "ref.log", leftovers=ray_a, env=dict(os.environ), timeout=600):
+                   log=tmp_path / "ref.log", leftovers=ray_a, timeout=600):
         proc = subprocess.Popen(cmd, env=dict(os.environ), start_new_session=True, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         kill_when(proc, lambda: len(staged()) >= 2, timeout=300, leftovers=ray_b)

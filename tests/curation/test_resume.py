@@ -55,7 +55,7 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
     out = tmp_path / "out"
     cmd = curate_cmd(raw, out, centernet_path, ray_b)
     with alongside(curate_cmd(raw, ref, centernet_path, ray_a), log=ref.parent / "stderr.log", leftovers=ray_a,
-                   env=dict(os.environ), timeout=600):
+                   timeout=600):
         pass1 = lambda: list((out / "_staging").glob("*/part-*.parquet"))  # noqa: E731
         pass2 = lambda: list((out / "_staging" / "pass2" / "_staging").glob("*/part-*.parquet"))  # noqa: E731
         _killed(cmd, lambda: len(pass1()) >= 3, ray_b, tmp_path / "run1.log")
