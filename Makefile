@@ -16,7 +16,7 @@ export RAY_USAGE_STATS_ENABLED=0
 export YOLO_CONFIG_DIR=$(TMPENV)/yolo
 export MPLCONFIGDIR=$(TMPENV)/mpl
 
-.PHONY: venv demo test test-fast browser clean-demo
+.PHONY: venv demo lint test test-fast browser clean-demo
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,10 +34,14 @@ demo: venv
 browser:
 	test -x /usr/bin/chromium || (apt-get update && apt-get install -y chromium)
 
-test: venv browser
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint browser
 	$(BIN)/python -m pytest -q
 
-test-fast: venv browser
+test-fast: lint browser
 	$(BIN)/python -m pytest -q -m "not slow"
 
 clean-demo:

@@ -180,6 +180,7 @@ def _silu_gate(h: torch.Tensor) -> torch.Tensor:
     def gate(h):
         a, b = h.chunk(2, dim=-1)
         return F.silu(a) * b
+
     return _compiled("silu_gate", gate)(h)
 
 
@@ -193,6 +194,7 @@ def _inside(context: Callable, fn: Callable) -> Callable:
     def run(x: torch.Tensor) -> torch.Tensor:
         with context():
             return fn(x)
+
     return run
 
 
@@ -244,17 +246,31 @@ def main() -> None:
     parser.add_argument("--batch", type=int)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s for MFU (H100/H200: 989)")
+    parser.add_argument(
+        "--peak-tflops", type=float, default=989.0, help="peak dense bf16 TFLOP/s for MFU (H100/H200: 989)"
+    )
     parser.add_argument("--threads", type=int, help="CPU threads (default 1 on cpu; on cuda: torch's)")
     parser.add_argument("--compile", action="store_true", help="torch.compile both models")
-    parser.add_argument("--fuse-elementwise", action="store_true",
-                        help="diagnostic: compile only Sapiens2's RMSNorm, SwiGLU gate and RoPE (see fuse_elementwise)")
-    parser.add_argument("--eager-layers", action="store_true",
-                        help="a column with Sapiens2's fused CPU kernels off (models.kernels): the eager layers alone")
-    parser.add_argument("--glibc-default-allocator", action="store_true",
-                        help="leave malloc at glibc's defaults instead of the training workers' setting (infra.allocator)")
-    parser.add_argument("--no-baseline", action="store_true",
-                        help="time Sapiens2 alone (its TFLOP/s and MFU; no ratio): halves the run, and the compile time")
+    parser.add_argument(
+        "--fuse-elementwise",
+        action="store_true",
+        help="diagnostic: compile only Sapiens2's RMSNorm, SwiGLU gate and RoPE (see fuse_elementwise)",
+    )
+    parser.add_argument(
+        "--eager-layers",
+        action="store_true",
+        help="a column with Sapiens2's fused CPU kernels off (models.kernels): the eager layers alone",
+    )
+    parser.add_argument(
+        "--glibc-default-allocator",
+        action="store_true",
+        help="leave malloc at glibc's defaults instead of the training workers' setting (infra.allocator)",
+    )
+    parser.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="time Sapiens2 alone (its TFLOP/s and MFU; no ratio): halves the run, and the compile time",
+    )
     args = parser.parse_args()
     d = DEFAULTS[args.device]
     name, (H, W) = args.model or d["model"], tuple(args.hw or d["hw"])
@@ -277,22 +293,32 @@ def main() -> None:
     def build_plain(on: torch.device) -> nn.Module:
         with on:
             return PlainViT(
-                dim=cfg.embed_dim, depth=cfg.depth, heads=cfg.num_heads, patch=cfg.patch_size,
-                num_patches=grid, num_prefix=1 + cfg.num_storage_tokens,
+                dim=cfg.embed_dim,
+                depth=cfg.depth,
+                heads=cfg.num_heads,
+                patch=cfg.patch_size,
+                num_patches=grid,
+                num_prefix=1 + cfg.num_storage_tokens,
             )
 
     x_shape = (batch, 3, H, W)
     runs = {"sapiens2": (build_sapiens, sapiens_tokens), "plain": (build_plain, lambda m: m)}
     if args.no_baseline:
         del runs["plain"]
-    print(f"model {name}: dim {cfg.embed_dim}, depth {cfg.depth}, heads {cfg.num_heads}, "
-          f"kv heads {cfg.kv_heads} in blocks {list(cfg.gqa_blocks) or 'none'}")
-    print(f"input {batch}x3x{H}x{W} ({grid} patches + {1 + cfg.num_storage_tokens} prefix tokens), device "
-          f"{torch.cuda.get_device_name() if bf16 else 'cpu'} ({'bf16 autocast' if bf16 else 'fp32'}, "
-          f"{torch.get_num_threads()} threads), torch {torch.__version__}, {steps} timed steps after {warmup}")
+    print(
+        f"model {name}: dim {cfg.embed_dim}, depth {cfg.depth}, heads {cfg.num_heads}, "
+        f"kv heads {cfg.kv_heads} in blocks {list(cfg.gqa_blocks) or 'none'}"
+    )
+    print(
+        f"input {batch}x3x{H}x{W} ({grid} patches + {1 + cfg.num_storage_tokens} prefix tokens), device "
+        f"{torch.cuda.get_device_name() if bf16 else 'cpu'} ({'bf16 autocast' if bf16 else 'fp32'}, "
+        f"{torch.get_num_threads()} threads), torch {torch.__version__}, {steps} timed steps after {warmup}"
+    )
     if not bf16:
-        print(f"host allocator: {'freed memory retained (infra.allocator)' if retained else 'glibc defaults'}; "
-              f"fused CPU kernels (models.kernels): {'on' if kernels_available() else 'off'}")
+        print(
+            f"host allocator: {'freed memory retained (infra.allocator)' if retained else 'glibc defaults'}; "
+            f"fused CPU kernels (models.kernels): {'on' if kernels_available() else 'off'}"
+        )
     load_before = os.getloadavg()
     torch.manual_seed(0)
     x = torch.randn(x_shape, device=device)
@@ -305,11 +331,21 @@ def main() -> None:
     if args.eager_layers:  # the same model and weights without the fused CPU kernels
         model, fn = models["sapiens2"]
         models["eager"], flops["eager"], times["eager"], cpu_times["eager"], faults["eager"] = (
-            (model, _inside(lambda: native_kernels(False), fn)), flops["sapiens2"], [], [], [])
+            (model, _inside(lambda: native_kernels(False), fn)),
+            flops["sapiens2"],
+            [],
+            [],
+            [],
+        )
     if args.fuse_elementwise:  # the same model and weights, its elementwise regions compiled
         model, fn = models["sapiens2"]
         models["fused"], flops["fused"], times["fused"], cpu_times["fused"], faults["fused"] = (
-            (model, _inside(fused_elementwise, fn)), flops["sapiens2"], [], [], [])
+            (model, _inside(fused_elementwise, fn)),
+            flops["sapiens2"],
+            [],
+            [],
+            [],
+        )
     # Steps alternate between the two models, so load from other processes (or clock
     # changes) hits both alike and the ratio stays meaningful on a shared machine.
     for i in range(warmup + steps):
@@ -325,14 +361,18 @@ def main() -> None:
         med = statistics.median(times[label])
         results[label] = (med, flops[label])
         params = sum(p.numel() for p in model.parameters())
-        line = (f"{label:>9}: {params / 1e6:8.1f} M params  {med * 1e3:9.1f} ms/step (median; min "
-                f"{min(times[label]) * 1e3:.1f})  {batch / med:8.2f} img/s  {flops[label] / 1e9:9.1f} GFLOP/step  "
-                f"{flops[label] / med / 1e12:7.3f} TFLOP/s  {statistics.median(faults[label]):7.0f} page faults/step")
+        line = (
+            f"{label:>9}: {params / 1e6:8.1f} M params  {med * 1e3:9.1f} ms/step (median; min "
+            f"{min(times[label]) * 1e3:.1f})  {batch / med:8.2f} img/s  {flops[label] / 1e9:9.1f} GFLOP/step  "
+            f"{flops[label] / med / 1e12:7.3f} TFLOP/s  {statistics.median(faults[label]):7.0f} page faults/step"
+        )
         if bf16:
             line += f"  MFU {flops[label] / med / 1e12 / args.peak_tflops:6.1%} of {args.peak_tflops:g}"
         print(line)
     if bf16:
-        print(f"peak GPU memory ({'both models' if len(models) > 1 else 'sapiens2'}): {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+        print(
+            f"peak GPU memory ({'both models' if len(models) > 1 else 'sapiens2'}): {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+        )
     if args.no_baseline:
         return
     t_p, f_p = results["plain"]
@@ -341,18 +381,27 @@ def main() -> None:
         best = min(times[label]) / min(times["plain"])
         # Per-step ratios (the models' steps alternate), their median and spread.
         flop_ratio = f_s / f_p
-        print(f"ratio {label}/plain: time {t_s / t_p:.2f}x (median), {best:.2f}x (best step); FLOPs "
-              f"{flop_ratio:.2f}x; time per FLOP {(t_s / f_s) / (t_p / f_p):.2f}x (median)")
-        for what, (a, b) in {"wall": (times[label], times["plain"]),
-                             "process CPU time": (cpu_times[label], cpu_times["plain"])}.items():
+        print(
+            f"ratio {label}/plain: time {t_s / t_p:.2f}x (median), {best:.2f}x (best step); FLOPs "
+            f"{flop_ratio:.2f}x; time per FLOP {(t_s / f_s) / (t_p / f_p):.2f}x (median)"
+        )
+        for what, (a, b) in {
+            "wall": (times[label], times["plain"]),
+            "process CPU time": (cpu_times[label], cpu_times["plain"]),
+        }.items():
             ratios = sorted(s / p for s, p in zip(a, b))
             q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
             med = statistics.median(ratios)
-            print(f"  per-step ratios, {what}: median {med:.3f} (quartiles {q1:.3f}..{q3:.3f}, range "
-                  f"{ratios[0]:.3f}..{ratios[-1]:.3f}) = {med / flop_ratio:.3f}x per FLOP "
-                  f"(quartiles {q1 / flop_ratio:.3f}..{q3 / flop_ratio:.3f})")
-    print("load average (1/5/15 min) before {:.1f}/{:.1f}/{:.1f}, after {:.1f}/{:.1f}/{:.1f}; {} cores".format(
-        *load_before, *os.getloadavg(), os.cpu_count()))
+            print(
+                f"  per-step ratios, {what}: median {med:.3f} (quartiles {q1:.3f}..{q3:.3f}, range "
+                f"{ratios[0]:.3f}..{ratios[-1]:.3f}) = {med / flop_ratio:.3f}x per FLOP "
+                f"(quartiles {q1 / flop_ratio:.3f}..{q3 / flop_ratio:.3f})"
+            )
+    print(
+        "load average (1/5/15 min) before {:.1f}/{:.1f}/{:.1f}, after {:.1f}/{:.1f}/{:.1f}; {} cores".format(
+            *load_before, *os.getloadavg(), os.cpu_count()
+        )
+    )
 
 
 if __name__ == "__main__":

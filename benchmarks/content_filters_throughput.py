@@ -25,6 +25,7 @@ Inputs are real photos cycled to ``--images`` rows. Not a test: it prints figure
     python benchmarks/content_filters_throughput.py --threads 1     # ~10 min on 2 quiet cores
     python benchmarks/content_filters_throughput.py --quick         # 8 images, batch 8, OCR at 640
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,13 +64,22 @@ def batch_table(n: int) -> pa.Table:
         im = photos[i % len(photos)]
         buf = io.BytesIO()
         im.save(buf, "JPEG", quality=90)
-        rows.append({"partition": "bench", "key": f"k{i}", "source": f"bench://{i}", "decode_ok": True,
-                     "image": buf.getvalue(), "width": im.width, "height": im.height})
+        rows.append(
+            {
+                "partition": "bench",
+                "key": f"k{i}",
+                "source": f"bench://{i}",
+                "decode_ok": True,
+                "image": buf.getvalue(),
+                "width": im.width,
+                "height": im.height,
+            }
+        )
     return pa.Table.from_pylist(rows, schema=pa.schema(BASE_FIELDS))
 
 
 def batches(items, bs: int):
-    return [items[i:i + bs] for i in range(0, len(items), bs)]
+    return [items[i : i + bs] for i in range(0, len(items), bs)]
 
 
 REPEATS = 2
@@ -107,17 +117,29 @@ class Report:
     def __init__(self, n: int) -> None:
         self.n, self.rows = n, []
         print(f"{'':67s} {'--- wall clock, img/s ---':>28s}  {'-- img per CPU-second --':>36s}")
-        print(f"{'stage':16s} {'model':36s} {'batch':>5s} {'setup_s':>7s} {'stage':>9s} {'bare':>9s} {'ratio':>8s}  "
-              f"{'stage':>11s} {'bare':>11s} {'ratio':>12s}")
+        print(
+            f"{'stage':16s} {'model':36s} {'batch':>5s} {'setup_s':>7s} {'stage':>9s} {'bare':>9s} {'ratio':>8s}  "
+            f"{'stage':>11s} {'bare':>11s} {'ratio':>12s}"
+        )
 
     def add(self, stage: str, model: str, bs: int, setup_s: float, warm_s: float, stage_t, bare_t):
-        r = {"stage": stage, "model": model, "batch": bs, "warmup_s": warm_s,
-             "stage_ips": self.n / stage_t[0], "bare_ips": self.n / bare_t[0],
-             "stage_per_cpu_s": self.n / stage_t[1], "bare_per_cpu_s": self.n / bare_t[1]}
+        r = {
+            "stage": stage,
+            "model": model,
+            "batch": bs,
+            "warmup_s": warm_s,
+            "stage_ips": self.n / stage_t[0],
+            "bare_ips": self.n / bare_t[0],
+            "stage_per_cpu_s": self.n / stage_t[1],
+            "bare_per_cpu_s": self.n / bare_t[1],
+        }
         self.rows.append(r)
-        print(f"{stage:16s} {model:36s} {bs:5d} {setup_s:7.1f} {r['stage_ips']:9.2f} {r['bare_ips']:9.2f} "
-              f"{r['stage_ips'] / r['bare_ips']:8.2f}  {r['stage_per_cpu_s']:11.2f} {r['bare_per_cpu_s']:11.2f} "
-              f"{r['stage_per_cpu_s'] / r['bare_per_cpu_s']:12.2f}", flush=True)
+        print(
+            f"{stage:16s} {model:36s} {bs:5d} {setup_s:7.1f} {r['stage_ips']:9.2f} {r['bare_ips']:9.2f} "
+            f"{r['stage_ips'] / r['bare_ips']:8.2f}  {r['stage_per_cpu_s']:11.2f} {r['bare_per_cpu_s']:11.2f} "
+            f"{r['stage_per_cpu_s'] / r['bare_per_cpu_s']:12.2f}",
+            flush=True,
+        )
 
 
 def setup(stage) -> float:
@@ -153,9 +175,11 @@ def main() -> None:
     n, w = args.images, args.warmup_batches
     table = batch_table(n + w * max(batch_sizes + [TextFilterConfig().batch_size]))
     timed_rows = table.slice(0, n)
-    print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), cuda={torch.cuda.is_available()}; {n} real photos timed per row, "
-          f"{w} warm-up batch(es) each, best of {args.repeats} alternating passes; setup = model load")
+    print(
+        f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), cuda={torch.cuda.is_available()}; {n} real photos timed per row, "
+        f"{w} warm-up batch(es) each, best of {args.repeats} alternating passes; setup = model load"
+    )
     report = Report(n)
     t_start = time.perf_counter()
 
@@ -176,14 +200,17 @@ def main() -> None:
                 warm = [table.slice(n + i * bs, bs) for i in range(w)]
                 x = torch.stack([clip.preprocess(im) for im in pil]).to(clip.device)  # pre-decoded, pre-processed
 
-                def bare(xb):
+                def bare(xb, clip=clip):
                     with torch.inference_mode(), clip._autocast():
                         return clip.model.encode_image(xb)
-                warm_s, secs, base, embedded = paired(stage.process, warm, [timed_rows], bare, [x[:bs]] * w,
-                                                      batches(x, bs))
+
+                warm_s, secs, base, embedded = paired(
+                    stage.process, warm, [timed_rows], bare, [x[:bs]] * w, batches(x, bs)
+                )
                 if "embedding" in only:
-                    report.add("clip_embedding", f"{clip_model} random init ({clip.device})", bs, setup_s, warm_s,
-                               secs, base)
+                    report.add(
+                        "clip_embedding", f"{clip_model} random init ({clip.device})", bs, setup_s, warm_s, secs, base
+                    )
             if "artistic" in only:
                 a_stage = ArtisticFilter(ArtisticFilterConfig(), clip_cfg)
                 setup_s = setup(a_stage)
@@ -192,11 +219,24 @@ def main() -> None:
                     a_stage.cfg = dataclasses.replace(a_stage.cfg, batch_size=bs)
                     warm = [embedded.slice(0, bs)] * w
                     warm_s, secs, base, _ = paired(
-                        a_stage.process, warm, [embedded],
-                        lambda e: zero_shot(e, a_stage.class_emb_CD, a_stage.prompts.non_natural, a_stage.cfg.logit_scale),
-                        [emb[:bs]] * w, batches(emb, bs))
-                    report.add("artistic_filter", f"zero-shot on {clip_model}, {len(a_stage.prompts.prompts)} prompts",
-                               bs, setup_s, warm_s, secs, base)
+                        a_stage.process,
+                        warm,
+                        [embedded],
+                        lambda e, a_stage=a_stage: zero_shot(
+                            e, a_stage.class_emb_CD, a_stage.prompts.non_natural, a_stage.cfg.logit_scale
+                        ),
+                        [emb[:bs]] * w,
+                        batches(emb, bs),
+                    )
+                    report.add(
+                        "artistic_filter",
+                        f"zero-shot on {clip_model}, {len(a_stage.prompts.prompts)} prompts",
+                        bs,
+                        setup_s,
+                        warm_s,
+                        secs,
+                        base,
+                    )
             del stage, clip
 
         if "watermark" in only:
@@ -206,8 +246,8 @@ def main() -> None:
             stage = WatermarkFilter(wcfg)
             setup_s = setup(stage)
             clf = stage.classifier
-            from curation.filters.watermark import _MEAN, _STD
             from curation.filters.model import autocast
+            from curation.filters.watermark import _MEAN, _STD
 
             side = (wcfg.input_size, wcfg.input_size)
             pil = [decode_rgb(b, **stage.decode_size()) for b in timed_rows.column("image").to_pylist()]
@@ -217,12 +257,20 @@ def main() -> None:
             def bare_wm(xb):
                 with torch.inference_mode(), autocast(wcfg.precision, clf.device):
                     return torch.softmax(clf.model(xb).float(), dim=1)
+
             for bs in batch_sizes:
                 stage.cfg = dataclasses.replace(wcfg, batch_size=bs)
                 warm = [table.slice(n + i * bs, bs) for i in range(w)]
                 warm_s, secs, base, _ = paired(stage.process, warm, [timed_rows], bare_wm, [x[:bs]] * w, batches(x, bs))
-                report.add("watermark_filter", f"{args.watermark_backbone}@{wcfg.input_size} ({clf.device})", bs,
-                           setup_s, warm_s, secs, base)
+                report.add(
+                    "watermark_filter",
+                    f"{args.watermark_backbone}@{wcfg.input_size} ({clf.device})",
+                    bs,
+                    setup_s,
+                    warm_s,
+                    secs,
+                    base,
+                )
 
         if "text" in only:
             for side in (int(s) for s in args.ocr_max_sides.split(",")):
@@ -232,9 +280,14 @@ def main() -> None:
                 bs = cfg.batch_size
                 rgb = [np.asarray(decode_rgb(b, **stage.decode_size())) for b in timed_rows.column("image").to_pylist()]
                 warm = [table.slice(n + i * bs, bs) for i in range(w)]
-                warm_s, secs, base, _ = paired(stage.process, warm, [timed_rows],
-                                               lambda group: [stage.ocr.read(a) for a in group], [rgb[:bs]] * w,
-                                               batches(rgb, bs))
+                warm_s, secs, base, _ = paired(
+                    stage.process,
+                    warm,
+                    [timed_rows],
+                    lambda group, stage=stage: [stage.ocr.read(a) for a in group],
+                    [rgb[:bs]] * w,
+                    batches(rgb, bs),
+                )
                 report.add("text_filter", f"rapidocr det+rec, max_side {side} (1 thr)", bs, setup_s, warm_s, secs, base)
     print(f"# total {time.perf_counter() - t_start:.0f}s, load average {os.getloadavg()[0]:.1f} at the end")
 

@@ -32,6 +32,7 @@ printed between sizes. The baseline in the same run: the in-process near-dup sea
 (``near_duplicate_decisions``) on the same hashes, at the sizes up to ``--local-max``, and the
 ratio of the distributed near step to it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,14 +100,22 @@ def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
     exact = rng.random(n) < args.exact
     sha[exact] = rng.integers(0, max(4096, args.total // 40), exact.sum())  # copies across partitions
     reasons = np.where(rng.random(n) < 0.03, "too_small", None)
-    return pa.table({
-        "key": [f"{pid}-{start + i:09d}" for i in range(n)], "partition": [pid] * n,
-        "sha256": [f"{s:064x}" for s in sha], "phash": uint64_to_hex(values), "phash_mirror": uint64_to_hex(mirrors),
-        "width": rng.choice([320, 640, 1024], n).astype(np.int32), "height": np.full(n, 480, np.int32),
-        "input_bytes": rng.integers(10_000, 400_000, n), "decode_ok": rng.random(n) > 0.01,
-        "reason": pa.array(reasons.tolist(), pa.string()), "status": pa.nulls(n, pa.string()),
-        "notes": pa.array([None] * n, pa.list_(pa.string())),
-    })
+    return pa.table(
+        {
+            "key": [f"{pid}-{start + i:09d}" for i in range(n)],
+            "partition": [pid] * n,
+            "sha256": [f"{s:064x}" for s in sha],
+            "phash": uint64_to_hex(values),
+            "phash_mirror": uint64_to_hex(mirrors),
+            "width": rng.choice([320, 640, 1024], n).astype(np.int32),
+            "height": np.full(n, 480, np.int32),
+            "input_bytes": rng.integers(10_000, 400_000, n),
+            "decode_ok": rng.random(n) > 0.01,
+            "reason": pa.array(reasons.tolist(), pa.string()),
+            "status": pa.nulls(n, pa.string()),
+            "notes": pa.array([None] * n, pa.list_(pa.string())),
+        }
+    )
 
 
 def stage_corpus(root: str, n: int, args) -> list[str]:
@@ -145,9 +154,9 @@ def global_steps(root: str, pids: list[str], args) -> dict:
     import ray.data
 
     from curation import schema
+    from curation.dedup import steps as steps_module
     from curation.dedup.distributed import GlobalDedupInput, write_near_index
     from curation.dedup.near import NearDupConfig
-    from curation.dedup import steps as steps_module
     from curation.dedup.steps import DedupContext, ExactDedup, ExactDupConfig, NearDedup, run_global_dedup
     from curation.output import CuratedOutput
     from curation.stats import SUMMARY_COLUMNS, manifest_counts, merge_counts
@@ -182,7 +191,8 @@ def global_steps(root: str, pids: list[str], args) -> dict:
     t = time.perf_counter()
     read = [*columns, "decode_ok", "reason", "status", "notes"]
     ray.data.from_items([{"pid": p} for p in pids], override_num_blocks=min(len(pids), 64)).map(
-        write_manifest_part, fn_kwargs={"uri": root, "columns": read}).take_all()
+        write_manifest_part, fn_kwargs={"uri": root, "columns": read}
+    ).take_all()
     seconds["write_manifest"] = time.perf_counter() - t
     t = time.perf_counter()
     out = CuratedOutput.at(root)
@@ -193,12 +203,19 @@ def global_steps(root: str, pids: list[str], args) -> dict:
 
     from curation.output import part_id
 
-    rows = ray.data.from_items([{"pid": part_id(f), "path": f} for f in out.manifest_files()],
-                               override_num_blocks=min(len(pids), 64)).map(summarise).take_all()
+    rows = (
+        ray.data.from_items(
+            [{"pid": part_id(f), "path": f} for f in out.manifest_files()], override_num_blocks=min(len(pids), 64)
+        )
+        .map(summarise)
+        .take_all()
+    )
     counts = merge_counts({k: v for k, v in json.loads(r["counts"]).items()} for r in rows)
     version = combine_digests({r["pid"]: r["digest"] for r in rows}, "bench", "bench")
     seconds["stats_and_version"] = time.perf_counter() - t
-    seconds["global_total"] = sum(seconds[k] for k in ("exact_dedup", "near_dedup", "write_manifest", "stats_and_version"))
+    seconds["global_total"] = sum(
+        seconds[k] for k in ("exact_dedup", "near_dedup", "write_manifest", "stats_and_version")
+    )
     seconds["kept"] = counts["status"].get(schema.KEPT, 0)
     seconds["version"] = version
     return seconds
@@ -208,13 +225,14 @@ def local_near(root: str, pids: list[str]) -> float:
     """Baseline in the same run: the in-process near search over the same candidates."""
     import pyarrow as pa
 
-    from curation.dedup.near import NearDupConfig, near_duplicate_decisions
     from curation import staging
+    from curation.dedup.near import NearDupConfig, near_duplicate_decisions
     from infra import storage
 
     fs, path = storage.resolve(root)
-    tables = [staging.read_partition_rows(fs, path, p, ["key", "phash", "phash_mirror", "width", "height"])
-              for p in pids]
+    tables = [
+        staging.read_partition_rows(fs, path, p, ["key", "phash", "phash_mirror", "width", "height"]) for p in pids
+    ]
     table = pa.concat_tables(tables)
     t = time.perf_counter()
     near_duplicate_decisions(table, NearDupConfig(max_distance=4))
@@ -222,13 +240,15 @@ def local_near(root: str, pids: list[str]) -> float:
 
 
 def measure(n: int, args) -> dict:
+    import logging
+
     import ray
 
-    import logging
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("ray").setLevel(logging.WARNING)
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     import ray.data
+
     ray.data.DataContext.get_current().enable_progress_bars = False
     ray.data.DataContext.get_current().print_on_execution_start = False
     if args.workdir:
@@ -240,8 +260,14 @@ def measure(n: int, args) -> dict:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         with PeakRss() as rss:
             seconds = global_steps(root, pids, args)
-        seconds.update(n=n, partitions=len(pids), staging_s=staged, peak_rss_mb=rss.peak / 2**20,
-                       maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, rss_before_mb=base)
+        seconds.update(
+            n=n,
+            partitions=len(pids),
+            staging_s=staged,
+            peak_rss_mb=rss.peak / 2**20,
+            maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            rss_before_mb=base,
+        )
         if n <= args.local_max:
             seconds["local_near_s"] = local_near(root, pids)
     ray.shutdown()
@@ -259,9 +285,13 @@ def main() -> None:
     p.add_argument("--exact", type=float, default=0.05)
     p.add_argument("--near", type=float, default=0.10)
     p.add_argument("--blank", type=float, default=0.01)
-    p.add_argument("--hashes", default="dct", choices=KINDS,
-                   help="hash generator of benchmarks/dedup_scaling.py: dct (PHash-like, default), correlated "
-                        "(the over-concentrated stress family), uniform")
+    p.add_argument(
+        "--hashes",
+        default="dct",
+        choices=KINDS,
+        help="hash generator of benchmarks/dedup_scaling.py: dct (PHash-like, default), correlated "
+        "(the over-concentrated stress family), uniform",
+    )
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--local-max", type=float, default=1e6, help="the in-process near search up to this size")
     p.add_argument("--workdir", default=None, help="where the staged corpus goes (default: the temp dir)")
@@ -270,13 +300,32 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(int(args.one), args)))
         return
-    print(f"curation global steps at scale: {os.cpu_count()} CPUs, Ray on {args.cpus}, load average "
-          f"{os.getloadavg()[0]:.1f} at start; {args.rows_per_partition} rows per partition; {args.hashes} hashes")
+    print(
+        f"curation global steps at scale: {os.cpu_count()} CPUs, Ray on {args.cpus}, load average "
+        f"{os.getloadavg()[0]:.1f} at start; {args.rows_per_partition} rows per partition; {args.hashes} hashes"
+    )
     results = []
     for n in [int(s) for s in args.sizes]:
-        cmd = [sys.executable, os.path.abspath(__file__), "--one", str(n), "--rows-per-partition",
-               str(args.rows_per_partition), "--exact", str(args.exact), "--near", str(args.near), "--blank",
-               str(args.blank), "--cpus", str(args.cpus), "--local-max", str(args.local_max), "--hashes", args.hashes]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--one",
+            str(n),
+            "--rows-per-partition",
+            str(args.rows_per_partition),
+            "--exact",
+            str(args.exact),
+            "--near",
+            str(args.near),
+            "--blank",
+            str(args.blank),
+            "--cpus",
+            str(args.cpus),
+            "--local-max",
+            str(args.local_max),
+            "--hashes",
+            args.hashes,
+        ]
         cmd += ["--workdir", args.workdir] if args.workdir else []
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
@@ -284,22 +333,33 @@ def main() -> None:
             raise SystemExit(f"n={n} failed:\n{out.stderr[-4000:]}")
         r = json.loads(lines[-1])
         results.append(r)
-        print(f"n={n:>10,d}: global steps {r['global_total']:8.1f} s (exact {r['exact_dedup']:.1f}, near "
-              f"{r['near_dedup']:.1f} of which index {r['near_index']:.1f}: B={r['near_index_blocks']}, {r['near_index_bands']} bands, "
-              f"{r['near_index_postings']:,} postings; manifest {r['write_manifest']:.1f}, stats+version {r['stats_and_version']:.1f}); "
-              f"dropped exact {r['exact_dedup_dropped']:,} near {r['near_dedup_dropped']:,}, kept {r['kept']:,}; "
-              f"driver peak RSS {r['peak_rss_mb']:.0f} MB (getrusage max {r['maxrss_mb']:.0f} MB); staging "
-              f"{r['staging_s']:.1f} s; load {os.getloadavg()[0]:.1f}"
-              + (f"; baseline in-process near search {r['local_near_s']:.1f} s (near step / baseline "
-                 f"{r['near_dedup'] / r['local_near_s']:.1f}x)" if "local_near_s" in r else ""), flush=True)
+        print(
+            f"n={n:>10,d}: global steps {r['global_total']:8.1f} s (exact {r['exact_dedup']:.1f}, near "
+            f"{r['near_dedup']:.1f} of which index {r['near_index']:.1f}: B={r['near_index_blocks']}, {r['near_index_bands']} bands, "
+            f"{r['near_index_postings']:,} postings; manifest {r['write_manifest']:.1f}, stats+version {r['stats_and_version']:.1f}); "
+            f"dropped exact {r['exact_dedup_dropped']:,} near {r['near_dedup_dropped']:,}, kept {r['kept']:,}; "
+            f"driver peak RSS {r['peak_rss_mb']:.0f} MB (getrusage max {r['maxrss_mb']:.0f} MB); staging "
+            f"{r['staging_s']:.1f} s; load {os.getloadavg()[0]:.1f}"
+            + (
+                f"; baseline in-process near search {r['local_near_s']:.1f} s (near step / baseline "
+                f"{r['near_dedup'] / r['local_near_s']:.1f}x)"
+                if "local_near_s" in r
+                else ""
+            ),
+            flush=True,
+        )
     for a, b in zip(results, results[1:]):
-        print(f"{a['n']:.0e} -> {b['n']:.0e}: global steps n^{exponent(a, b, 'global_total'):.2f}, near dedup "
-              f"n^{exponent(a, b, 'near_dedup'):.2f} (index n^{exponent(a, b, 'near_index'):.2f}), exact n^{exponent(a, b, 'exact_dedup'):.2f}; driver peak RSS "
-              f"x{b['peak_rss_mb'] / a['peak_rss_mb']:.2f}")
+        print(
+            f"{a['n']:.0e} -> {b['n']:.0e}: global steps n^{exponent(a, b, 'global_total'):.2f}, near dedup "
+            f"n^{exponent(a, b, 'near_dedup'):.2f} (index n^{exponent(a, b, 'near_index'):.2f}), exact n^{exponent(a, b, 'exact_dedup'):.2f}; driver peak RSS "
+            f"x{b['peak_rss_mb'] / a['peak_rss_mb']:.2f}"
+        )
     if len(results) > 1:
         first, last = results[0], results[-1]
-        print(f"driver peak RSS at {last['n']:.0e} / at {first['n']:.0e}: {last['peak_rss_mb'] / first['peak_rss_mb']:.2f} "
-              "(target <= 1.5)")
+        print(
+            f"driver peak RSS at {last['n']:.0e} / at {first['n']:.0e}: {last['peak_rss_mb'] / first['peak_rss_mb']:.2f} "
+            "(target <= 1.5)"
+        )
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ A warm-up run on a small corpus comes first (untimed), so that every timed run f
 worker processes started and their imports done; Ray's own start-up is excluded too.
 Everything from planning to _SUCCESS counts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,10 +60,10 @@ from PIL import Image  # noqa: E402
 from curation.config import DecodeConfig, InputConfig  # noqa: E402
 from curation.filters.geometry import GeometryConfig  # noqa: E402
 from curation.filters.person import DetectorConfig  # noqa: E402
+from curation.pipeline import run_curation  # noqa: E402
 from curation.recipe import CurationConfig, weightless_content_filters  # noqa: E402
 from infra.ray_runtime import RayConfig  # noqa: E402
 from infra.tracking import TrackingConfig  # noqa: E402
-from curation.pipeline import run_curation  # noqa: E402
 from pipelines.demo_corpus import non_person_photos, person_photos  # noqa: E402
 
 CENTERNET = REPO.parent / "shared" / "assets" / "models" / "person_centernet_512.onnx"
@@ -70,8 +71,10 @@ CENTERNET = REPO.parent / "shared" / "assets" / "models" / "person_centernet_512
 
 def build_corpus(folder: Path, n: int, seed: int = 0) -> list[Path]:
     rng = random.Random(seed)
-    sources = [Image.open(s).convert("RGB") if isinstance(s, Path) else s.convert("RGB")
-               for s in [*person_photos().values(), *non_person_photos().values()]]
+    sources = [
+        Image.open(s).convert("RGB") if isinstance(s, Path) else s.convert("RGB")
+        for s in [*person_photos().values(), *non_person_photos().values()]
+    ]
     paths = []
     for i in range(n):
         src = rng.choice(sources)
@@ -166,8 +169,13 @@ class TreeCpu:
         self.cpu, self.work = sum(used.values()), sum(v for k, v in used.items() if k in self.workers)
 
 
-_RAY_OWN = ("ray::_StatsActor", "ray::ActorLocationTracker", "ray::_AutoscalingCoordinatorActor",
-            "ray::DashboardAgent", "ray::RuntimeEnvAgent")
+_RAY_OWN = (
+    "ray::_StatsActor",
+    "ray::ActorLocationTracker",
+    "ray::_AutoscalingCoordinatorActor",
+    "ray::DashboardAgent",
+    "ray::RuntimeEnvAgent",
+)
 
 
 def _is_worker(argv0: list[str]) -> bool:
@@ -247,17 +255,39 @@ def bare_detector_processes(paths: list[Path], n: int) -> Timing:
         return Timing(len(paths), time.perf_counter() - t0, cpu)
 
 
-def pipeline(raw: Path, out: Path, detector: bool, partition: int, actors: int = 1,
-             actor_cpus: float = 1.0, task_cpus: float = 1.0) -> tuple[Timing, dict, dict]:
+def pipeline(
+    raw: Path,
+    out: Path,
+    detector: bool,
+    partition: int,
+    actors: int = 1,
+    actor_cpus: float = 1.0,
+    task_cpus: float = 1.0,
+) -> tuple[Timing, dict, dict]:
     """(timing, stats, seconds per phase) of one curation run."""
-    det = (DetectorConfig(backend="centernet_onnx", weights=str(CENTERNET), score_threshold=0.3, min_box_size=100,
-                          batch_size=8, num_actors=actors, num_cpus=actor_cpus)
-           if detector else DetectorConfig(backend="none"))
-    cfg = CurationConfig(input=InputConfig(uri=str(raw), images_per_partition=partition, num_cpus=task_cpus),
-                         output_dir=str(out), decode=DecodeConfig(),
-                         geometry=GeometryConfig(min_short_side=64),
-                         detector=det, content=weightless_content_filters(text=False),
-                         tracking=TrackingConfig(enabled=False), ray=RayConfig(progress_bars="off"))
+    det = (
+        DetectorConfig(
+            backend="centernet_onnx",
+            weights=str(CENTERNET),
+            score_threshold=0.3,
+            min_box_size=100,
+            batch_size=8,
+            num_actors=actors,
+            num_cpus=actor_cpus,
+        )
+        if detector
+        else DetectorConfig(backend="none")
+    )
+    cfg = CurationConfig(
+        input=InputConfig(uri=str(raw), images_per_partition=partition, num_cpus=task_cpus),
+        output_dir=str(out),
+        decode=DecodeConfig(),
+        geometry=GeometryConfig(min_short_side=64),
+        detector=det,
+        content=weightless_content_filters(text=False),
+        tracking=TrackingConfig(enabled=False),
+        ray=RayConfig(progress_bars="off"),
+    )
     t0 = time.perf_counter()
     with TreeCpu() as cpu:
         result = run_curation(cfg)
@@ -271,8 +301,9 @@ def kept_sources(out: Path) -> list[Path]:
     import pyarrow.dataset as pads
 
     table = pads.dataset(str(out / "manifest"), format="parquet").to_table(columns=["source", "status"])
-    return sorted(Path(s) for s, st in zip(table.column("source").to_pylist(), table.column("status").to_pylist())
-                  if st == "kept")
+    return sorted(
+        Path(s) for s, st in zip(table.column("source").to_pylist(), table.column("status").to_pylist()) if st == "kept"
+    )
 
 
 def _row(label: str, t: Timing, rest: str = "") -> None:
@@ -284,30 +315,42 @@ def _per_core(t: Timing, n: int, one: Timing, many: Timing, judged: bool = False
     """Per core, by wall time (the pipeline on n CPUs against n x the 1-process loop and the
     n-process loop) and by CPU-seconds per image (against the loop's)."""
     mark = "   <- judged" if judged else ""
-    print(f"{'':<8}per core, wall: {t.rate / (n * one.rate):.2f}x of {n} x the 1-process loop, "
-          f"{t.rate / many.rate:.2f}x of the {n}-process loop; CPU: {many.cpu_ms / t.cpu_ms:.2f}x of the loop's "
-          f"CPU per image ({(many.cpu / many.n) / (t.work / t.n):.2f}x counting Ray's workers only); cores busy "
-          f"{t.cpu / (n * t.wall):.0%}{mark}")
+    print(
+        f"{'':<8}per core, wall: {t.rate / (n * one.rate):.2f}x of {n} x the 1-process loop, "
+        f"{t.rate / many.rate:.2f}x of the {n}-process loop; CPU: {many.cpu_ms / t.cpu_ms:.2f}x of the loop's "
+        f"CPU per image ({(many.cpu / many.n) / (t.work / t.n):.2f}x counting Ray's workers only); cores busy "
+        f"{t.cpu / (n * t.wall):.0%}{mark}"
+    )
 
 
 def _per_detected(t: Timing, detected: int, n: int, floor_wall: float, floor_cpu: float, judged: bool) -> None:
     """Per image the detector ran on, per core, against the bare detector's time per image."""
     wall, cpu = n * t.wall / detected, t.cpu / detected
-    print(f"{'':<8}per image the detector ran on, per core: {wall * 1e3:.1f} ms wall ({n} x wall) = "
-          f"{wall / floor_wall:.2f}x the bare detector's ({n} processes) wall time per core; "
-          f"{cpu * 1e3:.1f} ms CPU = {cpu / floor_cpu:.2f}x its CPU time ({t.work / detected / floor_cpu:.2f}x "
-          f"counting Ray's workers only); cores busy {t.cpu / (n * t.wall):.0%}"
-          f"{'   <- judged (target <= 1.2x)' if judged else ''}")
+    print(
+        f"{'':<8}per image the detector ran on, per core: {wall * 1e3:.1f} ms wall ({n} x wall) = "
+        f"{wall / floor_wall:.2f}x the bare detector's ({n} processes) wall time per core; "
+        f"{cpu * 1e3:.1f} ms CPU = {cpu / floor_cpu:.2f}x its CPU time ({t.work / detected / floor_cpu:.2f}x "
+        f"counting Ray's workers only); cores busy {t.cpu / (n * t.wall):.0%}"
+        f"{'   <- judged (target <= 1.2x)' if judged else ''}"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=2000)
-    ap.add_argument("--slope-images", type=int, default=None,
-                    help="a larger run for the marginal cost per image (default 4 x --images; 0: none)")
+    ap.add_argument(
+        "--slope-images",
+        type=int,
+        default=None,
+        help="a larger run for the marginal cost per image (default 4 x --images; 0: none)",
+    )
     ap.add_argument("--cpus", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--partition", type=int, default=InputConfig().images_per_partition,
-                    help="images per input partition (= per shard; default: the config's)")
+    ap.add_argument(
+        "--partition",
+        type=int,
+        default=InputConfig().images_per_partition,
+        help="images per input partition (= per shard; default: the config's)",
+    )
     ap.add_argument("--detector-sample", type=int, default=300, help="survivors the bare detector is timed on")
     ap.add_argument("--skip-detector", action="store_true")
     args = ap.parse_args()
@@ -320,16 +363,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hv-bench-"))
     try:
         paths = build_corpus(work / "raw-large", max(args.images, large))
-        small = link_corpus(paths[:args.images], work / "raw")
+        small = link_corpus(paths[: args.images], work / "raw")
         mb = sum(p.stat().st_size for p in small) / 2**20
         mean_px = sum(Image.open(p).size[0] * Image.open(p).size[1] for p in paths[:200]) / min(200, len(paths))
-        link_corpus(paths[:min(100, args.images)], work / "raw-warm")
+        link_corpus(paths[: min(100, args.images)], work / "raw-warm")
         ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
         n = args.cpus
-        print(f"corpus: {len(small)} JPEGs, {mb:.1f} MiB, mean {mean_px / 1e6:.2f} MP"
-              f"{f' (and {large} for the slope)' if large else ''}; {n} CPUs for Ray; load average "
-              f"{os.getloadavg()[0]:.1f}")
+        print(
+            f"corpus: {len(small)} JPEGs, {mb:.1f} MiB, mean {mean_px / 1e6:.2f} MP"
+            f"{f' (and {large} for the slope)' if large else ''}; {n} CPUs for Ray; load average "
+            f"{os.getloadavg()[0]:.1f}"
+        )
         loops = [(pillow_loop(paths), pillow_processes(paths, n))]
         # Untimed: every worker process the timed runs use is started and has done its imports (reads
         # and cheap stages at 1 CPU; the detector runs' at a quarter, so four times as many processes).
@@ -340,8 +385,9 @@ def main() -> None:
         if large:
             runs[large] = pipeline(work / "raw-large", work / "out-nodet-large", False, args.partition)
         loops.append((pillow_loop(paths), pillow_processes(paths, n)))
-        one, many = (Timing(sum(t.n for t in ts), sum(t.wall for t in ts), sum(t.cpu for t in ts))
-                     for ts in zip(*loops))
+        one, many = (
+            Timing(sum(t.n for t in ts), sum(t.wall for t in ts), sum(t.cpu for t in ts)) for ts in zip(*loops)
+        )
         print(f"load average {os.getloadavg()[0]:.1f} after the runs without detection")
         for i, (o, m) in enumerate(loops):
             when = ("before", "after")[i]
@@ -355,9 +401,12 @@ def main() -> None:
             print(f"{'':<8}seconds per phase: {phases}")
         if large:
             slope = runs[large][0].minus(runs[args.images][0])
-            _row(f"pipeline, marginal per image ({args.images} -> {large})", slope,
-                 f"{n * slope.wall / slope.n * 1e3:.2f} ms wall per image per core (the loop: "
-                 f"{1e3 / one.rate:.2f} ms; {n * 1e3 / many.rate:.2f} ms in {n} processes)")
+            _row(
+                f"pipeline, marginal per image ({args.images} -> {large})",
+                slope,
+                f"{n * slope.wall / slope.n * 1e3:.2f} ms wall per image per core (the loop: "
+                f"{1e3 / one.rate:.2f} ms; {n * 1e3 / many.rate:.2f} ms in {n} processes)",
+            )
             _per_core(slope, n, one, many, judged=True)
         if not args.skip_detector:
             # What reaches the detector: pass 1's survivors (same recipe up to it) of the largest run, distinct
@@ -371,25 +420,35 @@ def main() -> None:
                 link_corpus(survivors[:k], work / f"det-{k}")
             sample = random.Random(0).sample(survivors, min(len(survivors), args.detector_sample))
             bare, side = bare_detector(sample), bare_detector_processes(sample, n)
-            _row("bare CenterNet (1 thread, draft decode + run)", bare,
-                 f"({bare.wall / bare.n * 1e3:.1f} ms wall per image, on {bare.n} of the {len(survivors)} "
-                 "images the pipeline runs it on)")
-            _row(f"bare CenterNet, {n} processes side by side", side,
-                 f"({n * side.wall / side.n * 1e3:.1f} ms wall per image per core: the floor the pipeline's "
-                 f"{n} actors are judged against)")
+            _row(
+                "bare CenterNet (1 thread, draft decode + run)",
+                bare,
+                f"({bare.wall / bare.n * 1e3:.1f} ms wall per image, on {bare.n} of the {len(survivors)} "
+                "images the pipeline runs it on)",
+            )
+            _row(
+                f"bare CenterNet, {n} processes side by side",
+                side,
+                f"({n * side.wall / side.n * 1e3:.1f} ms wall per image per core: the floor the pipeline's "
+                f"{n} actors are judged against)",
+            )
             floor_wall, floor_cpu = n * side.wall / side.n, side.cpu / side.n
             share = (n - 0.5) / n  # one actor per CPU; reads and staging writes in what is left
             label = f"pipeline + CenterNet, {n} actors x {share:.3g} CPU"
             det, timed = {}, {}
             for size in sizes:
-                t, stats, phases = pipeline(work / f"det-{size}", work / f"out-det-{size}", True, args.partition, n,
-                                            share, task_cpus=0.25)
+                t, stats, phases = pipeline(
+                    work / f"det-{size}", work / f"out-det-{size}", True, args.partition, n, share, task_cpus=0.25
+                )
                 det[size] = detected = stats["kept"] + stats["dropped_by_reason"].get("no_salient_person", 0)
                 if detected != size:
                     raise RuntimeError(f"the detector ran on {detected} of {size} distinct survivors")
                 timed[size] = t
-                _row(f"{label}, {size} images", t, f"(detector ran on {detected}, kept {stats['kept']}; load "
-                     f"average {os.getloadavg()[0]:.1f})")
+                _row(
+                    f"{label}, {size} images",
+                    t,
+                    f"(detector ran on {detected}, kept {stats['kept']}; load average {os.getloadavg()[0]:.1f})",
+                )
                 _per_detected(t, detected, n, floor_wall, floor_cpu, judged=not large)
                 print(f"{'':<8}seconds per phase: {phases}")
             if large:

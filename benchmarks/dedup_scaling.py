@@ -43,6 +43,7 @@ warm-up call on 200 rows; "traced MB" is the tracemalloc peak of a second, untim
 only). The growth exponent between sizes is log(time ratio) / log(size ratio). On a shared
 machine every figure of one run is measured under the same load; compare within a run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -73,6 +74,8 @@ def kind_params(kind: str, latent_dim: int, noise: float) -> tuple[str, int, flo
         raise ValueError(f"unknown hash kind {kind!r}: uniform, correlated, dct or correlated:D:NOISE")
     d, nz = rest.split(":")
     return family, int(d), float(nz)
+
+
 IMAGEDEDUP = {"imagededup": "brute_force_cython", "imagededup-bktree": "bktree"}
 
 
@@ -93,7 +96,7 @@ def hash_values(n: int, kind: str, rng: np.random.Generator, latent_dim: int = 8
         m = min(n, s + 200_000) - s
         z = rng.standard_normal((m, latent_dim), dtype=np.float32)
         bits = (z @ w.T + noise * rng.standard_normal((m, 64), dtype=np.float32)) > 0
-        out[s:s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+        out[s : s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     return out
 
 
@@ -111,7 +114,7 @@ def dct_hashes(n: int, rng: np.random.Generator, alpha: float = 1.0) -> np.ndarr
         m = min(n, s + 200_000) - s
         c = rng.standard_normal((m, 64), dtype=np.float32) * sd
         bits = c > np.median(c, axis=1, keepdims=True)
-        out[s:s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
+        out[s : s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     return out
 
 
@@ -124,12 +127,23 @@ def family_stats(kind: str, latent_dim: int, noise: float, n: int = 20000, pairs
     i, j = rng.integers(0, n, (2, pairs))
     i, j = i[i != j], j[i != j]
     dist = (bits[i] != bits[j]).sum(axis=1)
-    return {"mean_abs_bit_corr": float(np.nanmean(off)), "dist_mean": float(dist.mean()), "dist_sd": float(dist.std()),
-            "bits_set_mean": float(bits.sum(axis=1).mean())}
+    return {
+        "mean_abs_bit_corr": float(np.nanmean(off)),
+        "dist_mean": float(dist.mean()),
+        "dist_sd": float(dist.std()),
+        "bits_set_mean": float(bits.sum(axis=1).mean()),
+    }
 
 
-def synthetic_table(n: int, max_distance: int, dup_fraction: float, seed: int = 0, kind: str = "uniform",
-                    latent_dim: int = 8, noise: float = 1.0):
+def synthetic_table(
+    n: int,
+    max_distance: int,
+    dup_fraction: float,
+    seed: int = 0,
+    kind: str = "uniform",
+    latent_dim: int = 8,
+    noise: float = 1.0,
+):
     import pyarrow as pa
 
     from curation.dedup.hashing import uint64_to_hex
@@ -144,13 +158,15 @@ def synthetic_table(n: int, max_distance: int, dup_fraction: float, seed: int = 
         bit = np.uint64(1) << rng.integers(0, 64, len(copies)).astype(np.uint64)
         copied = np.where(flips > k, copied ^ bit, copied)
     values[copies] = copied
-    return pa.table({
-        "key": [f"k{i:09d}" for i in range(n)],
-        "phash": uint64_to_hex(values),
-        "width": rng.choice([320, 640, 1024], n).astype(np.int32),
-        "height": np.full(n, 480, dtype=np.int32),
-        "person_score_max": pa.array(rng.random(n), pa.float32()),
-    })
+    return pa.table(
+        {
+            "key": [f"k{i:09d}" for i in range(n)],
+            "phash": uint64_to_hex(values),
+            "width": rng.choice([320, 640, 1024], n).astype(np.int32),
+            "height": np.full(n, 480, dtype=np.int32),
+            "person_score_max": pa.array(rng.random(n), pa.float32()),
+        }
+    )
 
 
 def _rss_mb() -> float:
@@ -205,8 +221,10 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
         encoding_map = dict(zip(keys, table.column("phash").to_pylist()))
 
         def imagededup_search(mapping):
-            return PHash(verbose=False).find_duplicates(encoding_map=mapping, max_distance_threshold=t,
-                                                        search_method=IMAGEDEDUP[method], num_dist_workers=0)
+            return PHash(verbose=False).find_duplicates(
+                encoding_map=mapping, max_distance_threshold=t, search_method=IMAGEDEDUP[method], num_dist_workers=0
+            )
+
     warm = synthetic_table(200, t, args.dup_fraction, seed=1, kind=kind, latent_dim=args.latent_dim, noise=args.noise)
     if method == "ours":  # imports and worker start-up off the clock
         near_duplicate_decisions(warm, cfg)
@@ -234,8 +252,9 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
         from curation.dedup.components import component_labels
 
         index = {k: i for i, k in enumerate(keys)}
-        pairs = np.array([(index[a], index[b]) for a, dups in found.items() for b in dups],
-                         dtype=np.int64).reshape(-1, 2)
+        pairs = np.array([(index[a], index[b]) for a, dups in found.items() for b in dups], dtype=np.int64).reshape(
+            -1, 2
+        )
         labels = component_labels(n, pairs[:, 0], pairs[:, 1])
         dropped = n - len(np.unique(labels))
         digest = groups_digest(n, keys, labels)
@@ -245,8 +264,17 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
     if method == "ray":
         ray.shutdown()
     counts = search_counts(table, n, kind, args) if method == "ours" else {}
-    return {"method": method, "kind": kind, "n": n, "seconds": seconds, "dropped": int(dropped), "digest": digest,
-            "rss_mb": peak_rss - base_rss, "traced_mb": traced_peak / 2**20, **counts}
+    return {
+        "method": method,
+        "kind": kind,
+        "n": n,
+        "seconds": seconds,
+        "dropped": int(dropped),
+        "digest": digest,
+        "rss_mb": peak_rss - base_rss,
+        "traced_mb": traced_peak / 2**20,
+        **counts,
+    }
 
 
 def search_counts(table, n: int, kind: str, args) -> dict:
@@ -264,15 +292,35 @@ def search_counts(table, n: int, kind: str, args) -> dict:
     plan = plan_bands(distinct, t)
     masks = plan.masks()
     unplanted = sorted_unique(hash_values(n, kind, np.random.default_rng(0), args.latent_dim, args.noise))
-    return {"distinct": len(distinct), "blocks": plan.num_blocks, "bands": len(masks),
-            "candidates": int(sample_pairs(distinct, masks)), "true_pairs": len(value_edges(distinct, masks, t)[0]),
-            "accidental_pairs": len(value_edges(unplanted, plan_bands(unplanted, t).masks(), t)[0])}
+    return {
+        "distinct": len(distinct),
+        "blocks": plan.num_blocks,
+        "bands": len(masks),
+        "candidates": int(sample_pairs(distinct, masks)),
+        "true_pairs": len(value_edges(distinct, masks, t)[0]),
+        "accidental_pairs": len(value_edges(unplanted, plan_bands(unplanted, t).masks(), t)[0]),
+    }
 
 
 def run_child(method: str, n: int, kind: str, args) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", method, str(n), kind, "--max-distance",
-           str(args.max_distance), "--dup-fraction", str(args.dup_fraction), "--latent-dim", str(args.latent_dim),
-           "--noise", str(args.noise), "--digest-max", str(args.digest_max)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--one",
+        method,
+        str(n),
+        kind,
+        "--max-distance",
+        str(args.max_distance),
+        "--dup-fraction",
+        str(args.dup_fraction),
+        "--latent-dim",
+        str(args.latent_dim),
+        "--noise",
+        str(args.noise),
+        "--digest-max",
+        str(args.digest_max),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode or not lines:
@@ -289,14 +337,18 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float] | None:
 
 
 def growth(results: list[dict], method: str, kind: str, sizes: list[int] | None = None) -> str | None:
-    pts = sorted((r["n"], r["seconds"]) for r in results if r["method"] == method and r["kind"] == kind
-                 and (sizes is None or r["n"] in sizes))
+    pts = sorted(
+        (r["n"], r["seconds"])
+        for r in results
+        if r["method"] == method and r["kind"] == kind and (sizes is None or r["n"] in sizes)
+    )
     if not pts:
         return None
     if len(pts) == 1:
         return f"{method:18s} {kind:16s}: one size only"
-    steps = [f"{n1:.0e}->{n2:.0e}: n^{math.log(t2 / t1) / math.log(n2 / n1):.2f}"
-             for (n1, t1), (n2, t2) in zip(pts, pts[1:])]
+    steps = [
+        f"{n1:.0e}->{n2:.0e}: n^{math.log(t2 / t1) / math.log(n2 / n1):.2f}" for (n1, t1), (n2, t2) in zip(pts, pts[1:])
+    ]
     return f"{method:18s} {kind:16s}: {'; '.join(steps)}; fit over all sizes n^{fit(pts)[0]:.2f}"
 
 
@@ -305,15 +357,28 @@ def print_work_growth(results: list[dict], kinds: list[str], sizes: list[int]) -
     bands (the band sorts) + candidate pairs (the Hamming checks), one unit each."""
     print("\nsearch work in counts (work = distinct values x bands + candidate pairs; ~ n^k):")
     for kind in kinds:
-        rows = sorted((r for r in results if r["method"] == "ours" and r["kind"] == kind and r["n"] in sizes
-                       and "candidates" in r), key=lambda r: r["n"])
+        rows = sorted(
+            (
+                r
+                for r in results
+                if r["method"] == "ours" and r["kind"] == kind and r["n"] in sizes and "candidates" in r
+            ),
+            key=lambda r: r["n"],
+        )
         work = [(r["n"], r["distinct"] * r["bands"] + r["candidates"]) for r in rows]
-        steps = [f"{n1:.0e}->{n2:.0e}: work {w1:.3g}->{w2:.3g} n^{math.log(w2 / w1) / math.log(n2 / n1):.2f}, "
-                 f"candidates n^{math.log(c2 / c1) / math.log(n2 / n1):.2f}, "
-                 f"accidental pairs {a1}->{a2}"
-                 for (n1, w1), (n2, w2), c1, c2, a1, a2 in zip(
-                     work, work[1:], [r["candidates"] or 1 for r in rows], [r["candidates"] or 1 for r in rows[1:]],
-                     [r["accidental_pairs"] for r in rows], [r["accidental_pairs"] for r in rows[1:]])]
+        steps = [
+            f"{n1:.0e}->{n2:.0e}: work {w1:.3g}->{w2:.3g} n^{math.log(w2 / w1) / math.log(n2 / n1):.2f}, "
+            f"candidates n^{math.log(c2 / c1) / math.log(n2 / n1):.2f}, "
+            f"accidental pairs {a1}->{a2}"
+            for (n1, w1), (n2, w2), c1, c2, a1, a2 in zip(
+                work,
+                work[1:],
+                [r["candidates"] or 1 for r in rows],
+                [r["candidates"] or 1 for r in rows[1:]],
+                [r["accidental_pairs"] for r in rows],
+                [r["accidental_pairs"] for r in rows[1:]],
+            )
+        ]
         if steps:
             print(f"  ours {kind:16s}: " + "; ".join(steps))
 
@@ -331,7 +396,9 @@ def print_accuracy() -> None:
     print(f"{'method':10s} {'t':>3s} {'precision':>9s} {'recall':>7s} {'f1':>6s}  recall by variant")
     for r in compare_with_imagededup(fixtures.real_photos(), [2, 4, 6, 8, 10]):
         by_variant = " ".join(f"{k}={v:.2f}" for k, v in r["recall_by_variant"].items())
-        print(f"{r['method']:10s} {r['max_distance']:3d} {r['precision']:9.3f} {r['recall']:7.3f} {r['f1']:6.3f}  {by_variant}")
+        print(
+            f"{r['method']:10s} {r['max_distance']:3d} {r['precision']:9.3f} {r['recall']:7.3f} {r['f1']:6.3f}  {by_variant}"
+        )
 
 
 def main() -> None:
@@ -339,15 +406,27 @@ def main() -> None:
     p.add_argument("--sizes", nargs="+", type=float, default=[1e4, 1e5, 1e6], help="ours, every kind")
     p.add_argument("--kinds", nargs="+", default=list(KINDS), help="uniform, correlated, correlated:D:NOISE")
     p.add_argument("--ray-sizes", nargs="*", type=float, default=[1e4, 1e5], help="the Ray variant, uniform")
-    p.add_argument("--imagededup-sizes", nargs="*", type=float, default=[1e4, 3e4],
-                   help="imagededup brute_force_cython, on --imagededup-kinds")
+    p.add_argument(
+        "--imagededup-sizes",
+        nargs="*",
+        type=float,
+        default=[1e4, 3e4],
+        help="imagededup brute_force_cython, on --imagededup-kinds",
+    )
     p.add_argument("--imagededup-kinds", nargs="+", default=list(KINDS))
-    p.add_argument("--bktree-sizes", nargs="*", type=float, default=[3e3, 1e4],
-                   help="imagededup bktree (pure Python, slower than its brute force here), every kind")
+    p.add_argument(
+        "--bktree-sizes",
+        nargs="*",
+        type=float,
+        default=[3e3, 1e4],
+        help="imagededup bktree (pure Python, slower than its brute force here), every kind",
+    )
     p.add_argument("--max-distance", type=int, default=4)
     p.add_argument("--dup-fraction", type=float, default=0.1)
     p.add_argument("--latent-dim", type=int, default=8, help="correlated hashes: dimension of the latent Gaussian")
-    p.add_argument("--noise", type=float, default=1.0, help="correlated hashes: per-bit noise (0: fully determined by z)")
+    p.add_argument(
+        "--noise", type=float, default=1.0, help="correlated hashes: per-bit noise (0: fully determined by z)"
+    )
     p.add_argument("--digest-max", type=float, default=1e5, help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="sizes 1e3 1e4 (ours), 1e3 3e3 (imagededup), 1e3 (bktree)")
     p.add_argument("--accuracy", action="store_true", help="print the real-photo accuracy table and exit")
@@ -363,42 +442,60 @@ def main() -> None:
         args.sizes, args.ray_sizes, args.imagededup_sizes, args.bktree_sizes = [1e3, 1e4], [1e3], [1e3, 3e3], [1e3]
 
     sizes = [int(s) for s in args.sizes]
-    print(f"near-duplicate search, t={args.max_distance}, {args.dup_fraction:.0%} planted copies, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    print(
+        f"near-duplicate search, t={args.max_distance}, {args.dup_fraction:.0%} planted copies, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start"
+    )
     for kind in args.kinds:
         s = family_stats(kind, args.latent_dim, args.noise)
         _, d, nz = kind_params(kind, args.latent_dim, args.noise)
         extra = f" (latent dim {d}, noise {nz})" if kind.startswith("correlated") else ""
-        print(f"hash family {kind}{extra}: mean |corr| between bits {s['mean_abs_bit_corr']:.3f}; "
-              f"Hamming distance between unrelated hashes mean {s['dist_mean']:.1f}, sd {s['dist_sd']:.1f} "
-              f"(independent uniform bits: 32.0, 4.0); bits set {s['bits_set_mean']:.1f}")
+        print(
+            f"hash family {kind}{extra}: mean |corr| between bits {s['mean_abs_bit_corr']:.3f}; "
+            f"Hamming distance between unrelated hashes mean {s['dist_mean']:.1f}, sd {s['dist_sd']:.1f} "
+            f"(independent uniform bits: 32.0, 4.0); bits set {s['bits_set_mean']:.1f}"
+        )
     width = max(10, *map(len, args.kinds))
-    print(f"{'method':18s} {'kind':{width}s} {'N':>9s} {'seconds':>9s} {'rss MB':>8s} {'traced MB':>9s} {'dropped':>8s}"
-          f" {'B/bands':>7s} {'cand/item':>9s} {'true pairs':>10s} {'accidental':>10s}")
+    print(
+        f"{'method':18s} {'kind':{width}s} {'N':>9s} {'seconds':>9s} {'rss MB':>8s} {'traced MB':>9s} {'dropped':>8s}"
+        f" {'B/bands':>7s} {'cand/item':>9s} {'true pairs':>10s} {'accidental':>10s}"
+    )
     plan = [("ours", n, k) for k in args.kinds for n in sizes]
     plan += [("ray", int(n), "uniform") for n in args.ray_sizes if "uniform" in args.kinds]
-    for method, method_sizes, kinds in (("imagededup", args.imagededup_sizes, args.imagededup_kinds),
-                                        ("imagededup-bktree", args.bktree_sizes, args.kinds)):
+    for method, method_sizes, kinds in (
+        ("imagededup", args.imagededup_sizes, args.imagededup_kinds),
+        ("imagededup-bktree", args.bktree_sizes, args.kinds),
+    ):
         plan += [(method, int(n), k) for k in args.kinds if k in kinds for n in method_sizes]
     # ours at every size where imagededup runs, for the decision check
-    plan[len(args.kinds) * len(sizes):len(args.kinds) * len(sizes)] = sorted(
-        {("ours", n, k) for m, n, k in plan if m in IMAGEDEDUP} - {("ours", n, k) for k in args.kinds for n in sizes})
+    plan[len(args.kinds) * len(sizes) : len(args.kinds) * len(sizes)] = sorted(
+        {("ours", n, k) for m, n, k in plan if m in IMAGEDEDUP} - {("ours", n, k) for k in args.kinds for n in sizes}
+    )
     results = []
     for method, n, kind in plan:
         r = run_child(method, n, kind, args)
         results.append(r)
-        counts = (f" {r['blocks']:>3d}/{r['bands']:<3d} {r['candidates'] / n:9.2f} {r['true_pairs']:10d} "
-                  f"{r['accidental_pairs']:10d}" if "candidates" in r else "")
-        print(f"{method:18s} {kind:{width}s} {n:9d} {r['seconds']:9.2f} {r['rss_mb']:8.0f} {r['traced_mb']:9.0f} "
-              f"{r['dropped']:8d}{counts}", flush=True)
+        counts = (
+            f" {r['blocks']:>3d}/{r['bands']:<3d} {r['candidates'] / n:9.2f} {r['true_pairs']:10d} "
+            f"{r['accidental_pairs']:10d}"
+            if "candidates" in r
+            else ""
+        )
+        print(
+            f"{method:18s} {kind:{width}s} {n:9d} {r['seconds']:9.2f} {r['rss_mb']:8.0f} {r['traced_mb']:9.0f} "
+            f"{r['dropped']:8d}{counts}",
+            flush=True,
+        )
 
     print("\ndecisions check (same hashes, same threshold):")
     checked = 0
     for r in (r for r in results if r["method"] in IMAGEDEDUP):
         ours = next(o for o in results if o["method"] == "ours" and o["n"] == r["n"] and o["kind"] == r["kind"])
         same = ours["dropped"] == r["dropped"] and ours["digest"] == r["digest"]
-        print(f"  {r['kind']:10s} n={r['n']:>6d}: dropped ours={ours['dropped']} {r['method']}={r['dropped']}, "
-              f"groups digest ours={ours['digest']} {r['method']}={r['digest']}: {'equal' if same else 'DIFFERENT'}")
+        print(
+            f"  {r['kind']:10s} n={r['n']:>6d}: dropped ours={ours['dropped']} {r['method']}={r['dropped']}, "
+            f"groups digest ours={ours['digest']} {r['method']}={r['digest']}: {'equal' if same else 'DIFFERENT'}"
+        )
         assert same, f"ours and {r['method']} disagree on {r['kind']} n={r['n']}"
         checked += 1
     print(f"  {checked} comparisons, all equal")
@@ -418,18 +515,26 @@ def main() -> None:
             f = fit(pts)
             for n in sizes:
                 if n in dict(pts):
-                    print(f"  {kind:16s} n={n:>8d}: {method} {dict(pts)[n]:.2f} s measured, ours {ours[n]:.2f} s: "
-                          f"ours is {dict(pts)[n] / ours[n]:.0f}x faster")
+                    print(
+                        f"  {kind:16s} n={n:>8d}: {method} {dict(pts)[n]:.2f} s measured, ours {ours[n]:.2f} s: "
+                        f"ours is {dict(pts)[n] / ours[n]:.0f}x faster"
+                    )
                 elif f and n > max(dict(pts)):
                     est = f[1] * n ** f[0]
-                    print(f"  {kind:16s} n={n:>8d}: {method} ~{est:,.0f} s EXTRAPOLATED (fit a*n^{f[0]:.2f} to its "
-                          f"runs at {', '.join(f'{m:.0e}' for m, _ in pts)}), ours {ours[n]:.2f} s measured")
+                    print(
+                        f"  {kind:16s} n={n:>8d}: {method} ~{est:,.0f} s EXTRAPOLATED (fit a*n^{f[0]:.2f} to its "
+                        f"runs at {', '.join(f'{m:.0e}' for m, _ in pts)}), ours {ours[n]:.2f} s measured"
+                    )
     if "uniform" in args.kinds:
         for n in sizes:
-            t = {k: next(r["seconds"] for r in results if r["method"] == "ours" and r["kind"] == k and r["n"] == n)
-                 for k in args.kinds}
-            print(f"  ours at n={n:>8d}: time / uniform time: " + ", ".join(
-                f"{k} {t[k] / t['uniform']:.2f}" for k in args.kinds if k != "uniform"))
+            t = {
+                k: next(r["seconds"] for r in results if r["method"] == "ours" and r["kind"] == k and r["n"] == n)
+                for k in args.kinds
+            }
+            print(
+                f"  ours at n={n:>8d}: time / uniform time: "
+                + ", ".join(f"{k} {t[k] / t['uniform']:.2f}" for k in args.kinds if k != "uniform")
+            )
 
 
 if __name__ == "__main__":

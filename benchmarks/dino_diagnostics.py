@@ -77,6 +77,7 @@ leaves it within 250-500 steps; an image-dependent CLS at initialisation plus a 
 after ~300 steps: the tiny config's temperatures since then (``--set loss.student_temp=0.1 --set
 loss.teacher_temp=0.07 --set loss.teacher_temp_warmup_steps=20`` gives back the old behaviour).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,9 +122,11 @@ def write_figure_shards(folder: Path, count: int, hw: tuple[int, int], per_shard
         for i in range(start, min(count, start + per_shard)):
             buf = io.BytesIO()
             Image.fromarray(render_sample(np.random.default_rng([1000, 2, i]), hw)["image"]).save(
-                buf, format="JPEG", quality=95)
-            rows.append({"key": f"figure_{i:06d}", "image_ext": "jpg", "image": buf.getvalue(), "width": W,
-                         "height": H})
+                buf, format="JPEG", quality=95
+            )
+            rows.append(
+                {"key": f"figure_{i:06d}", "image_ext": "jpg", "image": buf.getvalue(), "width": W, "height": H}
+            )
         path = f"{root}/{s:06d}-figures.tar"
         write_tar(fs, path, rows)
         paths.append(str(folder / f"{s:06d}-figures.tar"))
@@ -145,8 +148,10 @@ def per_loss_backbone_grads(arch, batch, teacher_temp: float) -> tuple[float, fl
     update): one forward with hooks that keep each loss module's output (with its graph)."""
     w = arch.cfg.loss
     terms: dict[str, torch.Tensor] = {}
-    hooks = [arch.dino_loss.register_forward_hook(lambda _m, _i, o: terms.__setitem__("cl", o)),
-             arch.mae_loss.register_forward_hook(lambda _m, _i, o: terms.__setitem__("mae", o))]
+    hooks = [
+        arch.dino_loss.register_forward_hook(lambda _m, _i, o: terms.__setitem__("cl", o)),
+        arch.mae_loss.register_forward_hook(lambda _m, _i, o: terms.__setitem__("mae", o)),
+    ]
     try:
         arch(batch.global_crops, batch.local_crops, batch.masks, teacher_temp=teacher_temp)
     finally:
@@ -173,12 +178,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--loader-workers", type=int, default=0)
     ap.add_argument("--per-loss-grads", action="store_true")
-    ap.add_argument("--head-init-std", type=float, default=0.0,
-                    help="experiment: re-initialise the DINO head's MLP weights with this std (0 = as built)")
-    ap.add_argument("--head-frozen-bias", action="store_true",
-                    help="experiment: the DINO head's MLP biases stay at zero (not trained)")
-    ap.add_argument("--layerscale", type=float, default=0.0,
-                    help="experiment: re-initialise the backbone's LayerScale weights to this value (0 = as built)")
+    ap.add_argument(
+        "--head-init-std",
+        type=float,
+        default=0.0,
+        help="experiment: re-initialise the DINO head's MLP weights with this std (0 = as built)",
+    )
+    ap.add_argument(
+        "--head-frozen-bias",
+        action="store_true",
+        help="experiment: the DINO head's MLP biases stay at zero (not trained)",
+    )
+    ap.add_argument(
+        "--layerscale",
+        type=float,
+        default=0.0,
+        help="experiment: re-initialise the backbone's LayerScale weights to this value (0 = as built)",
+    )
     ap.add_argument("--json", default="")
     args = ap.parse_args()
 
@@ -192,21 +208,29 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     shards = write_figure_shards(Path(args.shards), args.images, tuple(args.image_hw))
-    overrides = ["parallel.precision=fp32", "parallel.activation_checkpointing=false",
-                 f"batch_size_per_worker={args.batch}", f"steps={args.steps}",
-                 f"data.loader_workers={args.loader_workers}", f"data.dataset={args.shards}", *args.set]
+    overrides = [
+        "parallel.precision=fp32",
+        "parallel.activation_checkpointing=false",
+        f"batch_size_per_worker={args.batch}",
+        f"steps={args.steps}",
+        f"data.loader_workers={args.loader_workers}",
+        f"data.dataset={args.shards}",
+        *args.set,
+    ]
     cfg = load_config(PretrainConfig, args.config, overrides)
     torch.manual_seed(cfg.seed)
     arch = SSLMetaArch(cfg)
     for m in arch.student["dino_head"].mlp.modules():
         if isinstance(m, torch.nn.Linear):
             if args.head_init_std > 0:
-                torch.nn.init.trunc_normal_(m.weight, std=args.head_init_std, a=-2 * args.head_init_std,
-                                            b=2 * args.head_init_std)
+                torch.nn.init.trunc_normal_(
+                    m.weight, std=args.head_init_std, a=-2 * args.head_init_std, b=2 * args.head_init_std
+                )
             if args.head_frozen_bias:
                 m.bias.requires_grad_(False)
     if args.layerscale > 0:
         from models.layers import LayerScale
+
         for m in arch.student["backbone"].modules():
             if isinstance(m, LayerScale):
                 torch.nn.init.constant_(m.weight, args.layerscale)
@@ -216,13 +240,19 @@ def main() -> None:
 
     K = cfg.loss.num_prototypes
     D = arch.student["backbone"].embed_dim
-    knobs = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (("head_init_std", args.head_init_std),
-                                                                   ("layerscale", args.layerscale)) if v)
+    knobs = " ".join(
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in (("head_init_std", args.head_init_std), ("layerscale", args.layerscale))
+        if v
+    )
     knobs += " --head-frozen-bias" if args.head_frozen_bias else ""
-    print(f"# {args.config} {' '.join(args.set)} {knobs} | steps {cfg.steps} batch {cfg.batch_size_per_worker} "
-          f"K {K} (ln K = {math.log(K):.3f}) T_s {cfg.loss.student_temp} T_t {cfg.loss.warmup_teacher_temp}->"
-          f"{cfg.loss.teacher_temp}/{cfg.loss.teacher_temp_warmup_steps} m_t {cfg.teacher.momentum} "
-          f"lr {cfg.optim.lr} | {len(shards)} shards, {args.images} images", flush=True)
+    print(
+        f"# {args.config} {' '.join(args.set)} {knobs} | steps {cfg.steps} batch {cfg.batch_size_per_worker} "
+        f"K {K} (ln K = {math.log(K):.3f}) T_s {cfg.loss.student_temp} T_t {cfg.loss.warmup_teacher_temp}->"
+        f"{cfg.loss.teacher_temp}/{cfg.loss.teacher_temp_warmup_steps} m_t {cfg.teacher.momentum} "
+        f"lr {cfg.optim.lr} | {len(shards)} shards, {args.images} images",
+        flush=True,
+    )
 
     seen: dict = {}
     hooks = [
@@ -233,8 +263,23 @@ def main() -> None:
         arch.teacher["dino_head"].register_forward_hook(lambda _m, _i, o: seen.__setitem__("t_logits", o.detach())),
         arch.teacher["dino_head"].mlp.register_forward_hook(lambda _m, _i, o: seen.__setitem__("t_z", o.detach())),
     ]
-    cols = ["step", "mae", "cl", "koleo", "H_t", "H_s", "H_mean_t", "pmax_t", "cls_std", "logit_sd", "|c|", "z_mean",
-            "proto_mean", "g_head", "g_bb"] + (["gcl_bb", "gmae_bb"] if args.per_loss_grads else [])
+    cols = [
+        "step",
+        "mae",
+        "cl",
+        "koleo",
+        "H_t",
+        "H_s",
+        "H_mean_t",
+        "pmax_t",
+        "cls_std",
+        "logit_sd",
+        "|c|",
+        "z_mean",
+        "proto_mean",
+        "g_head",
+        "g_bb",
+    ] + (["gcl_bb", "gmae_bb"] if args.per_loss_grads else [])
     print(" ".join(f"{c:>8}" for c in cols), flush=True)
     rows, t0 = [], time.time()
     for step in range(cfg.steps):
@@ -250,16 +295,23 @@ def main() -> None:
                 p_t = F.softmax((t - seen["center"]) / values.teacher_temp, dim=-1)
                 q_s = F.softmax(seen["s_logits"].float() / cfg.loss.student_temp, dim=-1)
                 cls = F.normalize(seen["t_cls"].float(), dim=-1)
-                row.update({
-                    "H_t": float(entropy(p_t).mean()), "H_s": float(entropy(q_s).mean()),
-                    "H_mean_t": float(entropy(p_t.mean(0, keepdim=True))), "pmax_t": float(p_t.max(-1).values.mean()),
-                    "cls_std": float(cls.std(0).mean() * math.sqrt(D)), "logit_sd": float(t.std(0).mean()),
-                    "|c|": float(seen["center"].norm()),
-                    "z_mean": float(F.normalize(seen["t_z"].float(), dim=-1).mean(0).norm()),
-                    "proto_mean": float(F.normalize(arch.student["dino_head"].last_layer.weight.detach(), dim=1)
-                                        .mean(0).norm()),
-                    "g_head": grad_norm(arch.student["dino_head"]), "g_bb": grad_norm(arch.student["backbone"]),
-                })
+                row.update(
+                    {
+                        "H_t": float(entropy(p_t).mean()),
+                        "H_s": float(entropy(q_s).mean()),
+                        "H_mean_t": float(entropy(p_t.mean(0, keepdim=True))),
+                        "pmax_t": float(p_t.max(-1).values.mean()),
+                        "cls_std": float(cls.std(0).mean() * math.sqrt(D)),
+                        "logit_sd": float(t.std(0).mean()),
+                        "|c|": float(seen["center"].norm()),
+                        "z_mean": float(F.normalize(seen["t_z"].float(), dim=-1).mean(0).norm()),
+                        "proto_mean": float(
+                            F.normalize(arch.student["dino_head"].last_layer.weight.detach(), dim=1).mean(0).norm()
+                        ),
+                        "g_head": grad_norm(arch.student["dino_head"]),
+                        "g_bb": grad_norm(arch.student["backbone"]),
+                    }
+                )
                 # train_step clipped the gradients in place: scale back to the pre-clip norms
                 clip = min(1.0, cfg.optim.clip_grad / (res["grad_norm"] + 1e-6)) if cfg.optim.clip_grad > 0 else 1.0
                 row["g_head"] /= clip
@@ -270,10 +322,13 @@ def main() -> None:
         rows.append(row)
     for h in hooks:
         h.remove()
-    tail = rows[-args.every:]
+    tail = rows[-args.every :]
     mean = {k: float(np.mean([r[k] for r in tail])) for k in ("mae", "cl", "koleo")}
-    print(f"# last {len(tail)} steps: mae {mean['mae']:.4f} cl {mean['cl']:.4f} (ln K {math.log(K):.4f}) "
-          f"koleo {mean['koleo']:.4f}; {time.time() - t0:.0f}s", flush=True)
+    print(
+        f"# last {len(tail)} steps: mae {mean['mae']:.4f} cl {mean['cl']:.4f} (ln K {math.log(K):.4f}) "
+        f"koleo {mean['koleo']:.4f}; {time.time() - t0:.0f}s",
+        flush=True,
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rows": rows}))
 

@@ -12,6 +12,7 @@ counted with ``FlopCounterMode`` on the meta device: the backward counted as twi
 and MFU against the device's bf16 peak (``training.flops.peak_tflops``). Not run here: no GPU
 is lent to this machine. Timings are the median of ``--steps`` after ``--warmup`` steps.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,6 +78,7 @@ def finetune_step_fn(model: FinetuneModel, images: torch.Tensor, amp: bool):
         loss.backward()
         clip_gradients(params, 1.0)
         opt.step()
+
     return step
 
 
@@ -91,6 +93,7 @@ def probe_step_fn(model: FinetuneModel, images: torch.Tensor, amp: bool):
             loss = _loss(model.decode_head(maps))
         loss.backward()
         opt.step()
+
     return step
 
 
@@ -118,17 +121,24 @@ def main() -> int:
     images = torch.randn(args.batch, 3, *args.hw, device=device)
     (ft, ft_cpu) = timed(finetune_step_fn(model, images, args.gpu), args.steps, args.warmup, device)
     (pr, pr_cpu) = timed(probe_step_fn(model, images, args.gpu), args.steps, args.warmup, device)
-    print(f"{args.model} + {args.task} head (width {args.hidden}), {args.hw[0]}x{args.hw[1]}, batch {args.batch}, "
-          f"{device.type}{' bf16' if args.gpu else ' fp32'}, median of {args.steps} steps, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"{args.model} + {args.task} head (width {args.hidden}), {args.hw[0]}x{args.hw[1]}, batch {args.batch}, "
+        f"{device.type}{' bf16' if args.gpu else ' fp32'}, median of {args.steps} steps, "
+        f"{torch.get_num_threads()} threads"
+    )
     print(f"  fine-tune step    {ft * 1e3:9.1f} ms wall {ft_cpu * 1e3:9.1f} ms CPU  {args.batch / ft:8.2f} images/s")
-    print(f"  frozen-probe step {pr * 1e3:9.1f} ms wall {pr_cpu * 1e3:9.1f} ms CPU  {args.batch / pr:8.2f} images/s"
-          "   (baseline)")
+    print(
+        f"  frozen-probe step {pr * 1e3:9.1f} ms wall {pr_cpu * 1e3:9.1f} ms CPU  {args.batch / pr:8.2f} images/s"
+        "   (baseline)"
+    )
     print(f"  fine-tune / probe: {ft / pr:.2f}x wall, {ft_cpu / max(pr_cpu, 1e-9):.2f}x CPU time")
     if args.gpu:
         from training.flops import peak_tflops
 
-        flops, peak = step_flops(args.model, args.task, args.hidden, args.batch, tuple(args.hw)), peak_tflops(0.0, device)
+        flops, peak = (
+            step_flops(args.model, args.task, args.hidden, args.batch, tuple(args.hw)),
+            peak_tflops(0.0, device),
+        )
         mfu = f"{flops / ft / (peak * 1e12):.1%}" if peak else "n/a (unknown device peak)"
         print(f"  model FLOPs/step {flops / 1e12:.2f} T, {flops / ft / 1e12:.1f} TFLOP/s, MFU {mfu}")
     return 0

@@ -327,6 +327,7 @@ merged, load 2-4):
 So this one label-free backbone at 128x96 beats its frozen probe and random init on all six tasks:
 pose on three seeds (clear), albedo on the mean of three (2/3), the other four on one seed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -339,8 +340,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-for _key, _value in {"MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
-                     "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0"}.items():
+for _key, _value in {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "YOLO_OFFLINE": "1",
+    "YOLO_AUTOINSTALL": "0",
+}.items():
     os.environ.setdefault(_key, _value)
 
 import torch  # noqa: E402
@@ -358,8 +364,14 @@ PROTOCOL = ["flip_test=false"]
 # figure's distance and its shape, abs_rel_aligned / log_scale_err, was dropped with that target:
 # the relative target has no distance, and abs_rel_aligned came out within 3% of AbsRel.)
 DEPTH_METRICS = {"rmse": "lower", "delta1": "higher"}
-HEADLINE = {"seg": ("mIoU", "higher"), "normal": ("mean_angle", "lower"), "pointmap": ("l2", "lower"),
-            "albedo": ("mae", "lower"), "depth": ("abs_rel", "lower"), "pose": ("AP", "higher")}
+HEADLINE = {
+    "seg": ("mIoU", "higher"),
+    "normal": ("mean_angle", "lower"),
+    "pointmap": ("l2", "lower"),
+    "albedo": ("mae", "lower"),
+    "depth": ("abs_rel", "lower"),
+    "pose": ("AP", "higher"),
+}
 
 
 # The label-free stand-ins (``evaluation.warmup.ssl_warmup`` settings): "ssl" is the Sapiens2-like
@@ -375,12 +387,21 @@ def ssl_backbone(out: Path, steps: int, hw: tuple[int, int], kind: str = "ssl") 
     torch.manual_seed(0)
     backbone = build_backbone("sapiens2_tiny")
     t0 = time.time()
-    losses = ssl_warmup(backbone, synthetic_stream(512, hw, seed=1000)["images"], steps=steps, batch_size=16,
-                        lr=1.5e-3, **STANDINS[kind])
-    print(f"{kind} stand-in: {steps} steps in {time.time() - t0:.0f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}",
-          flush=True)
-    return save_state_dict_file(backbone, out / f"{kind}_backbone.safetensors",
-                                metadata={"standin": kind, "steps": steps})
+    losses = ssl_warmup(
+        backbone,
+        synthetic_stream(512, hw, seed=1000)["images"],
+        steps=steps,
+        batch_size=16,
+        lr=1.5e-3,
+        **STANDINS[kind],
+    )
+    print(
+        f"{kind} stand-in: {steps} steps in {time.time() - t0:.0f}s, loss {losses[0]:.3f} -> {losses[-1]:.3f}",
+        flush=True,
+    )
+    return save_state_dict_file(
+        backbone, out / f"{kind}_backbone.safetensors", metadata={"standin": kind, "steps": steps}
+    )
 
 
 def finetune(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, float]:
@@ -390,8 +411,18 @@ def finetune(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, flo
     torch.manual_seed(cfg.seed)
     ft = build_finetuner(cfg, task, inputs, device=torch.device("cpu"))
     t0 = time.time()
-    for step, batch in enumerate(train_loader(ft.train_set, global_batch=cfg.batch_size_per_worker, seed=cfg.seed,
-                                              start=0, stop=cfg.steps, rank=0, world=1, workers=0)):
+    for step, batch in enumerate(
+        train_loader(
+            ft.train_set,
+            global_batch=cfg.batch_size_per_worker,
+            seed=cfg.seed,
+            start=0,
+            stop=cfg.steps,
+            rank=0,
+            world=1,
+            workers=0,
+        )
+    ):
         train_step(ft, batch, step)
     return {**evaluate(ft).compute(), "seconds": time.time() - t0}
 
@@ -402,8 +433,13 @@ def probe(cfg: FinetuneConfig, task: str, inputs, out: Path) -> dict[str, float]
     from evaluation.probe_trainer import run_probe
 
     backbone = load_frozen_backbone(cfg.backbone.name, cfg.backbone.checkpoint, seed=cfg.seed)
-    s = dataclasses.replace(task_settings(cfg, task, inputs), steps=cfg.steps, lr=cfg.optim.lr,
-                            batch_size=cfg.batch_size_per_worker, warmup_steps=cfg.optim.warmup_steps)
+    s = dataclasses.replace(
+        task_settings(cfg, task, inputs),
+        steps=cfg.steps,
+        lr=cfg.optim.lr,
+        batch_size=cfg.batch_size_per_worker,
+        warmup_steps=cfg.optim.warmup_steps,
+    )
     extractor = FrozenBackbone(backbone, [cfg.feature_block])
     return run_probe(task, s, inputs.data, extractor, out / f"probe_{task}", seed=cfg.seed)
 
@@ -428,17 +464,22 @@ def verdict(values: list[float], refs: list[float], better: str) -> str:
 
 def table(results: dict) -> str:
     """``results[task][run]``: the headline metric per seed."""
+
     def cell(v: list[float]) -> str:
         m, h = _stats(v)
         return f"{m:.4f} ± {h:.4f}"
 
-    lines = ["| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| task | metric | probe | fine-tune | fine-tune (random init) | fine-tune vs probe | vs random init |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for task, r in results.items():
         for name, better in [HEADLINE[task], *(DEPTH_METRICS.items() if task == "depth" else [])]:
             p, f, rnd = ([m[name] for m in r[k]] for k in ("probe", "finetune", "finetune_random"))
-            lines.append(f"| {task} | {name} ({better}) | {cell(p)} | {cell(f)} | {cell(rnd)} | "
-                         f"{verdict(f, p, better)} | {verdict(f, rnd, better)} |")
+            lines.append(
+                f"| {task} | {name} ({better}) | {cell(p)} | {cell(f)} | {cell(rnd)} | "
+                f"{verdict(f, p, better)} | {verdict(f, rnd, better)} |"
+            )
     return "\n".join(lines)
 
 
@@ -447,13 +488,23 @@ def main() -> int:
     ap.add_argument("--out", default="runs/bench/finetune_vs_probe")
     ap.add_argument("--tasks", default="seg,normal,pointmap,albedo,depth")
     ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--task-steps", nargs="*", default=[], metavar="TASK=STEPS",
-                    help="another step count for a task's three runs (e.g. pose=1000)")
+    ap.add_argument(
+        "--task-steps",
+        nargs="*",
+        default=[],
+        metavar="TASK=STEPS",
+        help="another step count for a task's three runs (e.g. pose=1000)",
+    )
     ap.add_argument("--pretrain", choices=[*STANDINS, "synthetic", "demo"], default="ssl")
     ap.add_argument("--pretrain-steps", type=int, default=1500)
     ap.add_argument("--pretrain-images", type=int, default=512, help="--pretrain synthetic: figures rendered")
-    ap.add_argument("--pretrain-set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="--pretrain synthetic/demo: settings over configs/pretrain_tiny.yaml")
+    ap.add_argument(
+        "--pretrain-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="--pretrain synthetic/demo: settings over configs/pretrain_tiny.yaml",
+    )
     ap.add_argument("--seeds", default="0,1,2", help="every run once per seed (head init, data order, augmentation)")
     ap.add_argument("--checkpoint", default="", help="an official-layout backbone to use instead of pretraining one")
     ap.add_argument("--set", nargs="*", default=[], help="key=value overrides of configs/finetune_tiny.yaml")
@@ -462,9 +513,11 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
     tasks = args.tasks.split(",")
-    cfg = load_config(FinetuneConfig, REPO / "configs" / "finetune_tiny.yaml",
-                      [f"output_dir={out}", f"tasks=[{', '.join(tasks)}]", f"steps={args.steps}", *RECIPE, *PROTOCOL,
-                       *args.set])
+    cfg = load_config(
+        FinetuneConfig,
+        REPO / "configs" / "finetune_tiny.yaml",
+        [f"output_dir={out}", f"tasks=[{', '.join(tasks)}]", f"steps={args.steps}", *RECIPE, *PROTOCOL, *args.set],
+    )
     hw = (cfg.synthetic.height, cfg.synthetic.width)
     cfg = dataclasses.replace(cfg, **{t: dataclasses.replace(cfg.task(t), image_size=list(hw)) for t in tasks})
     steps = {t: cfg.steps for t in tasks}
@@ -487,8 +540,9 @@ def _pretrained(args, out: Path, hw: tuple[int, int]) -> str:
 
     if args.pretrain == "demo":
         return pretrain_on_demo(out / "demo", args.pretrain_steps, args.pretrain_set)["student_weights"]
-    return pretrain_on_synthetic(out / "synthetic", args.pretrain_steps, args.pretrain_images, hw,
-                                 args.pretrain_set)["student_weights"]
+    return pretrain_on_synthetic(out / "synthetic", args.pretrain_steps, args.pretrain_images, hw, args.pretrain_set)[
+        "student_weights"
+    ]
 
 
 def _compare(cfg: FinetuneConfig, checkpoint: str, steps: dict[str, int], out: Path, seeds: list[int]) -> int:
@@ -504,23 +558,41 @@ def _compare(cfg: FinetuneConfig, checkpoint: str, steps: dict[str, int], out: P
         for seed in seeds:
             for kind, (fn, c) in runs.items():
                 results[task][kind].append(fn(dataclasses.replace(c, seed=seed, steps=n), task, inputs[task], out))
-            print(f"{task} seed {seed}: " + "  ".join(f"{k} {HEADLINE[task][0]}={v[-1][HEADLINE[task][0]]:.4f}"
-                                                    for k, v in results[task].items()), flush=True)
+            print(
+                f"{task} seed {seed}: "
+                + "  ".join(
+                    f"{k} {HEADLINE[task][0]}={v[-1][HEADLINE[task][0]]:.4f}" for k, v in results[task].items()
+                ),
+                flush=True,
+            )
     o = cfg.optim
-    print(f"\nsteps per run {steps}, batch {cfg.batch_size_per_worker}, {cfg.synthetic.height}x{cfg.synthetic.width}, "
-          f"seeds {seeds} (mean ± half-range), "
-          f"backbone {cfg.backbone.name} ({checkpoint})\nfine-tune: lr {o.lr} (the probe's too), backbone x"
-          f"{o.backbone_lr_scale}, layer decay {o.layer_decay}, backbone frozen for {o.freeze_backbone_steps} steps, "
-          f"warm-up {o.warmup_steps}, augment {'on' if cfg.augment.enabled else 'off'} (rotation p "
-          f"{cfg.augment.rotation_prob}, scale {list(cfg.augment.scale)}), flip test {cfg.flip_test}\n"
-          + table(results))
+    print(
+        f"\nsteps per run {steps}, batch {cfg.batch_size_per_worker}, {cfg.synthetic.height}x{cfg.synthetic.width}, "
+        f"seeds {seeds} (mean ± half-range), "
+        f"backbone {cfg.backbone.name} ({checkpoint})\nfine-tune: lr {o.lr} (the probe's too), backbone x"
+        f"{o.backbone_lr_scale}, layer decay {o.layer_decay}, backbone frozen for {o.freeze_backbone_steps} steps, "
+        f"warm-up {o.warmup_steps}, augment {'on' if cfg.augment.enabled else 'off'} (rotation p "
+        f"{cfg.augment.rotation_prob}, scale {list(cfg.augment.scale)}), flip test {cfg.flip_test}\n" + table(results)
+    )
     if "depth" in results:
         for kind, runs_ in results["depth"].items():
-            print(f"depth {kind} per seed: " + "; ".join(
-                ", ".join(f"{k} {m[k]:.4f}" for k in ("rmse", "abs_rel", "delta1")) for m in runs_))
-    (out / "bench.json").write_text(json.dumps({"steps": steps, "seeds": seeds, "checkpoint": checkpoint,
-                                                "synthetic": dataclasses.asdict(cfg.synthetic),
-                                                "optim": dataclasses.asdict(o), "results": results}, indent=1))
+            print(
+                f"depth {kind} per seed: "
+                + "; ".join(", ".join(f"{k} {m[k]:.4f}" for k in ("rmse", "abs_rel", "delta1")) for m in runs_)
+            )
+    (out / "bench.json").write_text(
+        json.dumps(
+            {
+                "steps": steps,
+                "seeds": seeds,
+                "checkpoint": checkpoint,
+                "synthetic": dataclasses.asdict(cfg.synthetic),
+                "optim": dataclasses.asdict(o),
+                "results": results,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

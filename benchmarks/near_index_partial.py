@@ -8,6 +8,7 @@ and wall time of each, and checks the decisions are equal.
 
     .venv/bin/python benchmarks/near_index_partial.py --n 200000 --batches 100 10000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,23 +48,28 @@ def main() -> None:
         t0 = time.perf_counter()
         save_index(NearDupIndex.build(old, cfg, near_duplicate_decisions(old, cfg)), fs, d, num_buckets=args.buckets)
         total_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs_ in os.walk(d) for f in fs_)
-        print(f"index: {args.n} rows, P={PartitionedNearIndex.open(fs, d).header['num_buckets']}, written in {time.perf_counter() - t0:.1f} s, "
-              f"{total_bytes / 2**20:.1f} MiB")
+        print(
+            f"index: {args.n} rows, P={PartitionedNearIndex.open(fs, d).header['num_buckets']}, written in {time.perf_counter() - t0:.1f} s, "
+            f"{total_bytes / 2**20:.1f} MiB"
+        )
         for b in args.batches:
             new = table.slice(args.n, b)
             index = PartitionedNearIndex.open(fs, d)
-            part, t_part = measured(lambda: index.decisions(new, cfg))
+            part, t_part = measured(lambda index=index, new=new: index.decisions(new, cfg))
             opened = set(index.opened)
             read = sum(os.path.getsize(p) for p in opened)
             rows_read = index.rows_read
             whole, t_whole = measured(
-                lambda: incremental_decisions(new, PartitionedNearIndex.open(fs, d).load(), cfg))
+                lambda new=new: incremental_decisions(new, PartitionedNearIndex.open(fs, d).load(), cfg)
+            )
             assert part.equals(whole)
-            print(f"batch {b:>6}: {part.num_rows} dropped (equal: {part.equals(whole)}); partitioned: "
-                  f"{len(opened)}/{index.num_files} files, {read / 2**20:.2f}/{total_bytes / 2**20:.1f} MiB, "
-                  f"{rows_read} rows streamed, held at most {index.largest_file} (one file) + {index.reached} reached rows, "
-                  f"{t_part:.2f} s | whole index: {args.n} rows held, {t_whole:.2f} s "
-                  f"| ratios: held {args.n / (index.largest_file + index.reached):.1f}x, time {t_whole / t_part:.2f}x")
+            print(
+                f"batch {b:>6}: {part.num_rows} dropped (equal: {part.equals(whole)}); partitioned: "
+                f"{len(opened)}/{index.num_files} files, {read / 2**20:.2f}/{total_bytes / 2**20:.1f} MiB, "
+                f"{rows_read} rows streamed, held at most {index.largest_file} (one file) + {index.reached} reached rows, "
+                f"{t_part:.2f} s | whole index: {args.n} rows held, {t_whole:.2f} s "
+                f"| ratios: held {args.n / (index.largest_file + index.reached):.1f}x, time {t_whole / t_part:.2f}x"
+            )
 
 
 if __name__ == "__main__":

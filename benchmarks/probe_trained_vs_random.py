@@ -32,6 +32,7 @@ printed apart and says so. ``--checkpoint`` adds any official-layout file to the
 
 Writes ``table.md`` and ``bench.json`` under ``--out``; every run is in ``<out>/mlflow.db``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-for _key, _value in {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1", "RAY_USAGE_STATS_ENABLED": "0",
-                     "HF_HUB_OFFLINE": "1", "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0"}.items():
+for _key, _value in {
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "YOLO_OFFLINE": "1",
+    "YOLO_AUTOINSTALL": "0",
+}.items():
     os.environ.setdefault(_key, _value)
 
 import torch  # noqa: E402
@@ -57,16 +64,33 @@ from evaluation.io import sha256_file  # noqa: E402
 from infra import tracking  # noqa: E402
 from infra.config import load_config  # noqa: E402
 
-ROWS = [("pose", "AP", "higher"), ("pose", "AP50", "higher"), ("pose", "AR", "higher"),
-        ("seg", "mIoU", "higher"), ("seg", "mAcc", "higher"),
-        ("pointmap", "l2", "lower"), ("pointmap", "rmse", "lower"),
-        ("normal", "mean_angle", "lower"), ("normal", "median_angle", "lower"), ("normal", "within_11.25", "higher"),
-        ("normal", "within_30", "higher"),
-        ("albedo", "mae", "lower"), ("albedo", "psnr", "higher"),
-        ("knn", "top1_k10", "higher"), ("knn", "top1_k20", "higher")]
+ROWS = [
+    ("pose", "AP", "higher"),
+    ("pose", "AP50", "higher"),
+    ("pose", "AR", "higher"),
+    ("seg", "mIoU", "higher"),
+    ("seg", "mAcc", "higher"),
+    ("pointmap", "l2", "lower"),
+    ("pointmap", "rmse", "lower"),
+    ("normal", "mean_angle", "lower"),
+    ("normal", "median_angle", "lower"),
+    ("normal", "within_11.25", "higher"),
+    ("normal", "within_30", "higher"),
+    ("albedo", "mae", "lower"),
+    ("albedo", "psnr", "higher"),
+    ("knn", "top1_k10", "higher"),
+    ("knn", "top1_k20", "higher"),
+]
 # Short probe schedules for --quick (the demo DAG's probe settings).
-QUICK_PROBE = ["synthetic.train_images=96", "synthetic.val_images=32", "pose.steps=150", "seg.steps=150",
-               "pointmap.steps=150", "normal.steps=150", "albedo.steps=150"]
+QUICK_PROBE = [
+    "synthetic.train_images=96",
+    "synthetic.val_images=32",
+    "pose.steps=150",
+    "seg.steps=150",
+    "pointmap.steps=150",
+    "normal.steps=150",
+    "albedo.steps=150",
+]
 CENTERNET = REPO.parent / "shared" / "assets" / "models" / "person_centernet_512.onnx"
 
 
@@ -77,8 +101,9 @@ def pretrain_on_demo(out: Path, steps: int, overrides: list[str]) -> dict:
 
     t0 = time.time()
     build_demo_corpus(out / "raw")
-    return curate_and_pretrain(out, steps, [f"detector.weights={CENTERNET}", "content.text.enabled=false"],
-                               overrides, since=t0)
+    return curate_and_pretrain(
+        out, steps, [f"detector.weights={CENTERNET}", "content.text.enabled=false"], overrides, since=t0
+    )
 
 
 def pretrain_on_synthetic(out: Path, steps: int, count: int, hw: tuple[int, int], overrides: list[str]) -> dict:
@@ -98,13 +123,23 @@ def pretrain_on_synthetic(out: Path, steps: int, count: int, hw: tuple[int, int]
     for i in range(count):
         image = render_sample(np.random.default_rng([1000, 2, i]), hw)["image"]
         Image.fromarray(image).save(raw / f"figure_{i:06d}.jpg", quality=95)
-    return curate_and_pretrain(out, steps, ["detector.backend=none", "content.text.enabled=false",
-                                            "geometry.min_short_side=0", "input.images_per_partition=128"],
-                               overrides, since=t0)
+    return curate_and_pretrain(
+        out,
+        steps,
+        [
+            "detector.backend=none",
+            "content.text.enabled=false",
+            "geometry.min_short_side=0",
+            "input.images_per_partition=128",
+        ],
+        overrides,
+        since=t0,
+    )
 
 
-def curate_and_pretrain(out: Path, steps: int, curation_overrides: list[str], pretrain_overrides: list[str], *,
-                        since: float) -> dict:
+def curate_and_pretrain(
+    out: Path, steps: int, curation_overrides: list[str], pretrain_overrides: list[str], *, since: float
+) -> dict:
     """``out/raw`` curated into ``out/curated`` (``configs/curate_demo.yaml`` + overrides), then
     ``steps`` of ``configs/pretrain_tiny.yaml`` on those shards, through the stage facades."""
     from curation import stage as curation_stage
@@ -112,22 +147,37 @@ def curate_and_pretrain(out: Path, steps: int, curation_overrides: list[str], pr
     from training import stage as training_stage
     from training.config import PretrainConfig
 
-    ccfg = load_config(CurationConfig, REPO / "configs" / "curate_demo.yaml",
-                       [f"input.uri={out / 'raw'}", f"output_dir={out / 'curated'}", *curation_overrides])
+    ccfg = load_config(
+        CurationConfig,
+        REPO / "configs" / "curate_demo.yaml",
+        [f"input.uri={out / 'raw'}", f"output_dir={out / 'curated'}", *curation_overrides],
+    )
     curation_stage.run(ccfg)
     curated = curation_stage.result(ccfg)
     t1 = time.time()
-    print(f"curated {out / 'raw'}: {curated['kept']} of {curated['inputs']} images kept in "
-          f"{len(curated['shards'])} shards, dataset {curated['dataset_id']} ({t1 - since:.0f}s)", flush=True)
-    pcfg = load_config(PretrainConfig, REPO / "configs" / "pretrain_tiny.yaml",
-                       [f"data.dataset={out / 'curated'}", f"storage_path={out / 'pretrain'}",
-                        f"run_name=tiny-{steps}steps", f"steps={steps}", *pretrain_overrides])
+    print(
+        f"curated {out / 'raw'}: {curated['kept']} of {curated['inputs']} images kept in "
+        f"{len(curated['shards'])} shards, dataset {curated['dataset_id']} ({t1 - since:.0f}s)",
+        flush=True,
+    )
+    pcfg = load_config(
+        PretrainConfig,
+        REPO / "configs" / "pretrain_tiny.yaml",
+        [
+            f"data.dataset={out / 'curated'}",
+            f"storage_path={out / 'pretrain'}",
+            f"run_name=tiny-{steps}steps",
+            f"steps={steps}",
+            *pretrain_overrides,
+        ],
+    )
     trend = training_stage.run(pcfg)
     res = training_stage.result(pcfg)
     res["seconds"] = time.time() - t1
     res["kept"], res["loss_trend"] = curated["kept"], trend.get("loss_trend", "")
-    print(f"pretrained {steps} steps in {res['seconds']:.0f}s, loss {res['loss_trend']}; "
-          f"run {res['run_id']}", flush=True)
+    print(
+        f"pretrained {steps} steps in {res['seconds']:.0f}s, loss {res['loss_trend']}; run {res['run_id']}", flush=True
+    )
     return res
 
 
@@ -137,10 +187,14 @@ def record_standin_run(workspace: Path, checkpoint: Path, kind: str, steps: int,
 
     uri = tracking.resolve_tracking_uri(None, str(workspace / "probe"))
     exp = tracking.get_experiment_id("pretraining-standins", uri)
-    tags = {"humanvision.stage": "pretrain", "pretrain.kind": f"{kind}-warmup-standin",
-            "dataset.id": f"synthetic-figures-seed1000-{kind}-{steps}steps",
-            "dataset.uri": "generated:evaluation.synthetic",
-            "checkpoint.student": str(checkpoint), "checkpoint.digest": sha256_file(checkpoint)}
+    tags = {
+        "humanvision.stage": "pretrain",
+        "pretrain.kind": f"{kind}-warmup-standin",
+        "dataset.id": f"synthetic-figures-seed1000-{kind}-{steps}steps",
+        "dataset.uri": "generated:evaluation.synthetic",
+        "checkpoint.student": str(checkpoint),
+        "checkpoint.digest": sha256_file(checkpoint),
+    }
     with mlflow.start_run(experiment_id=exp, run_name=f"{kind}-warmup-standin", tags=tags) as run:
         for step, loss in enumerate(losses):
             mlflow.log_metric("loss", loss, step=step)
@@ -159,11 +213,15 @@ def train_standin(kind: str, stream: dict, steps: int, out: Path) -> tuple[Path,
     else:
         losses = supervised_warmup(backbone, stream, steps=steps, batch_size=16, lr=1e-3)
     seconds = time.time() - t0
-    ckpt = save_state_dict_file(backbone, out / f"sapiens2_tiny_{kind}.safetensors",
-                                metadata={"standin": kind, "steps": steps})
+    ckpt = save_state_dict_file(
+        backbone, out / f"sapiens2_tiny_{kind}.safetensors", metadata={"standin": kind, "steps": steps}
+    )
     run_id = record_standin_run(out, ckpt, kind, steps, losses)
-    print(f"stand-in {kind}: {steps} steps in {seconds:.0f}s, loss {losses[0]:.3f} -> "
-          f"{sum(losses[-10:]) / min(10, len(losses)):.3f}; run {run_id}", flush=True)
+    print(
+        f"stand-in {kind}: {steps} steps in {seconds:.0f}s, loss {losses[0]:.3f} -> "
+        f"{sum(losses[-10:]) / min(10, len(losses)):.3f}; run {run_id}",
+        flush=True,
+    )
     return ckpt, seconds
 
 
@@ -192,8 +250,10 @@ def compare(results: dict, names: list[str], ref: str, title: str) -> tuple[str,
     for n in others:
         w = wins[n]
         lines.append("")
-        lines.append(f"{n} vs {ref}: better on {len(w['better'])} of {sum(len(v) for v in w.values())} metrics; "
-                     f"worse on: {', '.join(w['worse']) or 'none'}" + (f"; tied: {', '.join(w['tie'])}" if w["tie"] else ""))
+        lines.append(
+            f"{n} vs {ref}: better on {len(w['better'])} of {sum(len(v) for v in w.values())} metrics; "
+            f"worse on: {', '.join(w['worse']) or 'none'}" + (f"; tied: {', '.join(w['tie'])}" if w["tie"] else "")
+        )
     return "\n".join(lines), wins
 
 
@@ -201,17 +261,28 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(REPO / "runs" / "bench-probe"))
     p.add_argument("--pretrain-steps", type=int, default=0, help="default 300 (150 with --quick)")
-    p.add_argument("--pretrain-set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="pretraining settings over configs/pretrain_tiny.yaml")
+    p.add_argument(
+        "--pretrain-set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="pretraining settings over configs/pretrain_tiny.yaml",
+    )
     p.add_argument("--teacher", action="store_true", help="probe the pretrained EMA teacher as well")
     p.add_argument("--quick", action="store_true", help="short probe schedules (150 steps a task, 96 train images)")
-    p.add_argument("--standins", default="none",
-                   help="comma list of ssl, supervised: the built-in-advantage table (default none)")
+    p.add_argument(
+        "--standins", default="none", help="comma list of ssl, supervised: the built-in-advantage table (default none)"
+    )
     p.add_argument("--checkpoint", default="", help="also probe this official-layout file (headline table)")
     p.add_argument("--warmup-steps", type=int, default=300, help="stand-ins' training steps")
     p.add_argument("--warmup-images", type=int, default=1024)
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="probe settings over configs/probe_tiny.yaml, e.g. --set pose.steps=100 seg.steps=50")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="probe settings over configs/probe_tiny.yaml, e.g. --set pose.steps=100 seg.steps=50",
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -239,36 +310,62 @@ def main() -> int:
 
     results, seconds = {}, {}
     for name, checkpoint in {**headline, **standin_paths}.items():
-        cfg = load_config(ProbeConfig, REPO / "configs" / "probe_tiny.yaml",
-                          [f"output_dir={out / ('probe-' + name)}", f"backbone.checkpoint={checkpoint}", *probe_set])
+        cfg = load_config(
+            ProbeConfig,
+            REPO / "configs" / "probe_tiny.yaml",
+            [f"output_dir={out / ('probe-' + name)}", f"backbone.checkpoint={checkpoint}", *probe_set],
+        )
         t1 = time.time()
         results[name] = run_probes(cfg)
         seconds[name] = time.time() - t1
         print(results[name].summary(), flush=True)
 
-    print(f"\nprobe settings: configs/probe_tiny.yaml {' '.join(probe_set) or '(as shipped)'}; "
-          f"pretraining: {steps} steps of configs/pretrain_tiny.yaml on {pre['kept']} curated demo images")
-    table, wins = compare(results, list(headline), "random",
-                          "Headline: backbones this platform pretrained vs random init (same probe settings)")
+    print(
+        f"\nprobe settings: configs/probe_tiny.yaml {' '.join(probe_set) or '(as shipped)'}; "
+        f"pretraining: {steps} steps of configs/pretrain_tiny.yaml on {pre['kept']} curated demo images"
+    )
+    table, wins = compare(
+        results,
+        list(headline),
+        "random",
+        "Headline: backbones this platform pretrained vs random init (same probe settings)",
+    )
     print("\n" + table)
     tables = [table]
     if standin_paths:
-        st_table, _ = compare(results, [*standin_paths, "random"], "random",
-                              "BUILT-IN ADVANTAGE, not evidence for pretraining: stand-ins trained on the probe "
-                              "generator's own images (supervised: on two of the probe labels)")
+        st_table, _ = compare(
+            results,
+            [*standin_paths, "random"],
+            "random",
+            "BUILT-IN ADVANTAGE, not evidence for pretraining: stand-ins trained on the probe "
+            "generator's own images (supervised: on two of the probe labels)",
+        )
         print("\n" + st_table)
         tables.append(st_table)
     for name in results:
         lin = results[name].lineage
-        print(f"{name}: checkpoint {lin.checkpoint_path} -> pretraining run {lin.pretrain_run_id or '-'} "
-              f"(found by {lin.source}), dataset {lin.dataset_id or '-'}; probes {seconds[name]:.0f}s")
+        print(
+            f"{name}: checkpoint {lin.checkpoint_path} -> pretraining run {lin.pretrain_run_id or '-'} "
+            f"(found by {lin.source}), dataset {lin.dataset_id or '-'}; probes {seconds[name]:.0f}s"
+        )
     (out / "table.md").write_text("\n\n".join(tables) + "\n")
-    (out / "bench.json").write_text(json.dumps({
-        "pretrain_steps": steps, "pretrain": pre, "probe_overrides": probe_set,
-        "standin_warmup_steps": args.warmup_steps if standins else 0, "standin_seconds": warm_seconds,
-        "seconds": seconds, "wins": wins,
-        "metrics": {k: r.metrics for k, r in results.items()},
-        "lineage": {k: dataclasses.asdict(r.lineage) for k, r in results.items()}}, indent=1, default=str))
+    (out / "bench.json").write_text(
+        json.dumps(
+            {
+                "pretrain_steps": steps,
+                "pretrain": pre,
+                "probe_overrides": probe_set,
+                "standin_warmup_steps": args.warmup_steps if standins else 0,
+                "standin_seconds": warm_seconds,
+                "seconds": seconds,
+                "wins": wins,
+                "metrics": {k: r.metrics for k, r in results.items()},
+                "lineage": {k: dataclasses.asdict(r.lineage) for k, r in results.items()},
+            },
+            indent=1,
+            default=str,
+        )
+    )
     return 0
 
 

@@ -4,6 +4,7 @@ The job's whole config class (``curation.recipe.CurationConfig``) is derived fro
 these job settings plus one section per step, each step's settings dataclass living beside
 the step. Defaults are the Humans-1B recipe; YAML files under configs/ override them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,14 +21,14 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".
 class InputConfig:
     """Where the raw images are and how they are cut into partitions (one output shard each)."""
 
-    uri: str = ""                      # folder, a tar/parquet file, or a folder of them; local or s3://, gs://
+    uri: str = ""  # folder, a tar/parquet file, or a folder of them; local or s3://, gs://
     format: Literal["auto", "folder", "webdataset", "parquet"] = "auto"
-    images_per_partition: int = 1000   # folder inputs and Parquet with a path column
+    images_per_partition: int = 1000  # folder inputs and Parquet with a path column
     extensions: list[str] = field(default_factory=lambda: list(IMAGE_EXTENSIONS))
     parquet_image_column: str | None = None  # auto: first of image, jpg, png, webp, bytes
-    parquet_path_column: str | None = None   # auto: first of path, uri, url, file
-    parquet_key_column: str | None = None    # auto: "key" when present
-    num_cpus: float = 1.0              # per read task; reading is mostly I/O, so 0.25-0.5 leaves cores to the stages
+    parquet_path_column: str | None = None  # auto: first of path, uri, url, file
+    parquet_key_column: str | None = None  # auto: "key" when present
+    num_cpus: float = 1.0  # per read task; reading is mostly I/O, so 0.25-0.5 leaves cores to the stages
 
     def __post_init__(self) -> None:
         if self.images_per_partition < 1:
@@ -38,10 +39,10 @@ class InputConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class DecodeConfig:
-    max_pixels: int = 89_478_485       # Pillow's own warning limit; larger headers are rejected undecoded
-    max_bytes: int = 64 * 2**20        # larger files are recorded as file_too_large without being read
+    max_pixels: int = 89_478_485  # Pillow's own warning limit; larger headers are rejected undecoded
+    max_bytes: int = 64 * 2**20  # larger files are recorded as file_too_large without being read
     alpha_background: list[int] = field(default_factory=lambda: [255, 255, 255])
-    max_side: int = 0                  # 0 keeps full resolution; else the long side is resized down to it
+    max_side: int = 0  # 0 keeps full resolution; else the long side is resized down to it
     reencode: Literal["if_needed", "always"] = "if_needed"  # if_needed keeps untouched RGB JPEG bytes
     jpeg_quality: int = 95
     batch_size: int = 16
@@ -61,7 +62,7 @@ class DedupSettings:
     """Settings the global dedup steps share (the ``dedup`` section beside exact/near/semantic)."""
 
     engine: Literal["local", "ray"] = "local"  # ray: the shuffles run as Ray Data jobs
-    against: str | None = None         # an earlier curation output: dedup incrementally against its kept images
+    against: str | None = None  # an earlier curation output: dedup incrementally against its kept images
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -70,13 +71,15 @@ class JobSettings:
 
     name: str = "curation"
     output_dir: str = ""
-    dataset_name: str | None = None    # None: the output folder's name
+    dataset_name: str | None = None  # None: the output folder's name
     tracking: TrackingConfig = tracking_section("curation")
     ray: RayConfig = ray_section()
 
     def validate(self) -> None:
         """Checks that need the whole config (called before any work starts)."""
         if not self.input.uri:
-            raise ValueError("input.uri is required: a folder, tar or parquet file (or folder of them), e.g. input.uri=data/raw")
+            raise ValueError(
+                "input.uri is required: a folder, tar or parquet file (or folder of them), e.g. input.uri=data/raw"
+            )
         if not self.output_dir:
             raise ValueError("output_dir is required, e.g. output_dir=runs/curate")

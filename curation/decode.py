@@ -18,6 +18,7 @@ Errors (``curation.schema``): ``empty_file``, ``not_an_image``, ``decompression_
 a full ``load()`` catches it: ``verify()`` passes truncated JPEGs), ``decode_failed``,
 ``unsupported_mode``. A bad file never raises out of the stage.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,14 @@ ImageFile.LOAD_TRUNCATED_IMAGES = False
 
 # Notes that mark the decoded pixels as a deliberate conversion of the source encoding (the
 # ``converted`` column); EXIF rotation, resizing and re-encoding change no source quality.
-CONVERSION_NOTES = ("palette_converted", "grayscale_converted", "scaled_16bit", "cmyk_converted",
-                    "alpha_composited", "animated_frame0")
+CONVERSION_NOTES = (
+    "palette_converted",
+    "grayscale_converted",
+    "scaled_16bit",
+    "cmyk_converted",
+    "alpha_composited",
+    "animated_frame0",
+)
 _ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 _HIGH_DEPTH_MODES = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 
@@ -179,8 +186,11 @@ def _load(im: Image.Image) -> None:
         im.load()
     except OSError as err:
         text = str(err)
-        reason = schema.TRUNCATED if ("truncated" in text or "broken data stream" in text
-                                      or "unrecognized data stream" in text) else schema.DECODE_FAILED
+        reason = (
+            schema.TRUNCATED
+            if ("truncated" in text or "broken data stream" in text or "unrecognized data stream" in text)
+            else schema.DECODE_FAILED
+        )
         raise DecodeError(reason, text) from None
     except Exception as err:  # noqa: BLE001
         raise DecodeError(schema.DECODE_FAILED, f"{type(err).__name__}: {err}") from None
@@ -214,11 +224,26 @@ class DecodeStage(Stage):
         return Resources(num_cpus=self.cfg.num_cpus, batch_size=self.cfg.batch_size)
 
     def decode_row(self, row: dict) -> dict:
-        out = {k: row.get(k) for k in ("partition", "key", "source", "source_meta", "input_bytes",
-                                       "reason", "error_message")}
-        out.update(decode_ok=False, width=None, height=None, format=None, mode=None, notes=[], converted=None,
-                   image=None, image_ext=None, phash=None, phash_mirror=None, sha256=None, bytes_uri=None,
-                   bytes_offset=None)
+        out = {
+            k: row.get(k)
+            for k in ("partition", "key", "source", "source_meta", "input_bytes", "reason", "error_message")
+        }
+        out.update(
+            decode_ok=False,
+            width=None,
+            height=None,
+            format=None,
+            mode=None,
+            notes=[],
+            converted=None,
+            image=None,
+            image_ext=None,
+            phash=None,
+            phash_mirror=None,
+            sha256=None,
+            bytes_uri=None,
+            bytes_offset=None,
+        )
         raw = row.get("raw")
         if raw is not None:
             out["sha256"] = hashlib.sha256(raw).hexdigest()
@@ -232,10 +257,17 @@ class DecodeStage(Stage):
         except DecodeError as err:
             out["reason"], out["error_message"] = err.reason, str(err)[:500]
             return out
-        out.update(decode_ok=True, width=facts["size"][0], height=facts["size"][1], format=facts["format"],
-                   mode=facts["mode"], notes=facts["notes"], image_ext="jpg",
-                   converted=any(n in CONVERSION_NOTES for n in facts["notes"]),
-                   **self._hashes(rgb))
+        out.update(
+            decode_ok=True,
+            width=facts["size"][0],
+            height=facts["size"][1],
+            format=facts["format"],
+            mode=facts["mode"],
+            notes=facts["notes"],
+            image_ext="jpg",
+            converted=any(n in CONVERSION_NOTES for n in facts["notes"]),
+            **self._hashes(rgb),
+        )
         return out
 
     def _hashes(self, rgb: Image.Image) -> dict:

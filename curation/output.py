@@ -18,6 +18,7 @@ readers (training, audits, the DAG, dataset versions) read through ``CuratedOutp
 ``resolve_dataset``. The WebDataset member-name rule (``split_member``) is here too, for the
 readers of tar inputs and the training loader alike.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,6 +49,7 @@ def split_member(name: str) -> tuple[str, str] | None:
 
 
 # ---- paths, for the code that writes an output ------------------------------------------------
+
 
 def path(output: str, *parts: str) -> str:
     return storage.join(output, *parts)
@@ -84,6 +86,7 @@ def is_written(fs, output: str, pid: str) -> bool:
 
 
 # ---- reading an output back ----------------------------------------------------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class CuratedOutput:
@@ -167,19 +170,26 @@ class CuratedOutput:
         """The dataset version this finished output holds (from its ``_SUCCESS`` marker)."""
         done = self.success()
         try:
-            return DatasetVersion(id=done["dataset_id"], name=done.get("dataset_name", Path(self.root).name),
-                                  uri=self.uri, shards=tuple(self.shard_uris()), run_id=done.get("mlflow_run_id"),
-                                  num_samples=done.get("kept"))
+            return DatasetVersion(
+                id=done["dataset_id"],
+                name=done.get("dataset_name", Path(self.root).name),
+                uri=self.uri,
+                shards=tuple(self.shard_uris()),
+                run_id=done.get("mlflow_run_id"),
+                num_samples=done.get("kept"),
+            )
         except KeyError as err:
-            raise ValueError(f"{self.uri!r} was written by an older curation version (its {SUCCESS_FILE} marker "
-                             f"has no {err}); re-run the curation") from None
+            raise ValueError(
+                f"{self.uri!r} was written by an older curation version (its {SUCCESS_FILE} marker "
+                f"has no {err}); re-run the curation"
+            ) from None
 
 
 @dataclasses.dataclass(frozen=True)
 class DatasetVersion:
     id: str
     name: str
-    uri: str                 # the curation output folder
+    uri: str  # the curation output folder
     shards: tuple[str, ...]  # WebDataset tar URIs, sorted
     run_id: str | None = None
     num_samples: int | None = None
@@ -212,14 +222,24 @@ def resolve_dataset(ref: str, tracking_uri: str | None = None) -> DatasetVersion
     client = MlflowClient(tracking_uri)
     experiments = [e.experiment_id for e in client.search_experiments()]
     for query in (f"tags.`dataset.id` = '{ref}'", f"tags.`dataset.name` = '{ref}'"):
-        runs = client.search_runs(experiments, filter_string=f"{query} and tags.`humanvision.stage` = 'curation' "
-                                  "and attributes.status = 'FINISHED'",
-                                  order_by=["attributes.start_time DESC"], max_results=1)
+        runs = client.search_runs(
+            experiments,
+            filter_string=f"{query} and tags.`humanvision.stage` = 'curation' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         if runs:
             run = runs[0]
             listing = Path(client.download_artifacts(run.info.run_id, "shards.txt")).read_text()
-            return DatasetVersion(id=run.data.tags["dataset.id"], name=run.data.tags["dataset.name"],
-                                  uri=run.data.tags["dataset.uri"], shards=tuple(x for x in listing.splitlines() if x),
-                                  run_id=run.info.run_id, num_samples=int(run.data.metrics.get("kept", 0)) or None)
-    raise ValueError(f"no curated dataset version with id or name {ref!r} in {tracking_uri}; "
-                     "give the curation's MLflow store or the curation output folder")
+            return DatasetVersion(
+                id=run.data.tags["dataset.id"],
+                name=run.data.tags["dataset.name"],
+                uri=run.data.tags["dataset.uri"],
+                shards=tuple(x for x in listing.splitlines() if x),
+                run_id=run.info.run_id,
+                num_samples=int(run.data.metrics.get("kept", 0)) or None,
+            )
+    raise ValueError(
+        f"no curated dataset version with id or name {ref!r} in {tracking_uri}; "
+        "give the curation's MLflow store or the curation output folder"
+    )

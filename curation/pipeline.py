@@ -24,6 +24,7 @@ partitions that were not complete in the pass where it stopped (the global steps
 recomputed: they are deterministic), and produces byte-identical outputs. A re-run with a
 different job configuration into the same output is refused.
 """
+
 from __future__ import annotations
 
 import copy
@@ -44,9 +45,16 @@ from curation.dedup.distributed import GlobalDedupInput, decided_steps, partitio
 from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_global_dedup, steps_before
 from curation.recipe import HUMANS1B, CurationConfig
 from curation.stages import BuiltRecipe, Pass, Recipe, apply_stage, check_fits, run_stages_locally, section_of
-from curation.stats import SUMMARY_COLUMNS, format_summary, manifest_counts, merge_counts, stats_from_counts, tracking_record
+from curation.stats import (
+    SUMMARY_COLUMNS,
+    format_summary,
+    manifest_counts,
+    merge_counts,
+    stats_from_counts,
+    tracking_record,
+)
 from curation.versions import code_version, combine_digests, partition_digest
-from curation.writer import WriteShards, survivors_only
+from curation.writer import survivors_only
 from infra import storage
 from infra.config import config_to_dict, dump_config
 
@@ -65,11 +73,13 @@ class CurationResult:
     skipped: bool = False
 
     def summary(self) -> str:
-        lines = [format_summary(self.stats),
-                 f"shards:   {storage.join(self.output_dir, output.SHARDS)} ({len(self.shards)} files)",
-                 f"manifest: {self.manifest_uri}",
-                 f"stats:    {storage.join(self.output_dir, output.STATS_FILE)}",
-                 f"dataset version: {self.dataset_id}"]
+        lines = [
+            format_summary(self.stats),
+            f"shards:   {storage.join(self.output_dir, output.SHARDS)} ({len(self.shards)} files)",
+            f"manifest: {self.manifest_uri}",
+            f"stats:    {storage.join(self.output_dir, output.STATS_FILE)}",
+            f"dataset version: {self.dataset_id}",
+        ]
         if self.mlflow_run_id:
             lines.append(f"mlflow run: {self.mlflow_run_id}")
         return "\n".join(lines)
@@ -117,8 +127,13 @@ def content_digest(path: str) -> dict:
     """A weight file (or a model folder's files) by content: sha256 and size, never its path."""
     p = Path(path).expanduser()
     files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-    digests = [(f.relative_to(p).as_posix() if p.is_dir() else "", _file_digest(str(f), f.stat().st_size,
-                                                                                 f.stat().st_mtime_ns)) for f in files]
+    digests = [
+        (
+            f.relative_to(p).as_posix() if p.is_dir() else "",
+            _file_digest(str(f), f.stat().st_size, f.stat().st_mtime_ns),
+        )
+        for f in files
+    ]
     total = sum(f.stat().st_size for f in files)
     one = digests[0][1] if len(digests) == 1 else hashlib.sha256(json.dumps(digests).encode()).hexdigest()
     return {"sha256": one, "bytes": total}
@@ -145,8 +160,10 @@ def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
 def absolutize(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationConfig:
     """Relative local paths (output, input, weights) are taken from the driver's working
     directory, before workers see them."""
+
     def local(path: str) -> str:
         return path if not path or "://" in path else str(Path(path).expanduser().resolve())
+
     cfg = copy.deepcopy(cfg)
     cfg.output_dir, cfg.input.uri = local(cfg.output_dir), local(cfg.input.uri)
     for step in recipe.steps:
@@ -159,6 +176,7 @@ def absolutize(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationConfig
 
 # ---- the job's steps -----------------------------------------------------------------------------
 
+
 def prepare(cfg: CurationConfig, recipe: Recipe) -> Job:
     """Checks, digest and the output folder; raises ``ValueError`` before any Ray work."""
     cfg.validate()
@@ -170,8 +188,10 @@ def prepare(cfg: CurationConfig, recipe: Recipe) -> Job:
     if storage.exists(fs, marker):
         previous = storage.read_bytes(fs, marker).decode().strip()
         if previous != job.digest:
-            raise ValueError(f"output_dir {cfg.output_dir!r} holds a run of a different configuration "
-                             f"(job digest {previous}, this one {job.digest}); use a new output_dir")
+            raise ValueError(
+                f"output_dir {cfg.output_dir!r} holds a run of a different configuration "
+                f"(job digest {previous}, this one {job.digest}); use a new output_dir"
+            )
     else:
         storage.atomic_write_bytes(fs, marker, job.digest.encode())
     storage.atomic_write_bytes(fs, output.path(root, output.CONFIG_FILE), dump_config(cfg).encode())
@@ -183,8 +203,10 @@ def _output_folder(output_dir: str):
     try:
         storage.makedirs(fs, root)
     except (NotADirectoryError, FileExistsError, PermissionError) as err:
-        raise ValueError(f"output_dir={output_dir!r} cannot be created ({type(err).__name__}: {err}); "
-                         "give a folder that can be written") from None
+        raise ValueError(
+            f"output_dir={output_dir!r} cannot be created ({type(err).__name__}: {err}); "
+            "give a folder that can be written"
+        ) from None
     return fs, root
 
 
@@ -193,35 +215,51 @@ def finished_result(job: Job) -> CurationResult:
     out = output.CuratedOutput(job.fs, job.root)
     done = out.success()
     _drop_staging(job)
-    return CurationResult(job.uri, out.stats(), storage.join(job.uri, output.MANIFEST), out.shard_uris(),
-                          done["dataset_id"], done.get("mlflow_run_id"), skipped=True)
+    return CurationResult(
+        job.uri,
+        out.stats(),
+        storage.join(job.uri, output.MANIFEST),
+        out.shard_uris(),
+        done["dataset_id"],
+        done.get("mlflow_run_id"),
+        skipped=True,
+    )
 
 
 def plan(job: Job) -> tuple[list[readers.Partition], set[str], list[readers.Partition]]:
     """(all partitions, those already written, those to score); unfinished staging is cleared."""
     storage.remove_temp_files(job.fs, job.root)
     partitions = job.steps.steps[0].plan()
-    storage.atomic_write_bytes(job.fs, output.path(job.root, output.PLAN_FILE),
-                               "".join(readers.partition_to_json(p) + "\n" for p in partitions).encode())
+    storage.atomic_write_bytes(
+        job.fs,
+        output.path(job.root, output.PLAN_FILE),
+        "".join(readers.partition_to_json(p) + "\n" for p in partitions).encode(),
+    )
     written = {p.id for p in partitions if output.is_written(job.fs, job.root, p.id)}
     to_score = [p for p in partitions if p.id not in written and not staging.is_complete(job.fs, job.root, p.id)]
     for p in to_score:
         staging.clear_partition(job.fs, job.root, p.id)
-    log.info("%d partitions: %d to score, %d already done", len(partitions), len(to_score),
-             len(partitions) - len(to_score))
+    log.info(
+        "%d partitions: %d to score, %d already done", len(partitions), len(to_score), len(partitions) - len(to_score)
+    )
     return partitions, written, to_score
 
 
 def start_ray(job: Job, scoring: bool) -> None:
     """Start or join Ray; on a local cluster, refuse actor pools that cannot all fit."""
-    from infra.ray_runtime import joins_a_cluster, start_ray as start
+    from infra.ray_runtime import joins_a_cluster
+    from infra.ray_runtime import start_ray as start
 
     start(job.cfg.ray)
     if scoring and not joins_a_cluster(job.cfg.ray.address):  # a cluster's size is not known up front
         import ray
 
-        check_fits(split_inline(job.steps.stages)[1], job.cfg.input.num_cpus, ray.cluster_resources().get("CPU", 0.0),
-                   autoscale=job.cfg.ray.actor_pools == "autoscaling")
+        check_fits(
+            split_inline(job.steps.stages)[1],
+            job.cfg.input.num_cpus,
+            ray.cluster_resources().get("CPU", 0.0),
+            autoscale=job.cfg.ray.actor_pools == "autoscaling",
+        )
 
 
 def _read_and_list(p: readers.Partition, reader: readers.ReadImages, inline: list, out_uri: str):
@@ -265,11 +303,16 @@ def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
     inline, pooled = split_inline(job.steps.passes()[0].stages)
     if not pooled:  # the task runs the read and every cheap stage: it needs the most any of them asks
         cpus = max([job.cfg.input.num_cpus, *(s.resources().num_cpus for s in inline)])
-        map_tasks(functools.partial(_score_partition, reader=reader, inline=inline, out_uri=uri), partitions,
-                  num_cpus=cpus, name="curation.pass1")
+        map_tasks(
+            functools.partial(_score_partition, reader=reader, inline=inline, out_uri=uri),
+            partitions,
+            num_cpus=cpus,
+            name="curation.pass1",
+        )
         return
-    source = readers.partition_datasource(partitions, lambda p: _read_and_list(p, reader, inline, uri),
-                                          schema=None if inline else readers.RAW_SCHEMA)
+    source = readers.partition_datasource(
+        partitions, lambda p: _read_and_list(p, reader, inline, uri), schema=None if inline else readers.RAW_SCHEMA
+    )
     ds = ray.data.read_datasource(source, override_num_blocks=len(partitions), num_cpus=job.cfg.input.num_cpus)
     for stage in pooled:
         ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
@@ -330,8 +373,9 @@ def score_survivors(job: Job, p: Pass, pids: list[str]) -> None:
     inline, pooled = split_inline(p.stages)
     images = any("image" in s.columns_read() for s in p.stages)
     parts = [readers.Partition(id=pid, kind="staged", uris=(src.uri,)) for pid in todo]
-    source = readers.partition_datasource(parts, lambda q: _survivors(q.id, src.uri, dst.uri, job.uri, inline, images),
-                                          schema=None)
+    source = readers.partition_datasource(
+        parts, lambda q: _survivors(q.id, src.uri, dst.uri, job.uri, inline, images), schema=None
+    )
     # A read task's output is merged into blocks of up to DataContext.target_max_block_size (128 MiB: a
     # whole partition here), and a block goes to one actor: with fewer partitions than actors, actors
     # would idle (735 survivors in one partition, 2 detector actors: one worked). The dataset keeps the
@@ -348,8 +392,13 @@ def score_survivors(job: Job, p: Pass, pids: list[str]) -> None:
     for stage in pooled:
         ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
     if pooled:  # an actor returns a block per batch (8 rows for the detector): staged in fewer, larger parts
-        ds = ds.map_batches(_same_rows, batch_size=STAGING_BATCH_ROWS, batch_format="pyarrow", zero_copy_batch=True,
-                            num_cpus=job.cfg.input.num_cpus)
+        ds = ds.map_batches(
+            _same_rows,
+            batch_size=STAGING_BATCH_ROWS,
+            batch_format="pyarrow",
+            zero_copy_batch=True,
+            num_cpus=job.cfg.input.num_cpus,
+        )
     ds.write_datasink(staging.StagingSink(dst.uri), ray_remote_args=staging_task_resources(job))
 
 
@@ -410,8 +459,9 @@ def _summarise_parts(paths: list[str], uri: str) -> list[dict]:
     rows = []
     for path in paths:
         part = out.read_part(path, SUMMARY_COLUMNS)
-        rows.append({"pid": output.part_id(path), "counts": json.dumps(manifest_counts(part)),
-                     "digest": partition_digest(part)})
+        rows.append(
+            {"pid": output.part_id(path), "counts": json.dumps(manifest_counts(part)), "digest": partition_digest(part)}
+        )
     return rows
 
 
@@ -426,11 +476,17 @@ def summarise_manifest(job: Job) -> tuple[dict, dict[str, str]]:
     files = output.CuratedOutput(job.fs, job.root).manifest_files()
     if not files:
         return merge_counts([]), {}
-    batches = [files[i:i + SUMMARY_PARTS_PER_TASK] for i in range(0, len(files), SUMMARY_PARTS_PER_TASK)]
-    rows = [r for rs in map_tasks(functools.partial(_summarise_parts, uri=job.uri), batches, num_cpus=1,
-                                  name="curation.summaries") for r in rs]
-    counts = merge_counts({k: (Counter(v) if isinstance(v, dict) else v) for k, v in json.loads(r["counts"]).items()}
-                          for r in rows)
+    batches = [files[i : i + SUMMARY_PARTS_PER_TASK] for i in range(0, len(files), SUMMARY_PARTS_PER_TASK)]
+    rows = [
+        r
+        for rs in map_tasks(
+            functools.partial(_summarise_parts, uri=job.uri), batches, num_cpus=1, name="curation.summaries"
+        )
+        for r in rs
+    ]
+    counts = merge_counts(
+        {k: (Counter(v) if isinstance(v, dict) else v) for k, v in json.loads(r["counts"]).items()} for r in rows
+    )
     return counts, {r["pid"]: r["digest"] for r in rows}
 
 
@@ -439,13 +495,19 @@ def finish(job: Job, partitions: int, phases: dict[str, float], t0: float) -> tu
     id come from per-part summaries (``summarise_manifest``): no process reads the whole manifest."""
     out = output.CuratedOutput(job.fs, job.root)
     counts, digests = summarise_manifest(job)
-    stats = stats_from_counts(counts, job.steps.funnel(), samples_in_shards=out.samples_in_shards(),
-                              shards=len(out.shard_files()), stages=job.steps.describe())
+    stats = stats_from_counts(
+        counts,
+        job.steps.funnel(),
+        samples_in_shards=out.samples_in_shards(),
+        shards=len(out.shard_files()),
+        stages=job.steps.describe(),
+    )
     stats.update(partitions=partitions, job_digest=job.digest)
     if not stats["reconciled"]:
         raise RuntimeError(f"accounting does not reconcile: {format_summary(stats)}")
-    storage.atomic_write_bytes(job.fs, output.path(job.root, output.STATS_FILE),
-                               json.dumps(stats, indent=2, sort_keys=True).encode())
+    storage.atomic_write_bytes(
+        job.fs, output.path(job.root, output.STATS_FILE), json.dumps(stats, indent=2, sort_keys=True).encode()
+    )
     dataset_id = combine_digests(digests, job.digest)
     name = job.cfg.dataset_name or job.cfg.name
     t = time.time()
@@ -453,10 +515,23 @@ def finish(job: Job, partitions: int, phases: dict[str, float], t0: float) -> tu
     phases["stats_and_tracking"] += time.time() - t
     phases = {k: round(v, 3) for k, v in phases.items()}
     log.info("seconds per phase (this session): %s", phases)
-    storage.atomic_write_bytes(job.fs, output.path(job.root, output.SUCCESS_FILE), json.dumps(
-        {"dataset_id": dataset_id, "dataset_name": name, "job_digest": job.digest, "code_version": code_version(),
-         "mlflow_run_id": run_id, "kept": stats["kept"], "seconds": round(time.time() - t0, 3),
-         "phase_seconds": phases}, sort_keys=True).encode())
+    storage.atomic_write_bytes(
+        job.fs,
+        output.path(job.root, output.SUCCESS_FILE),
+        json.dumps(
+            {
+                "dataset_id": dataset_id,
+                "dataset_name": name,
+                "job_digest": job.digest,
+                "code_version": code_version(),
+                "mlflow_run_id": run_id,
+                "kept": stats["kept"],
+                "seconds": round(time.time() - t0, 3),
+                "phase_seconds": phases,
+            },
+            sort_keys=True,
+        ).encode(),
+    )
     return stats, dataset_id, run_id
 
 
@@ -467,15 +542,31 @@ def _record(job: Job, stats: dict, schema, dataset_id: str, name: str, shards: l
 
     metrics, run_tags, profile = tracking_record(stats)
     tags = {"humanvision.stage": "curation", "curation.output": job.uri, "curation.job_digest": job.digest}
-    run_tags.update({"dataset.id": dataset_id, "dataset.name": name, "dataset.uri": job.uri,
-                     "dataset.shards": json.dumps(len(shards)), "curation.code_version": code_version()})
+    run_tags.update(
+        {
+            "dataset.id": dataset_id,
+            "dataset.name": name,
+            "dataset.uri": job.uri,
+            "dataset.shards": json.dumps(len(shards)),
+            "curation.code_version": code_version(),
+        }
+    )
     from infra.tracking import arrow_to_mlflow_schema
 
-    return log_dataset_run(job.cfg.tracking, resolve_tracking_uri(job.cfg.tracking.uri, job.cfg.output_dir),
-                           job.cfg, output_uri=job.uri, tags=tags, metrics=metrics, run_tags=run_tags,
-                           documents={output.STATS_FILE: stats, "shards.txt": "\n".join(shards) + "\n"},
-                           dataset_name=name, dataset_id=dataset_id, dataset_schema=arrow_to_mlflow_schema(schema),
-                           profile=profile)
+    return log_dataset_run(
+        job.cfg.tracking,
+        resolve_tracking_uri(job.cfg.tracking.uri, job.cfg.output_dir),
+        job.cfg,
+        output_uri=job.uri,
+        tags=tags,
+        metrics=metrics,
+        run_tags=run_tags,
+        documents={output.STATS_FILE: stats, "shards.txt": "\n".join(shards) + "\n"},
+        dataset_name=name,
+        dataset_id=dataset_id,
+        dataset_schema=arrow_to_mlflow_schema(schema),
+        profile=profile,
+    )
 
 
 def run_curation(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationResult:
@@ -491,7 +582,9 @@ def run_curation(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationResu
     phases = {"score": time.time() - t0}
     incomplete = [p.id for p in partitions if p.id not in written and not staging.is_complete(job.fs, job.root, p.id)]
     if incomplete:
-        raise RuntimeError(f"{len(incomplete)} partitions did not complete scoring (e.g. {incomplete[:3]}); re-run to resume")
+        raise RuntimeError(
+            f"{len(incomplete)} partitions did not complete scoring (e.g. {incomplete[:3]}); re-run to resume"
+        )
     pending = [p.id for p in partitions if p.id not in written]
     _, more = run_passes(job, [p.id for p in partitions], pending)
     phases.update(more)
@@ -501,8 +594,15 @@ def run_curation(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationResu
     stats, dataset_id, run_id = finish(job, len(partitions), phases, t0)
     _drop_staging(job)
     out = output.CuratedOutput(job.fs, job.root)
-    return CurationResult(job.uri, stats, storage.join(job.uri, output.MANIFEST), out.shard_uris(), dataset_id,
-                          run_id, resumed_partitions=len(partitions) - len(to_score))
+    return CurationResult(
+        job.uri,
+        stats,
+        storage.join(job.uri, output.MANIFEST),
+        out.shard_uris(),
+        dataset_id,
+        run_id,
+        resumed_partitions=len(partitions) - len(to_score),
+    )
 
 
 def _drop_staging(job: Job) -> None:

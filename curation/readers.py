@@ -15,6 +15,7 @@ Supported inputs (local paths or object-store URIs through pyarrow.fs):
 A partition id is ``<ordinal>-<digest of its members>``; it names the partition's staging
 folder and its output shard, so a re-run of the same job maps to the same names.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,10 +48,10 @@ class Partition:
     """A unit of work and of resume: its rows become one output shard."""
 
     id: str
-    kind: str                       # "files" | "tar" | "parquet" | "staged" (a later pass: rows read back from staging)
-    uris: tuple[str, ...]           # files: the image files; tar/parquet: the one container file
-    root: str = ""                  # files: the folder keys are made relative to
-    sizes: tuple[int, ...] = ()     # files: byte sizes from the listing
+    kind: str  # "files" | "tar" | "parquet" | "staged" (a later pass: rows read back from staging)
+    uris: tuple[str, ...]  # files: the image files; tar/parquet: the one container file
+    root: str = ""  # files: the folder keys are made relative to
+    sizes: tuple[int, ...] = ()  # files: byte sizes from the listing
     row_groups: tuple[int, ...] = ()  # parquet: the row groups of this partition
 
 
@@ -86,15 +87,26 @@ def plan_partitions(cfg: InputConfig) -> list[Partition]:
         base = root if fs.get_file_info(root).type.name == "Directory" else posixpath.dirname(root)
         parts = []
         for ordinal, start in enumerate(range(0, len(files), cfg.images_per_partition)):
-            chunk = files[start:start + cfg.images_per_partition]
+            chunk = files[start : start + cfg.images_per_partition]
             uris = tuple(storage.to_uri(fs, f.path) for f in chunk)
-            parts.append(Partition(id=_partition_id(ordinal, "files", list(uris)), kind="files", uris=uris,
-                                   root=storage.to_uri(fs, base), sizes=tuple(int(f.size) for f in chunk)))
+            parts.append(
+                Partition(
+                    id=_partition_id(ordinal, "files", list(uris)),
+                    kind="files",
+                    uris=uris,
+                    root=storage.to_uri(fs, base),
+                    sizes=tuple(int(f.size) for f in chunk),
+                )
+            )
         return parts
     if kind == "webdataset":
         tars = storage.list_files(fs, root, (".tar",))
-        return [Partition(id=_partition_id(i, "tar", [storage.to_uri(fs, t.path)]), kind="tar",
-                          uris=(storage.to_uri(fs, t.path),)) for i, t in enumerate(tars)]
+        return [
+            Partition(
+                id=_partition_id(i, "tar", [storage.to_uri(fs, t.path)]), kind="tar", uris=(storage.to_uri(fs, t.path),)
+            )
+            for i, t in enumerate(tars)
+        ]
     if kind == "parquet":
         parts = []
         for f in storage.list_files(fs, root, (".parquet",)):
@@ -110,8 +122,14 @@ def plan_partitions(cfg: InputConfig) -> list[Partition]:
                 rows += meta.row_group(rg).num_rows
                 if rows >= cfg.images_per_partition or rg == meta.num_row_groups - 1:
                     members = [f"{uri}#rg={g}" for g in group]
-                    parts.append(Partition(id=_partition_id(len(parts), "parquet", members), kind="parquet",
-                                           uris=(uri,), row_groups=tuple(group)))
+                    parts.append(
+                        Partition(
+                            id=_partition_id(len(parts), "parquet", members),
+                            kind="parquet",
+                            uris=(uri,),
+                            row_groups=tuple(group),
+                        )
+                    )
                     group, rows = [], 0
         return parts
     raise ValueError(f"input.format must be folder, webdataset or parquet, got {kind!r}")
@@ -124,17 +142,36 @@ class _RowBuffer:
         self.partition = partition
         self.rows: list[dict] = []
 
-    def add(self, key: str, source: str, raw: bytes | None, *, size: int | None = None,
-            meta: str | None = None, reason: str | None = None, error: str | None = None,
-            at: tuple[str, int] | None = None) -> None:
+    def add(
+        self,
+        key: str,
+        source: str,
+        raw: bytes | None,
+        *,
+        size: int | None = None,
+        meta: str | None = None,
+        reason: str | None = None,
+        error: str | None = None,
+        at: tuple[str, int] | None = None,
+    ) -> None:
         """``at``: (uri, offset) where ``raw`` can be read again, when it can (``schema``'s ``bytes_uri``)."""
         if raw is not None and len(raw) == 0 and reason is None:
             reason = EMPTY_FILE
         ok = reason is None and raw is not None and at is not None and (size is None or size == len(raw))
-        self.rows.append({"partition": self.partition.id, "key": key, "source": source, "source_meta": meta,
-                          "input_bytes": size if size is not None else (len(raw) if raw is not None else None),
-                          "raw": raw if reason is None else None, "reason": reason, "error_message": error,
-                          "bytes_uri": at[0] if ok else None, "bytes_offset": at[1] if ok else None})
+        self.rows.append(
+            {
+                "partition": self.partition.id,
+                "key": key,
+                "source": source,
+                "source_meta": meta,
+                "input_bytes": size if size is not None else (len(raw) if raw is not None else None),
+                "raw": raw if reason is None else None,
+                "reason": reason,
+                "error_message": error,
+                "bytes_uri": at[0] if ok else None,
+                "bytes_offset": at[1] if ok else None,
+            }
+        )
 
     def full(self) -> bool:
         return len(self.rows) >= ROWS_PER_BLOCK
@@ -173,7 +210,9 @@ def _read_files(p: Partition, max_bytes: int) -> Iterator[pa.Table]:
         rel = posixpath.relpath(path, root) if root is not None else uri
         key = make_key(posixpath.splitext(rel)[0], uri)
         if size > max_bytes:
-            buf.add(key, uri, None, size=size, reason=FILE_TOO_LARGE, error=f"{size} bytes > decode.max_bytes={max_bytes}")
+            buf.add(
+                key, uri, None, size=size, reason=FILE_TOO_LARGE, error=f"{size} bytes > decode.max_bytes={max_bytes}"
+            )
         else:
             try:
                 buf.add(key, uri, storage.read_bytes(fs, path), size=size, at=(storage.to_uri(fs, path), 0))
@@ -200,15 +239,23 @@ def _collect_tar_samples(uri: str, max_bytes: int, image_exts: tuple[str, ...]) 
                 # extension (README, .hidden) is no sample member for WebDataset either.
                 split = split_member(member.name) if member.isfile() else None
                 if split is not None:
-                    _add_tar_member(samples.setdefault(split[0], {}), split[1], tar, member, max_bytes, image_exts,
-                                    plain)
+                    _add_tar_member(
+                        samples.setdefault(split[0], {}), split[1], tar, member, max_bytes, image_exts, plain
+                    )
     except (tarfile.TarError, OSError, EOFError) as err:
         return samples, f"{type(err).__name__}: {err}"
     return samples, None
 
 
-def _add_tar_member(entry: dict, ext: str, tar: tarfile.TarFile, member: tarfile.TarInfo, max_bytes: int,
-                    image_exts: tuple[str, ...], plain: bool = False) -> None:
+def _add_tar_member(
+    entry: dict,
+    ext: str,
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    max_bytes: int,
+    image_exts: tuple[str, ...],
+    plain: bool = False,
+) -> None:
     """The sample's first image member (bytes unless over ``max_bytes``) and its json/txt metadata."""
     if ext in image_exts and "image" not in entry:
         offset = member.offset_data if plain and not member.sparse else None
@@ -235,8 +282,15 @@ def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iter
         key = make_key(f"{tar_stem}_{sample_key}", source)
         meta = entry.get("json", entry.get("txt"))
         if raw is None:
-            buf.add(key, source, None, size=size, meta=meta, reason=FILE_TOO_LARGE,
-                    error=f"{size} bytes > decode.max_bytes={max_bytes}")
+            buf.add(
+                key,
+                source,
+                None,
+                size=size,
+                meta=meta,
+                reason=FILE_TOO_LARGE,
+                error=f"{size} bytes > decode.max_bytes={max_bytes}",
+            )
         else:
             buf.add(key, source, raw, size=size, meta=meta, at=None if offset is None else (uri, offset))
         if buf.full():
@@ -250,8 +304,9 @@ def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iter
 def _pick_column(names: list[str], wanted: str | None, candidates: tuple[str, ...], what: str) -> str | None:
     if wanted:
         if wanted not in names:
-            raise ValueError(f"input.parquet_{what}_column={wanted!r} is not a column of the parquet input; "
-                             f"its columns: {names}")
+            raise ValueError(
+                f"input.parquet_{what}_column={wanted!r} is not a column of the parquet input; its columns: {names}"
+            )
         return wanted
     return next((c for c in candidates if c in names), None)
 
@@ -261,8 +316,10 @@ def parquet_columns(names: list[str], cfg: InputConfig, uri: str) -> tuple[str |
     image_col = _pick_column(names, cfg.parquet_image_column, IMAGE_BYTES_COLUMNS, "image")
     path_col = None if image_col else _pick_column(names, cfg.parquet_path_column, PATH_COLUMNS, "path")
     if image_col is None and path_col is None:
-        raise ValueError(f"parquet input {uri} has neither an image-bytes column {IMAGE_BYTES_COLUMNS} nor a "
-                         f"path column {PATH_COLUMNS}; set input.parquet_image_column or input.parquet_path_column")
+        raise ValueError(
+            f"parquet input {uri} has neither an image-bytes column {IMAGE_BYTES_COLUMNS} nor a "
+            f"path column {PATH_COLUMNS}; set input.parquet_image_column or input.parquet_path_column"
+        )
     return image_col, path_col, _pick_column(names, cfg.parquet_key_column, ("key",), "key")
 
 
@@ -271,8 +328,9 @@ def _add_unreadable(buf: _RowBuffer, error: str) -> None:
     be read, e.g. removed between planning and reading: recorded, and the rest of the run goes on."""
     uri = buf.partition.uris[0]
     stem = posixpath.splitext(posixpath.basename(storage.resolve(uri)[1]))[0]
-    buf.add(make_key(f"{stem}_unreadable", uri + "#unreadable"), uri + "#unreadable", None, reason=READ_FAILED,
-            error=error)
+    buf.add(
+        make_key(f"{stem}_unreadable", uri + "#unreadable"), uri + "#unreadable", None, reason=READ_FAILED, error=error
+    )
 
 
 def _parquet_rows(p: Partition, cfg: InputConfig) -> tuple[pa.Table, str | None, str | None, str | None, int]:
@@ -305,8 +363,14 @@ def _read_parquet(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa
             if raw is None:
                 buf.add(make_key(name, source), source, b"", meta=None)
             elif len(raw) > max_bytes:
-                buf.add(make_key(name, source), source, None, size=len(raw), reason=FILE_TOO_LARGE,
-                        error=f"{len(raw)} bytes > decode.max_bytes={max_bytes}")
+                buf.add(
+                    make_key(name, source),
+                    source,
+                    None,
+                    size=len(raw),
+                    reason=FILE_TOO_LARGE,
+                    error=f"{len(raw)} bytes > decode.max_bytes={max_bytes}",
+                )
             else:
                 buf.add(make_key(name, source), source, raw)
         else:
@@ -317,8 +381,14 @@ def _read_parquet(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa
                 tfs, tpath = storage.resolve(source)
                 size = tfs.get_file_info(tpath).size
                 if size is not None and size > max_bytes:
-                    buf.add(key, source, None, size=size, reason=FILE_TOO_LARGE,
-                            error=f"{size} bytes > decode.max_bytes={max_bytes}")
+                    buf.add(
+                        key,
+                        source,
+                        None,
+                        size=size,
+                        reason=FILE_TOO_LARGE,
+                        error=f"{size} bytes > decode.max_bytes={max_bytes}",
+                    )
                 else:
                     buf.add(key, source, storage.read_bytes(tfs, tpath), at=(storage.to_uri(tfs, tpath), 0))
             except (OSError, ValueError, TypeError) as err:
@@ -355,8 +425,12 @@ def partition_datasource(partitions: list[Partition], read_fn, schema: pa.Schema
         def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
             tasks = []
             for p in partitions:
-                meta = BlockMetadata(num_rows=len(p.uris) if p.kind == "files" else None,
-                                     size_bytes=sum(p.sizes) or None, exec_stats=None, input_files=p.uris)
+                meta = BlockMetadata(
+                    num_rows=len(p.uris) if p.kind == "files" else None,
+                    size_bytes=sum(p.sizes) or None,
+                    exec_stats=None,
+                    input_files=p.uris,
+                )
                 tasks.append(ReadTask(lambda p=p: read_fn(p), meta, schema=schema))
             return tasks
 

@@ -17,6 +17,7 @@ descriptions in stats.json and MLflow and the columns dedup reads all derive fro
 Adding a filter: one file with its step class (settings dataclass, ``section``, ``reads``,
 ``writes``, ``reasons``) and one line here.
 """
+
 from __future__ import annotations
 
 from curation.config import JobSettings
@@ -32,20 +33,23 @@ from curation.readers import ReadImages
 from curation.stages import Recipe
 from curation.writer import WriteShards
 
-HUMANS1B = Recipe([
-    ReadImages,         # input:              folders, WebDataset tars, Parquet; local or object store
-    DecodeStage,        # decode:             safe decode, EXIF, modes, bombs; SHA-256 and PHash
-    GeometryFilter,     # geometry:           short side, aspect ratio
-    ExactDedup,         # dedup.exact:        identical bytes, across the run          } end of pass 1
-    NearDedup,          # dedup.near:         PHash within t bits, mirror-aware        }
-    PersonFilter,       # detector:           at least one salient person
-    ClipEmbedding,      # content.embedding:  CLIP embedding for the next two and semantic dedup
-    ArtisticFilter,     # content.artistic:   paintings, drawings, renders, screenshots...
-    WatermarkFilter,    # content.watermark:  LAION-style watermark classifier
-    TextFilter,         # content.text:       OCR: text-dominated images, captions, text watermarks
-    SemanticDedup,      # dedup.semantic:     CLIP cosine within k-means clusters      } end of pass 2
-    WriteShards,        #                     the one decision point: shards, sidecars, manifest
-], job=JobSettings)
+HUMANS1B = Recipe(
+    [
+        ReadImages,  # input:              folders, WebDataset tars, Parquet; local or object store
+        DecodeStage,  # decode:             safe decode, EXIF, modes, bombs; SHA-256 and PHash
+        GeometryFilter,  # geometry:           short side, aspect ratio
+        ExactDedup,  # dedup.exact:        identical bytes, across the run          } end of pass 1
+        NearDedup,  # dedup.near:         PHash within t bits, mirror-aware        }
+        PersonFilter,  # detector:           at least one salient person
+        ClipEmbedding,  # content.embedding:  CLIP embedding for the next two and semantic dedup
+        ArtisticFilter,  # content.artistic:   paintings, drawings, renders, screenshots...
+        WatermarkFilter,  # content.watermark:  LAION-style watermark classifier
+        TextFilter,  # content.text:       OCR: text-dominated images, captions, text watermarks
+        SemanticDedup,  # dedup.semantic:     CLIP cosine within k-means clusters      } end of pass 2
+        WriteShards,  #                     the one decision point: shards, sidecars, manifest
+    ],
+    job=JobSettings,
+)
 
 CurationConfig = HUMANS1B.config_class("CurationConfig", __name__)
 ContentFiltersConfig = CurationConfig.sections["content"]

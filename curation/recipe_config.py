@@ -7,6 +7,7 @@ section adds its settings to the job's config, its YAML and its ``key=value`` ov
 no other edit. A section whose dataclass has required fields must be given in the config; the
 error names the missing setting.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,12 +23,15 @@ def _factory(cls: type, where: str):
             missing = re.findall(r"'(\w+)'", str(err))
             names = ", ".join(f"{where}.{m}" for m in missing) or where
             raise ValueError(f"{names}: required setting, not given (e.g. {names.split(', ')[0]}=<value>)") from None
+
     return make
 
 
 def _group_class(path: str, children: dict[str, Any], bases: tuple[type, ...], module: str) -> type:
-    fields = [(name, tp, dataclasses.field(default_factory=_factory(tp, f"{path}.{name}" if path else name)))
-              for name, tp in children.items()]
+    fields = [
+        (name, tp, dataclasses.field(default_factory=_factory(tp, f"{path}.{name}" if path else name)))
+        for name, tp in children.items()
+    ]
     name = "".join(p.title() for p in path.split(".")) + "Section"
     cls = dataclasses.make_dataclass(name, fields, bases=bases, kw_only=True)
     cls.__module__, cls.__qualname__ = module, name
@@ -40,7 +44,7 @@ def config_class(recipe, name: str, module: str | None) -> type:
 
     Group classes are reachable as ``<class>.sections[<group path>]``."""
     module = module or recipe.job.__module__
-    tree: dict[str, Any] = {}          # nested: group name -> {...} | Config class
+    tree: dict[str, Any] = {}  # nested: group name -> {...} | Config class
     group_bases: dict[str, type] = {}
     for step in recipe.steps:
         if step.Config is None:

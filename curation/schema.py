@@ -32,6 +32,7 @@ Row columns written by the reader and the decode stage (the base schema):
   bytes for the row: pass 2 and the shard writer read them from there by reference, checked
   against ``sha256`` (``curation.staging.load_image_bytes``). Never written to the manifest.
 """
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -40,16 +41,24 @@ KEPT, DROPPED, ERROR = "kept", "dropped", "error"
 STATUSES = (KEPT, DROPPED, ERROR)
 
 # Error reasons: the input could not be read or decoded. Each bad-file kind has its own.
-READ_FAILED = "read_failed"              # the bytes could not be fetched from storage
-EMPTY_FILE = "empty_file"                # zero bytes
-FILE_TOO_LARGE = "file_too_large"        # more bytes than decode.max_bytes (not read into memory)
-NOT_AN_IMAGE = "not_an_image"            # Pillow cannot identify the bytes as any image format
+READ_FAILED = "read_failed"  # the bytes could not be fetched from storage
+EMPTY_FILE = "empty_file"  # zero bytes
+FILE_TOO_LARGE = "file_too_large"  # more bytes than decode.max_bytes (not read into memory)
+NOT_AN_IMAGE = "not_an_image"  # Pillow cannot identify the bytes as any image format
 DECOMPRESSION_BOMB = "decompression_bomb"  # header declares more pixels than decode.max_pixels
-TRUNCATED = "truncated"                  # image data ends early (caught by a full load)
-DECODE_FAILED = "decode_failed"          # any other decoder failure
-UNSUPPORTED_MODE = "unsupported_mode"    # a pixel mode we cannot convert to RGB on purpose
-ERROR_REASONS = (READ_FAILED, EMPTY_FILE, FILE_TOO_LARGE, NOT_AN_IMAGE, DECOMPRESSION_BOMB,
-                 TRUNCATED, DECODE_FAILED, UNSUPPORTED_MODE)
+TRUNCATED = "truncated"  # image data ends early (caught by a full load)
+DECODE_FAILED = "decode_failed"  # any other decoder failure
+UNSUPPORTED_MODE = "unsupported_mode"  # a pixel mode we cannot convert to RGB on purpose
+ERROR_REASONS = (
+    READ_FAILED,
+    EMPTY_FILE,
+    FILE_TOO_LARGE,
+    NOT_AN_IMAGE,
+    DECOMPRESSION_BOMB,
+    TRUNCATED,
+    DECODE_FAILED,
+    UNSUPPORTED_MODE,
+)
 
 # Drop reasons owned by the core stages (content filters and dedup add their own).
 TOO_SMALL = "too_small"
@@ -101,7 +110,7 @@ RAW_SCHEMA = pa.schema(RAW_FIELDS)
 PERSON_FIELDS = [
     pa.field("person_boxes", pa.list_(pa.list_(pa.float32(), 4))),  # x1, y1, x2, y2 in image pixels
     pa.field("person_scores", pa.list_(pa.float32())),
-    pa.field("person_count", pa.int32()),          # boxes with score >= the detector threshold
+    pa.field("person_count", pa.int32()),  # boxes with score >= the detector threshold
     pa.field("salient_person_count", pa.int32()),  # ... that are also large enough
     pa.field("person_score_max", pa.float32()),
 ]
@@ -111,7 +120,7 @@ DECISION_FIELDS = [
     pa.field("status", pa.string(), nullable=False),
     pa.field("duplicate_of", pa.string()),  # key of the kept representative, for duplicates
     pa.field("duplicate_group", pa.string()),
-    pa.field("shard", pa.string()),         # shard file name for kept rows
+    pa.field("shard", pa.string()),  # shard file name for kept rows
 ]
 
 # Columns never copied into the manifest (image payloads live in the shards only).

@@ -8,6 +8,7 @@ functions and never spells curation's config fields or output files itself.
   from the finished output (``curation.output``).
 - ``SCRIPT``: the ``pipelines/`` script that runs one stage config as a Ray job.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,9 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from curation.recipe import CurationConfig
 from curation.output import CuratedOutput
 from curation.pipeline import absolutize, job_digest, run_curation
+from curation.recipe import CurationConfig
 from curation.versions import code_version
 from infra import storage
 
@@ -59,5 +60,11 @@ def result(cfg: CurationConfig) -> dict:
     """The finished output's dataset version: what pretraining reads and the lineage names."""
     out = CuratedOutput.at(cfg.output_dir)
     version, stats = out.version(), out.stats()
-    return {"dataset_id": version.id, "dataset_uri": version.uri, "shards": list(version.shards),
-            "run_id": version.run_id, "kept": stats["kept"], "inputs": stats["inputs"]}
+    return {
+        "dataset_id": version.id,
+        "dataset_uri": version.uri,
+        "shards": list(version.shards),
+        "run_id": version.run_id,
+        "kept": stats["kept"],
+        "inputs": stats["inputs"],
+    }

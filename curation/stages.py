@@ -24,6 +24,7 @@ global step that is disabled is no boundary (``BuiltRecipe.passes``).
 per step), builds the steps from a config, refuses an order in which a step reads a column no
 earlier enabled step writes, and gives the funnel and the stage descriptions.
 """
+
 from __future__ import annotations
 
 import abc
@@ -55,9 +56,9 @@ class Step(abc.ABC):
     """One step of the recipe, built from its config section."""
 
     name: ClassVar[str]
-    section: ClassVar[str] = ""         # dotted path of its settings in the job config, e.g. "content.text"
+    section: ClassVar[str] = ""  # dotted path of its settings in the job config, e.g. "content.text"
     Config: ClassVar[type | None] = None  # the settings dataclass of that section
-    group: ClassVar[type | None] = None   # settings the steps of a section group share (e.g. dedup.engine)
+    group: ClassVar[type | None] = None  # settings the steps of a section group share (e.g. dedup.engine)
     reasons: ClassVar[tuple[str, ...]] = ()  # drop/error reasons it may set, in funnel order
     reads: ClassVar[tuple[str, ...]] = ()
     writes: ClassVar[tuple[str, ...]] = ()
@@ -80,7 +81,7 @@ class Step(abc.ABC):
     def columns_written(self) -> tuple[str, ...]:
         return self.writes
 
-    def check(self) -> None:
+    def check(self) -> None:  # noqa: B027  (a hook with nothing to check by default)
         """Start-up checks on the driver, before any Ray work (weights present, settings in range)."""
 
     def weight_files(self) -> dict[str, str]:
@@ -157,8 +158,7 @@ def apply_stage(ds, stage: Stage, autoscale: bool = False):
     import ray.data
 
     res = stage.resources()
-    common = dict(batch_size=res.batch_size, batch_format="pyarrow", zero_copy_batch=True,
-                  num_cpus=res.num_cpus)
+    common = dict(batch_size=res.batch_size, batch_format="pyarrow", zero_copy_batch=True, num_cpus=res.num_cpus)
     if res.num_gpus:
         common["num_gpus"] = res.num_gpus
     if stage.uses_model:
@@ -182,17 +182,21 @@ def check_fits(stages: list[Stage], read_cpus: float, total_cpus: float, autosca
         return
     models = [s for s in stages if s.uses_model]
     held = sum(s.resources().num_cpus * s.resources().num_actors for s in models)
-    tasks = [("input.num_cpus", read_cpus)] + [(f"{s.name} num_cpus", s.resources().num_cpus)
-                                               for s in stages if not s.uses_model]
+    tasks = [("input.num_cpus", read_cpus)] + [
+        (f"{s.name} num_cpus", s.resources().num_cpus) for s in stages if not s.uses_model
+    ]
     name, largest = max(tasks, key=lambda t: t[1])
     if held + largest > total_cpus + 1e-9:
         pools = ", ".join(f"{s.name} {s.resources().num_actors} x {s.resources().num_cpus:g}" for s in models)
-        raise ValueError(f"the model stages' actor pools hold {held:g} of {total_cpus:g} CPUs ({pools}), leaving "
-                         f"too little for {name}={largest:g}: lower their num_actors or num_cpus, lower {name}, "
-                         "or set ray.actor_pools=autoscaling")
+        raise ValueError(
+            f"the model stages' actor pools hold {held:g} of {total_cpus:g} CPUs ({pools}), leaving "
+            f"too little for {name}={largest:g}: lower their num_actors or num_cpus, lower {name}, "
+            "or set ray.actor_pools=autoscaling"
+        )
 
 
 # ---- the recipe --------------------------------------------------------------------------------
+
 
 def _check_first_pass(steps: tuple[type[Step], ...]) -> None:
     """Pass 1 (the stages before the first global step) runs on every input: no model stage there."""
@@ -200,17 +204,20 @@ def _check_first_pass(steps: tuple[type[Step], ...]) -> None:
         if not issubclass(cls, Stage):
             return
         if cls.uses_model:
-            raise ValueError(f"recipe: model stage {cls.name!r} comes before the first global (dedup) step, so it "
-                             "would score every duplicate; move it after the dedup steps")
+            raise ValueError(
+                f"recipe: model stage {cls.name!r} comes before the first global (dedup) step, so it "
+                "would score every duplicate; move it after the dedup steps"
+            )
 
 
 @dataclasses.dataclass
 class Pass:
     """One pass over the rows: per-row stages, then the global steps that decide on their output."""
 
-    index: int              # 1: the first pass, over every input
+    index: int  # 1: the first pass, over every input
     stages: list[Stage]
     global_steps: list[Step]
+
 
 class Recipe:
     """An ordered list of step classes, each configured by its own section of the job config."""
@@ -256,16 +263,20 @@ class BuiltRecipe:
                 continue
             for column in step.columns_read():
                 if column not in written:
-                    raise ValueError(f"recipe: step {step.name!r} reads column {column!r}, which no earlier "
-                                     f"enabled step writes{self._who_writes(column, i)}")
+                    raise ValueError(
+                        f"recipe: step {step.name!r} reads column {column!r}, which no earlier "
+                        f"enabled step writes{self._who_writes(column, i)}"
+                    )
             written.update(dict.fromkeys(step.columns_written(), step))
 
     def _who_writes(self, column: str, index: int) -> str:
         for j, other in enumerate(self.steps):
             if column in type(other).writes or column in other.columns_written():
                 if j < index:
-                    return (f": {other.name!r} writes it but is disabled; enable {other.section} or disable "
-                            f"{self.steps[index].section}")
+                    return (
+                        f": {other.name!r} writes it but is disabled; enable {other.section} or disable "
+                        f"{self.steps[index].section}"
+                    )
                 return f": {other.name!r} writes it later in the recipe; move {self.steps[index].name!r} after it"
         return ""
 

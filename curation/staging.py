@@ -15,6 +15,7 @@ A partition is *complete* when its listing exists and every listed key is in its
 Completeness is derived from the files, so a job killed at any point restarts by deleting
 the staging folders of incomplete partitions and processing only those again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from curation.output import LISTING_FILE as LISTING
-from curation.schema import PAYLOAD_COLUMNS
 from curation.output import STAGING_DIR as STAGING
+from curation.schema import PAYLOAD_COLUMNS
 from infra import storage
 
 
@@ -37,8 +38,7 @@ def partition_dir(output: str, pid: str) -> str:
 
 
 def write_listing(fs, output: str, pid: str, keys: list[str]) -> None:
-    storage.atomic_write_bytes(fs, storage.join(partition_dir(output, pid), LISTING),
-                               json.dumps(sorted(keys)).encode())
+    storage.atomic_write_bytes(fs, storage.join(partition_dir(output, pid), LISTING), json.dumps(sorted(keys)).encode())
 
 
 def by_reference(table: pa.Table) -> pa.Table:
@@ -46,9 +46,11 @@ def by_reference(table: pa.Table) -> pa.Table:
     if "image" not in table.column_names or "bytes_uri" not in table.column_names:
         return table
     image = table.column("image")
-    return table.set_column(table.schema.get_field_index("image"), "image",
-                            pc.if_else(pc.is_valid(table.column("bytes_uri")), pa.nulls(table.num_rows, image.type),
-                                       image))
+    return table.set_column(
+        table.schema.get_field_index("image"),
+        "image",
+        pc.if_else(pc.is_valid(table.column("bytes_uri")), pa.nulls(table.num_rows, image.type), image),
+    )
 
 
 def _read_references(refs: list[tuple[int, str, int, int]]) -> dict[int, bytes]:
@@ -77,19 +79,26 @@ def referenced_bytes(table: pa.Table, rows: list[bool]) -> dict[int, bytes]:
     uris, offsets = table.column("bytes_uri").to_pylist(), table.column("bytes_offset").to_pylist()
     sizes, digests = table.column("input_bytes").to_pylist(), table.column("sha256").to_pylist()
     keys, staged = table.column("key").to_pylist(), table.column("image").is_valid().to_pylist()
-    refs = [(i, uris[i], offsets[i], sizes[i]) for i, wanted in enumerate(rows)
-            if wanted and not staged[i] and uris[i] is not None]
+    refs = [
+        (i, uris[i], offsets[i], sizes[i])
+        for i, wanted in enumerate(rows)
+        if wanted and not staged[i] and uris[i] is not None
+    ]
     if not refs:
         return {}
     try:
         loaded = _read_references(refs)
     except OSError as err:
-        raise RuntimeError(f"an input read in pass 1 can no longer be read ({type(err).__name__}: {err}); "
-                           "inputs must stay in place until the run completes") from None
+        raise RuntimeError(
+            f"an input read in pass 1 can no longer be read ({type(err).__name__}: {err}); "
+            "inputs must stay in place until the run completes"
+        ) from None
     for i, data in loaded.items():
         if hashlib.sha256(data).hexdigest() != digests[i]:
-            raise RuntimeError(f"input {uris[i]} (offset {offsets[i]}, key {keys[i]}) changed since pass 1 read it "
-                               "(SHA-256 differs); inputs must stay unchanged until the run completes")
+            raise RuntimeError(
+                f"input {uris[i]} (offset {offsets[i]}, key {keys[i]}) changed since pass 1 read it "
+                "(SHA-256 differs); inputs must stay unchanged until the run completes"
+            )
     return loaded
 
 
@@ -114,8 +123,9 @@ def write_parts(fs, output: str, table: pa.Table) -> int:
         rows = table.filter(pa.compute.equal(table.column("partition"), pid))
         rows = rows.sort_by("key")
         digest = hashlib.sha1("\n".join(rows.column("key").to_pylist()).encode()).hexdigest()[:16]
-        storage.write_parquet(fs, storage.join(partition_dir(output, pid), f"part-{digest}.parquet"), rows,
-                              stored=PAYLOAD_COLUMNS)
+        storage.write_parquet(
+            fs, storage.join(partition_dir(output, pid), f"part-{digest}.parquet"), rows, stored=PAYLOAD_COLUMNS
+        )
     return table.num_rows
 
 
@@ -123,8 +133,9 @@ def part_paths(fs, output: str, pid: str) -> list[str]:
     d = partition_dir(output, pid)
     if not storage.exists(fs, d):
         return []
-    return [f.path for f in storage.list_files(fs, d, (".parquet",), recursive=False)
-            if f.base_name.startswith("part-")]
+    return [
+        f.path for f in storage.list_files(fs, d, (".parquet",), recursive=False) if f.base_name.startswith("part-")
+    ]
 
 
 def is_complete(fs, output: str, pid: str) -> bool:
@@ -181,4 +192,3 @@ class StagingSink:
                 return "CurationStaging"
 
         return _Sink(output)
-

@@ -4,6 +4,7 @@ The pipeline never reads the manifest whole: each part is summarised where it li
 (``manifest_counts`` over ``SUMMARY_COLUMNS``, never the embeddings), and the small per-part
 counts are summed (``merge_counts``) into ``stats_from_counts``.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -11,7 +12,6 @@ from collections import Counter
 import pyarrow as pa
 
 from curation import schema
-
 
 SUMMARY_COLUMNS = ["key", "sha256", "status", "reason", "notes"]  # what stats and the version id read
 
@@ -33,8 +33,14 @@ def manifest_counts(manifest: pa.Table) -> dict:
 
 
 def merge_counts(parts) -> dict:
-    total = {"inputs": 0, "status": Counter(), "reasons": Counter(), "notes": Counter(),
-             "dropped_by_reason": Counter(), "errors_by_reason": Counter()}
+    total = {
+        "inputs": 0,
+        "status": Counter(),
+        "reasons": Counter(),
+        "notes": Counter(),
+        "dropped_by_reason": Counter(),
+        "errors_by_reason": Counter(),
+    }
     for part in parts:
         total["inputs"] += part["inputs"]
         for k in ("status", "reasons", "notes", "dropped_by_reason", "errors_by_reason"):
@@ -42,15 +48,23 @@ def merge_counts(parts) -> dict:
     return total
 
 
-def compute_stats(manifest: pa.Table, funnel: list[tuple[str, tuple[str, ...]]], *, samples_in_shards: int,
-                  shards: int, stages: list[dict]) -> dict:
+def compute_stats(
+    manifest: pa.Table,
+    funnel: list[tuple[str, tuple[str, ...]]],
+    *,
+    samples_in_shards: int,
+    shards: int,
+    stages: list[dict],
+) -> dict:
     """Stats of a whole manifest table (audits; the pipeline sums per-part counts instead)."""
-    return stats_from_counts(manifest_counts(manifest), funnel, samples_in_shards=samples_in_shards,
-                             shards=shards, stages=stages)
+    return stats_from_counts(
+        manifest_counts(manifest), funnel, samples_in_shards=samples_in_shards, shards=shards, stages=stages
+    )
 
 
-def stats_from_counts(counts: dict, funnel: list[tuple[str, tuple[str, ...]]], *, samples_in_shards: int,
-                      shards: int, stages: list[dict]) -> dict:
+def stats_from_counts(
+    counts: dict, funnel: list[tuple[str, tuple[str, ...]]], *, samples_in_shards: int, shards: int, stages: list[dict]
+) -> dict:
     """Per-stage funnel (in, out, dropped by reason), totals and the accounting check.
 
     ``funnel`` lists (stage name, reasons it may set) in pipeline order; a row ended by a
@@ -92,9 +106,11 @@ def format_summary(stats: dict) -> str:
     for step in stats["funnel"]:
         removed = ", ".join(f"{r}={c}" for r, c in step["removed"].items()) or "-"
         lines.append(f"{step['stage']:<22}{step['in']:>10}{step['out']:>10}  {removed}")
-    lines.append(f"inputs={stats['inputs']} kept={stats['kept']} dropped={stats['dropped']} errors={stats['errors']} "
-                 f"shards={stats['shards']} samples_in_shards={stats['samples_in_shards']} "
-                 f"reconciled={stats['reconciled']}")
+    lines.append(
+        f"inputs={stats['inputs']} kept={stats['kept']} dropped={stats['dropped']} errors={stats['errors']} "
+        f"shards={stats['shards']} samples_in_shards={stats['samples_in_shards']} "
+        f"reconciled={stats['reconciled']}"
+    )
     return "\n".join(lines)
 
 

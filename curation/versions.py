@@ -12,6 +12,7 @@ The curation run registers the version in MLflow (tags ``dataset.id``, ``dataset
 ``dataset.uri`` and the artifact ``shards.txt``); ``curation.output.resolve_dataset`` turns an
 id, a name (latest version of that name) or an output folder into the list of shard URIs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,6 +59,8 @@ def dataset_version_id(manifest: pa.Table, job_digest: str, code: str | None = N
     """The version id of a whole manifest table (key, sha256, status, partition): the same value
     as the pipeline's, which digests each part where it lies and combines the digests."""
     parts = manifest.column("partition").to_pylist()
-    digests = {pid: partition_digest(manifest.filter(pa.compute.equal(manifest.column("partition"), pid)))
-               for pid in sorted(set(parts))}
+    digests = {
+        pid: partition_digest(manifest.filter(pa.compute.equal(manifest.column("partition"), pid)))
+        for pid in sorted(set(parts))
+    }
     return combine_digests(digests, job_digest, code)

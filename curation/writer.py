@@ -12,6 +12,7 @@ Each file is written under a temporary name and renamed when complete, in that o
 manifest part is the partition's commit marker. A partition with no kept sample writes no
 shard (and no sidecar), only its manifest part.
 """
+
 from __future__ import annotations
 
 import io
@@ -28,8 +29,15 @@ from curation.stages import Step
 from infra import storage
 
 _NOT_STORED = (*schema.PAYLOAD_COLUMNS, *schema.REFERENCE_COLUMNS)  # in neither the manifest nor the sidecar
-_META_SKIP = set(_NOT_STORED) | {"decode_ok", "reason", "error_message", "status", "duplicate_of",
-                                           "duplicate_group", "image_ext"}
+_META_SKIP = set(_NOT_STORED) | {
+    "decode_ok",
+    "reason",
+    "error_message",
+    "status",
+    "duplicate_of",
+    "duplicate_group",
+    "image_ext",
+}
 
 
 def sample_metadata(row: dict) -> dict:
@@ -68,16 +76,19 @@ def mark_duplicates(table: pa.Table, decisions: pa.Table) -> pa.Table:
     n = table.num_rows
     reasons = table.column("reason").to_pylist()
     ok = table.column("decode_ok").to_pylist()
-    marked = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
-              for c in ("duplicate_of", "duplicate_group")}
+    marked = {
+        c: table.column(c).to_pylist() if c in table.column_names else [None] * n
+        for c in ("duplicate_of", "duplicate_group")
+    }
     for i, key in enumerate(table.column("key").to_pylist()):
         d = by_key.get(key)
         if d is not None and ok[i] and reasons[i] is None:
             reasons[i] = d["reason"]
             for c, values in marked.items():
                 values[i] = d[c]
-    return schema.with_columns(table, {"reason": pa.array(reasons, pa.string()),
-                                       **{c: pa.array(v, pa.string()) for c, v in marked.items()}})
+    return schema.with_columns(
+        table, {"reason": pa.array(reasons, pa.string()), **{c: pa.array(v, pa.string()) for c, v in marked.items()}}
+    )
 
 
 def survivors_only(table: pa.Table, decisions: pa.Table) -> pa.Table:
@@ -85,15 +96,18 @@ def survivors_only(table: pa.Table, decisions: pa.Table) -> pa.Table:
     (rows that ended pass through the stages untouched, for their columns and the manifest)."""
     table = mark_duplicates(table, decisions)
     pending = pa.array(schema.pending_mask(table))
-    return schema.with_columns(table, {"image": pc.if_else(pending, table.column("image"),
-                                                            pa.nulls(table.num_rows, pa.binary()))})
+    return schema.with_columns(
+        table, {"image": pc.if_else(pending, table.column("image"), pa.nulls(table.num_rows, pa.binary()))}
+    )
 
 
 def apply_decisions(table: pa.Table, decisions: pa.Table) -> pa.Table:
     """Final status per row: dedup decisions first, then the single decision rule."""
     table = mark_duplicates(table, decisions)
-    status = [schema.final_status(o, r) for o, r in zip(table.column("decode_ok").to_pylist(),
-                                                        table.column("reason").to_pylist())]
+    status = [
+        schema.final_status(o, r)
+        for o, r in zip(table.column("decode_ok").to_pylist(), table.column("reason").to_pylist())
+    ]
     return schema.with_columns(table, {"status": pa.array(status, pa.string())})
 
 

@@ -6,6 +6,7 @@ Every task has its own block (``pose``, ``seg``, ``pointmap``, ``normal``, ``alb
 ``knn``) holding the training schedule, the frozen-feature settings and the data paths;
 only the tasks listed in ``tasks`` run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,10 +52,10 @@ class TaskSettings:
     feature_blocks: list[int] = field(default_factory=lambda: [-1])  # backbone blocks (negative = from the end)
     image_size: list[int] = field(default_factory=lambda: [128, 96])  # H, W; multiples of the feature stride
     head_hidden_dim: int = 64
-    cache_features: bool = True        # extract frozen features once per split; off for big models/data sets
-    max_train_samples: int = 0         # 0 = all
-    max_val_samples: int = 0           # 0 = all
-    num_visuals: int = 6               # validation samples drawn as overlays
+    cache_features: bool = True  # extract frozen features once per split; off for big models/data sets
+    max_train_samples: int = 0  # 0 = all
+    max_val_samples: int = 0  # 0 = all
+    num_visuals: int = 6  # validation samples drawn as overlays
     train: SplitPaths = field(default_factory=SplitPaths)
     val: SplitPaths = field(default_factory=SplitPaths)
 
@@ -71,16 +72,16 @@ class TaskSettings:
 class PoseSettings(TaskSettings):
     """Top-down pose: one crop per person box (``box_padding`` x the box, at the input's aspect)."""
 
-    heatmap_sigma: float = 2.0         # UDP Gaussian sigma in heatmap pixels (Sapiens: 6 at 256x192)
+    heatmap_sigma: float = 2.0  # UDP Gaussian sigma in heatmap pixels (Sapiens: 6 at 256x192)
     box_padding: float = 1.25
     sigmas: list[float] = field(default_factory=list)  # OKS sigmas; empty: COCO-17 / WholeBody-133 / from the JSON
-    person_boxes: str = ""             # val: COCO detection results JSON; empty = ground-truth boxes
+    person_boxes: str = ""  # val: COCO detection results JSON; empty = ground-truth boxes
     box_score_threshold: float = 0.0
 
 
 @dataclasses.dataclass(kw_only=True)
 class SegSettings(TaskSettings):
-    num_classes: int = 0               # 0: from the synthetic set (7), else required for real data
+    num_classes: int = 0  # 0: from the synthetic set (7), else required for real data
     class_names: list[str] = field(default_factory=list)  # optional, for per-class IoU names
     ignore_index: int = 255
     dice_weight: float = 1.0
@@ -109,9 +110,9 @@ class SyntheticSettings:
 @dataclasses.dataclass(kw_only=True)
 class BackboneSettings:
     name: str = "sapiens2_tiny"
-    checkpoint: str = ""               # official-layout .safetensors/.pt; empty = random init (recorded as such)
-    weights_prefix: str = ""           # stripped from the file's keys, e.g. "backbone."
-    pretrain_run_id: str = ""          # MLflow run that produced the checkpoint; empty = search by digest
+    checkpoint: str = ""  # official-layout .safetensors/.pt; empty = random init (recorded as such)
+    weights_prefix: str = ""  # stripped from the file's keys, e.g. "backbone."
+    pretrain_run_id: str = ""  # MLflow run that produced the checkpoint; empty = search by digest
     dtype: Literal["float32", "bfloat16"] = "float32"
 
 
@@ -121,7 +122,8 @@ class ProbeConfig:
     output_dir: str = ""
     seed: int = 0
     tasks: list[Literal["pose", "seg", "pointmap", "normal", "albedo", "knn"]] = field(
-        default_factory=lambda: list(TASK_NAMES))
+        default_factory=lambda: list(TASK_NAMES)
+    )
     backbone: BackboneSettings = field(default_factory=BackboneSettings)
     pose: PoseSettings = field(default_factory=PoseSettings)
     seg: SegSettings = field(default_factory=SegSettings)
@@ -146,8 +148,10 @@ class ProbeConfig:
         if not self.output_dir:
             raise ValueError("output_dir is required, e.g. output_dir=runs/probe")
         if self.ray.num_workers != 1:
-            raise ValueError(f"ray.num_workers={self.ray.num_workers}: the probe suite runs in one Ray Train worker "
-                             "(probes run one after another on one backbone); set ray.num_workers=1")
+            raise ValueError(
+                f"ray.num_workers={self.ray.num_workers}: the probe suite runs in one Ray Train worker "
+                "(probes run one after another on one backbone); set ray.num_workers=1"
+            )
         if not self.tasks:
             raise ValueError(f"tasks is empty; choose from {list(TASK_NAMES)}")
         if len(set(self.tasks)) != len(self.tasks):
@@ -155,8 +159,10 @@ class ProbeConfig:
         for name in self.tasks:
             s = self.task(name)
             if bool(s.train.images) != bool(s.val.images):
-                raise ValueError(f"{name}: set both {name}.train.images and {name}.val.images, or neither "
-                                 "(neither = the synthetic set)")
+                raise ValueError(
+                    f"{name}: set both {name}.train.images and {name}.val.images, or neither "
+                    "(neither = the synthetic set)"
+                )
             if s.train.images and name != "knn" and not (s.train.labels and s.val.labels):
                 raise ValueError(f"{name}: {name}.train.labels and {name}.val.labels are required with real data")
         if "seg" in self.tasks and self.seg.train.images and self.seg.num_classes < 2:

@@ -12,6 +12,7 @@ unless ``with_image`` is False (targets only, for training on cached features), 
 targets are resized with nearest neighbour, so metrics are computed at probe resolution.
 Malformed inputs raise ``ValueError`` naming the file (and the annotation) at fault.
 """
+
 from __future__ import annotations
 
 import csv
@@ -108,15 +109,18 @@ def load_coco_keypoints(path: str | Path, sigmas: list[float] | None = None) -> 
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read COCO keypoint file {path}: {err}") from None
     where = f"COCO keypoint file {path}"
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), list)
-                                             for k in ("images", "annotations", "categories")):
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(k), list) for k in ("images", "annotations", "categories")
+    ):
         raise ValueError(f"{where}: needs top-level lists 'images', 'annotations' and 'categories'")
     cat, names, skeleton = _keypoint_category(data["categories"], where)
     K = len(names)
     chosen = sigmas or cat.get("sigmas") or KNOWN_SIGMAS.get(K)
     if chosen is None:
-        raise ValueError(f"{where}: {K} keypoints has no standard OKS sigmas; set pose.sigmas "
-                         "(one per keypoint) or add a 'sigmas' list to the category")
+        raise ValueError(
+            f"{where}: {K} keypoints has no standard OKS sigmas; set pose.sigmas "
+            "(one per keypoint) or add a 'sigmas' list to the category"
+        )
     if len(chosen) != K or not all(isinstance(s, (int, float)) and s > 0 for s in chosen):
         raise ValueError(f"{where}: sigmas must be {K} positive numbers, got {len(chosen)}")
     image_ids = set()
@@ -124,8 +128,11 @@ def load_coco_keypoints(path: str | Path, sigmas: list[float] | None = None) -> 
         if not isinstance(img, dict) or "id" not in img or "file_name" not in img:
             raise ValueError(f"{where}: every image needs 'id' and 'file_name' (bad entry: {str(img)[:120]})")
         image_ids.add(img["id"])
-    anns = [clean for n, ann in enumerate(data["annotations"])
-            if (clean := _pose_annotation(ann, n, cat["id"], K, image_ids, where)) is not None]
+    anns = [
+        clean
+        for n, ann in enumerate(data["annotations"])
+        if (clean := _pose_annotation(ann, n, cat["id"], K, image_ids, where)) is not None
+    ]
     if len({a["id"] for a in anns}) != len(anns):
         raise ValueError(f"{where}: annotation ids are not unique")
     gt = {"images": data["images"], "annotations": anns, "categories": [cat]}
@@ -158,17 +165,28 @@ def _pose_annotation(ann, n: int, category_id, K: int, image_ids: set, where: st
         return None  # another category (e.g. a box-only class) is not a pose instance
     kps = ann.get("keypoints")
     if not isinstance(kps, list) or len(kps) != 3 * K or not all(isinstance(v, (int, float)) for v in kps):
-        raise ValueError(f"{bad}: 'keypoints' must be {3 * K} numbers (x, y, v for {K} keypoints), "
-                         f"got {len(kps) if isinstance(kps, list) else type(kps).__name__}")
+        raise ValueError(
+            f"{bad}: 'keypoints' must be {3 * K} numbers (x, y, v for {K} keypoints), "
+            f"got {len(kps) if isinstance(kps, list) else type(kps).__name__}"
+        )
     if any(v not in (0, 1, 2) for v in kps[2::3]):
         raise ValueError(f"{bad}: keypoint visibility must be 0, 1 or 2")
     box = ann.get("bbox")
-    if not isinstance(box, list) or len(box) != 4 or not all(isinstance(v, (int, float)) for v in box) \
-            or box[2] <= 0 or box[3] <= 0:
+    if (
+        not isinstance(box, list)
+        or len(box) != 4
+        or not all(isinstance(v, (int, float)) for v in box)
+        or box[2] <= 0
+        or box[3] <= 0
+    ):
         raise ValueError(f"{bad}: 'bbox' must be [x, y, w, h] with w, h > 0, got {box}")
-    return dict(ann, id=ann.get("id", n + 1), iscrowd=int(ann.get("iscrowd", 0)),
-                num_keypoints=int(ann.get("num_keypoints", sum(v > 0 for v in kps[2::3]))),
-                area=float(ann.get("area", box[2] * box[3])))
+    return dict(
+        ann,
+        id=ann.get("id", n + 1),
+        iscrowd=int(ann.get("iscrowd", 0)),
+        num_keypoints=int(ann.get("num_keypoints", sum(v > 0 for v in kps[2::3]))),
+        area=float(ann.get("area", box[2] * box[3])),
+    )
 
 
 @dataclass
@@ -184,10 +202,19 @@ class CocoKeypointDataset(ProbeDataset):
     """Top-down crops: ``image``, ``heatmaps`` (K, H/4, W/4), ``weights`` (K,), ``affine``
     (2, 3) image-to-crop, ``image_id``, ``box_score``."""
 
-    def __init__(self, images_dir: str | Path, annotations: str | Path, *, image_size: tuple[int, int],
-                 heatmap_sigma: float = 2.0, box_padding: float = 1.25, sigmas: list[float] | None = None,
-                 person_boxes: str | Path | None = None, box_score_threshold: float = 0.0,
-                 max_samples: int = 0) -> None:
+    def __init__(
+        self,
+        images_dir: str | Path,
+        annotations: str | Path,
+        *,
+        image_size: tuple[int, int],
+        heatmap_sigma: float = 2.0,
+        box_padding: float = 1.25,
+        sigmas: list[float] | None = None,
+        person_boxes: str | Path | None = None,
+        box_score_threshold: float = 0.0,
+        max_samples: int = 0,
+    ) -> None:
         self.images_dir = Path(images_dir)
         self.coco = load_coco_keypoints(annotations, sigmas)
         self.image_size = tuple(image_size)
@@ -198,9 +225,16 @@ class CocoKeypointDataset(ProbeDataset):
             self.instances = _detector_instances(person_boxes, files, self.coco.category_id, box_score_threshold)
         else:
             self.instances = [
-                PersonInstance(a["image_id"], files[a["image_id"]], a["bbox"], 1.0,
-                               np.asarray(a["keypoints"], dtype=np.float64).reshape(-1, 3))
-                for a in self.coco.gt["annotations"] if not a["iscrowd"] and a["num_keypoints"] > 0]
+                PersonInstance(
+                    a["image_id"],
+                    files[a["image_id"]],
+                    a["bbox"],
+                    1.0,
+                    np.asarray(a["keypoints"], dtype=np.float64).reshape(-1, 3),
+                )
+                for a in self.coco.gt["annotations"]
+                if not a["iscrowd"] and a["num_keypoints"] > 0
+            ]
         if max_samples:
             self.instances = self.instances[:max_samples]
         if not self.instances:
@@ -217,8 +251,14 @@ class CocoKeypointDataset(ProbeDataset):
 
         M = box_to_affine(inst.box, self.image_size, self.padding)
         rgb = read_rgb(self.images_dir / inst.file_name)
-        crop = cv2.warpAffine(rgb, M, (self.image_size[1], self.image_size[0]), flags=cv2.INTER_LINEAR,
-                              borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0))
+        crop = cv2.warpAffine(
+            rgb,
+            M,
+            (self.image_size[1], self.image_size[0]),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_CONSTANT,
+            borderValue=(0, 0, 0),
+        )
         return crop, M
 
     def __getitem__(self, i: int) -> dict:
@@ -229,8 +269,9 @@ class CocoKeypointDataset(ProbeDataset):
             item["image"] = to_tensor(self._crop(inst)[0])
         K = self.coco.num_keypoints
         kps = inst.keypoints if inst.keypoints is not None else np.zeros((K, 3))
-        target, weight = encode_heatmaps(apply_affine(M, kps[:, :2]), kps[:, 2] > 0, self.image_size,
-                                         self.heatmap_size, self.sigma)
+        target, weight = encode_heatmaps(
+            apply_affine(M, kps[:, :2]), kps[:, 2] > 0, self.image_size, self.heatmap_size, self.sigma
+        )
         item["heatmaps"], item["weights"] = torch.from_numpy(target), torch.from_numpy(weight)
         return item
 
@@ -248,10 +289,15 @@ def _detector_instances(path: str | Path, files: dict, category_id: int, thresho
     out = []
     for n, d in enumerate(dets):
         if not isinstance(d, dict) or d.get("image_id") not in files or len(d.get("bbox", [])) != 4:
-            raise ValueError(f"person boxes {path}, entry {n}: needs an 'image_id' of the annotation file "
-                             "and a 4-number 'bbox'")
-        if d.get("category_id", category_id) == category_id and d.get("score", 1.0) >= threshold \
-                and d["bbox"][2] > 0 and d["bbox"][3] > 0:
+            raise ValueError(
+                f"person boxes {path}, entry {n}: needs an 'image_id' of the annotation file and a 4-number 'bbox'"
+            )
+        if (
+            d.get("category_id", category_id) == category_id
+            and d.get("score", 1.0) >= threshold
+            and d["bbox"][2] > 0
+            and d["bbox"][3] > 0
+        ):
             out.append(PersonInstance(d["image_id"], files[d["image_id"]], d["bbox"], float(d.get("score", 1.0)), None))
     return out
 
@@ -259,35 +305,48 @@ def _detector_instances(path: str | Path, files: dict, category_id: int, thresho
 # ---------------------------------------------------------------- segmentation
 
 
-def _pair_by_stem(images_dir: str | Path, labels_dir: str | Path, suffixes: tuple[str, ...], what: str,
-                  max_samples: int = 0) -> list[tuple[Path, Path]]:
+def _pair_by_stem(
+    images_dir: str | Path, labels_dir: str | Path, suffixes: tuple[str, ...], what: str, max_samples: int = 0
+) -> list[tuple[Path, Path]]:
     images = find_by_stem(images_dir, IMAGE_SUFFIXES)
     labels = find_by_stem(labels_dir, suffixes)
     missing = sorted(set(images) - set(labels))
     if missing:
-        raise ValueError(f"{len(missing)} image(s) in {images_dir} have no {what} in {labels_dir} "
-                         f"(same file stem expected), e.g. {missing[:3]}")
+        raise ValueError(
+            f"{len(missing)} image(s) in {images_dir} have no {what} in {labels_dir} "
+            f"(same file stem expected), e.g. {missing[:3]}"
+        )
     if not images:
         raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {images_dir}")
     pairs = [(images[s], labels[s]) for s in sorted(images)]
     return pairs[:max_samples] if max_samples else pairs
 
 
-def _read_same_size(image_path: Path, label_path: Path, label_hw: tuple[int, int],
-                    out_hw: tuple[int, int]) -> np.ndarray:
+def _read_same_size(
+    image_path: Path, label_path: Path, label_hw: tuple[int, int], out_hw: tuple[int, int]
+) -> np.ndarray:
     rgb = read_rgb(image_path)
     if rgb.shape[:2] != tuple(label_hw):
-        raise ValueError(f"{image_path} is {rgb.shape[1]}x{rgb.shape[0]} but its label {label_path} is "
-                         f"{label_hw[1]}x{label_hw[0]}")
+        raise ValueError(
+            f"{image_path} is {rgb.shape[1]}x{rgb.shape[0]} but its label {label_path} is {label_hw[1]}x{label_hw[0]}"
+        )
     return resize(rgb, out_hw)
 
 
 class SegmentationDataset(ProbeDataset):
     """``image`` and ``labels`` (H, W) int64 class indices (``ignore_index`` kept)."""
 
-    def __init__(self, images_dir: str | Path, masks_dir: str | Path, *, image_size: tuple[int, int],
-                 num_classes: int, ignore_index: int = 255, class_names: list[str] | None = None,
-                 max_samples: int = 0) -> None:
+    def __init__(
+        self,
+        images_dir: str | Path,
+        masks_dir: str | Path,
+        *,
+        image_size: tuple[int, int],
+        num_classes: int,
+        ignore_index: int = 255,
+        class_names: list[str] | None = None,
+        max_samples: int = 0,
+    ) -> None:
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"{len(class_names)} class names for {num_classes} classes")
         self.pairs = _pair_by_stem(images_dir, masks_dir, (".png",), "PNG mask", max_samples)
@@ -305,8 +364,10 @@ class SegmentationDataset(ProbeDataset):
         labels = read_class_mask(mask_path)
         bad = (labels >= self.num_classes) & (labels != self.ignore_index) | (labels < 0)
         if bad.any():
-            raise ValueError(f"{mask_path}: class indices {sorted(np.unique(labels[bad]).tolist())[:5]} outside "
-                             f"0..{self.num_classes - 1} (ignore_index {self.ignore_index}); check seg.num_classes")
+            raise ValueError(
+                f"{mask_path}: class indices {sorted(np.unique(labels[bad]).tolist())[:5]} outside "
+                f"0..{self.num_classes - 1} (ignore_index {self.ignore_index}); check seg.num_classes"
+            )
         resized = resize(labels.astype(np.int32), self.image_size, nearest=True)
         item = {"index": i, "labels": torch.from_numpy(resized.astype(np.int64))}
         if self.with_image:
@@ -340,8 +401,16 @@ class DenseMapDataset(ProbeDataset):
     1 farthest), -1 elsewhere; ``mask`` = the pixels that count (valid and target > eps).
     """
 
-    def __init__(self, images_dir: str | Path, maps_dir: str | Path, masks_dir: str | Path | None = None, *,
-                 image_size: tuple[int, int], kind: str, max_samples: int = 0) -> None:
+    def __init__(
+        self,
+        images_dir: str | Path,
+        maps_dir: str | Path,
+        masks_dir: str | Path | None = None,
+        *,
+        image_size: tuple[int, int],
+        kind: str,
+        max_samples: int = 0,
+    ) -> None:
         self.pairs = _pair_by_stem(images_dir, maps_dir, FLOAT_MAP_SUFFIXES, f"{kind} map", max_samples)
         self.masks = None
         if masks_dir:
@@ -369,8 +438,10 @@ class DenseMapDataset(ProbeDataset):
         if self.masks is not None:
             mask = read_binary_mask(self.masks[i])
             if mask.shape != target.shape[:2]:
-                raise ValueError(f"{self.masks[i]} is {mask.shape[1]}x{mask.shape[0]} but {map_path.name} is "
-                                 f"{target.shape[1]}x{target.shape[0]}")
+                raise ValueError(
+                    f"{self.masks[i]} is {mask.shape[1]}x{mask.shape[0]} but {map_path.name} is "
+                    f"{target.shape[1]}x{target.shape[0]}"
+                )
             valid &= mask
         target = np.where(valid[..., None], target, 0.0).astype(np.float32)
         valid_hw = target.shape[:2]
@@ -381,8 +452,11 @@ class DenseMapDataset(ProbeDataset):
         if self.kind == "depth":
             rel, valid = relative_depth_target(target[..., 0], valid)
             target = rel[..., None]
-        item = {"index": i, "target": torch.from_numpy(target.transpose(2, 0, 1).copy()),
-                "mask": torch.from_numpy(valid)}
+        item = {
+            "index": i,
+            "target": torch.from_numpy(target.transpose(2, 0, 1).copy()),
+            "mask": torch.from_numpy(valid),
+        }
         if self.with_image:
             item["image"] = to_tensor(_read_same_size(image_path, map_path, valid_hw, self.image_size))
         return item
@@ -397,16 +471,28 @@ class DenseMapDataset(ProbeDataset):
 class LabeledImageDataset(ProbeDataset):
     """``image`` and ``label`` (int) from class sub-folders or a ``path,label`` CSV."""
 
-    def __init__(self, images_dir: str | Path, labels_csv: str | Path | None = None, *, image_size: tuple[int, int],
-                 classes: list[str] | None = None, max_samples: int = 0) -> None:
+    def __init__(
+        self,
+        images_dir: str | Path,
+        labels_csv: str | Path | None = None,
+        *,
+        image_size: tuple[int, int],
+        classes: list[str] | None = None,
+        max_samples: int = 0,
+    ) -> None:
         root = Path(images_dir)
         if labels_csv:
             items = _read_label_csv(root, Path(labels_csv))
         else:
             if not root.is_dir():
                 raise ValueError(f"folder {str(root)!r} does not exist")
-            items = [(p, d.name) for d in sorted(root.iterdir()) if d.is_dir()
-                     for p in sorted(d.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES]
+            items = [
+                (p, d.name)
+                for d in sorted(root.iterdir())
+                if d.is_dir()
+                for p in sorted(d.iterdir())
+                if p.suffix.lower() in IMAGE_SUFFIXES
+            ]
             if not items:
                 raise ValueError(f"{root}: no class sub-folders with images (or give a labels CSV)")
         self.classes = classes or sorted({label for _, label in items})

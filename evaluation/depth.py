@@ -11,6 +11,7 @@ so the nearest pixel(s) (target 0) never count, as in the reference.
 A foreground of one depth (max == min) has no shape to learn: its target is 0 everywhere, so
 no pixel of that image counts. (The reference leaves such an image's raw depth in place.)
 """
+
 from __future__ import annotations
 
 import numpy as np

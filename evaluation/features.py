@@ -6,6 +6,7 @@ A cache file holds the features of one split, keyed by everything that decides t
 (backbone and its weights digest, blocks, data digest, crop settings), so re-runs and
 other probes on the same data reuse it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,9 @@ from models import build_backbone
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def load_frozen_backbone(name: str, checkpoint: str = "", *, weights_prefix: str = "", seed: int = 0,
-                         device: torch.device | str = "cpu") -> nn.Module:
+def load_frozen_backbone(
+    name: str, checkpoint: str = "", *, weights_prefix: str = "", seed: int = 0, device: torch.device | str = "cpu"
+) -> nn.Module:
     """The named backbone with ``checkpoint``'s weights, or randomly initialised from ``seed``
     when ``checkpoint`` is empty; in eval mode, gradients off."""
     if checkpoint:
@@ -60,16 +62,23 @@ def check_grid(image_size, stride: int, what: str = "image_size") -> None:
     """Raise unless both sides are multiples of the backbone's feature stride."""
     if image_size[0] % stride or image_size[1] % stride:
         fit = [max(stride, round(v / stride) * stride) for v in image_size]
-        raise ValueError(f"{what} {list(image_size)} must be a multiple of the backbone's feature stride {stride}, "
-                         f"e.g. {fit}")
+        raise ValueError(
+            f"{what} {list(image_size)} must be a multiple of the backbone's feature stride {stride}, e.g. {fit}"
+        )
 
 
 def cache_key(**parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def extract_features(extractor: FrozenBackbone, dataset: Dataset, *, batch_size: int,
-                     cache_file: str | Path | None = None, keep_maps: bool = True) -> dict[str, torch.Tensor]:
+def extract_features(
+    extractor: FrozenBackbone,
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    cache_file: str | Path | None = None,
+    keep_maps: bool = True,
+) -> dict[str, torch.Tensor]:
     """``{"maps": (N, D', h, w), "cls": (N, D)}`` for every item of ``dataset`` (``cls``
     only without ``keep_maps``), read from ``cache_file`` when it exists, else computed
     (and written there)."""

@@ -8,6 +8,7 @@ step on the log heatmap (DARK), exact for a Gaussian peak.
 
 Shapes: K keypoints, h x w heatmap.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,8 +34,9 @@ def invert_affine(M: np.ndarray) -> np.ndarray:
     return np.linalg.inv(A)[:2]
 
 
-def encode_heatmaps(xy_K2: np.ndarray, valid_K: np.ndarray, in_hw: tuple[int, int], hm_hw: tuple[int, int],
-                    sigma: float) -> tuple[np.ndarray, np.ndarray]:
+def encode_heatmaps(
+    xy_K2: np.ndarray, valid_K: np.ndarray, in_hw: tuple[int, int], hm_hw: tuple[int, int], sigma: float
+) -> tuple[np.ndarray, np.ndarray]:
     """UDP Gaussian targets (K, h, w) float32 and weights (K,) for keypoints in input pixels.
 
     A keypoint weighs 0 when unlabelled or when its centre falls outside the heatmap.

@@ -5,6 +5,7 @@ build has OpenEXR (``OPENCV_IO_ENABLE_OPENEXR=1`` is set before ``cv2`` is impor
 ``opencv-python`` 5.0 wheel this project pins is built without OpenEXR, so with it ``.exr``
 files are refused with a message saying so (convert them to ``.npy``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,10 @@ def read_class_mask(path: str | Path) -> np.ndarray:
     try:
         with Image.open(path) as im:
             if im.mode not in ("L", "P", "I", "I;16", "I;16B", "1"):
-                raise ValueError(f"mode {im.mode}: a class-index mask must be single-channel (L, P or 16-bit); "
-                                 "convert colour-coded masks to class indices first")
+                raise ValueError(
+                    f"mode {im.mode}: a class-index mask must be single-channel (L, P or 16-bit); "
+                    "convert colour-coded masks to class indices first"
+                )
             return np.asarray(im).astype(np.int64)
     except OSError as err:
         raise ValueError(f"cannot read mask {path}: {err}") from None
@@ -77,8 +80,10 @@ def _read_exr(path: Path) -> np.ndarray:
     import cv2
 
     if not cv2.haveImageReader(str(path)):
-        raise ValueError(f"cannot read {path}: this OpenCV build has no OpenEXR support "
-                         "(cv2.getBuildInformation() shows 'OpenEXR: NO'); convert the maps to .npy")
+        raise ValueError(
+            f"cannot read {path}: this OpenCV build has no OpenEXR support "
+            "(cv2.getBuildInformation() shows 'OpenEXR: NO'); convert the maps to .npy"
+        )
     arr = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
     if arr is None:
         raise ValueError(f"cannot read EXR {path}")

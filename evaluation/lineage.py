@@ -6,6 +6,7 @@ The pretraining stage tags its MLflow run with ``checkpoint.digest`` (and ``data
 run is looked up across all experiments by the checkpoint's digest (a tag holding the full
 sha256, ``sha256:<hex>``, or a prefix of at least 12 hex digits matches).
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,18 +22,23 @@ MIN_DIGEST_PREFIX = 12
 
 @dataclass
 class Lineage:
-    checkpoint_path: str           # RANDOM_INIT for a randomly initialised backbone
-    checkpoint_digest: str         # sha256 hex, or "random-init:seed=<seed>"
+    checkpoint_path: str  # RANDOM_INIT for a randomly initialised backbone
+    checkpoint_digest: str  # sha256 hex, or "random-init:seed=<seed>"
     pretrain_run_id: str = ""
     dataset_id: str = ""
     dataset_uri: str = ""
-    source: str = ""               # how the pretraining run was found: given / digest / none
+    source: str = ""  # how the pretraining run was found: given / digest / none
     digest_matches_run: bool | None = None
 
     def tags(self) -> dict[str, str]:
-        tags = {"lineage.checkpoint_path": self.checkpoint_path, "lineage.checkpoint_digest": self.checkpoint_digest,
-                "lineage.pretrain_run_id": self.pretrain_run_id, "lineage.dataset_id": self.dataset_id,
-                "lineage.dataset_uri": self.dataset_uri, "lineage.source": self.source}
+        tags = {
+            "lineage.checkpoint_path": self.checkpoint_path,
+            "lineage.checkpoint_digest": self.checkpoint_digest,
+            "lineage.pretrain_run_id": self.pretrain_run_id,
+            "lineage.dataset_id": self.dataset_id,
+            "lineage.dataset_uri": self.dataset_uri,
+            "lineage.source": self.source,
+        }
         if self.digest_matches_run is not None:
             tags["lineage.digest_matches_pretrain_run"] = str(self.digest_matches_run).lower()
         return tags
@@ -47,8 +53,9 @@ def digest_matches(tag_value: str, sha256_hex: str) -> bool:
     return len(tag) >= MIN_DIGEST_PREFIX and sha256_hex.startswith(tag)
 
 
-def resolve_lineage(checkpoint: str, *, seed: int, pretrain_run_id: str = "",
-                    tracking_uri: str | None = None) -> Lineage:
+def resolve_lineage(
+    checkpoint: str, *, seed: int, pretrain_run_id: str = "", tracking_uri: str | None = None
+) -> Lineage:
     """The lineage of ``checkpoint`` (empty = random init from ``seed``); MLflow is asked
     only when ``tracking_uri`` is given."""
     if not checkpoint:
@@ -70,15 +77,21 @@ def resolve_lineage(checkpoint: str, *, seed: int, pretrain_run_id: str = "",
         try:
             run = mlflow.get_run(pretrain_run_id)
         except mlflow.exceptions.MlflowException as err:
-            raise ValueError(f"backbone.pretrain_run_id {pretrain_run_id!r} is not a run in {tracking_uri}: "
-                             f"{err}") from None
+            raise ValueError(
+                f"backbone.pretrain_run_id {pretrain_run_id!r} is not a run in {tracking_uri}: {err}"
+            ) from None
         lineage.source = "given"
         recorded = run.data.tags.get("checkpoint.digest")
         if recorded:
             lineage.digest_matches_run = digest_matches(recorded, lineage.checkpoint_digest)
             if not lineage.digest_matches_run:
-                log.warning("checkpoint %s (sha256 %s) differs from the one pretraining run %s recorded (%s)",
-                            path, lineage.checkpoint_digest[:16], pretrain_run_id, recorded)
+                log.warning(
+                    "checkpoint %s (sha256 %s) differs from the one pretraining run %s recorded (%s)",
+                    path,
+                    lineage.checkpoint_digest[:16],
+                    pretrain_run_id,
+                    recorded,
+                )
     else:
         run = find_pretrain_run(lineage.checkpoint_digest)
         lineage.source = "digest" if run else "none"
@@ -95,8 +108,13 @@ def find_pretrain_run(sha256_hex: str):
     """The newest run (any experiment) whose ``checkpoint.digest`` tag matches, or None."""
     import mlflow
 
-    runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`checkpoint.digest` LIKE '%'",
-                              order_by=["attributes.start_time DESC"], max_results=1000, output_format="list")
+    runs = mlflow.search_runs(
+        search_all_experiments=True,
+        filter_string="tags.`checkpoint.digest` LIKE '%'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1000,
+        output_format="list",
+    )
     for run in runs:
         if digest_matches(run.data.tags["checkpoint.digest"], sha256_hex):
             return run

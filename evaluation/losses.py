@@ -15,6 +15,7 @@
 
 Shapes: B batch, K keypoints, C classes, H x W pixels; masks (B, H, W) bool.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,14 @@ def heatmap_loss(pred_BKhw: torch.Tensor, target_BKhw: torch.Tensor, weight_BK: 
     return se.mean()
 
 
-def segmentation_loss(logits_BCHW: torch.Tensor, labels_BHW: torch.Tensor, *, class_weights: torch.Tensor | None,
-                      dice_weight: float, ignore_index: int) -> torch.Tensor:
+def segmentation_loss(
+    logits_BCHW: torch.Tensor,
+    labels_BHW: torch.Tensor,
+    *,
+    class_weights: torch.Tensor | None,
+    dice_weight: float,
+    ignore_index: int,
+) -> torch.Tensor:
     if logits_BCHW.shape[-2:] != labels_BHW.shape[-2:]:
         logits_BCHW = F.interpolate(logits_BCHW, size=labels_BHW.shape[-2:], mode="bilinear", align_corners=False)
     ce = F.cross_entropy(logits_BCHW, labels_BHW, weight=class_weights, ignore_index=ignore_index)
@@ -56,8 +63,9 @@ def depth_scale(points_B3HW: torch.Tensor, mask_BHW: torch.Tensor) -> torch.Tens
     return ((points_B3HW[:, 2] * m).sum(dim=(1, 2)) / m.sum(dim=(1, 2)).clamp_min(1)).clamp_min(1e-6)
 
 
-def pointmap_loss(xyz_B3HW: torch.Tensor, scale_B1: torch.Tensor, gt_B3HW: torch.Tensor,
-                  mask_BHW: torch.Tensor) -> torch.Tensor:
+def pointmap_loss(
+    xyz_B3HW: torch.Tensor, scale_B1: torch.Tensor, gt_B3HW: torch.Tensor, mask_BHW: torch.Tensor
+) -> torch.Tensor:
     s_gt = depth_scale(gt_B3HW, mask_BHW)
     norm_gt = gt_B3HW / s_gt[:, None, None, None]
     return _masked_mean((xyz_B3HW - norm_gt).abs(), mask_BHW) + (scale_B1[:, 0].log() - s_gt.log()).abs().mean()
@@ -77,7 +85,9 @@ def albedo_loss(pred_B3HW: torch.Tensor, gt_B3HW: torch.Tensor, mask_BHW: torch.
     return aligned + _masked_mean((pred_B3HW - gt_B3HW).abs(), mask_BHW)
 
 
-def silog_loss(pred_B1HW: torch.Tensor, gt_B1HW: torch.Tensor, mask_BHW: torch.Tensor, eps: float = DEPTH_EPS) -> torch.Tensor:
+def silog_loss(
+    pred_B1HW: torch.Tensor, gt_B1HW: torch.Tensor, mask_BHW: torch.Tensor, eps: float = DEPTH_EPS
+) -> torch.Tensor:
     valid = (mask_BHW & (gt_B1HW[:, 0] > eps)).to(pred_B1HW.dtype)
     d = (gt_B1HW[:, 0].clamp_min(eps).log() - pred_B1HW[:, 0].clamp_min(eps).log()) * valid
     n = valid.sum(dim=(1, 2)).clamp_min(1)

@@ -10,6 +10,7 @@ head layout of ``models.task_heads``) and ``overlays/*.png``.
 every requested probe in turn and reports each probe's metrics with its output folder as a
 Ray Train checkpoint named ``probe_<task>``.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,17 @@ def _batches(loader: DataLoader):
         yield from loader
 
 
-def run_probe(name: str, settings: TaskSettings, data: TaskData, extractor: FrozenBackbone, out_dir: str | Path, *,
-              seed: int = 0, cache_dir: str | Path | None = None, cache_id: dict | None = None) -> dict[str, float]:
+def run_probe(
+    name: str,
+    settings: TaskSettings,
+    data: TaskData,
+    extractor: FrozenBackbone,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+    cache_id: dict | None = None,
+) -> dict[str, float]:
     """Train and evaluate the ``name`` probe; returns its metrics (also in ``out_dir``).
 
     With ``settings.cache_features``, each split's frozen features are computed once (and,
@@ -74,8 +84,11 @@ def run_probe(name: str, settings: TaskSettings, data: TaskData, extractor: Froz
     else:
         t_feat = time.time()
         metrics, history = _run_head(name, settings, train_ds, val_ds, train_feats, val_feats, extractor, out_dir, seed)
-        metrics.update(final_loss=history[-1]["loss"] if history else float("nan"),
-                       features_seconds=t_feat - t0, train_seconds=time.time() - t_feat)
+        metrics.update(
+            final_loss=history[-1]["loss"] if history else float("nan"),
+            features_seconds=t_feat - t0,
+            train_seconds=time.time() - t_feat,
+        )
     metrics["seconds"] = time.time() - t0
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1, sort_keys=True))
     (out_dir / "history.json").write_text(json.dumps(history))
@@ -83,8 +96,17 @@ def run_probe(name: str, settings: TaskSettings, data: TaskData, extractor: Froz
     return metrics
 
 
-def _run_head(name: str, settings: TaskSettings, train_ds, val_ds, train_feats, val_feats, extractor: FrozenBackbone,
-              out_dir: Path, seed: int) -> tuple[dict[str, float], list[dict]]:
+def _run_head(
+    name: str,
+    settings: TaskSettings,
+    train_ds,
+    val_ds,
+    train_feats,
+    val_feats,
+    extractor: FrozenBackbone,
+    out_dir: Path,
+    seed: int,
+) -> tuple[dict[str, float], list[dict]]:
     """Train the task's head, evaluate it, write its weights and overlays."""
     task = TASKS[name]
     train_src = CachedFeatureDataset(train_ds, train_feats) if train_feats else train_ds
@@ -117,13 +139,15 @@ def _to_cpu(out: dict) -> dict:
     return {k: v.float().cpu() for k, v in out.items()}
 
 
-def _train_head(head: torch.nn.Module, loss_fn, train_src, extractor: FrozenBackbone, s: TaskSettings,
-                seed: int) -> list[dict]:
+def _train_head(
+    head: torch.nn.Module, loss_fn, train_src, extractor: FrozenBackbone, s: TaskSettings, seed: int
+) -> list[dict]:
     if s.steps == 0:
         return []
     gen = torch.Generator().manual_seed(seed)
-    loader = DataLoader(train_src, batch_size=min(s.batch_size, len(train_src)), shuffle=True, drop_last=True,
-                        generator=gen)
+    loader = DataLoader(
+        train_src, batch_size=min(s.batch_size, len(train_src)), shuffle=True, drop_last=True, generator=gen
+    )
     opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, s.steps, s.warmup_steps))
     head.train()
@@ -151,8 +175,15 @@ def _run_knn(s: KnnSettings, train_ds, val_ds, train_feats, val_feats, extractor
     val_labels = torch.tensor([label for _, label in val_ds.items])
     out = {}
     for k in s.k:
-        out[f"top1_k{k}"] = knn_top1(train_feats["cls"], train_labels, val_feats["cls"], val_labels, k=k,
-                                     temperature=s.temperature, num_classes=len(train_ds.classes))
+        out[f"top1_k{k}"] = knn_top1(
+            train_feats["cls"],
+            train_labels,
+            val_feats["cls"],
+            val_labels,
+            k=k,
+            temperature=s.temperature,
+            num_classes=len(train_ds.classes),
+        )
     return out
 
 
@@ -170,13 +201,25 @@ def probe_worker(spec: dict) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     device = ray.train.torch.get_device()
     bb = spec["backbone"]
-    backbone = load_frozen_backbone(bb["name"], bb["checkpoint"], weights_prefix=bb["weights_prefix"],
-                                    seed=spec["seed"], device=device)
+    backbone = load_frozen_backbone(
+        bb["name"], bb["checkpoint"], weights_prefix=bb["weights_prefix"], seed=spec["seed"], device=device
+    )
     for item in spec["tasks"]:
         settings, data = settings_from_spec(item)
         extractor = FrozenBackbone(backbone, settings.feature_blocks, bb["dtype"])
         with tempfile.TemporaryDirectory() as tmp:
-            metrics = run_probe(item["name"], settings, data, extractor, tmp, seed=spec["seed"],
-                                cache_dir=spec["cache_dir"], cache_id=item["cache_id"])
-            ray.train.report({"task": item["name"], **metrics}, checkpoint=Checkpoint.from_directory(tmp),
-                             checkpoint_dir_name=f"probe_{item['name']}")
+            metrics = run_probe(
+                item["name"],
+                settings,
+                data,
+                extractor,
+                tmp,
+                seed=spec["seed"],
+                cache_dir=spec["cache_dir"],
+                cache_id=item["cache_id"],
+            )
+            ray.train.report(
+                {"task": item["name"], **metrics},
+                checkpoint=Checkpoint.from_directory(tmp),
+                checkpoint_dir_name=f"probe_{item['name']}",
+            )

@@ -17,6 +17,7 @@ Outputs: ``config.yaml``, ``results.json`` (metrics per task, lineage, run ids),
 ``<task>/{metrics.json,history.json,head.safetensors,overlays/*.png}``, ``synthetic/``
 (when used), ``feature_cache/`` and ``ray/`` (Ray Train's run folder).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +46,7 @@ HEADLINE = {"pose": "AP", "seg": "mIoU", "pointmap": "l2", "normal": "mean_angle
 
 @dataclasses.dataclass
 class ProbeResult:
-    metrics: dict[str, dict[str, float]]   # task -> metric -> value
+    metrics: dict[str, dict[str, float]]  # task -> metric -> value
     output_dir: str
     lineage: Lineage
     parent_run_id: str | None = None
@@ -59,8 +60,10 @@ class ProbeResult:
             lines.append(f"pretraining run: {self.lineage.pretrain_run_id} (dataset {self.lineage.dataset_id or '?'})")
         for task, m in self.metrics.items():
             # The headline metric first; per-class IoUs and timings stay in results.json.
-            names = sorted((k for k in m if not k.startswith("iou.") and not k.endswith("seconds")),
-                           key=lambda k: k != HEADLINE.get(task))
+            names = sorted(
+                (k for k in m if not k.startswith("iou.") and not k.endswith("seconds")),
+                key=lambda k: k != HEADLINE.get(task),
+            )
             lines.append(f"{task:9s} " + "  ".join(f"{k}={m[k]:.4g}" for k in names))
         lines.append(f"outputs:  {self.output_dir}")
         if self.parent_run_id:
@@ -74,16 +77,24 @@ def resolve_data(cfg: ProbeConfig, out: Path) -> dict[str, TaskData]:
     for task in cfg.tasks:
         s = cfg.task(task)
         if s.train.images:
-            data[task] = TaskData(train=s.train, val=s.val, num_classes=getattr(s, "num_classes", 0),
-                                  class_names=list(getattr(s, "class_names", [])))
+            data[task] = TaskData(
+                train=s.train,
+                val=s.val,
+                num_classes=getattr(s, "num_classes", 0),
+                class_names=list(getattr(s, "class_names", [])),
+            )
             continue
         root = out / "synthetic"
         syn = cfg.synthetic
-        generate_synthetic_set(root, train_images=syn.train_images, val_images=syn.val_images,
-                               hw=(syn.height, syn.width), seed=syn.seed)
-        data[task] = TaskData(train=split_paths(root, task, "train"), val=split_paths(root, task, "val"),
-                              num_classes=len(PART_CLASSES) if task == "seg" else 0,
-                              class_names=list(PART_CLASSES) if task == "seg" else [])
+        generate_synthetic_set(
+            root, train_images=syn.train_images, val_images=syn.val_images, hw=(syn.height, syn.width), seed=syn.seed
+        )
+        data[task] = TaskData(
+            train=split_paths(root, task, "train"),
+            val=split_paths(root, task, "val"),
+            num_classes=len(PART_CLASSES) if task == "seg" else 0,
+            class_names=list(PART_CLASSES) if task == "seg" else [],
+        )
     return data
 
 
@@ -124,12 +135,19 @@ def _fit(cfg: ProbeConfig, spec: dict, out: Path) -> dict[str, dict[str, float]]
     r = cfg.ray
     try:
         trainer = TorchTrainer(
-            probe_worker, train_loop_config=spec, torch_config=TorchConfig(timeout_s=r.timeout_s),
-            scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu,
-                                         resources_per_worker={"CPU": r.cpus_per_worker}),
-            run_config=RunConfig(name=f"probe-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
-                                 storage_path=str(out / "ray"), checkpoint_config=CheckpointConfig(num_to_keep=None),
-                                 failure_config=FailureConfig(max_failures=r.max_failures)))
+            probe_worker,
+            train_loop_config=spec,
+            torch_config=TorchConfig(timeout_s=r.timeout_s),
+            scaling_config=ScalingConfig(
+                num_workers=r.num_workers, use_gpu=r.use_gpu, resources_per_worker={"CPU": r.cpus_per_worker}
+            ),
+            run_config=RunConfig(
+                name=f"probe-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}",
+                storage_path=str(out / "ray"),
+                checkpoint_config=CheckpointConfig(num_to_keep=None),
+                failure_config=FailureConfig(max_failures=r.max_failures),
+            ),
+        )
         result = trainer.fit()
     finally:
         if started:
@@ -154,8 +172,9 @@ def run_probes(cfg: ProbeConfig) -> ProbeResult:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(dump_config(cfg))
     uri = tracking.resolve_tracking_uri(cfg.tracking.uri, str(out)) if cfg.tracking.enabled else None
-    lineage = resolve_lineage(cfg.backbone.checkpoint, seed=cfg.seed, pretrain_run_id=cfg.backbone.pretrain_run_id,
-                              tracking_uri=uri)
+    lineage = resolve_lineage(
+        cfg.backbone.checkpoint, seed=cfg.seed, pretrain_run_id=cfg.backbone.pretrain_run_id, tracking_uri=uri
+    )
     data = resolve_data(cfg, out)
     check_inputs(cfg, data)
     spec = worker_spec(cfg, data, lineage, out)
@@ -186,22 +205,35 @@ def _family_tag(cfg: ProbeConfig) -> dict[str, str]:
     return {"probe.backbone_family": family_of(cfg.backbone.name)}
 
 
-def _record_probe(cfg: ProbeConfig, task: str, data: TaskData, metrics: dict[str, float], out: Path,
-                  lineage: Lineage) -> str:
+def _record_probe(
+    cfg: ProbeConfig, task: str, data: TaskData, metrics: dict[str, float], out: Path, lineage: Lineage
+) -> str:
     """The probe's child run (see the module docstring); returns its id."""
     task_dir = out / task
-    tags = {**STAGE_TAG, **lineage.tags(), **_family_tag(cfg), "probe.role": "probe", "probe.task": task,
-            "probe.head_path": str(task_dir / "head.safetensors")}
+    tags = {
+        **STAGE_TAG,
+        **lineage.tags(),
+        **_family_tag(cfg),
+        "probe.role": "probe",
+        "probe.task": task,
+        "probe.head_path": str(task_dir / "head.safetensors"),
+    }
     history_file = task_dir / "history.json"
     history = json.loads(history_file.read_text()) if history_file.exists() else []
     splits = (("train", data.train), ("val", data.val))
     return tracking.log_child_run(
-        f"{out.name}/{task}", tags, params=tracking.flatten(config_to_dict(cfg.task(task)), prefix=task),
-        metrics=metrics, series={"train_loss": [(point["step"], point["loss"]) for point in history]},
+        f"{out.name}/{task}",
+        tags,
+        params=tracking.flatten(config_to_dict(cfg.task(task)), prefix=task),
+        metrics=metrics,
+        series={"train_loss": [(point["step"], point["loss"]) for point in history]},
         files=[str(task_dir / "metrics.json")],
         folders={"overlays": str(task_dir / "overlays")} if (task_dir / "overlays").is_dir() else {},
-        datasets=[(tracking.make_dataset(f"probe-{task}-{split}", _split_digest(p), p.images), f"probe_{split}")
-                  for split, p in splits])
+        datasets=[
+            (tracking.make_dataset(f"probe-{task}-{split}", _split_digest(p), p.images), f"probe_{split}")
+            for split, p in splits
+        ],
+    )
 
 
 def _record_suite(metrics: dict[str, dict[str, float]], results_file: Path) -> None:
@@ -218,6 +250,9 @@ def _split_digest(paths: SplitPaths) -> str:
 def _write_results(out: Path, result: ProbeResult) -> Path:
     path = out / "results.json"
     mlflow_ids = {"parent_run_id": result.parent_run_id, "child_run_ids": result.child_run_ids}
-    path.write_text(json.dumps({"metrics": result.metrics, "lineage": dataclasses.asdict(result.lineage),
-                                "mlflow": mlflow_ids}, indent=1))
+    path.write_text(
+        json.dumps(
+            {"metrics": result.metrics, "lineage": dataclasses.asdict(result.lineage), "mlflow": mlflow_ids}, indent=1
+        )
+    )
     return path

@@ -9,6 +9,7 @@ functions and never spells probing's config fields or result files itself.
   from ``results.json``.
 - ``SCRIPT``: the ``pipelines/`` script that runs one stage config as a Ray job.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,9 @@ def checkpoint_digest(path: str) -> str:
 def with_backbone(cfg: ProbeConfig, checkpoint: str, pretrain_run_id: str) -> ProbeConfig:
     """``checkpoint``: an official-layout .safetensors ("" = random init); ``pretrain_run_id``:
     the MLflow run that produced it ("" = searched by digest)."""
-    return dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, checkpoint=checkpoint,
-                                                                 pretrain_run_id=pretrain_run_id))
+    return dataclasses.replace(
+        cfg, backbone=dataclasses.replace(cfg.backbone, checkpoint=checkpoint, pretrain_run_id=pretrain_run_id)
+    )
 
 
 def place(cfg: ProbeConfig, folder: Path) -> ProbeConfig:
@@ -68,6 +70,11 @@ def run(cfg: ProbeConfig) -> dict:
 def result(cfg: ProbeConfig) -> dict:
     """Headline metrics per task (per-class IoUs and timings left out) and the suite's runs."""
     results = json.loads((Path(cfg.output_dir) / RESULTS_FILE).read_text())
-    return {"metrics": {t: {k: v for k, v in m.items() if not k.startswith("iou.") and not k.endswith("seconds")}
-                        for t, m in results["metrics"].items()},
-            "run_id": results["mlflow"]["parent_run_id"], "child_run_ids": results["mlflow"]["child_run_ids"]}
+    return {
+        "metrics": {
+            t: {k: v for k, v in m.items() if not k.startswith("iou.") and not k.endswith("seconds")}
+            for t, m in results["metrics"].items()
+        },
+        "run_id": results["mlflow"]["parent_run_id"],
+        "child_run_ids": results["mlflow"]["child_run_ids"],
+    }

@@ -17,6 +17,7 @@ learnable). The image is ``albedo * (ambient + diffuse * max(0, n.l))`` with a r
 Layout under ``root``: ``{train,val}/{images,seg,normal,albedo,pointmap,masks}/<id>.*``,
 ``{train,val}/person_keypoints.json``, ``{train,val}/labels.csv`` and ``meta.json``.
 """
+
 from __future__ import annotations
 
 import csv
@@ -50,10 +51,10 @@ _CATEGORY_ANGLES = {
 
 @dataclass(frozen=True)
 class _Capsule:
-    a: np.ndarray      # segment end points (x, y) in pixels
+    a: np.ndarray  # segment end points (x, y) in pixels
     b: np.ndarray
-    radius: float      # pixels
-    part: int          # PART_CLASSES index
+    radius: float  # pixels
+    part: int  # PART_CLASSES index
     colour: np.ndarray  # albedo RGB in [0, 1]
     depth_offset: float  # metres added to the figure's depth (negative = nearer)
 
@@ -74,10 +75,16 @@ def _figure(rng: np.random.Generator, category: str, hw: tuple[int, int]):
     p = lambda fx, fy: np.array([fx * height, fy * height])  # noqa: E731 - figure frame, head top at 0
 
     head_c, r_head = p(0, 0.075), 0.07 * height
-    kp = {"nose": head_c + [0, 0.2 * r_head], "left_eye": head_c + [0.35 * r_head, -0.15 * r_head],
-          "right_eye": head_c + [-0.35 * r_head, -0.15 * r_head], "left_ear": head_c + [0.9 * r_head, 0.05 * r_head],
-          "right_ear": head_c + [-0.9 * r_head, 0.05 * r_head], "head": head_c,
-          "neck": p(0, 0.25), "pelvis": p(0, 0.44)}
+    kp = {
+        "nose": head_c + [0, 0.2 * r_head],
+        "left_eye": head_c + [0.35 * r_head, -0.15 * r_head],
+        "right_eye": head_c + [-0.35 * r_head, -0.15 * r_head],
+        "left_ear": head_c + [0.9 * r_head, 0.05 * r_head],
+        "right_ear": head_c + [-0.9 * r_head, 0.05 * r_head],
+        "head": head_c,
+        "neck": p(0, 0.25),
+        "pelvis": p(0, 0.44),
+    }
     for side, name in ((1, "left"), (-1, "right")):
         sh = p(side * 0.1, 0.21)
         el = _limb(sh, u_arm + jitter(), 0.16 * height, side)
@@ -85,8 +92,16 @@ def _figure(rng: np.random.Generator, category: str, hw: tuple[int, int]):
         hip = p(side * 0.055, 0.5)
         kn = _limb(hip, u_leg + jitter(), 0.24 * height, side)
         an = _limb(kn, l_leg + jitter(), 0.23 * height, side)
-        kp.update({f"{name}_shoulder": sh, f"{name}_elbow": el, f"{name}_wrist": wr, f"{name}_hip": hip,
-                   f"{name}_knee": kn, f"{name}_ankle": an})
+        kp.update(
+            {
+                f"{name}_shoulder": sh,
+                f"{name}_elbow": el,
+                f"{name}_wrist": wr,
+                f"{name}_hip": hip,
+                f"{name}_knee": kn,
+                f"{name}_ankle": an,
+            }
+        )
     tilt = math.radians(rng.normal(0, 5))
     rot = np.array([[math.cos(tilt), -math.sin(tilt)], [math.sin(tilt), math.cos(tilt)]])
     pts = {k: rot @ v for k, v in kp.items()}
@@ -98,8 +113,10 @@ def _figure(rng: np.random.Generator, category: str, hw: tuple[int, int]):
     skin = _random_colour(rng, hue=(0.02, 0.1), sat=(0.3, 0.6), val=(0.55, 0.95))
     shirt, trousers = _random_colour(rng), _random_colour(rng)
     arm_depth = -0.06  # metres: arms in front of the torso where they cross it
-    caps = [_Capsule(kp["head"], kp["head"], r_head, 1, skin, 0.0),
-            _Capsule(kp["neck"], kp["pelvis"], 0.1 * height, 2, shirt, 0.0)]
+    caps = [
+        _Capsule(kp["head"], kp["head"], r_head, 1, skin, 0.0),
+        _Capsule(kp["neck"], kp["pelvis"], 0.1 * height, 2, shirt, 0.0),
+    ]
     for side, arm_cls, leg_cls in (("left", 3, 5), ("right", 4, 6)):
         caps += [
             _Capsule(kp[f"{side}_shoulder"], kp[f"{side}_elbow"], 0.035 * height, arm_cls, shirt, arm_depth),
@@ -190,22 +207,41 @@ def render_sample(rng: np.random.Generator, hw: tuple[int, int]) -> dict:
     ys, xs = np.mgrid[0:H, 0:W]
     pointmap = np.zeros((H, W, 3))
     zm = z[mask]
-    pointmap[mask] = np.stack([(xs[mask] - (W - 1) / 2) * zm / FOCAL_PX, (ys[mask] - (H - 1) / 2) * zm / FOCAL_PX,
-                               zm], axis=-1)
+    pointmap[mask] = np.stack(
+        [(xs[mask] - (W - 1) / 2) * zm / FOCAL_PX, (ys[mask] - (H - 1) / 2) * zm / FOCAL_PX, zm], axis=-1
+    )
     inside = (keypoints[:, 0] >= 0) & (keypoints[:, 0] <= W - 1) & (keypoints[:, 1] >= 0) & (keypoints[:, 1] <= H - 1)
-    return {"image": image, "seg": part, "normal": normal.astype(np.float32), "albedo": albedo.astype(np.float32),
-            "pointmap": pointmap.astype(np.float32), "mask": mask, "keypoints": keypoints, "visible": inside,
-            "category": cat_id}
+    return {
+        "image": image,
+        "seg": part,
+        "normal": normal.astype(np.float32),
+        "albedo": albedo.astype(np.float32),
+        "pointmap": pointmap.astype(np.float32),
+        "mask": mask,
+        "keypoints": keypoints,
+        "visible": inside,
+        "category": cat_id,
+    }
 
 
-def generate_synthetic_set(root: str | Path, *, train_images: int = 160, val_images: int = 48,
-                           hw: tuple[int, int] = (128, 96), seed: int = 0) -> Path:
+def generate_synthetic_set(
+    root: str | Path, *, train_images: int = 160, val_images: int = 48, hw: tuple[int, int] = (128, 96), seed: int = 0
+) -> Path:
     """Write the set under ``root`` (skipped when ``meta.json`` already records the same
     settings); returns ``root``."""
     root = Path(root)
-    meta = {"format_version": FORMAT_VERSION, "train_images": train_images, "val_images": val_images,
-            "height": hw[0], "width": hw[1], "seed": seed, "focal_px": FOCAL_PX, "part_classes": list(PART_CLASSES),
-            "pose_categories": list(POSE_CATEGORIES), "keypoints": list(COCO17_KEYPOINTS)}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "train_images": train_images,
+        "val_images": val_images,
+        "height": hw[0],
+        "width": hw[1],
+        "seed": seed,
+        "focal_px": FOCAL_PX,
+        "part_classes": list(PART_CLASSES),
+        "pose_categories": list(POSE_CATEGORIES),
+        "keypoints": list(COCO17_KEYPOINTS),
+    }
     meta_path = root / "meta.json"
     if meta_path.is_file() and json.loads(meta_path.read_text()) == meta:
         return root
@@ -230,15 +266,37 @@ def _write_split(out: Path, split: str, count: int, hw: tuple[int, int], seed: i
         ys, xs = np.nonzero(s["mask"])
         kps = [[float(x), float(y), 2] if v else [0.0, 0.0, 0] for (x, y), v in zip(s["keypoints"], s["visible"])]
         images.append({"id": i + 1, "file_name": f"{name}.png", "height": hw[0], "width": hw[1]})
-        annotations.append({
-            "id": i + 1, "image_id": i + 1, "category_id": 1, "iscrowd": 0,
-            "bbox": [float(xs.min()), float(ys.min()), float(xs.max() - xs.min() + 1), float(ys.max() - ys.min() + 1)],
-            "area": float(s["mask"].sum()), "keypoints": [v for k in kps for v in k],
-            "num_keypoints": int(s["visible"].sum())})
+        annotations.append(
+            {
+                "id": i + 1,
+                "image_id": i + 1,
+                "category_id": 1,
+                "iscrowd": 0,
+                "bbox": [
+                    float(xs.min()),
+                    float(ys.min()),
+                    float(xs.max() - xs.min() + 1),
+                    float(ys.max() - ys.min() + 1),
+                ],
+                "area": float(s["mask"].sum()),
+                "keypoints": [v for k in kps for v in k],
+                "num_keypoints": int(s["visible"].sum()),
+            }
+        )
         rows.append((f"{name}.png", POSE_CATEGORIES[s["category"]]))
-    coco = {"images": images, "annotations": annotations,
-            "categories": [{"id": 1, "name": "person", "supercategory": "person",
-                            "keypoints": list(COCO17_KEYPOINTS), "skeleton": [list(e) for e in COCO17_SKELETON]}]}
+    coco = {
+        "images": images,
+        "annotations": annotations,
+        "categories": [
+            {
+                "id": 1,
+                "name": "person",
+                "supercategory": "person",
+                "keypoints": list(COCO17_KEYPOINTS),
+                "skeleton": [list(e) for e in COCO17_SKELETON],
+            }
+        ],
+    }
     (out / "person_keypoints.json").write_text(json.dumps(coco))
     with open(out / "labels.csv", "w", newline="") as f:
         writer = csv.writer(f)

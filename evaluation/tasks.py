@@ -4,6 +4,7 @@
 Heads come from ``models.task_heads``: pose and segmentation at stride 4 of the input, the
 dense regressions at full resolution. k-NN has no head (see ``evaluation.probe_trainer``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -71,18 +72,29 @@ class PoseTask:
     name = "pose"
 
     def datasets(self, s: PoseSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
-        kw = dict(image_size=tuple(s.image_size), heatmap_sigma=s.heatmap_sigma, box_padding=s.box_padding,
-                  sigmas=s.sigmas or None)
+        kw = dict(
+            image_size=tuple(s.image_size),
+            heatmap_sigma=s.heatmap_sigma,
+            box_padding=s.box_padding,
+            sigmas=s.sigmas or None,
+        )
         train = CocoKeypointDataset(data.train.images, data.train.labels, max_samples=s.max_train_samples, **kw)
-        val = CocoKeypointDataset(data.val.images, data.val.labels, person_boxes=s.person_boxes or None,
-                                  box_score_threshold=s.box_score_threshold, max_samples=s.max_val_samples, **kw)
+        val = CocoKeypointDataset(
+            data.val.images,
+            data.val.labels,
+            person_boxes=s.person_boxes or None,
+            box_score_threshold=s.box_score_threshold,
+            max_samples=s.max_val_samples,
+            **kw,
+        )
         if train.coco.num_keypoints != val.coco.num_keypoints:
             raise ValueError(f"pose: train has {train.coco.num_keypoints} keypoints, val {val.coco.num_keypoints}")
         return train, val
 
     def head(self, in_dim: int, s: PoseSettings, stride: int, train: CocoKeypointDataset) -> nn.Module:
-        return build_task_head("pose", in_dim, num_keypoints=train.coco.num_keypoints, hidden_dim=s.head_hidden_dim,
-                               upsample=stride // 4)
+        return build_task_head(
+            "pose", in_dim, num_keypoints=train.coco.num_keypoints, hidden_dim=s.head_hidden_dim, upsample=stride // 4
+        )
 
     def loss(self, s: PoseSettings, train: CocoKeypointDataset) -> LossFn:
         return lambda out, batch: heatmap_loss(out["heatmaps"], batch["heatmaps"], batch["weights"])
@@ -105,10 +117,14 @@ class PoseEvaluator(Evaluator):
             in_image = apply_affine(invert_affine(M), xy)
             confident = score[score > KEYPOINT_SCORE_THRESHOLD]
             instance_score = float(batch["box_score"][b]) * float(confident.mean() if confident.size else score.mean())
-            self.results.append({
-                "image_id": int(batch["image_id"][b]), "category_id": self.val.coco.category_id,
-                "keypoints": np.concatenate([in_image, score[:, None]], axis=1).ravel().tolist(),
-                "score": instance_score})
+            self.results.append(
+                {
+                    "image_id": int(batch["image_id"][b]),
+                    "category_id": self.val.coco.category_id,
+                    "keypoints": np.concatenate([in_image, score[:, None]], axis=1).ravel().tolist(),
+                    "score": instance_score,
+                }
+            )
             if idx < self.num_visuals:
                 self.shown.append((idx, M, xy, score))
 
@@ -116,8 +132,11 @@ class PoseEvaluator(Evaluator):
         gt = self.val.coco.gt
         if self.truncated:  # evaluate only the images whose people were probed
             ids = {inst.image_id for inst in self.val.instances}
-            gt = dict(gt, images=[i for i in gt["images"] if i["id"] in ids],
-                      annotations=[a for a in gt["annotations"] if a["image_id"] in ids])
+            gt = dict(
+                gt,
+                images=[i for i in gt["images"] if i["id"] in ids],
+                annotations=[a for a in gt["annotations"] if a["image_id"] in ids],
+            )
         return coco_keypoint_ap(gt, self.results, self.val.coco.sigmas)
 
     def visuals(self) -> list[tuple[str, np.ndarray]]:
@@ -142,20 +161,28 @@ class SegTask:
     name = "seg"
 
     def datasets(self, s: SegSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
-        kw = dict(image_size=tuple(s.image_size), num_classes=data.num_classes, ignore_index=s.ignore_index,
-                  class_names=data.class_names or None)
-        return (SegmentationDataset(data.train.images, data.train.labels, max_samples=s.max_train_samples, **kw),
-                SegmentationDataset(data.val.images, data.val.labels, max_samples=s.max_val_samples, **kw))
+        kw = dict(
+            image_size=tuple(s.image_size),
+            num_classes=data.num_classes,
+            ignore_index=s.ignore_index,
+            class_names=data.class_names or None,
+        )
+        return (
+            SegmentationDataset(data.train.images, data.train.labels, max_samples=s.max_train_samples, **kw),
+            SegmentationDataset(data.val.images, data.val.labels, max_samples=s.max_val_samples, **kw),
+        )
 
     def head(self, in_dim: int, s: SegSettings, stride: int, train: SegmentationDataset) -> nn.Module:
-        return build_task_head("seg", in_dim, num_classes=train.num_classes, hidden_dim=s.head_hidden_dim,
-                               upsample=stride // 4)
+        return build_task_head(
+            "seg", in_dim, num_classes=train.num_classes, hidden_dim=s.head_hidden_dim, upsample=stride // 4
+        )
 
     def loss(self, s: SegSettings, train: SegmentationDataset) -> LossFn:
         if s.class_weights:
             if len(s.class_weights) != train.num_classes:
-                raise ValueError(f"seg.class_weights has {len(s.class_weights)} entries for "
-                                 f"{train.num_classes} classes")
+                raise ValueError(
+                    f"seg.class_weights has {len(s.class_weights)} entries for {train.num_classes} classes"
+                )
             weights = torch.tensor(s.class_weights, dtype=torch.float32)
         else:  # inverse square-root frequency, mean 1 over the classes that occur
             freq = train.class_frequencies()
@@ -163,8 +190,14 @@ class SegTask:
             weights = torch.tensor(w / w[freq > 0].mean(), dtype=torch.float32)
 
         def loss(out: dict, batch: dict) -> torch.Tensor:
-            return segmentation_loss(out["logits"], batch["labels"], class_weights=weights.to(out["logits"].device),
-                                     dice_weight=s.dice_weight, ignore_index=s.ignore_index)
+            return segmentation_loss(
+                out["logits"],
+                batch["labels"],
+                class_weights=weights.to(out["logits"].device),
+                dice_weight=s.dice_weight,
+                ignore_index=s.ignore_index,
+            )
+
         return loss
 
     def evaluator(self, s: SegSettings, val: SegmentationDataset) -> Evaluator:
@@ -207,8 +240,7 @@ _DENSE_LOSS = {
     "albedo": lambda out, b: albedo_loss(out["albedo"], b["target"], b["mask"]),
     "depth": lambda out, b: silog_loss(out["depth"], b["target"], b["mask"]),
 }
-_DENSE_METRICS = {"pointmap": PointmapMetrics, "normal": NormalMetrics, "albedo": AlbedoMetrics,
-                  "depth": DepthMetrics}
+_DENSE_METRICS = {"pointmap": PointmapMetrics, "normal": NormalMetrics, "albedo": AlbedoMetrics, "depth": DepthMetrics}
 
 
 def dense_prediction(kind: str, out: dict) -> torch.Tensor:
@@ -224,10 +256,14 @@ class DenseTask:
 
     def datasets(self, s: TaskSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
         kw = dict(image_size=tuple(s.image_size), kind=self.name)
-        return (DenseMapDataset(data.train.images, data.train.labels, data.train.masks or None,
-                                max_samples=s.max_train_samples, **kw),
-                DenseMapDataset(data.val.images, data.val.labels, data.val.masks or None,
-                                max_samples=s.max_val_samples, **kw))
+        return (
+            DenseMapDataset(
+                data.train.images, data.train.labels, data.train.masks or None, max_samples=s.max_train_samples, **kw
+            ),
+            DenseMapDataset(
+                data.val.images, data.val.labels, data.val.masks or None, max_samples=s.max_val_samples, **kw
+            ),
+        )
 
     def head(self, in_dim: int, s: TaskSettings, stride: int, train: DenseMapDataset) -> nn.Module:
         return build_task_head(self.name, in_dim, hidden_dim=s.head_hidden_dim, upsample=stride)
@@ -287,13 +323,29 @@ class KnnTask:
     name = "knn"
 
     def datasets(self, s: KnnSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
-        train = LabeledImageDataset(data.train.images, data.train.labels or None, image_size=tuple(s.image_size),
-                                    max_samples=s.max_train_samples)
-        val = LabeledImageDataset(data.val.images, data.val.labels or None, image_size=tuple(s.image_size),
-                                  classes=train.classes, max_samples=s.max_val_samples)
+        train = LabeledImageDataset(
+            data.train.images,
+            data.train.labels or None,
+            image_size=tuple(s.image_size),
+            max_samples=s.max_train_samples,
+        )
+        val = LabeledImageDataset(
+            data.val.images,
+            data.val.labels or None,
+            image_size=tuple(s.image_size),
+            classes=train.classes,
+            max_samples=s.max_val_samples,
+        )
         return train, val
 
 
 # "depth" (Sapiens v1) is fine-tuned, not probed: evaluation.config's probe tasks do not list it.
-TASKS = {"pose": PoseTask(), "seg": SegTask(), "pointmap": DenseTask("pointmap"), "normal": DenseTask("normal"),
-         "albedo": DenseTask("albedo"), "depth": DenseTask("depth"), "knn": KnnTask()}
+TASKS = {
+    "pose": PoseTask(),
+    "seg": SegTask(),
+    "pointmap": DenseTask("pointmap"),
+    "normal": DenseTask("normal"),
+    "albedo": DenseTask("albedo"),
+    "depth": DenseTask("depth"),
+    "knn": KnnTask(),
+}

@@ -4,6 +4,7 @@ albedo maps, laid out as titled panels ``input | truth | prediction`` and saved 
 Normals are shown in the common "facing the viewer is blue" colouring: the camera-frame
 vector (x right, y down, z forward) is mapped to (x, -y, -z) and then from [-1, 1] to RGB.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,9 @@ def colorize_labels(labels_HW: np.ndarray, num_classes: int) -> np.ndarray:
     return out
 
 
-def blend(image_HW3: np.ndarray, overlay_HW3: np.ndarray, alpha: float = 0.6,
-          where_HW: np.ndarray | None = None) -> np.ndarray:
+def blend(
+    image_HW3: np.ndarray, overlay_HW3: np.ndarray, alpha: float = 0.6, where_HW: np.ndarray | None = None
+) -> np.ndarray:
     mixed = (image_HW3 * (1 - alpha) + overlay_HW3 * alpha).astype(np.uint8)
     return mixed if where_HW is None else np.where(where_HW[..., None], mixed, image_HW3)
 
@@ -43,8 +45,9 @@ def normal_to_rgb(normal_3HW: np.ndarray, mask_HW: np.ndarray | None = None) -> 
     return rgb if mask_HW is None else rgb * mask_HW[..., None].astype(np.uint8)
 
 
-def scalar_to_rgb(values_HW: np.ndarray, mask_HW: np.ndarray, vmin: float, vmax: float,
-                  cmap: str = "viridis") -> np.ndarray:
+def scalar_to_rgb(
+    values_HW: np.ndarray, mask_HW: np.ndarray, vmin: float, vmax: float, cmap: str = "viridis"
+) -> np.ndarray:
     import matplotlib
 
     t = np.clip((values_HW - vmin) / max(vmax - vmin, 1e-9), 0, 1)
@@ -56,8 +59,13 @@ def rgb_map(values_3HW: np.ndarray, mask_HW: np.ndarray) -> np.ndarray:
     return (np.clip(values_3HW, 0, 1).transpose(1, 2, 0) * 255).astype(np.uint8) * mask_HW[..., None].astype(np.uint8)
 
 
-def draw_skeleton(image_HW3: np.ndarray, xy_K2: np.ndarray, show_K: np.ndarray, skeleton: list[tuple[int, int]],
-                  colour: tuple[int, int, int]) -> np.ndarray:
+def draw_skeleton(
+    image_HW3: np.ndarray,
+    xy_K2: np.ndarray,
+    show_K: np.ndarray,
+    skeleton: list[tuple[int, int]],
+    colour: tuple[int, int, int],
+) -> np.ndarray:
     """Keypoints and limbs drawn on ``image`` upscaled by ``UPSCALE`` (crisp lines)."""
     import cv2
 

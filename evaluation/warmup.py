@@ -18,6 +18,7 @@ part-class shares of its patch (soft cross-entropy through a linear layer) and t
 the pose category. It tells whether the probes see what a backbone knows; keypoints,
 normals, albedo and depth are not in its objective.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from evaluation.datasets import to_tensor
-from evaluation.synthetic import render_sample
 from evaluation.probe_trainer import warmup_cosine
+from evaluation.synthetic import render_sample
 from models import MAEDecoder, MAEDecoderConfig, normalized_pixel_targets
 
 
@@ -34,9 +35,11 @@ def synthetic_stream(count: int, hw: tuple[int, int], seed: int) -> dict[str, to
     """``images`` (N, 3, H, W) normalised, ``parts`` (N, H, W) part classes and ``category``
     (N,) of ``count`` synthetic images (a stream apart from the probe splits)."""
     samples = [render_sample(np.random.default_rng([seed, 2, i]), hw) for i in range(count)]
-    return {"images": torch.stack([to_tensor(s["image"]) for s in samples]),
-            "parts": torch.from_numpy(np.stack([s["seg"] for s in samples]).astype(np.int64)),
-            "category": torch.tensor([s["category"] for s in samples])}
+    return {
+        "images": torch.stack([to_tensor(s["image"]) for s in samples]),
+        "parts": torch.from_numpy(np.stack([s["seg"] for s in samples]).astype(np.int64)),
+        "category": torch.tensor([s["category"] for s in samples]),
+    }
 
 
 def _view(x_BCHW: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -47,23 +50,35 @@ def _view(x_BCHW: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     h, w = int(H * s[0]), int(W * s[1])
     top = int(torch.randint(H - h + 1, (1,), generator=gen))
     left = int(torch.randint(W - w + 1, (1,), generator=gen))
-    v = F.interpolate(x_BCHW[:, :, top:top + h, left:left + w], size=(H, W), mode="bilinear", align_corners=False)
+    v = F.interpolate(x_BCHW[:, :, top : top + h, left : left + w], size=(H, W), mode="bilinear", align_corners=False)
     flip = torch.rand(B, generator=gen) < 0.5
     v = torch.where(flip[:, None, None, None], v.flip(-1), v)
     gain = 0.8 + 0.4 * torch.rand(B, 1, 1, 1, generator=gen)
     return v * gain + 0.2 * torch.randn(B, 1, 1, 1, generator=gen)
 
 
-def ssl_warmup(backbone: torch.nn.Module, images_NCHW: torch.Tensor, *, steps: int, batch_size: int = 32,
-               lr: float = 1e-3, mask_ratio: float = 0.75, visible_weight: float = 0.5,
-               contrastive_weight: float = 0.4, seed: int = 0) -> list[float]:
+def ssl_warmup(
+    backbone: torch.nn.Module,
+    images_NCHW: torch.Tensor,
+    *,
+    steps: int,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    mask_ratio: float = 0.75,
+    visible_weight: float = 0.5,
+    contrastive_weight: float = 0.4,
+    seed: int = 0,
+) -> list[float]:
     """Train ``backbone`` in place (see the module docstring); returns the loss per step."""
     gen = torch.Generator().manual_seed(seed)
     stride = backbone.feature_stride
     h, w = images_NCHW.shape[2] // stride, images_NCHW.shape[3] // stride
     dim = backbone.embed_dim
-    decoder = MAEDecoder(dim, pixels_per_token=stride * stride * images_NCHW.shape[1],
-                         config=MAEDecoderConfig(embed_dim=dim, depth=2, num_heads=max(1, dim // 16)))
+    decoder = MAEDecoder(
+        dim,
+        pixels_per_token=stride * stride * images_NCHW.shape[1],
+        config=MAEDecoderConfig(embed_dim=dim, depth=2, num_heads=max(1, dim // 16)),
+    )
     projection = torch.nn.Linear(dim, dim)
     num_visible = max(1, round(h * w * (1 - mask_ratio)))
 
@@ -85,8 +100,15 @@ def ssl_warmup(backbone: torch.nn.Module, images_NCHW: torch.Tensor, *, steps: i
     return _train(backbone, [decoder, projection], step_loss, steps=steps, lr=lr)
 
 
-def supervised_warmup(backbone: torch.nn.Module, stream: dict[str, torch.Tensor], *, steps: int, batch_size: int = 16,
-                      lr: float = 1e-3, seed: int = 0) -> list[float]:
+def supervised_warmup(
+    backbone: torch.nn.Module,
+    stream: dict[str, torch.Tensor],
+    *,
+    steps: int,
+    batch_size: int = 16,
+    lr: float = 1e-3,
+    seed: int = 0,
+) -> list[float]:
     """Train ``backbone`` in place on ``synthetic_stream`` labels (see the module docstring)."""
     gen = torch.Generator().manual_seed(seed)
     stride, dim = backbone.feature_stride, backbone.embed_dim

@@ -51,8 +51,9 @@ def retain_freed_memory(trim_threshold: int = DEFAULT_TRIM_THRESHOLD) -> bool:
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     # The trim threshold only after the mmap one: setting either turns glibc's adaptive mmap
     # threshold off, and left at its 128 KiB start every tensor above it would be mmap'd afresh.
-    applied = (libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
-               and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1)
+    applied = (
+        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1 and libc.mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1
+    )
     if not applied:
         log.warning("retain_freed_memory: glibc refused mallopt; allocator left at its defaults")
     return applied

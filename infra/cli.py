@@ -1,16 +1,25 @@
 """The shape every config-driven entry point in ``pipelines/`` shares: ``--config`` YAML plus
 ``key=value`` overrides, typed and validated before any work; a bad setting or input is one
 line on stderr and exit code 2, never a traceback."""
+
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
-def config_main(doc: str | None, config_cls: type, run: Callable[[Any], str], argv: list[str] | None = None, *,
-                config_help: str, overrides_example: str) -> int:
+def config_main(
+    doc: str | None,
+    config_cls: type,
+    run: Callable[[Any], str],
+    argv: list[str] | None = None,
+    *,
+    config_help: str,
+    overrides_example: str,
+) -> int:
     """Parse ``argv``, load and validate ``config_cls``, call ``run(cfg)`` and print the text it
     returns. ``ValueError`` from loading is a config error; from ``run`` it is a setting or an
     input that cannot work, found before the job does its work (both exit 2)."""

@@ -9,6 +9,7 @@ expected, so a typo never silently becomes a default.
 The resolved configuration (``config_to_dict``) is saved next to every output and logged
 to MLflow; ``config_digest`` is its content hash.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -178,6 +179,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """The resolved configuration as plain YAML/JSON-ready data."""
+
     def plain(value: Any) -> Any:
         if dataclasses.is_dataclass(value):
             return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
@@ -186,6 +188,7 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
         if isinstance(value, dict):
             return {str(k): plain(v) for k, v in value.items()}
         return value
+
     return plain(cfg)
 
 

@@ -3,6 +3,7 @@
 A process killed while appending can leave a last line without its newline. The next session
 appends after it; ``append`` first closes such a torn line, so every record it writes is a line
 of its own, and ``read`` skips lines that are not whole JSON records (the torn one)."""
+
 from __future__ import annotations
 
 import json

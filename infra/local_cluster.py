@@ -4,6 +4,7 @@ Used by tests and by anyone who wants to try `ray job submit` on one machine. Ev
 chosen free up front and the head's session lives under its own ``temp_dir``, so it never
 collides with, or ends, another Ray on the same machine.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,9 @@ def pids_naming(text: str) -> list[int]:
     """PIDs of processes whose command line contains ``text`` (a temp dir only we use):
     how a Ray cluster we started is found and ended, never by process name."""
     out = subprocess.run(["ps", "-eww", "-o", "pid,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()[1:] if text in line and int(line.split()[0]) != os.getpid()]
+    return [
+        int(line.split()[0]) for line in out.splitlines()[1:] if text in line and int(line.split()[0]) != os.getpid()
+    ]
 
 
 def kill_pids(pids: list[int]) -> None:
@@ -54,9 +57,17 @@ def free_port() -> int:
 # Every port `ray start --head` opens on its own, by its flag: a head given all of them never
 # meets another Ray on the machine (the worker ports, 10002-19999 by default, are outside the
 # kernel's ephemeral range that free_ports draws from).
-HEAD_PORT_FLAGS = ("port", "dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port",
-                   "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port",
-                   "node-manager-port", "object-manager-port")
+HEAD_PORT_FLAGS = (
+    "port",
+    "dashboard-port",
+    "ray-client-server-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "metrics-export-port",
+    "runtime-env-agent-port",
+    "node-manager-port",
+    "object-manager-port",
+)
 
 
 def head_ports() -> dict[str, int]:
@@ -88,14 +99,25 @@ class LocalRayHead:
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
-    def start(self, timeout: float = 120) -> "LocalRayHead":
+    def start(self, timeout: float = 120) -> LocalRayHead:
         ray_cli = str(Path(sys.executable).with_name("ray"))
-        cmd = [ray_cli, "start", "--head", "--block", f"--num-cpus={self.num_cpus}", "--node-ip-address=127.0.0.1",
-               "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-               *(f"--{flag}={port}" for flag, port in self.ports.items()),
-               "--disable-usage-stats", f"--temp-dir={self.temp_dir}"]
+        cmd = [
+            ray_cli,
+            "start",
+            "--head",
+            "--block",
+            f"--num-cpus={self.num_cpus}",
+            "--node-ip-address=127.0.0.1",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            *(f"--{flag}={port}" for flag, port in self.ports.items()),
+            "--disable-usage-stats",
+            f"--temp-dir={self.temp_dir}",
+        ]
         self.log = open(Path(self.temp_dir) / "head.log", "w")
-        self.proc = subprocess.Popen(cmd, env=self.env, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            cmd, env=self.env, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT
+        )
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -134,7 +156,7 @@ class LocalRayHead:
                 pass
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalRayHead":
+    def __enter__(self) -> LocalRayHead:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -25,7 +25,16 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared", "-std=c11")
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fPIC",
+    "-shared",
+    "-std=c11",
+)
 """``-ffp-contract=off``: no fused multiply-add, so every rounding of the source happens as written."""
 OPENMP_FLAG = "-fopenmp"
 
@@ -81,11 +90,13 @@ def _compile(cc: str, source: Path, target: Path, flags: tuple[str, ...]) -> Non
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([*cc.split(), *flags, str(source), "-o", tmp], capture_output=True, text=True,
-                              timeout=300)
+        done = subprocess.run(
+            [*cc.split(), *flags, str(source), "-o", tmp], capture_output=True, text=True, timeout=300
+        )
         if done.returncode != 0:
-            raise NativeBuildError(f"{cc} failed on {source.name} (exit {done.returncode}): "
-                                   f"{(done.stderr or done.stdout).strip()[-2000:]}")
+            raise NativeBuildError(
+                f"{cc} failed on {source.name} (exit {done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}"
+            )
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -104,8 +115,9 @@ def load_library(source: Path, *, openmp: bool = True) -> ctypes.CDLL:
     attempts = [(*FLAGS, OPENMP_FLAG), FLAGS] if openmp else [FLAGS]
     errors = []
     for flags in attempts:
-        key = hashlib.sha256(b"\0".join([text, _compiler_version(cc).encode(), " ".join(flags).encode(),
-                                         cpu_signature().encode()])).hexdigest()[:20]
+        key = hashlib.sha256(
+            b"\0".join([text, _compiler_version(cc).encode(), " ".join(flags).encode(), cpu_signature().encode()])
+        ).hexdigest()[:20]
         target = cache_dir() / f"{source.stem}-{key}.so"
         try:
             if not target.exists():

@@ -4,6 +4,7 @@ Under ``ray job submit`` the job's cluster is joined with a plain ``ray.init()``
 server sets RAY_ADDRESS; a ``runtime_env`` here would conflict with the job's). A plain
 ``python pipelines/...`` run starts a local cluster, which ends with the script.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,19 +25,19 @@ class RayConfig:
     """
 
     address: str | None = None
-    num_cpus: int | None = None        # local cluster only
+    num_cpus: int | None = None  # local cluster only
     object_store_memory: int | None = None  # local cluster only, bytes
-    temp_dir: str | None = None        # local cluster only: Ray's session folder root (short path)
+    temp_dir: str | None = None  # local cluster only: Ray's session folder root (short path)
     progress_bars: Literal["auto", "on", "off"] = "auto"  # auto: on when the terminal is interactive
     # Model stages' actor pools: "fixed" starts every one of a stage's num_actors at once (measured on
     # 2 CPUs: 2 detector actors 18.3 images/s fixed vs 12.7 when Ray Data was left to grow the pool,
     # which kept one busy); "autoscaling" starts one and lets Ray Data add up to num_actors.
     actor_pools: Literal["fixed", "autoscaling"] = "fixed"
-    num_workers: int = 1               # Ray Train workers
-    cpus_per_worker: float = 1.0       # < 1 lets two workers share a small machine
+    num_workers: int = 1  # Ray Train workers
+    cpus_per_worker: float = 1.0  # < 1 lets two workers share a small machine
     use_gpu: bool = False
-    max_failures: int = 3              # Ray Train restarts after a worker failure
-    timeout_s: int = 1800              # Ray Train: how long to wait for the workers' resources
+    max_failures: int = 3  # Ray Train restarts after a worker failure
+    timeout_s: int = 1800  # Ray Train: how long to wait for the workers' resources
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -61,8 +62,13 @@ def start_ray(cfg: RayConfig) -> None:
     init_ray(cfg.address, cfg.num_cpus, cfg.progress_bars, cfg.object_store_memory, cfg.temp_dir)
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, progress_bars: str = "auto",
-             object_store_memory: int | None = None, temp_dir: str | None = None) -> None:
+def init_ray(
+    address: str | None = None,
+    num_cpus: int | None = None,
+    progress_bars: str = "auto",
+    object_store_memory: int | None = None,
+    temp_dir: str | None = None,
+) -> None:
     import ray
     import ray.data
 
@@ -70,9 +76,15 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, progress_b
         if joins_a_cluster(address):
             ray.init(address=address or None, log_to_driver=True)
         else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_memory,
-                     log_to_driver=True, configure_logging=True, _temp_dir=temp_dir,
-                     runtime_env={"worker_process_setup_hook": "infra.ray_runtime.quiet_state_api_pollers"})
+            ray.init(
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                object_store_memory=object_store_memory,
+                log_to_driver=True,
+                configure_logging=True,
+                _temp_dir=temp_dir,
+                runtime_env={"worker_process_setup_hook": "infra.ray_runtime.quiet_state_api_pollers"},
+            )
     ctx = ray.data.DataContext.get_current()
     show = sys.stderr.isatty() if progress_bars == "auto" else progress_bars == "on"
     ctx.enable_progress_bars = show
@@ -96,12 +108,14 @@ def quiet_state_api_pollers() -> None:
 
 # ---- per-item work as plain Ray tasks --------------------------------------------------
 
+
 def _call(fn, item):
     return fn(item)
 
 
-def map_tasks(fn, items, *, num_cpus: float = 1.0, max_retries: int = 3, name: str = "map_tasks",
-              in_flight_per_cpu: float = 2.0) -> list:
+def map_tasks(
+    fn, items, *, num_cpus: float = 1.0, max_retries: int = 3, name: str = "map_tasks", in_flight_per_cpu: float = 2.0
+) -> list:
     """``[fn(item) for item in items]``, each call a Ray task needing ``num_cpus``; results in order.
 
     For work that is one independent task per item with nothing streamed between operators

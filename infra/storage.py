@@ -5,6 +5,7 @@ temporary name in the same folder and renamed when complete; on object stores a 
 PUT is already all-or-nothing, so the object is written in place. Readers never see a
 half-written file, and ``remove_temp_files`` clears what a killed job left behind.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
     """(filesystem, path inside it) for a local path or a URI with a scheme."""
     if "://" in uri and not uri.startswith("file://"):
         return pafs.FileSystem.from_uri(uri)
-    path = uri[len("file://"):] if uri.startswith("file://") else uri
+    path = uri[len("file://") :] if uri.startswith("file://") else uri
     return pafs.LocalFileSystem(), str(Path(path).expanduser().resolve())
 
 
@@ -63,8 +64,9 @@ def atomic_write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def list_files(fs: pafs.FileSystem, root: str, suffixes: tuple[str, ...] | None = None,
-               recursive: bool = True) -> list[pafs.FileInfo]:
+def list_files(
+    fs: pafs.FileSystem, root: str, suffixes: tuple[str, ...] | None = None, recursive: bool = True
+) -> list[pafs.FileInfo]:
     """Files under ``root`` (sorted by path), optionally only those ending in ``suffixes`` (case-insensitive)."""
     info = fs.get_file_info(root)
     if info.type == pafs.FileType.NotFound:
@@ -72,8 +74,9 @@ def list_files(fs: pafs.FileSystem, root: str, suffixes: tuple[str, ...] | None 
     if info.type == pafs.FileType.File:
         files = [info]
     else:
-        files = [f for f in fs.get_file_info(pafs.FileSelector(root, recursive=recursive))
-                 if f.type == pafs.FileType.File]
+        files = [
+            f for f in fs.get_file_info(pafs.FileSelector(root, recursive=recursive)) if f.type == pafs.FileType.File
+        ]
     files = [f for f in files if TMP_INFIX not in f.base_name and not f.base_name.startswith(".")]
     if suffixes:
         lowered = tuple(s.lower() for s in suffixes)
@@ -106,8 +109,7 @@ class atomic_output:
     def __init__(self, fs: pafs.FileSystem, path: str) -> None:
         self.fs, self.path = fs, path
         parent = posixpath.dirname(path)
-        self.tmp = (f"{parent}/.{posixpath.basename(path)}{TMP_INFIX}{uuid.uuid4().hex[:8]}"
-                    if is_local(fs) else path)
+        self.tmp = f"{parent}/.{posixpath.basename(path)}{TMP_INFIX}{uuid.uuid4().hex[:8]}" if is_local(fs) else path
 
     def __enter__(self):
         parent = posixpath.dirname(self.path)

@@ -7,6 +7,7 @@ one store. ``tracking.uri`` or ``$MLFLOW_TRACKING_URI`` selects any other (a rem
 ``http://`` server included). Only configs, reports, digests and URIs are logged: shards and
 checkpoints stay in storage and are referenced by URI.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,9 +30,9 @@ class TrackingConfig:
     Each stage gives its own default experiment name (``default_factory``)."""
 
     enabled: bool = True
-    uri: str | None = None             # None: $MLFLOW_TRACKING_URI, else sqlite:///<output parent>/mlflow.db
+    uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else sqlite:///<output parent>/mlflow.db
     experiment: str = "default"
-    run_name: str | None = None        # None: the stage's own default (usually its output folder's name)
+    run_name: str | None = None  # None: the stage's own default (usually its output folder's name)
 
 
 def tracking_section(experiment: str) -> Any:
@@ -45,8 +46,10 @@ def resolve_tracking_uri(configured: str | None, output_dir: str) -> str:
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"]
     if "://" in output_dir and not output_dir.startswith("file://"):
-        raise ValueError(f"output_dir {output_dir!r} is remote: set tracking.uri (e.g. http://mlflow:5000) "
-                         "or MLFLOW_TRACKING_URI; the embedded SQLite store needs a local folder")
+        raise ValueError(
+            f"output_dir {output_dir!r} is remote: set tracking.uri (e.g. http://mlflow:5000) "
+            "or MLFLOW_TRACKING_URI; the embedded SQLite store needs a local folder"
+        )
     workspace = Path(output_dir.removeprefix("file://")).expanduser().resolve().parent
     workspace.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{workspace / 'mlflow.db'}"
@@ -73,8 +76,9 @@ def get_experiment_id(name: str, tracking_uri: str) -> str:
     if exp is not None:
         return exp.experiment_id
     root = _artifact_root(tracking_uri)
-    return mlflow.create_experiment(name, artifact_location=f"{root}/{name}" if root else None,
-                                    tags={EXPERIMENT_KIND_TAG: TRAINING_VIEW})
+    return mlflow.create_experiment(
+        name, artifact_location=f"{root}/{name}" if root else None, tags={EXPERIMENT_KIND_TAG: TRAINING_VIEW}
+    )
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -95,15 +99,15 @@ def log_config(cfg: Any) -> None:
     params = {k: v[:6000] for k, v in flatten(config_to_dict(cfg)).items()}
     items = sorted(params.items())
     for start in range(0, len(items), 100):
-        mlflow.log_params(dict(items[start:start + 100]))
+        mlflow.log_params(dict(items[start : start + 100]))
     mlflow.log_text(dump_config(cfg), "config.yaml")
 
 
 def make_dataset(name: str, digest: str, source_uri: str, schema=None, profile: dict | None = None):
     """An MLflow dataset for data we do not load into memory (shards, manifests): recorded by digest and URI."""
+    from mlflow.data.http_dataset_source import HTTPDatasetSource
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.data.sources import LocalArtifactDatasetSource
-    from mlflow.data.http_dataset_source import HTTPDatasetSource
 
     if "://" in source_uri and not source_uri.startswith("file://"):
         scheme = source_uri.split("://", 1)[0]
@@ -112,6 +116,7 @@ def make_dataset(name: str, digest: str, source_uri: str, schema=None, profile: 
         else:
             from mlflow.data import get_source  # noqa: F401 - registry lookup for s3/gs/...
             from mlflow.data.dataset_source_registry import resolve_dataset_source
+
             source = resolve_dataset_source(source_uri)
     else:
         source = LocalArtifactDatasetSource(source_uri.removeprefix("file://"))
@@ -134,9 +139,15 @@ def arrow_to_mlflow_schema(arrow_schema):
     """MLflow column spec of an Arrow schema (nested types recorded as strings)."""
     from mlflow.types import ColSpec, DataType, Schema
 
-    mapping = {"string": DataType.string, "int32": DataType.integer, "int64": DataType.long,
-               "float": DataType.float, "double": DataType.double, "bool": DataType.boolean,
-               "binary": DataType.binary}
+    mapping = {
+        "string": DataType.string,
+        "int32": DataType.integer,
+        "int64": DataType.long,
+        "float": DataType.float,
+        "double": DataType.double,
+        "bool": DataType.boolean,
+        "binary": DataType.binary,
+    }
     cols = [ColSpec(mapping.get(str(f.type), DataType.string), f.name) for f in arrow_schema]
     return Schema(cols)
 
@@ -146,8 +157,12 @@ def find_run(experiment_id: str, tags: dict[str, str]) -> str | None:
     import mlflow
 
     query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-    runs = mlflow.search_runs([experiment_id], filter_string=query + " and attributes.status = 'FINISHED'",
-                              max_results=1, output_format="list")
+    runs = mlflow.search_runs(
+        [experiment_id],
+        filter_string=query + " and attributes.status = 'FINISHED'",
+        max_results=1,
+        output_format="list",
+    )
     return runs[0].info.run_id if runs else None
 
 
@@ -160,13 +175,14 @@ def artifact_path_join(*parts: str) -> str:
 
 _log = logging.getLogger(__name__)
 
+
 def log_params(params: dict[str, str]) -> None:
     """``params`` on the active run: values cut to MLflow's 6000 characters, 100 per call (its batch limit)."""
     import mlflow
 
     items = sorted((k, v[:6000]) for k, v in params.items())
     for start in range(0, len(items), 100):
-        mlflow.log_params(dict(items[start:start + 100]))
+        mlflow.log_params(dict(items[start : start + 100]))
 
 
 def finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -181,9 +197,17 @@ def start_run(experiment_id: str, run_name: str, tags: dict[str, str]):
     return mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags)
 
 
-def log_child_run(run_name: str, tags: dict[str, str], *, params: dict[str, str], metrics: dict[str, Any],
-                  series: dict[str, list[tuple[int, float]]], files: list[str], folders: dict[str, str],
-                  datasets: list[tuple[Any, str]]) -> str:
+def log_child_run(
+    run_name: str,
+    tags: dict[str, str],
+    *,
+    params: dict[str, str],
+    metrics: dict[str, Any],
+    series: dict[str, list[tuple[int, float]]],
+    files: list[str],
+    folders: dict[str, str],
+    datasets: list[tuple[Any, str]],
+) -> str:
     """A finished child of the active run, in the parent's experiment; returns its id.
 
     ``series``: metric -> [(step, value)]; ``folders``: artifact path -> local folder;
@@ -191,8 +215,9 @@ def log_child_run(run_name: str, tags: dict[str, str], *, params: dict[str, str]
     import mlflow
 
     # nested=True alone would file the child under the default experiment, not the parent's.
-    with mlflow.start_run(experiment_id=mlflow.active_run().info.experiment_id, run_name=run_name, nested=True,
-                          tags=tags) as run:
+    with mlflow.start_run(
+        experiment_id=mlflow.active_run().info.experiment_id, run_name=run_name, nested=True, tags=tags
+    ) as run:
         log_params(params)
         mlflow.log_metrics(finite_metrics(metrics))
         for key, points in series.items():
@@ -280,7 +305,7 @@ class MetricsLogger:
     def flush(self) -> None:
         while self.buffer:
             chunk = self.buffer[:1000]  # MLflow's log_batch limit
-            if not self._guard("log metrics", lambda: self._log_batch(chunk)):
+            if not self._guard("log metrics", lambda chunk=chunk: self._log_batch(chunk)):
                 return
             del self.buffer[: len(chunk)]
 
@@ -319,9 +344,22 @@ def log_results(metrics: dict[str, Any], files: list[str]) -> None:
 
 # ---- a dataset version's run (curation) ---------------------------------------------------------
 
-def log_dataset_run(settings: TrackingConfig, tracking_uri: str, config: Any, *, output_uri: str, tags: dict[str, str],
-                    metrics: dict[str, float], run_tags: dict[str, str], documents: dict[str, Any],
-                    dataset_name: str, dataset_id: str, dataset_schema=None, profile: dict | None = None) -> str:
+
+def log_dataset_run(
+    settings: TrackingConfig,
+    tracking_uri: str,
+    config: Any,
+    *,
+    output_uri: str,
+    tags: dict[str, str],
+    metrics: dict[str, float],
+    run_tags: dict[str, str],
+    documents: dict[str, Any],
+    dataset_name: str,
+    dataset_id: str,
+    dataset_schema=None,
+    profile: dict | None = None,
+) -> str:
     """Log (or find, when an earlier attempt already logged ``tags``) the run that produced a
     dataset version: config, metrics, JSON/text documents and the dataset by digest and URI."""
     import mlflow

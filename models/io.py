@@ -140,7 +140,9 @@ def load_weights(
     else:
         expected = model.state_dict()
         state_dict = {k: v for k, v in state_dict.items() if k in expected}
-        bad = [(k, tuple(expected[k].shape), tuple(v.shape)) for k, v in state_dict.items() if expected[k].shape != v.shape]
+        bad = [
+            (k, tuple(expected[k].shape), tuple(v.shape)) for k, v in state_dict.items() if expected[k].shape != v.shape
+        ]
         if bad:
             raise StateDictMismatchError([], [], bad)
     on_meta = any(t.is_meta for t in model.state_dict().values())

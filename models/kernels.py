@@ -31,18 +31,47 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
 ENV_SWITCH = "HUMANVISION_NATIVE_KERNELS"
 
-_i64, _f32p, _u16p, _f64p = ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_uint16), \
-    ctypes.POINTER(ctypes.c_double)
+_i64, _f32p, _u16p, _f64p = (
+    ctypes.c_int64,
+    ctypes.POINTER(ctypes.c_float),
+    ctypes.POINTER(ctypes.c_uint16),
+    ctypes.POINTER(ctypes.c_double),
+)
 _state: dict[str, object] = {}
 
 
 def _declare_qk(lib: ctypes.CDLL) -> None:
     lib.hv_qk_norm_rope_fwd.restype = None
-    lib.hv_qk_norm_rope_fwd.argtypes = [_f32p, *[_i64] * 7, _f32p, *[_i64] * 3, _f32p, _u16p, _u16p, _i64, _i64,
-                                        _f32p, ctypes.c_int]
+    lib.hv_qk_norm_rope_fwd.argtypes = [
+        _f32p,
+        *[_i64] * 7,
+        _f32p,
+        *[_i64] * 3,
+        _f32p,
+        _u16p,
+        _u16p,
+        _i64,
+        _i64,
+        _f32p,
+        ctypes.c_int,
+    ]
     lib.hv_qk_norm_rope_bwd.restype = None
-    lib.hv_qk_norm_rope_bwd.argtypes = [_f32p, *[_i64] * 3, _f32p, *[_i64] * 7, _f32p, *[_i64] * 3, _f32p, _u16p,
-                                        _u16p, _i64, _i64, _f32p, _f64p, ctypes.c_int]
+    lib.hv_qk_norm_rope_bwd.argtypes = [
+        _f32p,
+        *[_i64] * 3,
+        _f32p,
+        *[_i64] * 7,
+        _f32p,
+        *[_i64] * 3,
+        _f32p,
+        _u16p,
+        _u16p,
+        _i64,
+        _i64,
+        _f32p,
+        _f64p,
+        ctypes.c_int,
+    ]
     lib.hv_qk_norm_rope_max_k.restype = ctypes.c_int
     _state["max_k"] = lib.hv_qk_norm_rope_max_k()
 
@@ -100,14 +129,26 @@ def qk_norm_rope_usable(x_BJNK: torch.Tensor, weight: torch.Tensor, rope: tuple[
     """Whether ``qk_norm_rope`` runs the kernel for these inputs (see the module docstring)."""
     K = x_BJNK.shape[-1]
     sin, cos = rope
-    return (enabled() and x_BJNK.device.type == "cpu" and x_BJNK.dtype == torch.float32 and x_BJNK.dim() == 4
-            and x_BJNK.stride(-1) == 1 and weight.dtype == torch.float32 and weight.shape == (K,)
-            and weight.is_contiguous() and sin.dtype == torch.bfloat16 and cos.dtype == torch.bfloat16
-            and K % 8 == 0 and x_BJNK.shape[-2] >= sin.shape[-2]
-            and _tables(sin, cos, sin.shape[-2], K) is not None
-            and (sin.dim() == 2 or sin.shape[0] == x_BJNK.shape[0])
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
-            and _library("qk_norm_rope") is not None and K <= int(_state["max_k"]))
+    return (
+        enabled()
+        and x_BJNK.device.type == "cpu"
+        and x_BJNK.dtype == torch.float32
+        and x_BJNK.dim() == 4
+        and x_BJNK.stride(-1) == 1
+        and weight.dtype == torch.float32
+        and weight.shape == (K,)
+        and weight.is_contiguous()
+        and sin.dtype == torch.bfloat16
+        and cos.dtype == torch.bfloat16
+        and K % 8 == 0
+        and x_BJNK.shape[-2] >= sin.shape[-2]
+        and _tables(sin, cos, sin.shape[-2], K) is not None
+        and (sin.dim() == 2 or sin.shape[0] == x_BJNK.shape[0])
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+        and _library("qk_norm_rope") is not None
+        and K <= int(_state["max_k"])
+    )
 
 
 def rms_rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -118,17 +159,35 @@ def rms_rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 class _QKNormRope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_BJNK: torch.Tensor, weight: torch.Tensor, eps: float, sin: torch.Tensor,
-                cos: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx, x_BJNK: torch.Tensor, weight: torch.Tensor, eps: float, sin: torch.Tensor, cos: torch.Tensor
+    ) -> torch.Tensor:
         B, J, N, K = x_BJNK.shape
         sin, cos, stb = _tables(sin, cos, sin.shape[-2], K)
         rstd_BJN1 = rms_rstd(x_BJNK, eps)
         out = torch.empty((B, J, N, K), dtype=torch.float32)
         sx, sr = x_BJNK.stride(), rstd_BJN1.stride()
         _state["qk_norm_rope"].hv_qk_norm_rope_fwd(
-            _ptr(x_BJNK, _f32p), B, J, N, K, sx[0], sx[1], sx[2], _ptr(rstd_BJN1, _f32p), sr[0], sr[1], sr[2],
-            _ptr(weight, _f32p), _ptr(sin, _u16p), _ptr(cos, _u16p), sin.shape[-2], stb, _ptr(out, _f32p),
-            torch.get_num_threads())
+            _ptr(x_BJNK, _f32p),
+            B,
+            J,
+            N,
+            K,
+            sx[0],
+            sx[1],
+            sx[2],
+            _ptr(rstd_BJN1, _f32p),
+            sr[0],
+            sr[1],
+            sr[2],
+            _ptr(weight, _f32p),
+            _ptr(sin, _u16p),
+            _ptr(cos, _u16p),
+            sin.shape[-2],
+            stb,
+            _ptr(out, _f32p),
+            torch.get_num_threads(),
+        )
         ctx.save_for_backward(x_BJNK, weight, rstd_BJN1, sin, cos)
         ctx.stb = stb
         return out
@@ -144,24 +203,51 @@ class _QKNormRope(torch.autograd.Function):
         partial_w = torch.zeros((threads, K), dtype=torch.float64)
         sg, sx, sr = g_BJNK.stride(), x_BJNK.stride(), rstd_BJN1.stride()
         _state["qk_norm_rope"].hv_qk_norm_rope_bwd(
-            _ptr(g_BJNK, _f32p), sg[0], sg[1], sg[2], _ptr(x_BJNK, _f32p), B, J, N, K, sx[0], sx[1], sx[2],
-            _ptr(rstd_BJN1, _f32p), sr[0], sr[1], sr[2], _ptr(weight, _f32p), _ptr(sin, _u16p), _ptr(cos, _u16p),
-            sin.shape[-2], ctx.stb, _ptr(grad_x, _f32p), _ptr(partial_w, _f64p), threads)
+            _ptr(g_BJNK, _f32p),
+            sg[0],
+            sg[1],
+            sg[2],
+            _ptr(x_BJNK, _f32p),
+            B,
+            J,
+            N,
+            K,
+            sx[0],
+            sx[1],
+            sx[2],
+            _ptr(rstd_BJN1, _f32p),
+            sr[0],
+            sr[1],
+            sr[2],
+            _ptr(weight, _f32p),
+            _ptr(sin, _u16p),
+            _ptr(cos, _u16p),
+            sin.shape[-2],
+            ctx.stb,
+            _ptr(grad_x, _f32p),
+            _ptr(partial_w, _f64p),
+            threads,
+        )
         grad_w = partial_w.sum(0).to(torch.float32) if ctx.needs_input_grad[1] else None
         return grad_x, grad_w, None, None, None
 
 
-def qk_norm_rope(x_BJNK: torch.Tensor, weight: torch.Tensor, eps: float, sin: torch.Tensor,
-                 cos: torch.Tensor) -> torch.Tensor:
+def qk_norm_rope(
+    x_BJNK: torch.Tensor, weight: torch.Tensor, eps: float, sin: torch.Tensor, cos: torch.Tensor
+) -> torch.Tensor:
     """RMSNorm over the last dim (``weight``, ``eps``) then RoPE on the last P tokens, fused.
 
     ``x``: (B, J, N, K) fp32 on CPU, channels contiguous (any other strides); tables (P, K) or
     (B, 1, P, K) bf16. Call only where ``qk_norm_rope_usable`` holds. Returns a contiguous (B, J, N, K)."""
     if _library("qk_norm_rope") is None:
-        raise RuntimeError("the fused QK-norm + RoPE kernel did not build (see the warning above); check qk_norm_rope_usable() first")
+        raise RuntimeError(
+            "the fused QK-norm + RoPE kernel did not build (see the warning above); check qk_norm_rope_usable() first"
+        )
     if _tables(sin, cos, sin.shape[-2], x_BJNK.shape[-1]) is None:
-        raise ValueError(f"RoPE tables must be (P, K) or (B, 1, P, K) with contiguous rows; got {tuple(sin.shape)} "
-                         f"strides {sin.stride()}")
+        raise ValueError(
+            f"RoPE tables must be (P, K) or (B, 1, P, K) with contiguous rows; got {tuple(sin.shape)} "
+            f"strides {sin.stride()}"
+        )
     if sin.dim() == 4 and sin.shape[0] != x_BJNK.shape[0]:
         raise ValueError(f"per-sample RoPE tables for {sin.shape[0]} samples, but the batch has {x_BJNK.shape[0]}")
     if x_BJNK.shape[-2] < sin.shape[-2]:
@@ -171,8 +257,15 @@ def qk_norm_rope(x_BJNK: torch.Tensor, weight: torch.Tensor, eps: float, sin: to
 
 def swiglu_usable(h: torch.Tensor) -> bool:
     """Whether ``swiglu_backward`` runs the kernel for this (..., 2F) input of the gate."""
-    return (enabled() and h.device.type == "cpu" and h.dtype == torch.float32 and h.stride(-1) == 1
-            and h.shape[-1] % 2 == 0 and not torch.compiler.is_compiling() and _library("swiglu_backward") is not None)
+    return (
+        enabled()
+        and h.device.type == "cpu"
+        and h.dtype == torch.float32
+        and h.stride(-1) == 1
+        and h.shape[-1] % 2 == 0
+        and not torch.compiler.is_compiling()
+        and _library("swiglu_backward") is not None
+    )
 
 
 def swiglu_backward(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
@@ -188,6 +281,15 @@ def swiglu_backward(g: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     if g2.stride(-1) != 1:
         g2 = g2.contiguous()
     dh = torch.empty(h2.shape, dtype=torch.float32)
-    _state["swiglu_backward"].hv_swiglu_bwd(_ptr(g2, _f32p), g2.stride(0), _ptr(h2, _f32p), h2.stride(0),
-                                            _ptr(dh, _f32p), dh.stride(0), h2.shape[0], F, torch.get_num_threads())
+    _state["swiglu_backward"].hv_swiglu_bwd(
+        _ptr(g2, _f32p),
+        g2.stride(0),
+        _ptr(h2, _f32p),
+        h2.stride(0),
+        _ptr(dh, _f32p),
+        dh.stride(0),
+        h2.shape[0],
+        F,
+        torch.get_num_threads(),
+    )
     return dh.view(h.shape)

@@ -62,9 +62,14 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     to ``F.linear`` where the GEMM does not split the reduction (K <= 384 here); for larger K
     the bias joins the sum at a different point (<= 1 ulp, measured at K = 1024).
     """
-    if (bias is None or x.device.type != "cpu" or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu")
-            or torch.compiler.is_compiling()):
+    if (
+        bias is None
+        or x.device.type != "cpu"
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or torch.is_autocast_enabled("cpu")
+        or torch.compiler.is_compiling()
+    ):
         return F.linear(x, weight, bias)
     return torch.matmul(x, weight.t()).add_(bias)
 
@@ -79,9 +84,14 @@ class RMSNorm(nn.RMSNorm):
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (x.device.type == "cpu" and x.dtype == torch.float32 and self.weight is not None
-                and len(self.normalized_shape) == 1 and self.eps is not None
-                and not torch.compiler.is_compiling()):
+        if (
+            x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and self.weight is not None
+            and len(self.normalized_shape) == 1
+            and self.eps is not None
+            and not torch.compiler.is_compiling()
+        ):
             return _RMSNormCPU.apply(x, self.weight, self.eps)
         return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
 
@@ -289,8 +299,13 @@ class Attention(nn.Module):
         q_BHNK = q_BND.view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         k_BGNK = k_BNG.view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v_BGNK = v_BNG.view(B, N, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        if (self.q_norm is not None and rope is not None and self.q_norm.eps is not None
-                and self.k_norm.eps is not None and qk_norm_rope_usable(q_BHNK, self.q_norm.weight, rope)):
+        if (
+            self.q_norm is not None
+            and rope is not None
+            and self.q_norm.eps is not None
+            and self.k_norm.eps is not None
+            and qk_norm_rope_usable(q_BHNK, self.q_norm.weight, rope)
+        ):
             # One fused pass each way for q and for k (models.kernels): same forward bits.
             q_BHNK = qk_norm_rope(q_BHNK, self.q_norm.weight, self.q_norm.eps, *rope)
             k_BGNK = qk_norm_rope(k_BGNK, self.k_norm.weight, self.k_norm.eps, *rope)

@@ -38,8 +38,9 @@ def unpatchify(patches_BPX: torch.Tensor, stride: int, grid_hw: tuple[int, int])
     return x.permute(0, 5, 1, 3, 2, 4).reshape(B, C, h * stride, w * stride)
 
 
-def normalized_pixel_targets(images_BCHW: torch.Tensor, stride: int, eps: float = 1e-6, *,
-                             unbiased: bool = False) -> torch.Tensor:
+def normalized_pixel_targets(
+    images_BCHW: torch.Tensor, stride: int, eps: float = 1e-6, *, unbiased: bool = False
+) -> torch.Tensor:
     """MAE targets (B, P, X): each patch's pixels standardised by its own mean and variance
     (the population variance, or the unbiased one with ``unbiased``: Sapiens v1's recipe)."""
     patches_BPX = patchify(images_BCHW, stride)
@@ -48,8 +49,13 @@ def normalized_pixel_targets(images_BCHW: torch.Tensor, stride: int, eps: float 
     return (patches_BPX - mean) / (var + eps).sqrt()
 
 
-def scatter_visible(x_BND: torch.Tensor, mask_token: torch.Tensor, ids_keep_BV: torch.Tensor,
-                    grid_hw: tuple[int, int], num_prefix_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def scatter_visible(
+    x_BND: torch.Tensor,
+    mask_token: torch.Tensor,
+    ids_keep_BV: torch.Tensor,
+    grid_hw: tuple[int, int],
+    num_prefix_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(prefix tokens, the full grid): the V visible tokens put back at their positions, the
     mask token everywhere else. The MAE decoders' first step (both families)."""
     prefix_BSD, visible_BVD = x_BND[:, :num_prefix_tokens], x_BND[:, num_prefix_tokens:]

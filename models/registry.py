@@ -137,7 +137,7 @@ def _backbone_state(state: Mapping[str, torch.Tensor], config: BackboneConfig, p
         prefix = "backbone."
     if not prefix:
         return dict(state)
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
 def _adapt(state: dict, config: BackboneConfig) -> dict:
@@ -159,7 +159,11 @@ class WeightsShape:
         """The registered name these weights fit, else the family."""
         for name, c in MODEL_REGISTRY.items():
             if (family_of(c), c.embed_dim, c.depth, getattr(c, "use_tokenizer", False)) == (
-                    self.family, self.embed_dim, self.depth, self.tokenizer):
+                self.family,
+                self.embed_dim,
+                self.depth,
+                self.tokenizer,
+            ):
                 return name
         return f"an unregistered {self.family} model"
 
@@ -173,13 +177,18 @@ def describe_weights(state: Mapping[str, torch.Tensor]) -> WeightsShape | None:
     else:
         return None
     patch = state.get("patch_embed.projection.weight")
-    return WeightsShape(family=family, embed_dim=int(patch.shape[0]) if patch is not None else None,
-                        depth=len({k.split(".")[1] for k in state if k.startswith(block_key)}),
-                        tokenizer=any(k.startswith("tokenizer.") for k in state), marker=marker)
+    return WeightsShape(
+        family=family,
+        embed_dim=int(patch.shape[0]) if patch is not None else None,
+        depth=len({k.split(".")[1] for k in state if k.startswith(block_key)}),
+        tokenizer=any(k.startswith("tokenizer.") for k in state),
+        marker=marker,
+    )
 
 
-def check_family(state: Mapping[str, torch.Tensor], config: BackboneConfig, *, source: str,
-                 expected: str | None = None) -> None:
+def check_family(
+    state: Mapping[str, torch.Tensor], config: BackboneConfig, *, source: str, expected: str | None = None
+) -> None:
     """Raise ``WeightsFamilyError`` (one line) when ``state`` is another family, width or depth."""
     seen = describe_weights(state)
     if seen is None:
@@ -189,7 +198,8 @@ def check_family(state: Mapping[str, torch.Tensor], config: BackboneConfig, *, s
     want = expected or f"a {family_of(config)} model"
     raise WeightsFamilyError(
         f"weights {source} look like {seen.label} (key {seen.marker} / embed dim {seen.embed_dim}, "
-        f"{seen.depth} blocks), expected {want} (embed dim {config.embed_dim}, {config.depth} blocks)")
+        f"{seen.depth} blocks), expected {want} (embed dim {config.embed_dim}, {config.depth} blocks)"
+    )
 
 
 def count_params(model: nn.Module | str) -> int:

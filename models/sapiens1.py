@@ -128,8 +128,9 @@ def sincos_pos_embed(grid_hw: tuple[int, int], dim: int, temperature: float = 10
     return torch.cat([out_r.sin(), out_r.cos(), out_c.sin(), out_c.cos()], dim=1)
 
 
-def resize_pos_embed(pos_1ND: torch.Tensor, src_hw: tuple[int, int], dst_hw: tuple[int, int],
-                     num_extra: int) -> torch.Tensor:
+def resize_pos_embed(
+    pos_1ND: torch.Tensor, src_hw: tuple[int, int], dst_hw: tuple[int, int], num_extra: int
+) -> torch.Tensor:
     """Bicubic (align_corners=False, fp32) resize of the grid part; extra (CLS) slots kept."""
     if tuple(src_hw) == tuple(dst_hw):
         return pos_1ND
@@ -208,15 +209,18 @@ class Sapiens1Backbone(nn.Module):
         self.feature_stride = config.feature_stride
         self.num_prefix_tokens = config.num_prefix_tokens
         self.patch_embed = nn.Module()
-        self.patch_embed.projection = nn.Conv2d(config.in_chans, dim, config.patch_size, stride=config.patch_size,
-                                                padding=config.patch_padding)
+        self.patch_embed.projection = nn.Conv2d(
+            config.in_chans, dim, config.patch_size, stride=config.patch_size, padding=config.patch_padding
+        )
         if config.with_cls_token:
             self.cls_token = nn.Parameter(torch.empty(1, 1, dim))
         h, w = config.grid
-        self.pos_embed = nn.Parameter(torch.empty(1, self.num_prefix_tokens + h * w, dim),
-                                      requires_grad=not config.frozen_pos_embed)
-        self.layers = nn.ModuleList(Sapiens1Block(dim, config.num_heads, config.ffn_dim, config.norm_eps)
-                                    for _ in range(config.depth))
+        self.pos_embed = nn.Parameter(
+            torch.empty(1, self.num_prefix_tokens + h * w, dim), requires_grad=not config.frozen_pos_embed
+        )
+        self.layers = nn.ModuleList(
+            Sapiens1Block(dim, config.num_heads, config.ffn_dim, config.norm_eps) for _ in range(config.depth)
+        )
         self.ln1 = nn.LayerNorm(dim, eps=config.norm_eps)  # the final norm (official name)
         self.init_weights()
 
@@ -244,7 +248,7 @@ class Sapiens1Backbone(nn.Module):
         x = self.patch_embed.projection(x_BCHW)
         h, w = x.shape[-2:]
         pos = resize_pos_embed(self.pos_embed, self.config.grid, (h, w), self.num_prefix_tokens)
-        x_BPD = x.flatten(2).transpose(1, 2) + pos[:, self.num_prefix_tokens:]
+        x_BPD = x.flatten(2).transpose(1, 2) + pos[:, self.num_prefix_tokens :]
         prefix = self.cls_token + pos[:, :1] if self.num_prefix_tokens else pos[:, :0]
         return x_BPD, (h, w), prefix
 
@@ -278,12 +282,19 @@ class Sapiens1Backbone(nn.Module):
         tokens_BND = self.ln1(x_BND)
         return self._output(tokens_BND, collected, (h, w), ids_keep_BV)
 
-    def _output(self, tokens_BND: torch.Tensor, collected: dict[int, torch.Tensor], grid_hw: tuple[int, int],
-                ids_keep_BV: torch.Tensor | None) -> BackboneOutput:
+    def _output(
+        self,
+        tokens_BND: torch.Tensor,
+        collected: dict[int, torch.Tensor],
+        grid_hw: tuple[int, int],
+        ids_keep_BV: torch.Tensor | None,
+    ) -> BackboneOutput:
         s, (h, w), last = self.num_prefix_tokens, grid_hw, len(self.layers) - 1
         B = tokens_BND.shape[0]
-        maps = [(tokens_BND if i == last else collected[i])[:, s:].transpose(1, 2).reshape(B, -1, h, w)
-                for i in sorted(collected)]
+        maps = [
+            (tokens_BND if i == last else collected[i])[:, s:].transpose(1, 2).reshape(B, -1, h, w)
+            for i in sorted(collected)
+        ]
         patch_BPD = tokens_BND[:, s:]
         return BackboneOutput(
             tokens=tokens_BND,
@@ -348,18 +359,30 @@ class Sapiens1MAEDecoder(nn.Module):
     time resizes the table bicubically.
     """
 
-    def __init__(self, encoder_dim: int, *, pixels_per_token: int, grid_hw: tuple[int, int], embed_dim: int = 512,
-                 depth: int = 8, num_heads: int = 16, ffn_ratio: int = 4, norm_eps: float = 1e-6) -> None:
+    def __init__(
+        self,
+        encoder_dim: int,
+        *,
+        pixels_per_token: int,
+        grid_hw: tuple[int, int],
+        embed_dim: int = 512,
+        depth: int = 8,
+        num_heads: int = 16,
+        ffn_ratio: int = 4,
+        norm_eps: float = 1e-6,
+    ) -> None:
         super().__init__()
         if embed_dim % num_heads or embed_dim % 4:
             raise ValueError(f"MAE decoder: embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads}) and 4")
         self.grid_hw = tuple(grid_hw)
         self.mask_token = nn.Parameter(torch.empty(1, 1, embed_dim))
-        self.decoder_pos_embed = nn.Parameter(torch.empty(1, 1 + grid_hw[0] * grid_hw[1], embed_dim),
-                                              requires_grad=False)
+        self.decoder_pos_embed = nn.Parameter(
+            torch.empty(1, 1 + grid_hw[0] * grid_hw[1], embed_dim), requires_grad=False
+        )
         self.decoder_embed = nn.Linear(encoder_dim, embed_dim)
-        self.decoder_blocks = nn.ModuleList(Sapiens1Block(embed_dim, num_heads, ffn_ratio * embed_dim, norm_eps)
-                                            for _ in range(depth))
+        self.decoder_blocks = nn.ModuleList(
+            Sapiens1Block(embed_dim, num_heads, ffn_ratio * embed_dim, norm_eps) for _ in range(depth)
+        )
         self.ln1 = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.decoder_pred = nn.Linear(embed_dim, pixels_per_token)
         self.init_weights()
@@ -375,8 +398,9 @@ class Sapiens1MAEDecoder(nn.Module):
         table = sincos_pos_embed(self.grid_hw, self.decoder_pos_embed.shape[-1])
         self.decoder_pos_embed.copy_(torch.cat((torch.zeros(1, table.shape[1]), table))[None])
 
-    def forward(self, tokens_BND: torch.Tensor, ids_keep_BV: torch.Tensor, grid_hw: tuple[int, int],
-                num_prefix_tokens: int) -> torch.Tensor:
+    def forward(
+        self, tokens_BND: torch.Tensor, ids_keep_BV: torch.Tensor, grid_hw: tuple[int, int], num_prefix_tokens: int
+    ) -> torch.Tensor:
         """Encoder output (prefix + V visible tokens) -> predictions (B, P, X) for every grid token."""
         x_BND = self.decoder_embed(tokens_BND)
         prefix_BSD, full_BPD = scatter_visible(x_BND, self.mask_token, ids_keep_BV, grid_hw, num_prefix_tokens)

@@ -276,8 +276,9 @@ class Sapiens2Backbone(nn.Module):
             ids_keep=ids_keep_BV,
         )
 
-    def _feature_maps(self, tokens_BND: torch.Tensor, collected: dict[int, torch.Tensor],
-                      grid_hw: tuple[int, int]) -> list[torch.Tensor]:
+    def _feature_maps(
+        self, tokens_BND: torch.Tensor, collected: dict[int, torch.Tensor], grid_hw: tuple[int, int]
+    ) -> list[torch.Tensor]:
         """Normalised grid tokens of the collected blocks as (B, D, h, w) maps, in block order."""
         p, (h, w) = self.num_prefix_tokens, grid_hw
         maps = []

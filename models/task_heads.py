@@ -63,7 +63,9 @@ class PixelShuffleUpsampler(nn.Module):
     Widths halve at each step (down to ``min_dim``) so the full-resolution stages stay cheap.
     """
 
-    def __init__(self, in_dim: int, out_channels: int, *, hidden_dim: int = 256, min_dim: int = 32, upsample: int = 16) -> None:
+    def __init__(
+        self, in_dim: int, out_channels: int, *, hidden_dim: int = 256, min_dim: int = 32, upsample: int = 16
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = [nn.Conv2d(in_dim, hidden_dim, 1), _norm(hidden_dim), nn.GELU()]
         width = hidden_dim

@@ -77,9 +77,7 @@ class WindowTokenizer(nn.Module):
                 f"patches: use image sides that are multiples of patch_size * {win}"
             )
         hw, ww = h // win, w // win
-        windows_MTD = (
-            x_BhwD.view(B, hw, win, ww, win, D).permute(0, 1, 3, 2, 4, 5).reshape(B * hw * ww, win * win, D)
-        )
+        windows_MTD = x_BhwD.view(B, hw, win, ww, win, D).permute(0, 1, 3, 2, 4, 5).reshape(B * hw * ww, win * win, D)
         use_checkpoint = self.checkpoint_chunks and self.training and torch.is_grad_enabled()
         outs = []
         for chunk_MTD in windows_MTD.split(self.chunk_size):

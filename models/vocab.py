@@ -10,6 +10,7 @@ this module and never spells those lists itself.
 - ``common_keypoints(model_vocab, label_vocab)``: (model index, label index) pairs both sets
   share, e.g. the 308-keypoint model scored on 133-keypoint labels.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,9 +25,9 @@ VOCAB_DIR = Path(__file__).resolve().parent / "vocab"
 class KeypointVocab:
     name: str
     keypoint_names: tuple[str, ...]
-    flip_indices: tuple[int, ...]      # flip_indices[i]: the mirrored keypoint of i
+    flip_indices: tuple[int, ...]  # flip_indices[i]: the mirrored keypoint of i
     skeleton: tuple[tuple[int, int], ...]  # 0-based pairs
-    sigmas: tuple[float, ...]          # OKS sigmas
+    sigmas: tuple[float, ...]  # OKS sigmas
     common: dict[str, tuple[tuple[int, int], ...]]  # other vocab -> (our index, its index) pairs
 
     @property
@@ -39,7 +40,7 @@ class SegVocab:
     name: str
     classes: tuple[str, ...]
     flip_pairs: tuple[tuple[int, int], ...]  # class ids swapped by a horizontal flip
-    class_weights: tuple[float, ...]         # empty when none is known
+    class_weights: tuple[float, ...]  # empty when none is known
 
     @property
     def num_classes(self) -> int:
@@ -72,10 +73,19 @@ def keypoint_vocab(name: str) -> KeypointVocab:
     d = _read(name)
     if d["kind"] != "keypoints":
         raise ValueError(f"vocabulary {name!r} is a {d['kind']} vocabulary, not keypoints")
-    common = {key.removeprefix("common_with_"): tuple(tuple(p) for p in value)
-              for key, value in d.items() if key.startswith("common_with_")}
-    return KeypointVocab(name=name, keypoint_names=tuple(d["keypoint_names"]), flip_indices=tuple(d["flip_indices"]),
-                         skeleton=tuple(tuple(p) for p in d["skeleton"]), sigmas=tuple(d["sigmas"]), common=common)
+    common = {
+        key.removeprefix("common_with_"): tuple(tuple(p) for p in value)
+        for key, value in d.items()
+        if key.startswith("common_with_")
+    }
+    return KeypointVocab(
+        name=name,
+        keypoint_names=tuple(d["keypoint_names"]),
+        flip_indices=tuple(d["flip_indices"]),
+        skeleton=tuple(tuple(p) for p in d["skeleton"]),
+        sigmas=tuple(d["sigmas"]),
+        common=common,
+    )
 
 
 def keypoint_vocab_for(num_keypoints: int) -> KeypointVocab | None:
@@ -92,8 +102,12 @@ def seg_vocab(name: str) -> SegVocab:
     d = _read(name)
     if d["kind"] != "segmentation":
         raise ValueError(f"vocabulary {name!r} is a {d['kind']} vocabulary, not segmentation")
-    return SegVocab(name=name, classes=tuple(d["classes"]), flip_pairs=tuple(tuple(p) for p in d["flip_pairs"]),
-                    class_weights=tuple(d["class_weights"]))
+    return SegVocab(
+        name=name,
+        classes=tuple(d["classes"]),
+        flip_pairs=tuple(tuple(p) for p in d["flip_pairs"]),
+        class_weights=tuple(d["class_weights"]),
+    )
 
 
 def common_keypoints(model: KeypointVocab, labels: KeypointVocab) -> tuple[tuple[int, int], ...]:

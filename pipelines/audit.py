@@ -9,6 +9,7 @@ A version is an output folder, or a dataset version id or name registered in MLf
 (``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``). Reports are logged as artifacts of the
 curation run that produced the version (B's, for a diff) unless ``--no-mlflow``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
 
-from curation.audit import (diff_summary, diff_versions, load_version, render_diff, render_report,  # noqa: E402
-                            version_summary)
+from curation.audit import (
+    diff_summary,
+    diff_versions,
+    load_version,
+    render_diff,
+    render_report,  # noqa: E402
+    version_summary,
+)
 from curation.audit.loading import AuditedVersion, tracking_uri_of  # noqa: E402
 from curation.audit.record import log_report, runs_of_version  # noqa: E402
 from infra import storage  # noqa: E402
-
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the summary
 
@@ -53,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diff", nargs=2, metavar=("A", "B"), help="compare version A (before) with B (after)")
     parser.add_argument("--summary", action="store_true", help="print the terminal summary only (no HTML, no MLflow)")
     parser.add_argument("--out", help="where to write the HTML (default: under the output's audit/ folder)")
-    parser.add_argument("--tracking-uri", help="MLflow store (default: the run's tracking.uri, $MLFLOW_TRACKING_URI, "
-                                               "or the SQLite store next to the output)")
+    parser.add_argument(
+        "--tracking-uri",
+        help="MLflow store (default: the run's tracking.uri, $MLFLOW_TRACKING_URI, "
+        "or the SQLite store next to the output)",
+    )
     parser.add_argument("--no-mlflow", action="store_true", help="neither read from nor log to MLflow")
     parser.add_argument("--samples", type=int, default=12, help="gallery images per reason (default 12)")
     parser.add_argument("--kept-samples", type=int, default=24, help="kept images in the gallery (default 24)")
@@ -67,8 +76,14 @@ def main(argv: list[str] | None = None) -> int:
             d = diff_versions(a, b)
             print(diff_summary(d))
             if not args.summary:
-                publish(render_diff(d, per_reason=args.samples), b, f"diff-{a.id}.html", args.out,
-                        f"audit.diff_from.{a.id}", args)
+                publish(
+                    render_diff(d, per_reason=args.samples),
+                    b,
+                    f"diff-{a.id}.html",
+                    args.out,
+                    f"audit.diff_from.{a.id}",
+                    args,
+                )
             return 0
         v = load_version(args.version, args.tracking_uri)
         print(version_summary(v))
@@ -76,8 +91,14 @@ def main(argv: list[str] | None = None) -> int:
             runs = None
             if not args.no_mlflow and v.version.run_id:
                 runs = runs_of_version(tracking_uri_of(v, args.tracking_uri), v.id)
-            publish(render_report(v, per_reason=args.samples, kept=args.kept_samples, runs=runs), v, "report.html",
-                    args.out, "audit.report", args)
+            publish(
+                render_report(v, per_reason=args.samples, kept=args.kept_samples, runs=runs),
+                v,
+                "report.html",
+                args.out,
+                "audit.report",
+                args,
+            )
         return 0
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

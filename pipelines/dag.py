@@ -5,6 +5,7 @@
 
 A stage whose inputs and settings did not change is reused; a failed one resumes.
 """
+
 from __future__ import annotations
 
 import sys
@@ -17,9 +18,14 @@ from pipelines.staged import DagConfig, run_dag  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    return config_main(__doc__, DagConfig, lambda cfg: run_dag(cfg).summary(), argv,
-                       config_help="YAML file: workspace, stages, and curate/pretrain/probe sections",
-                       overrides_example="probe.seg.steps=50")
+    return config_main(
+        __doc__,
+        DagConfig,
+        lambda cfg: run_dag(cfg).summary(),
+        argv,
+        config_help="YAML file: workspace, stages, and curate/pretrain/probe sections",
+        overrides_example="probe.seg.steps=50",
+    )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ The terminal gets one line per stage (a bar while a long stage runs). Everything
 and the stages print goes to ``<workspace>/logs/demo-<time>.log`` (``--verbose``: to the
 terminal instead); Ray's own session logs stay in its session folder, named at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -32,10 +34,21 @@ from pipelines.demo_corpus import NO_PERSON_DIR, build_demo_corpus  # noqa: E402
 from pipelines.staged import DagConfig, DagInputs, DagResult, StageOutcome, run_dag  # noqa: E402
 from pipelines.staged.stages import StagePlan  # noqa: E402
 
-HEADLINE = {"pose": ("AP", "higher"), "seg": ("mIoU", "higher"), "pointmap": ("l2", "lower"),
-            "normal": ("mean_angle", "lower"), "albedo": ("mae", "lower"), "knn": ("top1_k20", "higher")}
-TITLES = {"curate": "curate  ", "pretrain": "pretrain", "finetune": "finetune", "probe": "probe   ",
-          "baseline": "baseline"}
+HEADLINE = {
+    "pose": ("AP", "higher"),
+    "seg": ("mIoU", "higher"),
+    "pointmap": ("l2", "lower"),
+    "normal": ("mean_angle", "lower"),
+    "albedo": ("mae", "lower"),
+    "knn": ("top1_k20", "higher"),
+}
+TITLES = {
+    "curate": "curate  ",
+    "pretrain": "pretrain",
+    "finetune": "finetune",
+    "probe": "probe   ",
+    "baseline": "baseline",
+}
 
 
 # ------------------------------------------------------------------ where the output goes
@@ -48,15 +61,16 @@ class Console:
         self._saved: list[int] = []
         self.out: TextIO = sys.stdout
 
-    def __enter__(self) -> "Console":
+    def __enter__(self) -> Console:
         if self.log_file is None:
             return self
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
         self._saved = [os.dup(1), os.dup(2)]
-        self.out = io.TextIOWrapper(os.fdopen(os.dup(self._saved[0]), "wb", buffering=0), write_through=True,
-                                    encoding="utf-8", errors="replace")
+        self.out = io.TextIOWrapper(
+            os.fdopen(os.dup(self._saved[0]), "wb", buffering=0), write_through=True, encoding="utf-8", errors="replace"
+        )
         log_fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
@@ -104,10 +118,18 @@ class Progress:
         from tqdm import tqdm
 
         total, poll, unit = _watch(plan, tracking_uri, self._t0)
-        self._bar = tqdm(total=total, desc=self._title(plan.stage), unit=unit, file=self.console.out, leave=False,
-                         dynamic_ncols=True, mininterval=0.5,
-                         bar_format="{desc}  {bar:24} {n_fmt}/{total_fmt} {unit}  {elapsed}" if total else
-                         "{desc}  running  {elapsed}")
+        self._bar = tqdm(
+            total=total,
+            desc=self._title(plan.stage),
+            unit=unit,
+            file=self.console.out,
+            leave=False,
+            dynamic_ncols=True,
+            mininterval=0.5,
+            bar_format="{desc}  {bar:24} {n_fmt}/{total_fmt} {unit}  {elapsed}"
+            if total
+            else "{desc}  running  {elapsed}",
+        )
         self._stop.clear()
         self._thread = threading.Thread(target=self._follow, args=(poll,), daemon=True)
         self._thread.start()
@@ -152,8 +174,12 @@ def _pretrain_step(uri: str, since: float) -> int:
 
     client = MlflowClient(uri)
     exps = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(exps, "tags.`humanvision.stage` = 'pretrain' and attributes.status = 'RUNNING'",
-                              order_by=["attributes.start_time DESC"], max_results=1)
+    runs = client.search_runs(
+        exps,
+        "tags.`humanvision.stage` = 'pretrain' and attributes.status = 'RUNNING'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
     if not runs or runs[0].info.start_time < since * 1000 - 5000:
         return 0
     history = client.get_metric_history(runs[0].info.run_id, "step_time_s")
@@ -199,10 +225,13 @@ def funnel_lines(curated: str) -> list[str]:
     rows = [f"  {'inputs':24s} {stats['inputs']:>5d}"]
     for step in stats["funnel"]:
         removed = ", ".join(f"{k} {v}" for k, v in sorted(step.get("removed", {}).items()))
-        rows.append(f"  {step['stage']:24s} {step['out']:>5d}" + (f"   (-{step['in'] - step['out']}: {removed})"
-                                                                   if removed else ""))
-    rows.append(f"  {'kept (in shards)':24s} {stats['kept']:>5d}   errors {stats['errors']}, "
-                f"dropped {stats['dropped']}")
+        rows.append(
+            f"  {step['stage']:24s} {step['out']:>5d}"
+            + (f"   (-{step['in'] - step['out']}: {removed})" if removed else "")
+        )
+    rows.append(
+        f"  {'kept (in shards)':24s} {stats['kept']:>5d}   errors {stats['errors']}, dropped {stats['dropped']}"
+    )
     return rows
 
 
@@ -211,8 +240,10 @@ def loss_line(pretrain: StageOutcome) -> str:
     # "4.3904 (mean of the first 10 steps) -> 4.2963 (last 10)"
     parts = [p.split("(")[0].strip() for p in trend.split("->")]
     if len(parts) == 2:
-        return f"  total loss {parts[0]} -> {parts[1]}   (mean of the first and last 10 of " \
-               f"{pretrain.result.get('final_step', '?')} steps)"
+        return (
+            f"  total loss {parts[0]} -> {parts[1]}   (mean of the first and last 10 of "
+            f"{pretrain.result.get('final_step', '?')} steps)"
+        )
     return f"  {trend}"
 
 
@@ -232,37 +263,59 @@ def probe_rows(trained: dict, baseline: dict | None, finetuned: dict | None = No
     return rows
 
 
-def summary(result: DagResult, baseline: DagResult | None, audit_page: str | None, log_file: Path | None,
-            ray_logs: str | None, wall_s: float) -> str:
+def summary(
+    result: DagResult,
+    baseline: DagResult | None,
+    audit_page: str | None,
+    log_file: Path | None,
+    ray_logs: str | None,
+    wall_s: float,
+) -> str:
     outcomes = {o.stage: o for o in result.outcomes}
     lines = ["", "=" * 78, f"demo finished in {_fmt_s(wall_s)}", ""]
     if "curate" in outcomes:
-        lines += ["curation funnel (images left after each step)", *funnel_lines(outcomes["curate"].result["dataset_uri"]),
-                  f"  dataset version {outcomes['curate'].result['dataset_id']}: "
-                  f"{outcomes['curate'].result['dataset_uri']}", ""]
+        lines += [
+            "curation funnel (images left after each step)",
+            *funnel_lines(outcomes["curate"].result["dataset_uri"]),
+            f"  dataset version {outcomes['curate'].result['dataset_id']}: {outcomes['curate'].result['dataset_uri']}",
+            "",
+        ]
     if "pretrain" in outcomes:
-        lines += ["pretraining (sapiens2_tiny, MAE + DINO + KoLeo)", loss_line(outcomes["pretrain"]),
-                  f"  student backbone: {outcomes['pretrain'].result['student_weights']}", ""]
+        lines += [
+            "pretraining (sapiens2_tiny, MAE + DINO + KoLeo)",
+            loss_line(outcomes["pretrain"]),
+            f"  student backbone: {outcomes['pretrain'].result['student_weights']}",
+            "",
+        ]
     if "probe" in outcomes:
         base = baseline.outcomes[-1].result["metrics"] if baseline else None
         tuned = outcomes["finetune"].result["metrics"] if "finetune" in outcomes else None
-        lines += ["frozen-backbone probes (synthetic probe set; the baseline: the same probes on a random-init backbone;",
-                  " fine-tuned: the pretrained backbone + the same head trained end to end)",
-                  *probe_rows(outcomes["probe"].result["metrics"], base, tuned),
-                  f"  pretrained: {outcomes['probe'].folder}"]
+        lines += [
+            "frozen-backbone probes (synthetic probe set; the baseline: the same probes on a random-init backbone;",
+            " fine-tuned: the pretrained backbone + the same head trained end to end)",
+            *probe_rows(outcomes["probe"].result["metrics"], base, tuned),
+            f"  pretrained: {outcomes['probe'].folder}",
+        ]
         if tuned:
             ft = outcomes["finetune"]
-            lines.append(f"  fine-tuned: {ft.folder}  ({ft.result.get('steps', '?')} steps per task, LP-FT as "
-                         "configs/dag_demo.yaml says; exports: backbone. + decode_head., sha256 in MLflow)")
+            lines.append(
+                f"  fine-tuned: {ft.folder}  ({ft.result.get('steps', '?')} steps per task, LP-FT as "
+                "configs/dag_demo.yaml says; exports: backbone. + decode_head., sha256 in MLflow)"
+            )
         if baseline:
-            lines += [f"  random init: {baseline.outcomes[-1].folder}",
-                      "  (40 tiny steps on a few images do not make a better backbone than random init: the demo shows "
-                      "the loop;", "  the recipe needs the data and steps of configs/pretrain_*.yaml)"]
+            lines += [
+                f"  random init: {baseline.outcomes[-1].folder}",
+                "  (40 tiny steps on a few images do not make a better backbone than random init: the demo shows "
+                "the loop;",
+                "  the recipe needs the data and steps of configs/pretrain_*.yaml)",
+            ]
         lines.append("")
     if audit_page:
         lines += [f"audit page:   {audit_page}"]
-    lines += [f"mlflow:       .venv/bin/mlflow ui --backend-store-uri {result.tracking_uri}",
-              f"              then open {experiment_url('http://127.0.0.1:5000', _experiment_id(result))}"]
+    lines += [
+        f"mlflow:       .venv/bin/mlflow ui --backend-store-uri {result.tracking_uri}",
+        f"              then open {experiment_url('http://127.0.0.1:5000', _experiment_id(result))}",
+    ]
     if log_file:
         lines.append(f"logs:         {log_file}" + (f"   (Ray's session logs: {ray_logs})" if ray_logs else ""))
     lines.append("=" * 78)
@@ -308,9 +361,11 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     raw = Path(args.corpus).resolve()
     try:
-        cfg = load_config(DagConfig, REPO / "configs" / "dag_demo.yaml",
-                          [f"curate.input.uri={raw}", f"finetune.augment.backgrounds={raw / NO_PERSON_DIR}",
-                           *args.overrides])
+        cfg = load_config(
+            DagConfig,
+            REPO / "configs" / "dag_demo.yaml",
+            [f"curate.input.uri={raw}", f"finetune.augment.backgrounds={raw / NO_PERSON_DIR}", *args.overrides],
+        )
         cfg.validate()
     except ValueError as err:
         print(f"config error: {err}", file=sys.stderr)
@@ -319,8 +374,9 @@ def main(argv: list[str]) -> int:
     cfg = dataclasses.replace(cfg, workspace=str(workspace))
     log_file = None if args.verbose else workspace / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.log"
     with Console(log_file) as console:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr,
-                            force=True)
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr, force=True
+        )
         if log_file:
             console.print(f"logs      {log_file}  (--verbose: on the terminal)")
         try:

@@ -8,6 +8,7 @@ become (``EXPECTED``), which the tests check against the manifest. It lives outs
 ``curation/`` so that editing a test case does not change the curation code version (and with
 it every dataset version id).
 """
+
 from __future__ import annotations
 
 import io
@@ -59,8 +60,11 @@ NO_PERSON_DIR = "scenes"  # the corpus' photos without people (also the fine-tun
 
 
 def non_person_photos() -> dict[str, Image.Image | Path]:
-    photos: dict[str, Image.Image | Path] = {"coffee": _skimage("coffee"), "chelsea": _skimage("chelsea"),
-                                             "rocket": _skimage("rocket")}
+    photos: dict[str, Image.Image | Path] = {
+        "coffee": _skimage("coffee"),
+        "chelsea": _skimage("chelsea"),
+        "rocket": _skimage("rocket"),
+    }
     if (SHARED_IMAGES / "starry_night.jpg").is_file():
         photos["starry_night"] = SHARED_IMAGES / "starry_night.jpg"
     return photos
@@ -75,8 +79,10 @@ def _save(src: Image.Image | Path, dest: Path) -> None:
 
 def bomb_png(width: int = 60000, height: int = 60000) -> bytes:
     """A tiny PNG whose header declares width x height pixels (a decompression bomb's header)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     idat = zlib.compress(b"\x00" * 64)
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
@@ -108,11 +114,13 @@ def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]
     alpha[..., 3] = 128
     pal = _view(base, 1).convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
     anim = _view(base, 2)
-    frames = [anim.convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
-              anim.transpose(Image.Transpose.FLIP_LEFT_RIGHT).convert("P", palette=Image.Palette.ADAPTIVE, colors=32)]
+    frames = [
+        anim.convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
+        anim.transpose(Image.Transpose.FLIP_LEFT_RIGHT).convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
+    ]
     gif = io.BytesIO()
     frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
-    grey16 = (np.asarray(_view(base, 3).convert("L"), dtype=np.uint16) * 257)
+    grey16 = np.asarray(_view(base, 3).convert("L"), dtype=np.uint16) * 257
     png16 = io.BytesIO()
     Image.fromarray(grey16).save(png16, format="PNG")
     rgba_png = io.BytesIO()
@@ -139,11 +147,16 @@ def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]
         "formats/animated.gif": (gif.getvalue(), "kept", "animated_frame0"),
         "formats/exif_rotated.jpg": (rotated, "kept", "exif_rotated"),
         # near-duplicates of the full photo: smaller copies lose to the original (largest resolution wins)
-        "reposts/bus_small.jpg": (jpeg_bytes(base.resize((w * 3 // 4, h * 3 // 4)), quality=80),
-                                  "dropped", "near_duplicate"),
-        "reposts/bus_mirror_small.jpg": (jpeg_bytes(base.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-                                                    .resize((w * 7 // 8, h * 7 // 8)), quality=85),
-                                         "dropped", "near_duplicate"),
+        "reposts/bus_small.jpg": (
+            jpeg_bytes(base.resize((w * 3 // 4, h * 3 // 4)), quality=80),
+            "dropped",
+            "near_duplicate",
+        ),
+        "reposts/bus_mirror_small.jpg": (
+            jpeg_bytes(base.transpose(Image.Transpose.FLIP_LEFT_RIGHT).resize((w * 7 // 8, h * 7 // 8)), quality=85),
+            "dropped",
+            "near_duplicate",
+        ),
     }
 
 
@@ -155,8 +168,16 @@ def captioned(im: Image.Image, text: str = "WHEN THE DEMO\nFINALLY RUNS") -> Ima
     out = im.convert("RGB").copy()
     w, h = out.size
     font = ImageFont.truetype(str(Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans-Bold.ttf"), w // 12)
-    ImageDraw.Draw(out).multiline_text((w / 2, h * 0.97), text, font=font, fill="white", anchor="md",
-                                       align="center", stroke_width=max(2, w // 200), stroke_fill="black")
+    ImageDraw.Draw(out).multiline_text(
+        (w / 2, h * 0.97),
+        text,
+        font=font,
+        fill="white",
+        anchor="md",
+        align="center",
+        stroke_width=max(2, w // 200),
+        stroke_fill="black",
+    )
     return out
 
 

@@ -8,6 +8,7 @@ depth, normal, pointmap or albedo, on Ray Train with FSDP2, layer-wise lr decay 
 Tasks without data paths use the synthetic probe set, generated under the output folder.
 Re-running the same command resumes unfinished tasks from their newest checkpoint.
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,9 +22,14 @@ from infra.cli import config_main  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    return config_main(__doc__, FinetuneConfig, lambda cfg: run_finetune(cfg).summary(), argv,
-                       config_help="YAML file of settings (configs/finetune_*.yaml)",
-                       overrides_example="backbone.checkpoint=x.safetensors tasks=[seg,normal] steps=100")
+    return config_main(
+        __doc__,
+        FinetuneConfig,
+        lambda cfg: run_finetune(cfg).summary(),
+        argv,
+        config_help="YAML file of settings (configs/finetune_*.yaml)",
+        overrides_example="backbone.checkpoint=x.safetensors tasks=[seg,normal] steps=100",
+    )
 
 
 if __name__ == "__main__":

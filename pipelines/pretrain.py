@@ -6,6 +6,7 @@
 
 Re-running with the same run_name (and storage_path) resumes from its newest checkpoint.
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,9 +20,14 @@ from training.run import run_pretraining  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    return config_main(__doc__, PretrainConfig, lambda cfg: run_pretraining(cfg).summary(), argv,
-                       config_help="YAML file of settings (defaults: the Sapiens2 recipe, sapiens2_0.4b)",
-                       overrides_example="steps=1000 ray.num_workers=16")
+    return config_main(
+        __doc__,
+        PretrainConfig,
+        lambda cfg: run_pretraining(cfg).summary(),
+        argv,
+        config_help="YAML file of settings (defaults: the Sapiens2 recipe, sapiens2_0.4b)",
+        overrides_example="steps=1000 ray.num_workers=16",
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 
 Tasks without data paths run on the synthetic probe set, generated under the output folder.
 """
+
 from __future__ import annotations
 
 import sys
@@ -19,9 +20,14 @@ from infra.cli import config_main  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    return config_main(__doc__, ProbeConfig, lambda cfg: run_probes(cfg).summary(), argv,
-                       config_help="YAML file of settings (configs/probe_*.yaml)",
-                       overrides_example="backbone.checkpoint=x.safetensors pose.steps=50")
+    return config_main(
+        __doc__,
+        ProbeConfig,
+        lambda cfg: run_probes(cfg).summary(),
+        argv,
+        config_help="YAML file of settings (configs/probe_*.yaml)",
+        overrides_example="backbone.checkpoint=x.safetensors pose.steps=50",
+    )
 
 
 if __name__ == "__main__":

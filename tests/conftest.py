@@ -1,4 +1,5 @@
 """Test-wide settings: offline, no telemetry, caches in temp folders; one local Ray for the session."""
+
 from __future__ import annotations
 
 import contextlib
@@ -17,10 +18,17 @@ CENTERNET = ASSETS / "models" / "person_centernet_512.onnx"
 
 _tmp = tempfile.mkdtemp(prefix="hv-test-env-")
 for key, value in {
-    "HF_HUB_OFFLINE": "1", "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0", "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "1", "YOLO_CONFIG_DIR": os.path.join(_tmp, "yolo"), "MPLCONFIGDIR": os.path.join(_tmp, "mpl"),
-    "HF_HOME": os.path.join(_tmp, "hf"), "TORCH_HOME": os.path.join(_tmp, "torch"),
-    "XDG_CACHE_HOME": os.path.join(_tmp, "cache"), "RAY_USAGE_STATS_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "YOLO_OFFLINE": "1",
+    "YOLO_AUTOINSTALL": "0",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+    "YOLO_CONFIG_DIR": os.path.join(_tmp, "yolo"),
+    "MPLCONFIGDIR": os.path.join(_tmp, "mpl"),
+    "HF_HOME": os.path.join(_tmp, "hf"),
+    "TORCH_HOME": os.path.join(_tmp, "torch"),
+    "XDG_CACHE_HOME": os.path.join(_tmp, "cache"),
+    "RAY_USAGE_STATS_ENABLED": "0",
 }.items():
     os.environ[key] = value
 os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -34,9 +42,15 @@ def ray_local():
     """An in-process local Ray cluster for the test session (ended by ray.shutdown, not `ray stop`)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             object_store_memory=400 * 2**20)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        object_store_memory=400 * 2**20,
+    )
     import ray.data
+
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()

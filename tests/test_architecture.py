@@ -10,7 +10,7 @@ Library code is every module under the packages in ``FLOORS`` (``pipelines/`` in
 2. No import cycles between project modules.
 3. The curated-output layout is spelled only in ``curation/output.py`` (see
    ``test_layout_names_are_spelled_only_in_curation_output`` for what counts as spelling it).
-4. Functions are short: none over ``MAX_FUNCTION_LINES`` lines unless ``LONG_FUNCTIONS`` names
+4. Functions are short: none over ``MAX_FUNCTION_LINES`` statement lines unless ``LONG_FUNCTIONS`` names
    it with a reason, and the median function is at most ``MAX_MEDIAN_FUNCTION_LINES`` lines.
 
 What counts as an import: every ``import`` / ``from ... import`` statement anywhere in a module,
@@ -24,6 +24,7 @@ importer back). The packages a plain dotted import initialises (``a/__init__.py`
 ``import a.b``) are not counted: that would make every sibling import an edge to the package. Imports
 spelled as strings (``importlib.import_module("x")``) are not seen.
 """
+
 from __future__ import annotations
 
 import ast
@@ -44,8 +45,7 @@ NEVER_IMPORTED = ("tests", "benchmarks")
 LAYOUT_MODULE = "curation.output"
 # Names that mean a curated-output entry and nothing else in this project: flagged wherever they
 # appear in a string literal (whole, or as a path segment: "_dedup/near_index").
-LAYOUT_ONLY_NAMES = frozenset({"_SUCCESS", "partitions.jsonl", "_dedup", "_staging", "decisions.parquet",
-                               "near_index"})
+LAYOUT_ONLY_NAMES = frozenset({"_SUCCESS", "partitions.jsonl", "_dedup", "_staging", "decisions.parquet", "near_index"})
 # Names that are also ordinary words or keys elsewhere (stats["shards"], the "job_digest" field of
 # the _SUCCESS marker, MLflow's "stats.json" artifact): flagged only where a path is being built.
 LAYOUT_PATH_NAMES = frozenset({"shards", "manifest", "stats.json", "job_digest"})
@@ -64,11 +64,12 @@ LONG_FUNCTIONS: dict[str, str] = {}
 
 # ---- reading the sources ----------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Module:
-    name: str      # dotted: curation.dedup.near; a package's __init__ is the package's name
+    name: str  # dotted: curation.dedup.near; a package's __init__ is the package's name
     path: Path
-    rel: str       # path from the repository root, for messages
+    rel: str  # path from the repository root, for messages
     tree: ast.Module
 
     @property
@@ -94,15 +95,16 @@ def load_modules(root: Path, packages=tuple(FLOORS)) -> dict[str, Module]:
             if "__pycache__" in path.parts:
                 continue
             name = module_name(root, path)
-            modules[name] = Module(name, path, path.relative_to(root).as_posix(),
-                                   ast.parse(path.read_text(), filename=str(path)))
+            modules[name] = Module(
+                name, path, path.relative_to(root).as_posix(), ast.parse(path.read_text(), filename=str(path))
+            )
     return modules
 
 
 @dataclass(frozen=True)
 class Import:
     importer: str
-    target: str    # the most specific project module (or top-level name) the statement names
+    target: str  # the most specific project module (or top-level name) the statement names
     line: int
 
 
@@ -112,7 +114,7 @@ def _absolute(module: Module, node: ast.ImportFrom) -> str:
         return node.module or ""
     base = module.name.split(".")
     base = base if module.is_package else base[:-1]
-    base = base[:len(base) - (node.level - 1)]
+    base = base[: len(base) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -142,8 +144,12 @@ def imports_of(module: Module, known: set[str]) -> Iterator[Import]:
 
 def project_imports(modules: dict[str, Module]) -> list[Import]:
     known = set(modules)
-    return [imp for m in modules.values() for imp in imports_of(m, known)
-            if imp.target.split(".")[0] in FLOORS or imp.target.split(".")[0] in NEVER_IMPORTED]
+    return [
+        imp
+        for m in modules.values()
+        for imp in imports_of(m, known)
+        if imp.target.split(".")[0] in FLOORS or imp.target.split(".")[0] in NEVER_IMPORTED
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +160,7 @@ def modules() -> dict[str, Module]:
 
 
 # ---- 1. floors --------------------------------------------------------------------------------
+
 
 def floor_violations(modules: dict[str, Module]) -> list[str]:
     problems = set()  # one line per (module, line, target): `from a import b, c` names a once
@@ -169,19 +176,26 @@ def floor_violations(modules: dict[str, Module]) -> list[str]:
             why = f"{theirs} and {mine} share floor {FLOORS[mine]} and must not import each other"
         else:
             continue
-        problems.add((modules[imp.importer].rel, imp.line,
-                      f"{modules[imp.importer].rel}:{imp.line}: {imp.importer} imports {imp.target}: {why}"))
+        problems.add(
+            (
+                modules[imp.importer].rel,
+                imp.line,
+                f"{modules[imp.importer].rel}:{imp.line}: {imp.importer} imports {imp.target}: {why}",
+            )
+        )
     return [text for _, _, text in sorted(problems)]
 
 
 def test_no_module_imports_a_package_above_its_floor(modules):
     problems = floor_violations(modules)
-    assert not problems, (f"{len(problems)} imports break the floors infra < models, curation < training "
-                          "< evaluation < pipelines (move the code down, or pass the value in):\n  "
-                          + "\n  ".join(problems))
+    assert not problems, (
+        f"{len(problems)} imports break the floors infra < models, curation < training "
+        "< evaluation < pipelines (move the code down, or pass the value in):\n  " + "\n  ".join(problems)
+    )
 
 
 # ---- 2. cycles --------------------------------------------------------------------------------
+
 
 def import_graph(modules: dict[str, Module]) -> dict[str, dict[str, int]]:
     """importer -> {imported project module: line of its first import}."""
@@ -264,11 +278,14 @@ def describe_cycle(modules: dict[str, Module], graph: dict[str, dict[str, int]],
 def test_no_import_cycles(modules):
     graph = import_graph(modules)
     cycles = [describe_cycle(modules, graph, c) for c in strongly_connected(graph)]
-    assert not cycles, ("modules that import each other, directly or through others (break each cycle by "
-                        "moving the shared code down or passing it in):\n  " + "\n  ".join(cycles))
+    assert not cycles, (
+        "modules that import each other, directly or through others (break each cycle by "
+        "moving the shared code down or passing it in):\n  " + "\n  ".join(cycles)
+    )
 
 
 # ---- 3. layout literals -----------------------------------------------------------------------
+
 
 def _docstrings(tree: ast.Module) -> set[int]:
     """ids of the docstring nodes of the module, its classes and functions."""
@@ -276,8 +293,11 @@ def _docstrings(tree: ast.Module) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 found.add(id(first.value))
     return found
 
@@ -300,8 +320,12 @@ def _path_contexts(tree: ast.Module) -> dict[int, str]:
             found[id(node.right)] = "operand of /"
     for node in tree.body:
         if isinstance(node, ast.Assign) and all(isinstance(t, (ast.Name, ast.Tuple)) for t in node.targets):
-            names = [n.id for t in node.targets for n in ([t] if isinstance(t, ast.Name) else t.elts)
-                     if isinstance(n, ast.Name)]
+            names = [
+                n.id
+                for t in node.targets
+                for n in ([t] if isinstance(t, ast.Name) else t.elts)
+                if isinstance(n, ast.Name)
+            ]
             if names and all(n.isupper() for n in names):
                 values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
                 for value in values:
@@ -320,8 +344,7 @@ def layout_literals(module: Module) -> list[str]:
         in_path = segments & LAYOUT_PATH_NAMES if ("/" in node.value or id(node) in contexts) else set()
         for name in sorted(unambiguous | in_path):
             how = contexts.get(id(node), "a path string" if "/" in node.value else "a layout-only name")
-            problems.append(f"{module.rel}:{node.lineno}: {node.value!r} spells the layout name {name!r} "
-                            f"({how})")
+            problems.append(f"{module.rel}:{node.lineno}: {node.value!r} spells the layout name {name!r} ({how})")
     return problems
 
 
@@ -340,23 +363,29 @@ def test_layout_names_are_spelled_only_in_curation_output(modules):
     ``config.yaml`` is not checked: it is also every stage's own config file and MLflow's artifact.
     """
     problems = [p for name, m in sorted(modules.items()) if name != LAYOUT_MODULE for p in layout_literals(m)]
-    assert not problems, (f"{len(problems)} spellings of the curated-output layout outside curation/output.py "
-                          "(use its constants, path functions or CuratedOutput instead):\n  "
-                          + "\n  ".join(problems))
+    assert not problems, (
+        f"{len(problems)} spellings of the curated-output layout outside curation/output.py "
+        "(use its constants, path functions or CuratedOutput instead):\n  " + "\n  ".join(problems)
+    )
 
 
 # ---- 4. function length -----------------------------------------------------------------------
 
+
 def function_lengths(modules: dict[str, Module]) -> dict[str, tuple[int, str]]:
-    """"module:qualname" -> (lines from ``def`` to its last line, "path:line"). Nested functions
-    count on their own and inside their enclosing function."""
+    """ "module:qualname" -> (statement lines, "path:line"): the lines on which one of its
+    statements starts, its ``def`` included, so a call the formatter wraps over several lines
+    counts once. Nested functions count on their own and inside their enclosing function."""
     lengths = {}
+
+    def statement_lines(func: ast.AST) -> int:
+        return len({n.lineno for n in ast.walk(func) if isinstance(n, ast.stmt)})
 
     def visit(node: ast.AST, prefix: str, module: Module) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = f"{prefix}{child.name}"
-                lengths[f"{module.name}:{name}"] = (child.end_lineno - child.lineno + 1, f"{module.rel}:{child.lineno}")
+                lengths[f"{module.name}:{name}"] = (statement_lines(child), f"{module.rel}:{child.lineno}")
                 visit(child, f"{name}.", module)
             elif isinstance(child, ast.ClassDef):
                 visit(child, f"{prefix}{child.name}.", module)
@@ -375,18 +404,28 @@ def test_functions_are_short(modules):
     print(f"\n{len(lengths)} functions in library code, median {median} lines; the longest:")
     for name, (n, where) in ranked[:25]:
         print(f"  {n:4d}  {name}  ({where})")
-    too_long = [f"{where}: {name} has {n} lines" for name, (n, where) in ranked
-                if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS]
-    stale = [f"{name}: {'no such function' if name not in lengths else f'{lengths[name][0]} lines'}"
-             for name in LONG_FUNCTIONS if name not in lengths or lengths[name][0] <= MAX_FUNCTION_LINES]
-    assert not too_long, (f"{len(too_long)} functions over {MAX_FUNCTION_LINES} lines (split them along their "
-                          "steps, or add them to LONG_FUNCTIONS with the reason):\n  " + "\n  ".join(too_long))
+    too_long = [
+        f"{where}: {name} has {n} lines"
+        for name, (n, where) in ranked
+        if n > MAX_FUNCTION_LINES and name not in LONG_FUNCTIONS
+    ]
+    stale = [
+        f"{name}: {'no such function' if name not in lengths else f'{lengths[name][0]} lines'}"
+        for name in LONG_FUNCTIONS
+        if name not in lengths or lengths[name][0] <= MAX_FUNCTION_LINES
+    ]
+    assert not too_long, (
+        f"{len(too_long)} functions over {MAX_FUNCTION_LINES} lines (split them along their "
+        "steps, or add them to LONG_FUNCTIONS with the reason):\n  " + "\n  ".join(too_long)
+    )
     assert not stale, "LONG_FUNCTIONS names functions that are gone or short now:\n  " + "\n  ".join(stale)
-    assert median <= MAX_MEDIAN_FUNCTION_LINES, f"the median function has {median} lines (at most " \
-                                                f"{MAX_MEDIAN_FUNCTION_LINES})"
+    assert median <= MAX_MEDIAN_FUNCTION_LINES, (
+        f"the median function has {median} lines (at most {MAX_MEDIAN_FUNCTION_LINES})"
+    )
 
 
 # ---- the checks themselves, on a made-up project -----------------------------------------------
+
 
 def _write(root: Path, files: dict[str, str]) -> dict[str, Module]:
     for rel, text in files.items():
@@ -396,14 +435,17 @@ def _write(root: Path, files: dict[str, str]) -> dict[str, Module]:
 
 
 def test_checks_see_function_level_relative_and_from_imports(tmp_path):
-    found = _write(tmp_path, {
-        "infra/__init__.py": "",
-        "infra/a.py": "def f():\n    from curation import b\n",
-        "curation/__init__.py": "",
-        "curation/b.py": "from . import c\n",
-        "curation/c.py": "import curation.b\nfrom models.m import thing\n",
-        "models/m.py": "thing = 1\n",
-    })
+    found = _write(
+        tmp_path,
+        {
+            "infra/__init__.py": "",
+            "infra/a.py": "def f():\n    from curation import b\n",
+            "curation/__init__.py": "",
+            "curation/b.py": "from . import c\n",
+            "curation/c.py": "import curation.b\nfrom models.m import thing\n",
+            "models/m.py": "thing = 1\n",
+        },
+    )
     assert floor_violations(found) == [
         "curation/c.py:2: curation.c imports models.m: models and curation share floor 1 and must not import "
         "each other",
@@ -414,33 +456,46 @@ def test_checks_see_function_level_relative_and_from_imports(tmp_path):
     assert strongly_connected(graph) == [["curation.b", "curation.c"]]
     assert describe_cycle(found, graph, ["curation.b", "curation.c"]) == (
         "2 modules (curation.b, curation.c); one cycle: curation/b.py:1 imports curation.c -> "
-        "curation/c.py:1 imports curation.b")
+        "curation/c.py:1 imports curation.b"
+    )
 
 
 def test_a_from_import_through_a_package_whose_init_imports_back_is_a_cycle(tmp_path):
-    found = _write(tmp_path, {
-        "evaluation/__init__.py": "from evaluation.run import go\n",
-        "evaluation/run.py": "from evaluation.tasks import t\ndef go(): pass\n",
-        "evaluation/tasks.py": "from evaluation import viz\nt = 1\n",
-        "evaluation/viz.py": "",
-    })
+    found = _write(
+        tmp_path,
+        {
+            "evaluation/__init__.py": "from evaluation.run import go\n",
+            "evaluation/run.py": "from evaluation.tasks import t\ndef go(): pass\n",
+            "evaluation/tasks.py": "from evaluation import viz\nt = 1\n",
+            "evaluation/viz.py": "",
+        },
+    )
     assert strongly_connected(import_graph(found)) == [["evaluation", "evaluation.run", "evaluation.tasks"]]
-    fixed = _write(tmp_path / "fixed", {
-        "evaluation/__init__.py": "from evaluation.run import go\n",
-        "evaluation/run.py": "from evaluation.tasks import t\ndef go(): pass\n",
-        "evaluation/tasks.py": "import evaluation.viz as viz\nt = 1\n",
-        "evaluation/viz.py": "",
-    })
+    fixed = _write(
+        tmp_path / "fixed",
+        {
+            "evaluation/__init__.py": "from evaluation.run import go\n",
+            "evaluation/run.py": "from evaluation.tasks import t\ndef go(): pass\n",
+            "evaluation/tasks.py": "import evaluation.viz as viz\nt = 1\n",
+            "evaluation/viz.py": "",
+        },
+    )
     assert strongly_connected(import_graph(fixed)) == []
 
 
 def test_layout_check_tells_paths_from_keys(tmp_path):
-    found = _write(tmp_path, {"curation/x.py": (
-        '"""Writes shards/ and _SUCCESS (a docstring: not flagged)."""\n'
-        'SHARDS = "shards"\n'
-        'def f(stats, root, join):\n'
-        '    n = stats["shards"] + stats["job_digest"]\n'
-        '    return join(root, "manifest"), root / "stats.json", f"{root}/_dedup/x", "near_index"\n')})
+    found = _write(
+        tmp_path,
+        {
+            "curation/x.py": (
+                '"""Writes shards/ and _SUCCESS (a docstring: not flagged)."""\n'
+                'SHARDS = "shards"\n'
+                "def f(stats, root, join):\n"
+                '    n = stats["shards"] + stats["job_digest"]\n'
+                '    return join(root, "manifest"), root / "stats.json", f"{root}/_dedup/x", "near_index"\n'
+            )
+        },
+    )
     assert layout_literals(found["curation.x"]) == [
         "curation/x.py:2: 'shards' spells the layout name 'shards' (value of the constant SHARDS)",
         "curation/x.py:5: 'manifest' spells the layout name 'manifest' (argument of join())",
@@ -451,7 +506,16 @@ def test_layout_check_tells_paths_from_keys(tmp_path):
 
 
 def test_function_lengths_count_methods_and_nested_functions(tmp_path):
-    found = _write(tmp_path, {"training/y.py": "class A:\n    def m(self):\n        def inner():\n"
-                                               "            pass\n        return inner\n"})
-    assert function_lengths(found) == {"training.y:A.m": (4, "training/y.py:2"),
-                                       "training.y:A.m.inner": (2, "training/y.py:3")}
+    found = _write(
+        tmp_path,
+        {"training/y.py": "class A:\n    def m(self):\n        def inner():\n            pass\n        return inner\n"},
+    )
+    assert function_lengths(found) == {
+        "training.y:A.m": (4, "training/y.py:2"),
+        "training.y:A.m.inner": (2, "training/y.py:3"),
+    }
+
+
+def test_function_lengths_do_not_count_a_wrapped_call_twice(tmp_path):
+    found = _write(tmp_path, {"training/z.py": "def f(a):\n    return g(\n        a,\n        a,\n    )\n"})
+    assert function_lengths(found) == {"training.z:f": (2, "training/z.py:1")}

@@ -12,6 +12,7 @@ the full image.
 
 Shapes: views are float32 (3, H, W), normalised with the ImageNet mean and std.
 """
+
 from __future__ import annotations
 
 import io
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from PIL import Image, ImageFilter
+
 # Imported here, not on first use: forked loader workers then inherit it (seconds each).
 from torchvision.transforms.v2 import functional as TF
 
@@ -91,10 +93,12 @@ class MultiCrop:
 
     def plan(self, rng: np.random.Generator, width: int, height: int) -> tuple[list[CropPlan], list[CropPlan]]:
         c = self.cfg
-        globals_ = [self._plan_one(rng, width, height, c.global_size, c.global_scale, local=False)
-                    for _ in range(c.num_global)]
-        locals_ = [self._plan_one(rng, width, height, c.local_size, c.local_scale, local=True)
-                   for _ in range(c.num_local)]
+        globals_ = [
+            self._plan_one(rng, width, height, c.global_size, c.global_scale, local=False) for _ in range(c.num_global)
+        ]
+        locals_ = [
+            self._plan_one(rng, width, height, c.local_size, c.local_scale, local=True) for _ in range(c.num_local)
+        ]
         return globals_, locals_
 
     def _plan_one(self, rng, width, height, out_hw, scale, *, local: bool) -> CropPlan:
@@ -125,15 +129,20 @@ class MultiCrop:
         globals_, locals_ = self.plan(rng, width, height)
         image, sx, sy = decode_for(image, globals_ + locals_)
         g = torch.stack([self.render(image, p, sx, sy) for p in globals_])
-        l_ = (torch.stack([self.render(image, p, sx, sy) for p in locals_]) if locals_
-              else torch.empty(0, 3, *self.cfg.local_size))
+        l_ = (
+            torch.stack([self.render(image, p, sx, sy) for p in locals_])
+            if locals_
+            else torch.empty(0, 3, *self.cfg.local_size)
+        )
         return g, l_
 
     def render(self, image: Image.Image, plan: CropPlan, sx: float = 1.0, sy: float = 1.0) -> torch.Tensor:
         """One view from a decoded RGB image (``sx, sy``: its scale relative to the plan's pixels)."""
         left, top, right, bottom = plan.box
         out_h, out_w = plan.out_hw
-        crop = image.resize((out_w, out_h), Image.Resampling.BICUBIC, box=(left * sx, top * sy, right * sx, bottom * sy))
+        crop = image.resize(
+            (out_w, out_h), Image.Resampling.BICUBIC, box=(left * sx, top * sy, right * sx, bottom * sy)
+        )
         if plan.flip:
             crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         if plan.color is not None and plan.color.blur_radius > 0:

@@ -9,6 +9,7 @@ one checkpoint folder in storage.
 Exports are official-layout ``.safetensors`` of the student and teacher backbones
 (``models.registry.build_backbone(name, weights=path)`` loads them).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,8 +25,16 @@ TRAIN_STATE = "train_state.json"
 DATA_DIR = "data"
 
 
-def save(directory: str | Path, arch: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, rank: int,
-         data_state: dict, meta: dict | None = None) -> None:
+def save(
+    directory: str | Path,
+    arch: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    rank: int,
+    data_state: dict,
+    meta: dict | None = None,
+) -> None:
     directory = Path(directory)
     model_sd, optim_sd = get_state_dict(arch, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
@@ -35,7 +44,9 @@ def save(directory: str | Path, arch: nn.Module, optimizer: torch.optim.Optimize
         (directory / TRAIN_STATE).write_text(json.dumps({"step": step, **(meta or {})}, indent=2))
 
 
-def load(directory: str | Path, arch: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int) -> tuple[int, dict | None, dict]:
+def load(
+    directory: str | Path, arch: nn.Module, optimizer: torch.optim.Optimizer, *, rank: int
+) -> tuple[int, dict | None, dict]:
     """Restore model and optimiser in place; returns (step, this rank's data state or None, train state)."""
     directory = Path(directory)
     model_sd, optim_sd = get_state_dict(arch, optimizer)

@@ -8,6 +8,7 @@ what differs per size; ``configs/pretrain_tiny.yaml`` trains on a CPU in minutes
 Fields that only steer *this session* (``RESUME_FREE``) may change between a run and its
 resumption; every other field is part of the run's identity and must not.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -217,8 +218,13 @@ class PretrainConfig:
         model, v1 = get_config(self.model), family_of(self.model) == "sapiens1"
         stride = model.feature_stride
         if not self.data.dataset:
-            raise ValueError("data.dataset is empty: give a dataset version id, a dataset name or a curation output folder")
-        for name, (h, w) in (("crops.global_size", self.crops.global_size), ("crops.local_size", self.crops.local_size)):
+            raise ValueError(
+                "data.dataset is empty: give a dataset version id, a dataset name or a curation output folder"
+            )
+        for name, (h, w) in (
+            ("crops.global_size", self.crops.global_size),
+            ("crops.local_size", self.crops.local_size),
+        ):
             if h % stride or w % stride or h <= 0 or w <= 0:
                 raise ValueError(f"{name} = {h}x{w} must be positive multiples of the model's stride {stride}")
         if v1:
@@ -231,13 +237,17 @@ class PretrainConfig:
             raise ValueError(f"masking.ratio must lie in (0, 1), got {self.masking.ratio}")
         h, w = self.crops.global_size
         if round(self.masking.ratio * (h // stride) * (w // stride)) >= (h // stride) * (w // stride):
-            raise ValueError("masking.ratio masks every patch of the global view: lower it or enlarge crops.global_size")
+            raise ValueError(
+                "masking.ratio masks every patch of the global view: lower it or enlarge crops.global_size"
+            )
         if self.steps < 1 or self.batch_size_per_worker < 1:
             raise ValueError("steps and batch_size_per_worker must be >= 1")
         if self.batch_size_per_worker < 2 and self.loss.koleo_weight > 0 and not v1:
             raise ValueError("KoLeo needs batch_size_per_worker >= 2 (nearest neighbours within the batch)")
         if self.checkpoint.every < 1 or self.checkpoint.keep < 1 or self.checkpoint.preemption_check_every < 0:
-            raise ValueError("checkpoint.every and checkpoint.keep must be >= 1, checkpoint.preemption_check_every >= 0")
+            raise ValueError(
+                "checkpoint.every and checkpoint.keep must be >= 1, checkpoint.preemption_check_every >= 0"
+            )
         if self.data.shuffle_buffer < 1 or self.data.loader_workers < 0:
             raise ValueError("data.shuffle_buffer must be >= 1 and data.loader_workers >= 0")
         if self.optim.warmup_steps < 0 or self.optim.lr <= 0:
@@ -245,10 +255,13 @@ class PretrainConfig:
         if self.metrics.log_every < 1 or self.metrics.images_every < 0:
             raise ValueError("metrics.log_every must be >= 1 and metrics.images_every >= 0")
         if not self.tracking.enabled:
-            raise ValueError("tracking.enabled=false: a pretraining run keeps its losses, resume record and lineage "
-                             "in MLflow; leave tracking enabled (tracking.uri chooses the store)")
-        if not v1 and (self.decoder.embed_dim % self.decoder.num_heads
-                       or (self.decoder.embed_dim // self.decoder.num_heads) % 4):
+            raise ValueError(
+                "tracking.enabled=false: a pretraining run keeps its losses, resume record and lineage "
+                "in MLflow; leave tracking enabled (tracking.uri chooses the store)"
+            )
+        if not v1 and (
+            self.decoder.embed_dim % self.decoder.num_heads or (self.decoder.embed_dim // self.decoder.num_heads) % 4
+        ):
             raise ValueError("decoder.embed_dim / decoder.num_heads must be an integer divisible by 4 (2-D RoPE)")
 
     def _validate_v1(self) -> None:
@@ -256,17 +269,38 @@ class PretrainConfig:
         if self.crops.num_global < 1:
             raise ValueError("crops.num_global must be >= 1 (the views the MAE reconstructs)")
         if self.crops.num_local:
-            raise ValueError(f"crops.num_local = {self.crops.num_local}: Sapiens v1 pretraining is MAE only and "
-                             "uses no local views; set crops.num_local=0")
+            raise ValueError(
+                f"crops.num_local = {self.crops.num_local}: Sapiens v1 pretraining is MAE only and "
+                "uses no local views; set crops.num_local=0"
+            )
         if self.decoder.embed_dim % self.decoder.num_heads or self.decoder.embed_dim % 4:
             raise ValueError("decoder.embed_dim must be divisible by decoder.num_heads and by 4 (2-D sin-cos table)")
 
 
-RESUME_FREE = ("run_name", "storage_path", "max_steps_this_session", "peak_tflops", "record_batch_keys",
-               "data.dataset", "data.tracking_uri", "data.prefetch_factor", "data.mp_context",
-               "checkpoint.keep", "checkpoint.export", "checkpoint.preemption_check_every",
-               "ray.address", "ray.num_cpus", "ray.object_store_memory", "ray.temp_dir", "ray.progress_bars",
-               "ray.actor_pools", "ray.max_failures", "ray.timeout_s", "metrics", "tracking")
+RESUME_FREE = (
+    "run_name",
+    "storage_path",
+    "max_steps_this_session",
+    "peak_tflops",
+    "record_batch_keys",
+    "data.dataset",
+    "data.tracking_uri",
+    "data.prefetch_factor",
+    "data.mp_context",
+    "checkpoint.keep",
+    "checkpoint.export",
+    "checkpoint.preemption_check_every",
+    "ray.address",
+    "ray.num_cpus",
+    "ray.object_store_memory",
+    "ray.temp_dir",
+    "ray.progress_bars",
+    "ray.actor_pools",
+    "ray.max_failures",
+    "ray.timeout_s",
+    "metrics",
+    "tracking",
+)
 """Settings that may differ between a run and its resumption (where and how, not what).
 ``data.dataset`` is checked separately: it must resolve to the run's recorded version.
 Of the ``ray`` section only ``num_workers``, ``cpus_per_worker`` (the CPU thread count) and

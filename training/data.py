@@ -25,6 +25,7 @@ Shapes (a ``Batch``, B samples, G global and L local views, crop-major):
 ``global_crops`` (G*B, 3, H, W), ``local_crops`` (L*B, 3, h, w), ``masks`` (G*B, P) bool
 (True = masked), row ``g * B + b`` being view ``g`` of sample ``b``.
 """
+
 from __future__ import annotations
 
 import json
@@ -218,13 +219,22 @@ class Batch:
         return len(self.keys)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(self.global_crops.to(device, non_blocking=non_blocking),
-                     self.local_crops.to(device, non_blocking=non_blocking),
-                     self.masks.to(device, non_blocking=non_blocking), self.keys, self.state)
+        return Batch(
+            self.global_crops.to(device, non_blocking=non_blocking),
+            self.local_crops.to(device, non_blocking=non_blocking),
+            self.masks.to(device, non_blocking=non_blocking),
+            self.keys,
+            self.state,
+        )
 
     def pin_memory(self) -> Batch:
-        return Batch(self.global_crops.pin_memory(), self.local_crops.pin_memory(), self.masks.pin_memory(),
-                     self.keys, self.state)
+        return Batch(
+            self.global_crops.pin_memory(),
+            self.local_crops.pin_memory(),
+            self.masks.pin_memory(),
+            self.keys,
+            self.state,
+        )
 
 
 def _identity(x):
@@ -251,10 +261,19 @@ class RankSpec:
     pin_memory: bool = False
 
     @classmethod
-    def of(cls, cfg: PretrainConfig, *, rank: int, world_size: int, patch_stride: int,
-           pin_memory: bool = False) -> RankSpec:
-        return cls(rank=rank, world_size=world_size, batch_size=cfg.batch_size_per_worker, crops=cfg.crops,
-                   masking=cfg.masking, patch_stride=patch_stride, seed=cfg.seed, pin_memory=pin_memory)
+    def of(
+        cls, cfg: PretrainConfig, *, rank: int, world_size: int, patch_stride: int, pin_memory: bool = False
+    ) -> RankSpec:
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            batch_size=cfg.batch_size_per_worker,
+            crops=cfg.crops,
+            masking=cfg.masking,
+            patch_stride=patch_stride,
+            seed=cfg.seed,
+            pin_memory=pin_memory,
+        )
 
 
 class BatchStream(IterableDataset):
@@ -276,9 +295,14 @@ class BatchStream(IterableDataset):
         stream = iter(ShardStream(self.shards, state, seed=self.seed, buffer_size=self.buffer_size))
         make_views = MultiCrop(self.crops)
         m = self.masking
-        masker = MaskGenerator(self.grid_hw, ratio=m.ratio, block_prob=m.block_prob,
-                               min_block_patches=m.min_block_patches, max_block_fraction=m.max_block_fraction,
-                               block_aspect=m.block_aspect)
+        masker = MaskGenerator(
+            self.grid_hw,
+            ratio=m.ratio,
+            block_prob=m.block_prob,
+            min_block_patches=m.min_block_patches,
+            max_block_fraction=m.max_block_fraction,
+            block_aspect=m.block_aspect,
+        )
         while True:
             globals_, locals_, masks, keys = [], [], [], []
             while len(keys) < self.batch_size:
@@ -304,8 +328,10 @@ class BatchStream(IterableDataset):
 
 def fresh_states(num_shards: int, *, rank: int, world_size: int, loader_workers: int) -> list[SlotState]:
     per_rank = max(1, loader_workers)
-    return [SlotState(slot=rank * per_rank + w, num_slots=world_size * per_rank, num_shards=num_shards)
-            for w in range(per_rank)]
+    return [
+        SlotState(slot=rank * per_rank + w, num_slots=world_size * per_rank, num_shards=num_shards)
+        for w in range(per_rank)
+    ]
 
 
 class ResumableLoader:
@@ -326,11 +352,17 @@ class ResumableLoader:
             self.consumed = state["consumed"]
         else:
             if state is not None:
-                log.warning("data position was saved for %s ranks x %s loader workers, this run has %s x %s: "
-                            "the stream restarts at a new epoch (the exact sample order cannot carry over)",
-                            state["world_size"], state["loader_workers"], world_size, loader_workers)
-            self.states = fresh_states(len(shards), rank=spec.rank, world_size=world_size,
-                                       loader_workers=loader_workers)
+                log.warning(
+                    "data position was saved for %s ranks x %s loader workers, this run has %s x %s: "
+                    "the stream restarts at a new epoch (the exact sample order cannot carry over)",
+                    state["world_size"],
+                    state["loader_workers"],
+                    world_size,
+                    loader_workers,
+                )
+            self.states = fresh_states(
+                len(shards), rank=spec.rank, world_size=world_size, loader_workers=loader_workers
+            )
             if state is not None:
                 next_epoch = 1 + max(s["epoch"] for s in state["slots"])
                 for s in self.states:
@@ -338,10 +370,16 @@ class ResumableLoader:
         self.dataset = BatchStream(tuple(shards), self.states, spec, buffer_size=data.shuffle_buffer)
         kwargs = {}
         if loader_workers > 0:
-            kwargs = dict(num_workers=loader_workers, prefetch_factor=data.prefetch_factor, persistent_workers=False,
-                          multiprocessing_context=data.mp_context, worker_init_fn=_worker_init)
-        self.loader = DataLoader(self.dataset, batch_size=None, collate_fn=_identity, pin_memory=spec.pin_memory,
-                                 **kwargs)
+            kwargs = dict(
+                num_workers=loader_workers,
+                prefetch_factor=data.prefetch_factor,
+                persistent_workers=False,
+                multiprocessing_context=data.mp_context,
+                worker_init_fn=_worker_init,
+            )
+        self.loader = DataLoader(
+            self.dataset, batch_size=None, collate_fn=_identity, pin_memory=spec.pin_memory, **kwargs
+        )
         self._iter: Iterator[Batch] | None = None
         self._handed = 0  # batches handed out since this loader started (worker = _handed % workers)
 
@@ -361,8 +399,12 @@ class ResumableLoader:
     def state_dict(self) -> dict:
         n = len(self.states)
         rotated = [self.states[(self._handed + i) % n].to_dict() for i in range(n)]
-        return {"world_size": self.world_size, "loader_workers": self.loader_workers, "consumed": self.consumed,
-                "slots": rotated}
+        return {
+            "world_size": self.world_size,
+            "loader_workers": self.loader_workers,
+            "consumed": self.consumed,
+            "slots": rotated,
+        }
 
     def close(self) -> None:
         self._iter = None  # ends the worker processes

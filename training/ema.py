@@ -4,6 +4,7 @@ Student and teacher are sharded identically by FSDP, so the update is elementwis
 rank's local shards and needs no communication. ``momentum = 1`` leaves the teacher as
 it is.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable

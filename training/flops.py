@@ -7,6 +7,7 @@ student's backward is counted as twice its forward (the usual 6ND convention:
 activation-checkpoint recomputation is not useful work and is not counted). Sapiens v1's
 MAE has no teacher, local views or DINO head: its step is 3x (masked encoder + decoder).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ from training.config import PretrainConfig
 
 @dataclass(frozen=True)
 class StepCost:
-    flops: int           # per step, one rank's batch
-    tokens: int          # patch tokens through the encoders per step, one rank's batch
+    flops: int  # per step, one rank's batch
+    tokens: int  # patch tokens through the encoders per step, one rank's batch
     teacher_flops: int
     student_forward_flops: int
 
@@ -59,9 +60,14 @@ def _mae_step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
     V = P - int(round(cfg.masking.ratio * P))
     with torch.device("meta"):
         backbone = Sapiens1Backbone(bcfg)
-        decoder = Sapiens1MAEDecoder(bcfg.embed_dim, pixels_per_token=s * s * bcfg.in_chans, grid_hw=(H // s, W // s),
-                                     embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth,
-                                     num_heads=cfg.decoder.num_heads)
+        decoder = Sapiens1MAEDecoder(
+            bcfg.embed_dim,
+            pixels_per_token=s * s * bcfg.in_chans,
+            grid_hw=(H // s, W // s),
+            embed_dim=cfg.decoder.embed_dim,
+            depth=cfg.decoder.depth,
+            num_heads=cfg.decoder.num_heads,
+        )
 
     def masked_encoder():
         backbone.embed(_meta(G * batch, 3, H, W))
@@ -71,10 +77,14 @@ def _mae_step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
         backbone.ln1(x)
 
     student = _count(masked_encoder)
-    student += _count(lambda: decoder(_meta(G * batch, 1 + V, bcfg.embed_dim), _meta(G * batch, V, dtype=torch.long),
-                                      (H // s, W // s), 1))
-    return StepCost(flops=3 * student, tokens=tokens_per_step(cfg, batch), teacher_flops=0,
-                    student_forward_flops=student)
+    student += _count(
+        lambda: decoder(
+            _meta(G * batch, 1 + V, bcfg.embed_dim), _meta(G * batch, V, dtype=torch.long), (H // s, W // s), 1
+        )
+    )
+    return StepCost(
+        flops=3 * student, tokens=tokens_per_step(cfg, batch), teacher_flops=0, student_forward_flops=student
+    )
 
 
 def step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
@@ -84,16 +94,25 @@ def step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
     G, L = cfg.crops.num_global, cfg.crops.num_local
     (H, W), (h, w) = cfg.crops.global_size, cfg.crops.local_size
     s = bcfg.feature_stride
-    P, P_local = (H // s) * (W // s), (h // s) * (w // s)
+    P = (H // s) * (W // s)
     V = P - int(round(cfg.masking.ratio * P))
     prefix = 1 + bcfg.num_storage_tokens
     with torch.device("meta"):
         backbone = Sapiens2Backbone(bcfg)
-        head = DINOHead(bcfg.embed_dim, num_prototypes=cfg.loss.num_prototypes, hidden_dim=cfg.loss.head_hidden_dim,
-                        bottleneck_dim=cfg.loss.head_bottleneck_dim, num_layers=cfg.loss.head_layers)
-        decoder = MAEDecoder(bcfg.embed_dim, pixels_per_token=s * s * bcfg.in_chans,
-                             config=MAEDecoderConfig(embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth,
-                                                     num_heads=cfg.decoder.num_heads))
+        head = DINOHead(
+            bcfg.embed_dim,
+            num_prototypes=cfg.loss.num_prototypes,
+            hidden_dim=cfg.loss.head_hidden_dim,
+            bottleneck_dim=cfg.loss.head_bottleneck_dim,
+            num_layers=cfg.loss.head_layers,
+        )
+        decoder = MAEDecoder(
+            bcfg.embed_dim,
+            pixels_per_token=s * s * bcfg.in_chans,
+            config=MAEDecoderConfig(
+                embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth, num_heads=cfg.decoder.num_heads
+            ),
+        )
 
     def meta(*shape, dtype=torch.float32):
         return torch.empty(*shape, device="meta", dtype=dtype)
@@ -109,16 +128,32 @@ def step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
 
     teacher = _count(lambda: (backbone(meta(G * batch, 3, H, W)), head(meta(G * batch, bcfg.embed_dim))))
     student = _count(masked_encoder)
-    student += _count(lambda: decoder(meta(G * batch, prefix + V, bcfg.embed_dim),
-                                      meta(G * batch, V, dtype=torch.long), (H // s, W // s), prefix))
+    student += _count(
+        lambda: decoder(
+            meta(G * batch, prefix + V, bcfg.embed_dim), meta(G * batch, V, dtype=torch.long), (H // s, W // s), prefix
+        )
+    )
     if L:
         student += _count(lambda: backbone(meta(L * batch, 3, h, w)))
     student += _count(lambda: head(meta((G + L) * batch, bcfg.embed_dim)))
-    return StepCost(flops=teacher + 3 * student, tokens=tokens_per_step(cfg, batch), teacher_flops=teacher, student_forward_flops=student)
+    return StepCost(
+        flops=teacher + 3 * student,
+        tokens=tokens_per_step(cfg, batch),
+        teacher_flops=teacher,
+        student_forward_flops=student,
+    )
 
 
-PEAK_BF16_TFLOPS = {"GB200": 2500.0, "B200": 2250.0, "H200": 989.0, "H100": 989.0, "H800": 989.0, "A100": 312.0,
-                    "A800": 312.0, "L40S": 362.0}  # first match wins: longer names first
+PEAK_BF16_TFLOPS = {
+    "GB200": 2500.0,
+    "B200": 2250.0,
+    "H200": 989.0,
+    "H100": 989.0,
+    "H800": 989.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+}  # first match wins: longer names first
 
 
 def peak_tflops(configured: float, device: torch.device) -> float | None:

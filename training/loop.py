@@ -4,6 +4,7 @@ Every rank runs ``train_loop_per_worker``; all ranks take the same control path 
 steps, same checkpoints, same reports), which Ray Train and the collectives require.
 Rank 0 also logs to MLflow.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import training.checkpoint as checkpoint
 from infra import jsonl, storage
 from infra.allocator import retain_freed_memory
 from infra.config import from_dict
 from infra.tracking import MetricsLogger
-import training.checkpoint as checkpoint
 from training.config import PretrainConfig
 from training.data import RankSpec, ResumableLoader
 from training.flops import peak_tflops, step_cost, tokens_per_step
@@ -121,8 +122,9 @@ def train_loop_per_worker(payload: dict) -> None:
         _train(session)
         cfg = session.cfg
         if session.step >= cfg.steps and cfg.checkpoint.export:
-            exported = _export(session.arch, step=session.step, rank=session.rank, run_dir=session.run_dir, cfg=cfg,
-                               meta=session.meta)
+            exported = _export(
+                session.arch, step=session.step, rank=session.rank, run_dir=session.run_dir, cfg=cfg, meta=session.meta
+            )
             ray.train.report({"step": session.step, **session.last, **exported}, checkpoint=None)
     finally:
         session.loader.close()
@@ -150,8 +152,19 @@ def _start(cfg: PretrainConfig, payload: dict) -> Session:
         logger = MetricsLogger(payload["tracking_uri"], payload["mlflow_run_id"], flush_every=cfg.metrics.log_every)
     keys_file = _keys_file(cfg, payload["run_dir"], rank)
     _mark_session_start(keys_file, step)
-    return Session(cfg=cfg, payload=payload, rank=rank, world=world, device=device, arch=arch, optimizer=optimizer,
-                   loader=loader, logger=logger, keys_file=keys_file, step=step)
+    return Session(
+        cfg=cfg,
+        payload=payload,
+        rank=rank,
+        world=world,
+        device=device,
+        arch=arch,
+        optimizer=optimizer,
+        loader=loader,
+        logger=logger,
+        keys_file=keys_file,
+        step=step,
+    )
 
 
 def _restore(arch, optimizer, rank: int, dataset_id: str) -> tuple[int, dict | None]:
@@ -165,8 +178,10 @@ def _restore(arch, optimizer, rank: int, dataset_id: str) -> tuple[int, dict | N
     with restored.as_directory() as directory:
         step, data_state, train_state = checkpoint.load(directory, arch, optimizer, rank=rank)
     if train_state.get("dataset_id") != dataset_id:
-        raise ValueError(f"checkpoint {restored.path} was trained on dataset {train_state.get('dataset_id')}, "
-                         f"this run streams {dataset_id}")
+        raise ValueError(
+            f"checkpoint {restored.path} was trained on dataset {train_state.get('dataset_id')}, "
+            f"this run streams {dataset_id}"
+        )
     log.info("rank %d resumed from %s at step %d", rank, restored.path, step)
     return step, data_state
 
@@ -190,9 +205,11 @@ def _train(s: Session) -> None:
     the end, and when Ray says a node is about to be preempted."""
     cfg = s.cfg
     peak = peak_tflops(cfg.peak_tflops, s.device)
-    cost = StepCost(tokens=tokens_per_step(cfg, cfg.batch_size_per_worker),
-                    flops=step_cost(cfg, cfg.batch_size_per_worker).flops if peak else None,  # counting takes seconds
-                    peak_tflops=peak)
+    cost = StepCost(
+        tokens=tokens_per_step(cfg, cfg.batch_size_per_worker),
+        flops=step_cost(cfg, cfg.batch_size_per_worker).flops if peak else None,  # counting takes seconds
+        peak_tflops=peak,
+    )
     session_end = cfg.steps if cfg.max_steps_this_session <= 0 else min(cfg.steps, s.step + cfg.max_steps_this_session)
     s.tick = time.perf_counter()
     while s.step < session_end:
@@ -200,7 +217,9 @@ def _train(s: Session) -> None:
         if s.step % cfg.checkpoint.every == 0 or s.step == session_end:
             _save_and_report(s)
         elif _preemption_notice(cfg, s.step, s.saved_for_notice):
-            log.warning("rank %d: a node of this run is about to be preempted: checkpointing at step %d", s.rank, s.step)
+            log.warning(
+                "rank %d: a node of this run is about to be preempted: checkpointing at step %d", s.rank, s.step
+            )
             _save_and_report(s)
             s.saved_for_notice = True
 
@@ -214,16 +233,27 @@ def _one_step(s: Session, cost: StepCost) -> None:
     batch = batch.to(s.device, non_blocking=True)
     images_every = cfg.metrics.images_every
     images_now = bool(s.logger and images_every and (s.step + 1) % images_every == 0)
-    result = train_step(s.arch, s.optimizer, batch, values_at(cfg, s.step), step=s.step + 1,
-                        clip_grad=cfg.optim.clip_grad, return_viz=images_now)
+    result = train_step(
+        s.arch,
+        s.optimizer,
+        batch,
+        values_at(cfg, s.step),
+        step=s.step + 1,
+        clip_grad=cfg.optim.clip_grad,
+        return_viz=images_now,
+    )
     s.step += 1
     if s.device.type == "cuda":
         torch.cuda.synchronize(s.device)
     now = time.perf_counter()
     elapsed, s.tick = now - s.tick, now
     s.last = dict(result.values)
-    s.last.update(step_time_s=elapsed, data_wait_s=data_wait, images_per_s=s.world * batch.size / elapsed,
-                  tokens_per_s=s.world * cost.tokens / elapsed)
+    s.last.update(
+        step_time_s=elapsed,
+        data_wait_s=data_wait,
+        images_per_s=s.world * batch.size / elapsed,
+        tokens_per_s=s.world * cost.tokens / elapsed,
+    )
     if cost.flops:
         s.last["mfu"] = cost.flops / elapsed / (cost.peak_tflops * 1e12)
     if s.keys_file is not None:
@@ -239,8 +269,11 @@ def _tracking_reachable(uri: str) -> bool:
     """A SQLite store lives on the driver's disk: rank 0 on another node (without a shared
     file system) would silently start an empty database of its own."""
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
-        log.warning("MLflow store %s is not visible from this node: no per-step metrics will be logged. "
-                    "Use an MLflow server (tracking.uri=http://...) for multi-node runs.", uri)
+        log.warning(
+            "MLflow store %s is not visible from this node: no per-step metrics will be logged. "
+            "Use an MLflow server (tracking.uri=http://...) for multi-node runs.",
+            uri,
+        )
         return False
     return True
 
@@ -262,10 +295,12 @@ def _save_and_report(s: Session) -> None:
 
     name = f"checkpoint_{s.step:08d}"
     with tempfile.TemporaryDirectory(prefix="pretrain-ckpt-") as tmp:
-        checkpoint.save(tmp, s.arch, s.optimizer, step=s.step, rank=s.rank, data_state=s.loader.state_dict(),
-                        meta=s.meta)
-        ray.train.report({"step": s.step, **s.last}, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                         checkpoint_dir_name=name)
+        checkpoint.save(
+            tmp, s.arch, s.optimizer, step=s.step, rank=s.rank, data_state=s.loader.state_dict(), meta=s.meta
+        )
+        ray.train.report(
+            {"step": s.step, **s.last}, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=name
+        )
     if s.logger is not None:
         s.logger.flush()
         s.logger.set_tag("checkpoint.latest", storage.join(s.run_dir, name))
@@ -285,8 +320,12 @@ def _export(arch, *, step: int, rank: int, run_dir: str, cfg: PretrainConfig, me
     roles = ("student", "teacher") if inner.has_teacher else ("student",)
     for role in roles:
         path = out / f"{role}_backbone.safetensors"
-        digest = checkpoint.export_backbone(getattr(arch, role)["backbone"], path, rank=rank,
-                                            metadata={**meta, "role": role, "step": step, "format": inner.export_format})
+        digest = checkpoint.export_backbone(
+            getattr(arch, role)["backbone"],
+            path,
+            rank=rank,
+            metadata={**meta, "role": role, "step": step, "format": inner.export_format},
+        )
         target = storage.join(root, EXPORT_DIR, path.name)
         if rank == 0 and not local:
             import pyarrow.fs as pafs
@@ -296,6 +335,7 @@ def _export(arch, *, step: int, rank: int, run_dir: str, cfg: PretrainConfig, me
         info[f"export_{role}_sha256"] = digest or ""
     if rank == 0:
         manifest = {"step": step, **meta, **info}
-        storage.atomic_write_bytes(fs, storage.join(root, EXPORT_DIR, EXPORT_MANIFEST),
-                                   json.dumps(manifest, indent=2).encode())
+        storage.atomic_write_bytes(
+            fs, storage.join(root, EXPORT_DIR, EXPORT_MANIFEST), json.dumps(manifest, indent=2).encode()
+        )
     return info

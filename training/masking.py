@@ -9,6 +9,7 @@ any shortfall is topped up with random single patches. Randomness comes only fro
 
 Shape legend: P grid patches (h * w); masks are (P,) bool, True = masked.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,10 @@ class MaskGenerator:
         self.num_patches = self.h * self.w
         self.num_masked = int(round(ratio * self.num_patches))
         if not 0 < self.num_masked < self.num_patches:
-            raise ValueError(f"mask ratio {ratio} on a {self.h}x{self.w} grid masks {self.num_masked} patches: "
-                             "it must mask at least one and leave at least one visible")
+            raise ValueError(
+                f"mask ratio {ratio} on a {self.h}x{self.w} grid masks {self.num_masked} patches: "
+                "it must mask at least one and leave at least one visible"
+            )
         self.block_prob = block_prob
         self.min_block = min_block_patches
         self.max_block = max(min_block_patches, int(max_block_fraction * self.num_patches))

@@ -21,6 +21,7 @@ picks the class from the model's family; both have the same interface for the lo
 Shape legend: G global views, L local views, B samples, P grid patches, K prototypes,
 D backbone width.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -62,24 +63,33 @@ class SSLMetaArch(nn.Module):
         loss = cfg.loss
 
         def head() -> DINOHead:
-            return DINOHead(backbone_cfg.embed_dim, num_prototypes=loss.num_prototypes,
-                            hidden_dim=loss.head_hidden_dim, bottleneck_dim=loss.head_bottleneck_dim,
-                            num_layers=loss.head_layers)
+            return DINOHead(
+                backbone_cfg.embed_dim,
+                num_prototypes=loss.num_prototypes,
+                hidden_dim=loss.head_hidden_dim,
+                bottleneck_dim=loss.head_bottleneck_dim,
+                num_layers=loss.head_layers,
+            )
 
-        decoder_cfg = MAEDecoderConfig(embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth,
-                                       num_heads=cfg.decoder.num_heads)
-        self.student = nn.ModuleDict({
-            "backbone": Sapiens2Backbone(backbone_cfg),
-            "dino_head": head(),
-            "mae_decoder": MAEDecoder(backbone_cfg.embed_dim, pixels_per_token=self.stride**2 * backbone_cfg.in_chans,
-                                      config=decoder_cfg),
-        })
+        decoder_cfg = MAEDecoderConfig(
+            embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth, num_heads=cfg.decoder.num_heads
+        )
+        self.student = nn.ModuleDict(
+            {
+                "backbone": Sapiens2Backbone(backbone_cfg),
+                "dino_head": head(),
+                "mae_decoder": MAEDecoder(
+                    backbone_cfg.embed_dim, pixels_per_token=self.stride**2 * backbone_cfg.in_chans, config=decoder_cfg
+                ),
+            }
+        )
         with torch.device("meta"):
             self.teacher = nn.ModuleDict({"backbone": Sapiens2Backbone(backbone_cfg), "dino_head": head()})
         self.teacher.requires_grad_(False)
         self.mae_loss = MAELoss(self.stride, norm_pix=loss.norm_pix)
-        self.dino_loss = DINOLoss(loss.num_prototypes, student_temp=loss.student_temp,
-                                  center_momentum=loss.center_momentum)
+        self.dino_loss = DINOLoss(
+            loss.num_prototypes, student_temp=loss.student_temp, center_momentum=loss.center_momentum
+        )
         self.koleo_loss = KoLeoLoss()
 
     def ema_pairs(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -136,11 +146,16 @@ class SSLMetaArch(nn.Module):
         return ArchOutput(loss=loss, parts=parts, teacher_logits=t_logits.detach(), viz=viz)
 
 
-def _viz(global_crops: torch.Tensor, masks: torch.Tensor, pred: torch.Tensor, num_global: int) -> dict[str, torch.Tensor]:
+def _viz(
+    global_crops: torch.Tensor, masks: torch.Tensor, pred: torch.Tensor, num_global: int
+) -> dict[str, torch.Tensor]:
     """The first global view of up to 4 samples: images, masks and MAE predictions on the CPU."""
     n = min(4, global_crops.shape[0] // num_global)
-    return {"images": global_crops[:n].detach().float().cpu(), "masks": masks[:n].detach().cpu(),
-            "preds": pred[:n].detach().float().cpu()}
+    return {
+        "images": global_crops[:n].detach().float().cpu(),
+        "masks": masks[:n].detach().cpu(),
+        "preds": pred[:n].detach().float().cpu(),
+    }
 
 
 class MAEMetaArch(nn.Module):
@@ -159,13 +174,20 @@ class MAEMetaArch(nn.Module):
         self.num_global = cfg.crops.num_global
         self.stride = backbone_cfg.feature_stride
         h, w = cfg.crops.global_size
-        self.student = nn.ModuleDict({
-            "backbone": Sapiens1Backbone(backbone_cfg),
-            "mae_decoder": Sapiens1MAEDecoder(
-                backbone_cfg.embed_dim, pixels_per_token=self.stride**2 * backbone_cfg.in_chans,
-                grid_hw=(h // self.stride, w // self.stride), embed_dim=cfg.decoder.embed_dim,
-                depth=cfg.decoder.depth, num_heads=cfg.decoder.num_heads, norm_eps=backbone_cfg.norm_eps),
-        })
+        self.student = nn.ModuleDict(
+            {
+                "backbone": Sapiens1Backbone(backbone_cfg),
+                "mae_decoder": Sapiens1MAEDecoder(
+                    backbone_cfg.embed_dim,
+                    pixels_per_token=self.stride**2 * backbone_cfg.in_chans,
+                    grid_hw=(h // self.stride, w // self.stride),
+                    embed_dim=cfg.decoder.embed_dim,
+                    depth=cfg.decoder.depth,
+                    num_heads=cfg.decoder.num_heads,
+                    norm_eps=backbone_cfg.norm_eps,
+                ),
+            }
+        )
         self.teacher = nn.ModuleDict()
         self.mae_loss = MAELoss(self.stride, norm_pix=cfg.loss.norm_pix, unbiased_var=True)
 
@@ -175,8 +197,15 @@ class MAEMetaArch(nn.Module):
     def update_teacher(self, momentum: float) -> None:
         """No teacher to update."""
 
-    def forward(self, global_crops: torch.Tensor, local_crops: torch.Tensor, masks: torch.Tensor, *,
-                teacher_temp: float, return_viz: bool = False) -> ArchOutput:
+    def forward(
+        self,
+        global_crops: torch.Tensor,
+        local_crops: torch.Tensor,
+        masks: torch.Tensor,
+        *,
+        teacher_temp: float,
+        return_viz: bool = False,
+    ) -> ArchOutput:
         """Same call as ``SSLMetaArch``; ``local_crops`` (empty) and ``teacher_temp`` are unused."""
         backbone = self.student["backbone"]
         out = backbone(global_crops, visible_mask=~masks)

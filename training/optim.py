@@ -1,5 +1,6 @@
 """AdamW over the student's parameters: decay on weight matrices only, fused kernels
 where the device has them."""
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         if not p.requires_grad:
             continue
         (no_decay if p.ndim <= 1 or name.split(".")[-1] in NO_DECAY else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay, "apply_decay": True},
-            {"params": no_decay, "weight_decay": 0.0, "apply_decay": False}]
+    return [
+        {"params": decay, "weight_decay": weight_decay, "apply_decay": True},
+        {"params": no_decay, "weight_decay": 0.0, "apply_decay": False},
+    ]
 
 
 def build_optimizer(student: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

@@ -6,6 +6,7 @@ stay free of it. Order matters: checkpoint-wrap and compile each block first, th
 ``fully_shard`` each block (its own all-gather / reduce-scatter group), then each
 sub-model (patch embedding, tokens, norms, heads), then the root.
 """
+
 from __future__ import annotations
 
 import torch
@@ -66,7 +67,7 @@ def parallelize(arch: nn.Module, mesh: DeviceMesh | None, cfg: ParallelConfig) -
             for block in blocks:
                 fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     for model in (arch.student, arch.teacher):
-        for name, sub in model.items():
+        for sub in model.values():
             fully_shard(sub, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(arch, mesh=mesh, mp_policy=mp_policy(cfg.precision, root=True), reshard_after_forward=reshard)
     return arch

@@ -13,6 +13,7 @@ checkpoint (Ray Train's ``get_checkpoint``), on the dataset version recorded in
 ``run.json``, into the same MLflow run. Settings that define the trajectory must not
 change between sessions (``training.config.RESUME_FREE`` lists those that may).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,14 +22,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from curation.output import DatasetVersion, resolve_dataset
 from infra import storage
 from infra.config import config_to_dict, dump_config, from_dict
-from curation.output import DatasetVersion, resolve_dataset
 from infra.ray_runtime import start_ray
 from infra.tracking import end_run, get_experiment_id, log_config, make_dataset, metric_history, resolve_tracking_uri
 from training.config import PretrainConfig, identity_dict, identity_digest, with_run_name
 from training.loop import EXPORT_DIR, EXPORT_MANIFEST, train_loop_per_worker
-
 
 RUN_RECORD = "run.json"
 HISTORY_KEYS = ("loss", "loss_mae", "loss_cl", "loss_koleo", "lr", "momentum", "grad_norm")
@@ -70,13 +70,17 @@ class PretrainResult:
         return out
 
     def summary(self) -> str:
-        lines = [f"run:        {self.run_name} ({'completed' if self.completed else 'paused'} at step {self.final_step})",
-                 f"run dir:    {self.run_dir}",
-                 f"checkpoint: {self.checkpoint_uri}",
-                 f"dataset:    {self.dataset_id} ({self.dataset_uri})",
-                 f"mlflow:     {self.tracking_uri} run {self.mlflow_run_id}"]
+        lines = [
+            f"run:        {self.run_name} ({'completed' if self.completed else 'paused'} at step {self.final_step})",
+            f"run dir:    {self.run_dir}",
+            f"checkpoint: {self.checkpoint_uri}",
+            f"dataset:    {self.dataset_id} ({self.dataset_uri})",
+            f"mlflow:     {self.tracking_uri} run {self.mlflow_run_id}",
+        ]
         for key, (first, last, window) in self.loss_trend().items():
-            lines.append(f"{key + ':':11s} {first:.4f} (mean of the first {window} steps) -> {last:.4f} (last {window})")
+            lines.append(
+                f"{key + ':':11s} {first:.4f} (mean of the first {window} steps) -> {last:.4f} (last {window})"
+            )
         if self.student_weights:
             lines.append(f"student:    {self.student_weights}")
             if self.teacher_weights:
@@ -92,8 +96,9 @@ def absolutize(cfg: PretrainConfig) -> PretrainConfig:
     dataset = cfg.data.dataset
     if dataset and ("/" in dataset or dataset.startswith(".")) and "://" not in dataset:
         dataset = local(dataset)
-    return dataclasses.replace(cfg, storage_path=local(cfg.storage_path),
-                               data=dataclasses.replace(cfg.data, dataset=dataset))
+    return dataclasses.replace(
+        cfg, storage_path=local(cfg.storage_path), data=dataclasses.replace(cfg.data, dataset=dataset)
+    )
 
 
 def _dataset_version(cfg: PretrainConfig, tracking_uri: str) -> DatasetVersion:
@@ -102,8 +107,10 @@ def _dataset_version(cfg: PretrainConfig, tracking_uri: str) -> DatasetVersion:
     try:
         return resolve_dataset(cfg.data.dataset, cfg.data.tracking_uri or tracking_uri)
     except ValueError as err:
-        raise ValueError(f"data.dataset={cfg.data.dataset!r}: {err} (pretraining looks ids and names up in "
-                         "data.tracking_uri, default: this run's tracking.uri)") from None
+        raise ValueError(
+            f"data.dataset={cfg.data.dataset!r}: {err} (pretraining looks ids and names up in "
+            "data.tracking_uri, default: this run's tracking.uri)"
+        ) from None
 
 
 def run_pretraining(cfg: PretrainConfig) -> PretrainResult:
@@ -126,17 +133,33 @@ def run_pretraining(cfg: PretrainConfig) -> PretrainResult:
         raise ValueError(f"dataset {dataset.id} ({dataset.uri}) has no shards")
 
     run_id = _start_mlflow_run(cfg, tracking_uri, record, dataset, shards, digest)
-    record = record or {"identity_digest": digest, "identity": identity_dict(cfg), "created": time.time(),
-                        "dataset": {"id": dataset.id, "name": dataset.name, "uri": dataset.uri, "shards": list(shards),
-                                    "num_samples": dataset.num_samples}}
+    record = record or {
+        "identity_digest": digest,
+        "identity": identity_dict(cfg),
+        "created": time.time(),
+        "dataset": {
+            "id": dataset.id,
+            "name": dataset.name,
+            "uri": dataset.uri,
+            "shards": list(shards),
+            "num_samples": dataset.num_samples,
+        },
+    }
     record.update(mlflow_run_id=run_id, tracking_uri=tracking_uri)
-    storage.atomic_write_bytes(fs, storage.join(storage.resolve(run_dir)[1], RUN_RECORD),
-                               json.dumps(record, indent=2).encode())
+    storage.atomic_write_bytes(
+        fs, storage.join(storage.resolve(run_dir)[1], RUN_RECORD), json.dumps(record, indent=2).encode()
+    )
     storage.atomic_write_bytes(fs, storage.join(storage.resolve(run_dir)[1], "config.yaml"), dump_config(cfg).encode())
 
     start_ray(cfg.ray)
-    payload = {"config": config_to_dict(cfg), "shards": list(shards), "run_dir": run_dir, "tracking_uri": tracking_uri,
-               "mlflow_run_id": run_id, "dataset": {"id": record["dataset"]["id"], "uri": record["dataset"]["uri"]}}
+    payload = {
+        "config": config_to_dict(cfg),
+        "shards": list(shards),
+        "run_dir": run_dir,
+        "tracking_uri": tracking_uri,
+        "mlflow_run_id": run_id,
+        "dataset": {"id": record["dataset"]["id"], "uri": record["dataset"]["uri"]},
+    }
     try:
         result = _trainer(cfg, payload).fit()
     except BaseException:
@@ -156,9 +179,12 @@ def _trainer(cfg: PretrainConfig, payload: dict):
         train_loop_config=payload,
         torch_config=TorchConfig(backend="nccl" if r.use_gpu else "gloo", timeout_s=r.timeout_s),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu, resources_per_worker=resources),
-        run_config=RunConfig(name=cfg.run_name, storage_path=cfg.storage_path,
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
-                             failure_config=FailureConfig(max_failures=r.max_failures)),
+        run_config=RunConfig(
+            name=cfg.run_name,
+            storage_path=cfg.storage_path,
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+            failure_config=FailureConfig(max_failures=r.max_failures),
+        ),
     )
 
 
@@ -180,12 +206,16 @@ def _check_resumable(cfg: PretrainConfig, record: dict, digest: str, dataset_id:
     ours = identity_dict(cfg)
     if record["identity_digest"] != digest and _recorded_identity(record) != ours:
         changed = sorted(_diff(_recorded_identity(record), ours))
-        raise ValueError(f"run {cfg.run_name!r} exists with different settings ({', '.join(changed)}); "
-                         "resume it with its own settings, or choose a new run_name")
+        raise ValueError(
+            f"run {cfg.run_name!r} exists with different settings ({', '.join(changed)}); "
+            "resume it with its own settings, or choose a new run_name"
+        )
     if record["dataset"]["id"] != dataset_id:
-        raise ValueError(f"run {cfg.run_name!r} trains on dataset version {record['dataset']['id']}, but "
-                         f"data.dataset={cfg.data.dataset!r} now resolves to {dataset_id}; pass "
-                         f"data.dataset={record['dataset']['id']} (or its folder), or choose a new run_name")
+        raise ValueError(
+            f"run {cfg.run_name!r} trains on dataset version {record['dataset']['id']}, but "
+            f"data.dataset={cfg.data.dataset!r} now resolves to {dataset_id}; pass "
+            f"data.dataset={record['dataset']['id']} (or its folder), or choose a new run_name"
+        )
 
 
 def _diff(a, b, prefix: str = "") -> set[str]:
@@ -208,9 +238,15 @@ def _start_mlflow_run(cfg: PretrainConfig, tracking_uri: str, record: dict | Non
     resumed = run_id is not None
     if not resumed:
         experiment_id = get_experiment_id(cfg.tracking.experiment, tracking_uri)
-        tags = {"humanvision.stage": "pretrain", "training.run_name": cfg.run_name, "model.name": cfg.model,
-                "config.identity_digest": digest, "dataset.id": dataset.id, "dataset.name": dataset.name,
-                "dataset.uri": dataset.uri}
+        tags = {
+            "humanvision.stage": "pretrain",
+            "training.run_name": cfg.run_name,
+            "model.name": cfg.model,
+            "config.identity_digest": digest,
+            "dataset.id": dataset.id,
+            "dataset.name": dataset.name,
+            "dataset.uri": dataset.uri,
+        }
         run_id = client.create_run(experiment_id, run_name=cfg.tracking.run_name or cfg.run_name, tags=tags).info.run_id
     mlflow.set_tracking_uri(tracking_uri)
     with mlflow.start_run(run_id=run_id):
@@ -234,7 +270,8 @@ def _finish(cfg, result, run_dir, tracking_uri, run_id, record, started) -> Pret
         checkpoint_uri = storage.to_uri(fs, checkpoint_uri)
     history = metric_history(tracking_uri, run_id, HISTORY_KEYS)
     final_step = int((result.metrics or {}).get("step", 0)) or max(
-        (s for s, v in history.items() if "loss" in v), default=0)
+        (s for s, v in history.items() if "loss" in v), default=0
+    )
     manifest_path = storage.join(root, EXPORT_DIR, EXPORT_MANIFEST)
     manifest = json.loads(storage.read_bytes(fs, manifest_path)) if storage.exists(fs, manifest_path) else {}
     if manifest.get("step") != final_step:
@@ -244,18 +281,35 @@ def _finish(cfg, result, run_dir, tracking_uri, run_id, record, started) -> Pret
     if checkpoint_uri:
         tags["checkpoint.uri"] = checkpoint_uri
     if manifest:
-        tags.update({"checkpoint.student": manifest["export_student"], "checkpoint.digest": manifest["export_student_sha256"]})
+        tags.update(
+            {"checkpoint.student": manifest["export_student"], "checkpoint.digest": manifest["export_student_sha256"]}
+        )
         if "export_teacher" in manifest:  # Sapiens v1's MAE has no teacher
-            tags.update({"checkpoint.teacher": manifest["export_teacher"],
-                         "checkpoint.teacher_digest": manifest["export_teacher_sha256"]})
+            tags.update(
+                {
+                    "checkpoint.teacher": manifest["export_teacher"],
+                    "checkpoint.teacher_digest": manifest["export_teacher_sha256"],
+                }
+            )
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
     client.set_terminated(run_id, status="FINISHED" if completed else "KILLED")
     losses = [history[s]["loss"] for s in range(1, final_step + 1) if "loss" in history.get(s, {})]
     return PretrainResult(
-        run_name=cfg.run_name, run_dir=run_dir, checkpoint_uri=checkpoint_uri,
-        student_weights=manifest.get("export_student"), teacher_weights=manifest.get("export_teacher"),
-        checkpoint_digest=manifest.get("export_student_sha256", ""), final_step=final_step, completed=completed,
-        losses=losses, mlflow_run_id=run_id, tracking_uri=tracking_uri, dataset_id=record["dataset"]["id"],
-        dataset_uri=record["dataset"]["uri"], config_digest=record["identity_digest"],
-        seconds=round(time.time() - started, 3), history=history)
+        run_name=cfg.run_name,
+        run_dir=run_dir,
+        checkpoint_uri=checkpoint_uri,
+        student_weights=manifest.get("export_student"),
+        teacher_weights=manifest.get("export_teacher"),
+        checkpoint_digest=manifest.get("export_student_sha256", ""),
+        final_step=final_step,
+        completed=completed,
+        losses=losses,
+        mlflow_run_id=run_id,
+        tracking_uri=tracking_uri,
+        dataset_id=record["dataset"]["id"],
+        dataset_uri=record["dataset"]["uri"],
+        config_digest=record["identity_digest"],
+        seconds=round(time.time() - started, 3),
+        history=history,
+    )

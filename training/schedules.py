@@ -2,6 +2,7 @@
 scheduler state): learning rate (linear warm-up, then cosine), teacher momentum
 (cosine towards 1) and teacher temperature (linear warm-up). ``step`` counts from 0.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,7 +47,8 @@ def values_at(cfg: PretrainConfig, step: int) -> StepValues:
         lr=warmup_cosine(step, total=cfg.steps, warmup=o.warmup_steps, peak=o.lr, final=o.min_lr),
         weight_decay=o.weight_decay,
         momentum=cosine(step, cfg.steps - 1, t.momentum, t.final_momentum),
-        teacher_temp=linear_warmup(step, warmup=loss.teacher_temp_warmup_steps, start=loss.warmup_teacher_temp,
-                                   end=loss.teacher_temp),
+        teacher_temp=linear_warmup(
+            step, warmup=loss.teacher_temp_warmup_steps, start=loss.warmup_teacher_temp, end=loss.teacher_temp
+        ),
         freeze_last_layer=step < loss.freeze_last_layer_steps,
     )

@@ -9,6 +9,7 @@ functions and never spells pretraining's config fields or run-folder files itsel
   the run folder (``run.json`` and the export manifest).
 - ``SCRIPT``: the ``pipelines/`` script that runs one stage config as a Ray job.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,8 +72,14 @@ def result(cfg: PretrainConfig) -> dict:
     record = json.loads((run_dir / RUN_RECORD).read_text())
     export = json.loads((run_dir / EXPORT_DIR / EXPORT_MANIFEST).read_text())
     if export.get("step") != cfg.steps:
-        raise RuntimeError(f"pretraining run {cfg.run_name} has not reached step {cfg.steps} "
-                           f"(export at {export.get('step')})")
-    return {"student_weights": export["export_student"], "teacher_weights": export.get("export_teacher"),
-            "checkpoint_digest": export["export_student_sha256"], "run_id": record["mlflow_run_id"],
-            "dataset_id": record["dataset"]["id"], "final_step": export["step"]}
+        raise RuntimeError(
+            f"pretraining run {cfg.run_name} has not reached step {cfg.steps} (export at {export.get('step')})"
+        )
+    return {
+        "student_weights": export["export_student"],
+        "teacher_weights": export.get("export_teacher"),
+        "checkpoint_digest": export["export_student_sha256"],
+        "run_id": record["mlflow_run_id"],
+        "dataset_id": record["dataset"]["id"],
+        "final_step": export["step"],
+    }

@@ -7,6 +7,7 @@ on every rank, before the optimiser touches the weights: the step is stopped, ne
 silently skipped. The loss parts are averaged over ranks in one collective, which also
 gives every rank the same verdict.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -57,8 +58,9 @@ def train_step(
     """``step``: the 1-based number of this step (for messages). ``arch`` may be the
     FSDP root or a plain module (single process)."""
     optimizer.zero_grad(set_to_none=True)
-    out = arch(batch.global_crops, batch.local_crops, batch.masks, teacher_temp=values.teacher_temp,
-               return_viz=return_viz)
+    out = arch(
+        batch.global_crops, batch.local_crops, batch.masks, teacher_temp=values.teacher_temp, return_viz=return_viz
+    )
     inner = arch.module if hasattr(arch, "module") else arch
     names = ("loss", *(f"loss_{part}" for part in out.parts))
     stats = torch.stack([out.loss.detach().float(), *out.parts.values()])
@@ -67,8 +69,10 @@ def train_step(
         stats = stats / dist.get_world_size()
     stats_list = stats.tolist()
     if not all(map(_finite, stats_list)):
-        raise NonFiniteLossError(f"step {step}: non-finite loss (global mean over ranks) "
-                                 f"{dict(zip(names, stats_list))}; the step was stopped before any update")
+        raise NonFiniteLossError(
+            f"step {step}: non-finite loss (global mean over ranks) "
+            f"{dict(zip(names, stats_list))}; the step was stopped before any update"
+        )
     out.loss.backward()
     if values.freeze_last_layer and "dino_head" in inner.student:
         for p in inner.student["dino_head"].last_layer.parameters():
@@ -76,8 +80,10 @@ def train_step(
     params = [p for group in optimizer.param_groups for p in group["params"]]
     grad_norm = float(clip_gradients(params, clip_grad))
     if not _finite(grad_norm):
-        raise NonFiniteLossError(f"step {step}: non-finite gradient norm {grad_norm} (loss {stats_list[0]}); "
-                                 "the step was stopped before any update")
+        raise NonFiniteLossError(
+            f"step {step}: non-finite gradient norm {grad_norm} (loss {stats_list[0]}); "
+            "the step was stopped before any update"
+        )
     set_hyperparams(optimizer, lr=values.lr, weight_decay=values.weight_decay)
     optimizer.step()
     inner.update_teacher(values.momentum)

@@ -1,5 +1,6 @@
 """Pictures of what the pretraining model does: the MAE reconstruction grid rank 0 logs
 every ``metrics.images_every`` steps (through ``infra.tracking.MetricsLogger``)."""
+
 from __future__ import annotations
 
 import numpy as np

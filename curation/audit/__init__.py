@@ -17,9 +17,18 @@ is cross-checked against it), its resolved ``config.yaml`` and its ``_SUCCESS`` 
 Entry point: ``python pipelines/audit.py <output or version> [--summary]`` and
 ``python pipelines/audit.py --diff A B``.
 """
+
 from curation.audit.diff import VersionDiff, diff_summary, diff_versions, render_diff
 from curation.audit.loading import AuditedVersion, load_version
 from curation.audit.report import render_report, version_summary
 
-__all__ = ["AuditedVersion", "VersionDiff", "diff_summary", "diff_versions", "load_version", "render_diff",
-           "render_report", "version_summary"]
+__all__ = [
+    "AuditedVersion",
+    "VersionDiff",
+    "diff_summary",
+    "diff_versions",
+    "load_version",
+    "render_diff",
+    "render_report",
+    "version_summary",
+]

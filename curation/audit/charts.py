@@ -3,6 +3,7 @@
 No pyplot: figures are built on their own canvas, so nothing depends on (or changes) a
 global backend and charts render the same headless, in tests and in Ray workers.
 """
+
 from __future__ import annotations
 
 import io
@@ -40,8 +41,13 @@ def funnel(steps: list[dict]) -> bytes:
     top = max(1, max((s["in"] for s in steps), default=1))
     for yi, s in zip(y, steps):
         gone = s["in"] - s["out"]
-        ax.text(s["in"] + top * 0.01, yi, f"{s['in']} -> {s['out']}" + (f"  (-{gone})" if gone else ""),
-                va="center", fontsize=8)
+        ax.text(
+            s["in"] + top * 0.01,
+            yi,
+            f"{s['in']} -> {s['out']}" + (f"  (-{gone})" if gone else ""),
+            va="center",
+            fontsize=8,
+        )
     ax.set_yticks(y, names)
     ax.set_xlim(0, top * 1.25)
     ax.set_xlabel("images")
@@ -83,8 +89,15 @@ def by_source(groups: list[dict], limit: int = 25) -> bytes:
     return _png(fig)
 
 
-def histogram(series: list[tuple[str, list[float], str]], *, title: str, xlabel: str,
-              threshold: float | None = None, threshold_label: str = "", integer: bool = False) -> bytes:
+def histogram(
+    series: list[tuple[str, list[float], str]],
+    *,
+    title: str,
+    xlabel: str,
+    threshold: float | None = None,
+    threshold_label: str = "",
+    integer: bool = False,
+) -> bytes:
     """Stacked histogram of ``(label, values, colour)`` series, the threshold as a dashed line."""
     fig = _figure(3.0)
     ax = fig.add_subplot()
@@ -99,11 +112,17 @@ def histogram(series: list[tuple[str, list[float], str]], *, title: str, xlabel:
     else:
         pad = (hi - lo) * 0.02 or 0.5
         bins = np.linspace(lo - pad, hi + pad, 25)
-    ax.hist(values, bins=bins, stacked=True, color=[c for _, _, c in series],
-            label=[f"{name} ({len(v)})" for name, v, _ in series])
+    ax.hist(
+        values,
+        bins=bins,
+        stacked=True,
+        color=[c for _, _, c in series],
+        label=[f"{name} ({len(v)})" for name, v, _ in series],
+    )
     if threshold is not None:
-        ax.axvline(threshold, color="black", linestyle="--", linewidth=1.5,
-                   label=threshold_label or f"threshold {threshold:g}")
+        ax.axvline(
+            threshold, color="black", linestyle="--", linewidth=1.5, label=threshold_label or f"threshold {threshold:g}"
+        )
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("images")

@@ -3,6 +3,7 @@
 The manifest is the source of truth: the audit recounts it (with ``curation.stats``, the
 code that wrote stats.json) and reports any disagreement with the stats.json on disk.
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -24,17 +25,33 @@ def funnel_spec(stats: dict) -> list[tuple[str, tuple[str, ...]]]:
 
 def recount(v: AuditedVersion) -> dict:
     """stats.json's structure, recomputed from the manifest and the shards' sidecars."""
-    return compute_stats(v.manifest, funnel_spec(v.stats),
-                         samples_in_shards=CuratedOutput.at(v.uri).samples_in_shards(),
-                         shards=len(v.version.shards), stages=v.stats.get("stages", []))
+    return compute_stats(
+        v.manifest,
+        funnel_spec(v.stats),
+        samples_in_shards=CuratedOutput.at(v.uri).samples_in_shards(),
+        shards=len(v.version.shards),
+        stages=v.stats.get("stages", []),
+    )
 
 
 def disagreements(counted: dict, recorded: dict) -> list[str]:
     """Where stats.json on disk differs from the recount (empty when they agree)."""
-    keys = ("inputs", "kept", "dropped", "errors", "dropped_by_reason", "errors_by_reason", "funnel",
-            "samples_in_shards", "shards")
-    return [f"{k}: stats.json has {recorded.get(k)!r}, the manifest gives {counted.get(k)!r}"
-            for k in keys if counted.get(k) != recorded.get(k)]
+    keys = (
+        "inputs",
+        "kept",
+        "dropped",
+        "errors",
+        "dropped_by_reason",
+        "errors_by_reason",
+        "funnel",
+        "samples_in_shards",
+        "shards",
+    )
+    return [
+        f"{k}: stats.json has {recorded.get(k)!r}, the manifest gives {counted.get(k)!r}"
+        for k in keys
+        if counted.get(k) != recorded.get(k)
+    ]
 
 
 def split_source(source: str) -> tuple[str, str | None]:
@@ -45,7 +62,7 @@ def split_source(source: str) -> tuple[str, str | None]:
             return uri, f"row={row}"
     cut = source.lower().find(_TAR)
     if cut >= 0:
-        return source[:cut + len(".tar")], source[cut + len(_TAR):]
+        return source[: cut + len(".tar")], source[cut + len(_TAR) :]
     return source, None
 
 
@@ -56,7 +73,7 @@ def source_group(source: str, input_root: str) -> str:
     target = container if member is not None else posixpath.dirname(container)
     root = input_root.rstrip("/")
     if root and (target == root or target.startswith(root + "/")):
-        rel = target[len(root):].lstrip("/")
+        rel = target[len(root) :].lstrip("/")
         return rel or "(top level)"
     return target or "(top level)"
 
@@ -70,16 +87,20 @@ def by_reason(rows: list[dict], stats: dict) -> list[dict]:
     stages = stage_of_reason(stats)
     counts = Counter((r["status"], r["reason"]) for r in rows if r["status"] != schema.KEPT)
     order = {schema.DROPPED: 0, schema.ERROR: 1}
-    return [{"status": st, "reason": reason, "count": n, "stage": stages.get(reason, "other")}
-            for (st, reason), n in sorted(counts.items(), key=lambda kv: (order.get(kv[0][0], 2), -kv[1], kv[0][1]))]
+    return [
+        {"status": st, "reason": reason, "count": n, "stage": stages.get(reason, "other")}
+        for (st, reason), n in sorted(counts.items(), key=lambda kv: (order.get(kv[0][0], 2), -kv[1], kv[0][1]))
+    ]
 
 
 def by_source(rows: list[dict], input_root: str) -> list[dict]:
     """Per source group: inputs, kept, dropped, errors and the removal reasons."""
     groups: dict[str, dict] = {}
     for r in rows:
-        g = groups.setdefault(source_group(r["source"], input_root),
-                              {"inputs": 0, schema.KEPT: 0, schema.DROPPED: 0, schema.ERROR: 0, "reasons": Counter()})
+        g = groups.setdefault(
+            source_group(r["source"], input_root),
+            {"inputs": 0, schema.KEPT: 0, schema.DROPPED: 0, schema.ERROR: 0, "reasons": Counter()},
+        )
         g["inputs"] += 1
         g[r["status"]] += 1
         if r["reason"] is not None:
@@ -90,8 +111,10 @@ def by_source(rows: list[dict], input_root: str) -> list[dict]:
 def _table(header: list[str], rows: list[list], right: set[int]) -> list[str]:
     cells = [header] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    fmt = lambda row: "  ".join(c.rjust(w) if i in right else c.ljust(w)  # noqa: E731
-                                for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+
+    def fmt(row):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+
     return [fmt(r) for r in cells]
 
 
@@ -99,23 +122,48 @@ def summary_text(v: AuditedVersion) -> str:
     """The terminal summary: funnel, counts by reason and by source (for users who do not open HTML)."""
     counted = recount(v)
     rows = v.rows
-    lines = [f"dataset version {v.id} ({v.version.name})  output {v.uri}",
-             f"job digest {v.job_digest}  code version {v.code_version}  mlflow run {v.version.run_id or '-'}", "",
-             format_summary(counted), ""]
+    lines = [
+        f"dataset version {v.id} ({v.version.name})  output {v.uri}",
+        f"job digest {v.job_digest}  code version {v.code_version}  mlflow run {v.version.run_id or '-'}",
+        "",
+        format_summary(counted),
+        "",
+    ]
     reasons = by_reason(rows, v.stats)
     if reasons:
         total = max(1, counted["inputs"])
         lines.append("removed, by reason:")
-        lines += ["  " + s for s in _table(["status", "reason", "count", "share", "stage"],
-                                           [[e["status"], e["reason"], e["count"], f"{100 * e['count'] / total:.1f}%",
-                                             e["stage"]] for e in reasons], {2, 3})]
+        lines += [
+            "  " + s
+            for s in _table(
+                ["status", "reason", "count", "share", "stage"],
+                [
+                    [e["status"], e["reason"], e["count"], f"{100 * e['count'] / total:.1f}%", e["stage"]]
+                    for e in reasons
+                ],
+                {2, 3},
+            )
+        ]
         lines.append("")
     lines.append("by source:")
-    lines += ["  " + s for s in _table(
-        ["source", "inputs", "kept", "dropped", "errors", "reasons"],
-        [[g["group"], g["inputs"], g["kept"], g["dropped"], g["error"],
-          ", ".join(f"{r}={n}" for r, n in sorted(g["reasons"].items())) or "-"]
-         for g in by_source(rows, v.setting("input.uri", ""))], {1, 2, 3, 4})]
+    lines += [
+        "  " + s
+        for s in _table(
+            ["source", "inputs", "kept", "dropped", "errors", "reasons"],
+            [
+                [
+                    g["group"],
+                    g["inputs"],
+                    g["kept"],
+                    g["dropped"],
+                    g["error"],
+                    ", ".join(f"{r}={n}" for r, n in sorted(g["reasons"].items())) or "-",
+                ]
+                for g in by_source(rows, v.setting("input.uri", ""))
+            ],
+            {1, 2, 3, 4},
+        )
+    ]
     problems = disagreements(counted, v.stats)
     if problems:
         lines += ["", "WARNING: stats.json disagrees with the manifest:"] + [f"  {p}" for p in problems]

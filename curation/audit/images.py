@@ -10,6 +10,7 @@ or Parquet file); a failure to read becomes that tile's placeholder text, never 
 
 Samples are deterministic: rows sorted by SHA-1 of their key, first N taken.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,9 +25,8 @@ from PIL import Image, ImageDraw
 from curation import schema
 from curation.audit.counts import split_source
 from curation.config import DecodeConfig, InputConfig
-from curation.filters.person import DetectorConfig
 from curation.decode import DecodeError, decode_image
-from curation.filters.person import box_size
+from curation.filters.person import DetectorConfig, box_size
 from curation.output import SHARDS
 from curation.readers import parquet_columns
 from infra import storage
@@ -82,8 +82,11 @@ def box_rule(config: dict, stats: dict) -> BoxRule | None:
     if not stage or not stage.get("applied"):
         return None
     det = section(config, "detector", DetectorConfig)
-    return BoxRule(float(stage.get("score_threshold", det.threshold)), float(stage.get("min_box_size", det.min_box_size)),
-                   stage.get("box_size_measure", det.box_size_measure))
+    return BoxRule(
+        float(stage.get("score_threshold", det.threshold)),
+        float(stage.get("min_box_size", det.min_box_size)),
+        stage.get("box_size_measure", det.box_size_measure),
+    )
 
 
 def _sample_name(member: str) -> str:
@@ -160,8 +163,11 @@ def fetch(requests: dict[str, str], input_cfg: InputConfig, max_bytes: int) -> d
 def fetch_kept(output_uri: str, rows: list[dict]) -> dict[str, bytes | str]:
     """Kept images from the version's own shards (one pass per shard)."""
     fs, root = storage.resolve(output_uri)
-    requests = {r["key"]: f"{storage.to_uri(fs, storage.join(root, SHARDS, r['shard']))}#{r['key']}.jpg"
-                for r in rows if r.get("shard")}
+    requests = {
+        r["key"]: f"{storage.to_uri(fs, storage.join(root, SHARDS, r['shard']))}#{r['key']}.jpg"
+        for r in rows
+        if r.get("shard")
+    }
     out = fetch(requests, InputConfig(), 1 << 62)
     out.update({r["key"]: "no shard recorded for this kept row" for r in rows if not r.get("shard")})
     return out
@@ -171,8 +177,11 @@ def thumbnail(data: bytes, decode_cfg: DecodeConfig, boxes=None, scores=None, ru
     """A small JPEG of the normalised image, person boxes drawn when given. Raises DecodeError."""
     rgb, _ = decode_image(data, decode_cfg)
     scale = THUMB_SIDE / max(rgb.size)
-    thumb = rgb.resize((max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))),
-                       Image.Resampling.LANCZOS) if scale < 1 else rgb.copy()
+    thumb = (
+        rgb.resize((max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))), Image.Resampling.LANCZOS)
+        if scale < 1
+        else rgb.copy()
+    )
     scale = min(scale, 1.0)
     if rule is not None and boxes:
         draw = ImageDraw.Draw(thumb)
@@ -191,8 +200,11 @@ def tiles(rows: list[dict], caption, *, config: dict, stats: dict, output_uri: s
     decode_cfg = section(config, "decode", DecodeConfig)
     rule = box_rule(config, stats)
     from_shards = [r for r in rows if r["status"] == schema.KEPT and output_uri]
-    from_sources = {r["key"]: r["source"] for r in rows if r["status"] == schema.DROPPED
-                    or (r["status"] == schema.KEPT and not output_uri)}
+    from_sources = {
+        r["key"]: r["source"]
+        for r in rows
+        if r["status"] == schema.DROPPED or (r["status"] == schema.KEPT and not output_uri)
+    }
     data = fetch(from_sources, section(config, "input", InputConfig), decode_cfg.max_bytes)
     if from_shards:
         data.update(fetch_kept(output_uri, from_shards))

@@ -6,6 +6,7 @@ digest, code version, MLflow run). A version id or name is first resolved to its
 folder through MLflow (``curation.output.resolve_dataset``). The folder is read through
 ``curation.output.CuratedOutput``, which owns the layout.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,8 @@ class AuditedVersion:
     job_digest: str
     code_version: str | None
     stats: dict
-    config: dict              # the resolved config.yaml, as plain data
-    manifest: pa.Table        # sorted by key, without MANIFEST_SKIP columns
+    config: dict  # the resolved config.yaml, as plain data
+    manifest: pa.Table  # sorted by key, without MANIFEST_SKIP columns
 
     @property
     def id(self) -> str:
@@ -69,9 +70,14 @@ def load_output(output: str) -> AuditedVersion:
     version = out.version()  # raises ValueError without a _SUCCESS marker
     done, stats = out.success(), out.stats()
     config = yaml.safe_load(storage.read_bytes(out.fs, storage.join(out.root, CONFIG_FILE))) or {}
-    return AuditedVersion(version=version, job_digest=done.get("job_digest", stats.get("job_digest", "")),
-                          code_version=done.get("code_version"), stats=stats, config=config,
-                          manifest=read_manifest(out))
+    return AuditedVersion(
+        version=version,
+        job_digest=done.get("job_digest", stats.get("job_digest", "")),
+        code_version=done.get("code_version"),
+        stats=stats,
+        config=config,
+        manifest=read_manifest(out),
+    )
 
 
 def is_output(ref: str) -> bool:
@@ -88,8 +94,10 @@ def load_version(ref: str, tracking_uri: str | None = None) -> AuditedVersion:
         return load_output(ref)
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
-        raise ValueError(f"{ref!r} is not a finished curation output folder; to look it up as a dataset version "
-                         "id or name give --tracking-uri (or set MLFLOW_TRACKING_URI)")
+        raise ValueError(
+            f"{ref!r} is not a finished curation output folder; to look it up as a dataset version "
+            "id or name give --tracking-uri (or set MLFLOW_TRACKING_URI)"
+        )
     return load_output(resolve_dataset(ref, tracking_uri=uri).uri)
 
 

@@ -3,6 +3,7 @@
 Numbers that tests (and other tools) read back carry ``data-*`` attributes, so the page can
 be checked through its DOM rather than by string matching.
 """
+
 from __future__ import annotations
 
 import base64
@@ -62,21 +63,31 @@ def chart(png: bytes, alt: str, **data) -> Markup:
     return Markup(f'<img class="chart" src="{data_uri("image/png", png)}" alt="{esc(alt)}"{attrs(data)}>')
 
 
-def table(header: list[str], rows: list[list], *, numeric: set[int] = frozenset(), table_attrs: dict | None = None,
-          row_attrs: list[dict] | None = None) -> Markup:
+def table(
+    header: list[str],
+    rows: list[list],
+    *,
+    numeric: set[int] = frozenset(),
+    table_attrs: dict | None = None,
+    row_attrs: list[dict] | None = None,
+) -> Markup:
     head = "".join(f"<th>{esc(h)}</th>" for h in header)
     body = []
     for i, row in enumerate(rows):
-        cells = "".join(f'<td class="num">{esc(c)}</td>' if j in numeric else f"<td>{esc(c)}</td>"
-                        for j, c in enumerate(row))
+        cells = "".join(
+            f'<td class="num">{esc(c)}</td>' if j in numeric else f"<td>{esc(c)}</td>" for j, c in enumerate(row)
+        )
         body.append(f"<tr{attrs(row_attrs[i] if row_attrs else None)}>{cells}</tr>")
     return Markup(f"<table{attrs(table_attrs)}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
 def cards(items: list[tuple[str, int | str, str]], **data) -> Markup:
     """``(label, value, css class)`` big-number cards; each carries ``data-name`` / ``data-value``."""
-    inner = "".join(f'<div class="card {esc(cls)}" data-name="{esc(label)}" data-value="{esc(value)}">'
-                    f"<b>{esc(value)}</b><span>{esc(label)}</span></div>" for label, value, cls in items)
+    inner = "".join(
+        f'<div class="card {esc(cls)}" data-name="{esc(label)}" data-value="{esc(value)}">'
+        f"<b>{esc(value)}</b><span>{esc(label)}</span></div>"
+        for label, value, cls in items
+    )
     return Markup(f'<div class="cards"{attrs(data)}>{inner}</div>')
 
 
@@ -86,8 +97,14 @@ def tile(t: Tile) -> Markup:
         body = f'<img src="{data_uri("image/jpeg", t.jpeg)}" alt="{esc(t.key)}">'
     else:
         body = f'<div class="ph">{esc(t.placeholder)}</div>'
-    meta = attrs({"data-key": t.key, "data-status": t.status, "data-reason": t.reason,
-                  "data-placeholder": "true" if t.jpeg is None else None})
+    meta = attrs(
+        {
+            "data-key": t.key,
+            "data-status": t.status,
+            "data-reason": t.reason,
+            "data-placeholder": "true" if t.jpeg is None else None,
+        }
+    )
     return Markup(f'<figure class="tile"{meta}>{body}<figcaption>{caption}</figcaption></figure>')
 
 
@@ -102,7 +119,9 @@ def section(id_: str, title: str, *parts: str, note: str = "") -> Markup:
 
 def document(title: str, header_lines: list[str], sections: list[str]) -> str:
     lines = "".join(f"<p>{esc(line)}</p>" for line in header_lines)
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
-            f"<title>{esc(title)}</title><style>{CSS}</style></head>"
-            f"<body><header><h1>{esc(title)}</h1>{lines}</header><main>{''.join(sections)}</main></body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
+        f"<title>{esc(title)}</title><style>{CSS}</style></head>"
+        f"<body><header><h1>{esc(title)}</h1>{lines}</header><main>{''.join(sections)}</main></body></html>\n"
+    )

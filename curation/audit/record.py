@@ -5,6 +5,7 @@ produced the version (its id is in the output's ``_SUCCESS`` marker), so the rec
 dataset version carries its audit. Runs that *used* a version are the runs that logged it as
 an input dataset (``mlflow.log_input``: digest = version id) other than curation runs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +48,12 @@ def runs_of_version(tracking_uri: str, dataset_id: str) -> tuple[list[RunRef], l
     produced, used = [], []
     for run in seen.values():
         stage = run.data.tags.get("humanvision.stage", "")
-        ref = RunRef(run.info.run_id, experiments.get(run.info.experiment_id, run.info.experiment_id),
-                     run.data.tags.get("mlflow.runName", ""), stage, run.info.status)
+        ref = RunRef(
+            run.info.run_id,
+            experiments.get(run.info.experiment_id, run.info.experiment_id),
+            run.data.tags.get("mlflow.runName", ""),
+            stage,
+            run.info.status,
+        )
         (produced if stage == "curation" else used).append(ref)
     return produced, used

@@ -6,6 +6,7 @@ threshold marked; person counts and box sizes; galleries of removed images per r
 kept images (deterministic samples); the MLflow runs that produced and used the version; the
 resolved config. Every count is recomputed from the manifest.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,11 +15,11 @@ from collections.abc import Callable
 
 import yaml
 
-from curation import schema
 import curation.audit.charts as charts
 import curation.audit.counts as counts
 import curation.audit.images as images
 import curation.audit.page as page
+from curation import schema
 from curation.audit.loading import AuditedVersion
 from curation.audit.record import RunRef
 from curation.filters.person import box_size
@@ -54,9 +55,16 @@ SCORES = (
     Score("person_score_max", "person_detection", "score_threshold", "best person score", _column("person_score_max")),
     Score("artistic_score", "artistic_filter", "threshold", "P(non-natural depiction)", _column("artistic_score")),
     Score("watermark_score", "watermark_filter", "threshold", "P(watermark)", _column("watermark_score")),
-    Score("text_coverage", "text_filter", "coverage_threshold", "fraction of the image in text boxes",
-          _column("text_coverage")),
-    Score("text_box_count", "text_filter", "box_count_threshold", "text boxes", _column("text_box_count"), integer=True),
+    Score(
+        "text_coverage",
+        "text_filter",
+        "coverage_threshold",
+        "fraction of the image in text boxes",
+        _column("text_coverage"),
+    ),
+    Score(
+        "text_box_count", "text_filter", "box_count_threshold", "text boxes", _column("text_box_count"), integer=True
+    ),
 )
 
 
@@ -87,8 +95,11 @@ def _split(rows: list[dict], value: Callable[[dict], float | None], own: set[str
         if x is None:
             continue
         (kept if r["status"] == schema.KEPT else mine if r["reason"] in own else other).append(float(x))
-    return [("kept", kept, charts.COLOURS["kept"]), ("removed by this stage", mine, charts.COLOURS["dropped"]),
-            ("removed by another stage", other, charts.COLOURS["other"])]
+    return [
+        ("kept", kept, charts.COLOURS["kept"]),
+        ("removed by this stage", mine, charts.COLOURS["dropped"]),
+        ("removed by another stage", other, charts.COLOURS["other"]),
+    ]
 
 
 def score_charts(v: AuditedVersion) -> list[str]:
@@ -101,9 +112,14 @@ def score_charts(v: AuditedVersion) -> list[str]:
         stage = _stage(v, s.stage) or {}
         threshold = stage.get(s.setting) if s.setting else None
         threshold = float(threshold) if isinstance(threshold, (int, float)) else None
-        png = charts.histogram(series, title=f"{s.stage or 'score'}: {s.name}", xlabel=s.label, threshold=threshold,
-                               threshold_label=f"{s.setting} = {threshold:g}" if threshold is not None else "",
-                               integer=s.integer)
+        png = charts.histogram(
+            series,
+            title=f"{s.stage or 'score'}: {s.name}",
+            xlabel=s.label,
+            threshold=threshold,
+            threshold_label=f"{s.setting} = {threshold:g}" if threshold is not None else "",
+            integer=s.integer,
+        )
         out.append(page.chart(png, f"{s.name} distribution", **{"data-score": s.name, "data-threshold": threshold}))
     return out
 
@@ -113,8 +129,12 @@ def people_charts(v: AuditedVersion) -> list[str]:
     if not stage or not stage.get("applied") or "person_count" not in v.manifest.column_names:
         return []
     own = {schema.NO_SALIENT_PERSON}
-    counts_png = charts.histogram(_split(v.rows, _column("person_count"), own), integer=True, xlabel="person_count",
-                                  title="people per image (boxes scoring >= the detector threshold)")
+    counts_png = charts.histogram(
+        _split(v.rows, _column("person_count"), own),
+        integer=True,
+        xlabel="person_count",
+        title="people per image (boxes scoring >= the detector threshold)",
+    )
     out = [page.chart(counts_png, "person count distribution", **{"data-score": "person_count"})]
     rule = images.box_rule(v.config, v.stats)
     sizes = {"kept": [], "dropped": []}
@@ -123,13 +143,22 @@ def people_charts(v: AuditedVersion) -> list[str]:
             if score >= rule.threshold:
                 sizes["kept" if r["status"] == schema.KEPT else "dropped"].append(box_size(box, rule.measure))
     if sizes["kept"] or sizes["dropped"]:
-        series = [("boxes in kept images", sizes["kept"], charts.COLOURS["kept"]),
-                  ("boxes in removed images", sizes["dropped"], charts.COLOURS["dropped"])]
-        png = charts.histogram(series, title=f"person box size ({rule.measure}, boxes scoring >= {rule.threshold:g})",
-                               xlabel=f"box {rule.measure} (px)", threshold=rule.min_box_size,
-                               threshold_label=f"min_box_size = {rule.min_box_size:g}")
-        out.append(page.chart(png, "person box size distribution",
-                              **{"data-score": "box_size", "data-threshold": rule.min_box_size}))
+        series = [
+            ("boxes in kept images", sizes["kept"], charts.COLOURS["kept"]),
+            ("boxes in removed images", sizes["dropped"], charts.COLOURS["dropped"]),
+        ]
+        png = charts.histogram(
+            series,
+            title=f"person box size ({rule.measure}, boxes scoring >= {rule.threshold:g})",
+            xlabel=f"box {rule.measure} (px)",
+            threshold=rule.min_box_size,
+            threshold_label=f"min_box_size = {rule.min_box_size:g}",
+        )
+        out.append(
+            page.chart(
+                png, "person box size distribution", **{"data-score": "box_size", "data-threshold": rule.min_box_size}
+            )
+        )
     return out
 
 
@@ -165,14 +194,17 @@ def galleries(v: AuditedVersion, per_reason: int, kept: int) -> tuple[list[str],
     for e in counts.by_reason(v.rows, v.stats):
         chosen = images.sample(grouped[(e["status"], e["reason"])], per_reason)
         tiles = images.tiles(chosen, cap, config=v.config, stats=v.stats)
-        removed.append(f"<h3>{page.esc(e['reason'])} <span class=note>({page.esc(e['status'])} by "
-                       f"{page.esc(e['stage'])}; showing {len(chosen)} of {e['count']})</span></h3>"
-                       + page.gallery(tiles, **{"data-reason": e["reason"], "data-total": e["count"]}))
+        removed.append(
+            f"<h3>{page.esc(e['reason'])} <span class=note>({page.esc(e['status'])} by "
+            f"{page.esc(e['stage'])}; showing {len(chosen)} of {e['count']})</span></h3>"
+            + page.gallery(tiles, **{"data-reason": e["reason"], "data-total": e["count"]})
+        )
     kept_rows = grouped.get((schema.KEPT, None), [])
     chosen = images.sample(kept_rows, kept)
-    kept_html = (f"<p class=note>showing {len(chosen)} of {len(kept_rows)} kept images</p>"
-                 + page.gallery(images.tiles(chosen, cap, config=v.config, stats=v.stats, output_uri=v.uri),
-                                **{"data-kept-total": len(kept_rows)}))
+    kept_html = f"<p class=note>showing {len(chosen)} of {len(kept_rows)} kept images</p>" + page.gallery(
+        images.tiles(chosen, cap, config=v.config, stats=v.stats, output_uri=v.uri),
+        **{"data-kept-total": len(kept_rows)},
+    )
     return removed, kept_html
 
 
@@ -189,71 +221,150 @@ def runs_section(runs: tuple[list[RunRef], list[RunRef]] | None) -> str:
     header = ["run id", "experiment", "run name", "stage", "status"]
     row = lambda r: [r.run_id, r.experiment, r.name, r.stage or "-", r.status]  # noqa: E731
     return page.section(
-        "runs", "MLflow runs",
+        "runs",
+        "MLflow runs",
         "<h3>produced by (curation runs)</h3>",
         page.table(header, [row(r) for r in produced], table_attrs={"id": "produced-by"}),
         "<h3>used by (runs that logged this version as an input)</h3>",
-        page.table(header, [row(r) for r in used], table_attrs={"id": "used-by"}) if used
-        else page.Markup("<p class=note>no run has logged this version as an input yet</p>"))
+        page.table(header, [row(r) for r in used], table_attrs={"id": "used-by"})
+        if used
+        else page.Markup("<p class=note>no run has logged this version as an input yet</p>"),
+    )
 
 
 def totals_section(v: AuditedVersion, counted: dict) -> str:
     problems = counts.disagreements(counted, v.stats)
-    cards = page.cards([("inputs", counted["inputs"], ""), ("kept", counted["kept"], "kept"),
-                        ("dropped", counted["dropped"], "dropped"), ("errors", counted["errors"], "error"),
-                        ("shards", counted["shards"], ""), ("samples in shards", counted["samples_in_shards"], "")],
-                       id="totals")
-    warn = (page.Markup("<div class=warn>stats.json disagrees with the manifest (the page shows the manifest's "
-                        "counts): " + "; ".join(page.esc(p) for p in problems) + "</div>") if problems else "")
+    cards = page.cards(
+        [
+            ("inputs", counted["inputs"], ""),
+            ("kept", counted["kept"], "kept"),
+            ("dropped", counted["dropped"], "dropped"),
+            ("errors", counted["errors"], "error"),
+            ("shards", counted["shards"], ""),
+            ("samples in shards", counted["samples_in_shards"], ""),
+        ],
+        id="totals",
+    )
+    warn = (
+        page.Markup(
+            "<div class=warn>stats.json disagrees with the manifest (the page shows the manifest's "
+            "counts): " + "; ".join(page.esc(p) for p in problems) + "</div>"
+        )
+        if problems
+        else ""
+    )
     return page.section("summary", "Totals", cards, warn)
 
 
 def funnel_section(counted: dict) -> str:
     steps = counted["funnel"]
-    rows = [[s["stage"], s["in"], s["out"], s["in"] - s["out"],
-             ", ".join(f"{r}={n}" for r, n in s["removed"].items()) or "-"] for s in steps]
-    attrs = [{"data-stage": s["stage"], "data-in": s["in"], "data-out": s["out"], "data-removed": s["in"] - s["out"],
-              "data-reasons": json.dumps(s["removed"], sort_keys=True)} for s in steps]
-    return page.section("funnel", "Funnel", page.chart(charts.funnel(steps), "funnel"),
-                        page.table(["stage", "in", "out", "removed", "by reason"], rows, numeric={1, 2, 3},
-                                   table_attrs={"id": "funnel-table"}, row_attrs=attrs))
+    rows = [
+        [
+            s["stage"],
+            s["in"],
+            s["out"],
+            s["in"] - s["out"],
+            ", ".join(f"{r}={n}" for r, n in s["removed"].items()) or "-",
+        ]
+        for s in steps
+    ]
+    attrs = [
+        {
+            "data-stage": s["stage"],
+            "data-in": s["in"],
+            "data-out": s["out"],
+            "data-removed": s["in"] - s["out"],
+            "data-reasons": json.dumps(s["removed"], sort_keys=True),
+        }
+        for s in steps
+    ]
+    return page.section(
+        "funnel",
+        "Funnel",
+        page.chart(charts.funnel(steps), "funnel"),
+        page.table(
+            ["stage", "in", "out", "removed", "by reason"],
+            rows,
+            numeric={1, 2, 3},
+            table_attrs={"id": "funnel-table"},
+            row_attrs=attrs,
+        ),
+    )
 
 
 def reasons_section(v: AuditedVersion) -> str:
     reasons = counts.by_reason(v.rows, v.stats)
     return page.section(
-        "reasons", "Removed, by reason",
+        "reasons",
+        "Removed, by reason",
         page.chart(charts.removed_by_reason(reasons), "removed by reason") if reasons else "",
-        page.table(["status", "reason", "stage", "count"], [[e["status"], e["reason"], e["stage"], e["count"]]
-                                                            for e in reasons], numeric={3},
-                   table_attrs={"id": "reasons-table"},
-                   row_attrs=[{"data-status": e["status"], "data-reason": e["reason"], "data-count": e["count"]}
-                              for e in reasons]))
+        page.table(
+            ["status", "reason", "stage", "count"],
+            [[e["status"], e["reason"], e["stage"], e["count"]] for e in reasons],
+            numeric={3},
+            table_attrs={"id": "reasons-table"},
+            row_attrs=[
+                {"data-status": e["status"], "data-reason": e["reason"], "data-count": e["count"]} for e in reasons
+            ],
+        ),
+    )
 
 
 def sources_section(v: AuditedVersion) -> str:
     groups = counts.by_source(v.rows, v.setting("input.uri", ""))
-    rows = [[g["group"], g["inputs"], g["kept"], g["dropped"], g["error"],
-             ", ".join(f"{r}={n}" for r, n in sorted(g["reasons"].items())) or "-"] for g in groups]
-    attrs = [{"data-group": g["group"], "data-inputs": g["inputs"], "data-kept": g["kept"],
-              "data-dropped": g["dropped"], "data-errors": g["error"]} for g in groups]
-    return page.section("sources", "By source", page.chart(charts.by_source(groups), "outcome by source"),
-                        page.table(["source", "inputs", "kept", "dropped", "errors", "reasons"], rows,
-                                   numeric={1, 2, 3, 4}, table_attrs={"id": "sources-table"}, row_attrs=attrs),
-                        note="grouped by input folder, tar file or parquet file, relative to input.uri")
+    rows = [
+        [
+            g["group"],
+            g["inputs"],
+            g["kept"],
+            g["dropped"],
+            g["error"],
+            ", ".join(f"{r}={n}" for r, n in sorted(g["reasons"].items())) or "-",
+        ]
+        for g in groups
+    ]
+    attrs = [
+        {
+            "data-group": g["group"],
+            "data-inputs": g["inputs"],
+            "data-kept": g["kept"],
+            "data-dropped": g["dropped"],
+            "data-errors": g["error"],
+        }
+        for g in groups
+    ]
+    return page.section(
+        "sources",
+        "By source",
+        page.chart(charts.by_source(groups), "outcome by source"),
+        page.table(
+            ["source", "inputs", "kept", "dropped", "errors", "reasons"],
+            rows,
+            numeric={1, 2, 3, 4},
+            table_attrs={"id": "sources-table"},
+            row_attrs=attrs,
+        ),
+        note="grouped by input folder, tar file or parquet file, relative to input.uri",
+    )
 
 
 def stages_section(v: AuditedVersion) -> str:
     stages = v.stats.get("stages", [])
-    return page.section("filters", "Stages and their settings", page.table(
-        ["stage", "applied", "settings"],
-        [[s["name"], "yes" if s.get("applied") else "NO", _settings_text(s)] for s in stages],
-        table_attrs={"id": "stages-table"},
-        row_attrs=[{"data-stage": s["name"], "data-applied": str(bool(s.get("applied"))).lower()} for s in stages]))
+    return page.section(
+        "filters",
+        "Stages and their settings",
+        page.table(
+            ["stage", "applied", "settings"],
+            [[s["name"], "yes" if s.get("applied") else "NO", _settings_text(s)] for s in stages],
+            table_attrs={"id": "stages-table"},
+            row_attrs=[{"data-stage": s["name"], "data-applied": str(bool(s.get("applied"))).lower()} for s in stages],
+        ),
+    )
 
 
-def render_report(v: AuditedVersion, *, per_reason: int = 12, kept: int = 24,
-                  runs: tuple[list[RunRef], list[RunRef]] | None = None) -> str:
+def render_report(
+    v: AuditedVersion, *, per_reason: int = 12, kept: int = 24, runs: tuple[list[RunRef], list[RunRef]] | None = None
+) -> str:
     """The report page (HTML text) of version ``v``."""
     counted = counts.recount(v)
     removed_galleries, kept_gallery = galleries(v, per_reason, kept)
@@ -263,25 +374,44 @@ def render_report(v: AuditedVersion, *, per_reason: int = 12, kept: int = 24,
         reasons_section(v),
         sources_section(v),
         stages_section(v),
-        page.section("scores", "Score distributions per filter",
-                     page.Markup('<div class="charts">' + "".join(score_charts(v)) + "</div>"),
-                     note="each histogram stacks kept images, images this stage removed and images removed by "
-                          "another stage; the dashed line is the stage's threshold"),
-        page.section("people", "People", page.Markup('<div class="charts">' + "".join(people_charts(v)) + "</div>"),
-                     note="box colours in the galleries: green = salient (kept by the rule), orange = confident "
-                          "but too small, grey = below the score threshold"),
-        page.section("removed-gallery", "Removed images, by reason", *removed_galleries,
-                     note="deterministic samples (by SHA-1 of the key); dropped images are read from their "
-                          "sources, inputs that were errors are shown as their reason"),
+        page.section(
+            "scores",
+            "Score distributions per filter",
+            page.Markup('<div class="charts">' + "".join(score_charts(v)) + "</div>"),
+            note="each histogram stacks kept images, images this stage removed and images removed by "
+            "another stage; the dashed line is the stage's threshold",
+        ),
+        page.section(
+            "people",
+            "People",
+            page.Markup('<div class="charts">' + "".join(people_charts(v)) + "</div>"),
+            note="box colours in the galleries: green = salient (kept by the rule), orange = confident "
+            "but too small, grey = below the score threshold",
+        ),
+        page.section(
+            "removed-gallery",
+            "Removed images, by reason",
+            *removed_galleries,
+            note="deterministic samples (by SHA-1 of the key); dropped images are read from their "
+            "sources, inputs that were errors are shown as their reason",
+        ),
         page.section("kept-gallery", "Kept images", kept_gallery),
         runs_section(runs),
-        page.section("config", "Resolved configuration", page.Markup(
-            "<details><summary>config.yaml</summary><pre>" + page.esc(yaml.safe_dump(v.config, sort_keys=False))
-            + "</pre></details>")),
+        page.section(
+            "config",
+            "Resolved configuration",
+            page.Markup(
+                "<details><summary>config.yaml</summary><pre>"
+                + page.esc(yaml.safe_dump(v.config, sort_keys=False))
+                + "</pre></details>"
+            ),
+        ),
     ]
-    header = [f"name {v.version.name} · output {v.uri}",
-              f"job digest {v.job_digest} · code version {v.code_version} · "
-              f"mlflow run {v.version.run_id or '-'} · {len(v.version.shards)} shards"]
+    header = [
+        f"name {v.version.name} · output {v.uri}",
+        f"job digest {v.job_digest} · code version {v.code_version} · "
+        f"mlflow run {v.version.run_id or '-'} · {len(v.version.shards)} shards",
+    ]
     return page.document(f"Dataset version {v.id}", header, sections)
 
 

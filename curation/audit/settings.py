@@ -12,6 +12,7 @@ When no setting owning the reason changed, a change in an earlier stage (or an e
 the same stage) may still be why: it changes what reaches the stage. ``explain`` then names
 those settings, prefixed ``upstream``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,10 +45,16 @@ REASON_SETTINGS: dict[str, tuple[str, ...]] = {
 }
 
 STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "read": ("input.", "decode.max_bytes"), "decode": ("decode.",), "geometry": ("geometry.",),
-    "person_detection": ("detector.",), "clip_embedding": ("content.embedding.",),
-    "artistic_filter": ("content.artistic.", "content.embedding."), "watermark_filter": ("content.watermark.",),
-    "text_filter": ("content.text.",), "exact_dedup": ("dedup.",), "near_dedup": ("dedup.",),
+    "read": ("input.", "decode.max_bytes"),
+    "decode": ("decode.",),
+    "geometry": ("geometry.",),
+    "person_detection": ("detector.",),
+    "clip_embedding": ("content.embedding.",),
+    "artistic_filter": ("content.artistic.", "content.embedding."),
+    "watermark_filter": ("content.watermark.",),
+    "text_filter": ("content.text.",),
+    "exact_dedup": ("dedup.",),
+    "near_dedup": ("dedup.",),
     "semantic_dedup": ("dedup.", "content.embedding."),
 }
 
@@ -88,8 +95,11 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
 def config_changes(old: dict, new: dict) -> list[Change]:
     """Every setting whose value differs (or exists on one side only), sorted by key."""
     a, b = flatten(old), flatten(new)
-    return [Change(k, a.get(k, _MISSING), b.get(k, _MISSING)) for k in sorted(set(a) | set(b))
-            if a.get(k, _MISSING) != b.get(k, _MISSING)]
+    return [
+        Change(k, a.get(k, _MISSING), b.get(k, _MISSING))
+        for k in sorted(set(a) | set(b))
+        if a.get(k, _MISSING) != b.get(k, _MISSING)
+    ]
 
 
 def matches(key: str, patterns: tuple[str, ...]) -> bool:
@@ -119,6 +129,6 @@ def explain(reason: str | None, stage: str | None, funnel_stages: list[str], cha
     own = explaining(reason, changes, stage)
     if own or stage not in funnel_stages:
         return own
-    before = funnel_stages[:funnel_stages.index(stage) + 1]
+    before = funnel_stages[: funnel_stages.index(stage) + 1]
     owners = tuple(p for s in before for p in STAGE_SETTINGS.get(s, ()))
     return [f"upstream {c.key}" for c in changes if not c.bookkeeping and matches(c.key, owners)]

@@ -4,17 +4,21 @@ Every dedup method produces the same thing: duplicate *groups* over candidate ro
 kept *representative* per group, chosen by ``representative_sort_key``. Dropped rows record
 their group id and their representative's key (``DECISION_SCHEMA``).
 """
+
 from __future__ import annotations
 
 import pyarrow as pa
 
 # One row per dropped duplicate.
-DECISION_SCHEMA = pa.schema([
-    pa.field("key", pa.string(), nullable=False),
-    pa.field("reason", pa.string(), nullable=False),
-    pa.field("duplicate_of", pa.string(), nullable=False),
-    pa.field("duplicate_group", pa.string(), nullable=False),
-])
+DECISION_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("duplicate_of", pa.string(), nullable=False),
+        pa.field("duplicate_group", pa.string(), nullable=False),
+    ]
+)
+
 
 def representative_sort_key(row: dict) -> tuple:
     """The documented rule, quality first: an original encoding over a deliberate conversion
@@ -30,5 +34,4 @@ def group_decisions(members: list[dict], reason: str, group_id: str) -> list[dic
     """Decision rows for one duplicate group: every member but the representative is dropped."""
     ordered = sorted(members, key=representative_sort_key)
     rep = ordered[0]["key"]
-    return [{"key": m["key"], "reason": reason, "duplicate_of": rep, "duplicate_group": group_id}
-            for m in ordered[1:]]
+    return [{"key": m["key"], "reason": reason, "duplicate_of": rep, "duplicate_group": group_id} for m in ordered[1:]]

@@ -23,6 +23,7 @@ uniform bits lets the candidate pairs grow with n^2 (issue 14: n^1.36 from 1e5 t
 The plan depends on the values only (not on their order), so local and Ray runs given the
 same values choose the same bands; decisions never depend on the plan.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,8 @@ import numpy as np
 HASH_BITS = 64
 MAX_BANDS = 5000
 SAMPLE_SIZE = 10_000
-VALUE_COST = 1.0     # relative cost of one value in one band (its share of the band's sort)
-PAIR_COST = 1.0      # relative cost of one candidate pair (generate + Hamming check; measured ratio, this machine)
+VALUE_COST = 1.0  # relative cost of one value in one band (its share of the band's sort)
+PAIR_COST = 1.0  # relative cost of one candidate pair (generate + Hamming check; measured ratio, this machine)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +53,10 @@ class BandPlan:
                 raise ValueError("band plan blocks overlap")
             union |= b
         if union != (1 << HASH_BITS) - 1 or len(self.blocks) <= self.max_distance:
-            raise ValueError(f"band plan: {len(self.blocks)} blocks must cover the 64 bits and exceed "
-                             f"max_distance={self.max_distance}")
+            raise ValueError(
+                f"band plan: {len(self.blocks)} blocks must cover the 64 bits and exceed "
+                f"max_distance={self.max_distance}"
+            )
 
     @property
     def num_blocks(self) -> int:
@@ -62,8 +65,10 @@ class BandPlan:
     def masks(self) -> np.ndarray:
         """One mask per band: the union of each choice of (B - t) blocks."""
         keep = self.num_blocks - self.max_distance
-        return np.array([sum(self.blocks[b] for b in combo)
-                         for combo in itertools.combinations(range(self.num_blocks), keep)], dtype=np.uint64)
+        return np.array(
+            [sum(self.blocks[b] for b in combo) for combo in itertools.combinations(range(self.num_blocks), keep)],
+            dtype=np.uint64,
+        )
 
     def to_json(self) -> dict:
         return {"blocks": [f"{b:016x}" for b in self.blocks], "max_distance": self.max_distance}
@@ -75,8 +80,9 @@ class BandPlan:
 
 def interleaved(num_blocks: int, max_distance: int) -> BandPlan:
     """Bit p in block p % B (the plan of ``curation.dedup.near.band_masks``)."""
-    return BandPlan(tuple(sum(1 << p for p in range(b, HASH_BITS, num_blocks)) for b in range(num_blocks)),
-                    max_distance)
+    return BandPlan(
+        tuple(sum(1 << p for p in range(b, HASH_BITS, num_blocks)) for b in range(num_blocks)), max_distance
+    )
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
@@ -123,8 +129,10 @@ def greedy_blocks(entropy: np.ndarray, corr: np.ndarray, num_blocks: int, max_di
     members: list[list[int]] = [[] for _ in range(num_blocks)]
     for bit in sorted(range(HASH_BITS), key=lambda j: (-round(float(entropy[j]), 9), j)):
         open_blocks = [b for b in range(num_blocks) if len(members[b]) < cap]
-        best = min(open_blocks, key=lambda b: (round(float(corr[bit, members[b]].sum()), 6),
-                                               round(float(entropy[members[b]].sum()), 6), b))
+        best = min(
+            open_blocks,
+            key=lambda b: (round(float(corr[bit, members[b]].sum()), 6), round(float(entropy[members[b]].sum()), 6), b),
+        )
         members[best].append(bit)
     return BandPlan(tuple(sum(1 << p for p in m) for m in members), max_distance)
 
@@ -143,7 +151,7 @@ def plan_cost(plan: BandPlan, sample: np.ndarray, n_values: int) -> float:
     masks = plan.masks()
     scale = (n_values / max(len(sample), 1)) ** 2
     band_bits = HASH_BITS * (plan.num_blocks - plan.max_distance) / plan.num_blocks
-    uniform = len(masks) * n_values * (n_values - 1) / 2 / 2.0 ** band_bits
+    uniform = len(masks) * n_values * (n_values - 1) / 2 / 2.0**band_bits
     pairs = max(sample_pairs(sample, masks) * scale, uniform)
     return len(masks) * n_values * VALUE_COST + pairs * PAIR_COST
 
@@ -151,13 +159,17 @@ def plan_cost(plan: BandPlan, sample: np.ndarray, n_values: int) -> float:
 def uniform_blocks(n_values: int, max_distance: int) -> int:
     """B minimising the cost on uniform bits: C(B, t) * (n + PAIR_COST * n^2 / 2 / 2^(64 (B - t) / B))."""
     t = max_distance
-    costs = {b: math.comb(b, t) * n_values * (VALUE_COST + PAIR_COST * n_values / 2 / 2.0 ** (HASH_BITS * (b - t) / b))
-             for b in range(t + 1, HASH_BITS + 1) if math.comb(b, t) <= MAX_BANDS}
+    costs = {
+        b: math.comb(b, t) * n_values * (VALUE_COST + PAIR_COST * n_values / 2 / 2.0 ** (HASH_BITS * (b - t) / b))
+        for b in range(t + 1, HASH_BITS + 1)
+        if math.comb(b, t) <= MAX_BANDS
+    }
     return min(costs, key=lambda b: (costs[b], b))
 
 
-def plan_bands(values: np.ndarray, max_distance: int, *, n_values: int | None = None,
-               num_blocks: int | None = None) -> BandPlan:
+def plan_bands(
+    values: np.ndarray, max_distance: int, *, n_values: int | None = None, num_blocks: int | None = None
+) -> BandPlan:
     """The cheapest exact plan for these values (a sample of them when ``n_values`` is given)."""
     t = max_distance
     sample = sample_values(values)

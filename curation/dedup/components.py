@@ -11,6 +11,7 @@ In one process, components come from scipy's union-find over a sparse graph; the
 global dedup computes them in Ray Data by star rounds (``curation.dedup.shuffle``) and then calls
 ``decisions_from_labels`` per component group, so both choose the same representatives.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -21,8 +22,8 @@ import pyarrow.compute as pc
 
 from curation.dedup import DECISION_SCHEMA, representative_sort_key
 
-META_COLUMNS = ("key", "width", "height")       # what every dedup input holds
-QUALITY_COLUMNS = ("converted", "input_bytes")   # decode's quality facts, read where present (else unknown)
+META_COLUMNS = ("key", "width", "height")  # what every dedup input holds
+QUALITY_COLUMNS = ("converted", "input_bytes")  # decode's quality facts, read where present (else unknown)
 
 
 def meta_columns(names: Collection[str]) -> list[str]:
@@ -37,8 +38,7 @@ def component_labels(n_nodes: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    graph = coo_matrix((np.ones(len(a), dtype=np.int8), (np.asarray(a), np.asarray(b))),
-                       shape=(n_nodes, n_nodes))
+    graph = coo_matrix((np.ones(len(a), dtype=np.int8), (np.asarray(a), np.asarray(b))), shape=(n_nodes, n_nodes))
     _, comp = connected_components(graph, directed=False)
     _, first = np.unique(comp, return_index=True)  # nodes are scanned in id order
     return first[comp].astype(np.int64)
@@ -49,8 +49,9 @@ def representative_rank(row: dict, prefer: Collection[str] = ()) -> tuple:
     return (0 if row["key"] in prefer else 1, *representative_sort_key(row))
 
 
-def decisions_from_labels(meta: pa.Table, labels: np.ndarray, reason: str, group_prefix: str,
-                          prefer: Collection[str] = ()) -> pa.Table:
+def decisions_from_labels(
+    meta: pa.Table, labels: np.ndarray, reason: str, group_prefix: str, prefer: Collection[str] = ()
+) -> pa.Table:
     """Decision rows (sorted by key) for rows of ``meta`` grouped by ``labels``.
 
     ``meta`` holds ``META_COLUMNS``; ``labels[i]`` is row i's group label. The representative
@@ -64,34 +65,51 @@ def decisions_from_labels(meta: pa.Table, labels: np.ndarray, reason: str, group
         return DECISION_SCHEMA.empty_table()
     sub = meta.select(meta_columns(meta.column_names)).take(members)
     keys = sub.column("key")
-    pixels = pc.multiply(pc.fill_null(sub.column("width").cast(pa.int64()), 0),
-                         pc.fill_null(sub.column("height").cast(pa.int64()), 0))
+    pixels = pc.multiply(
+        pc.fill_null(sub.column("width").cast(pa.int64()), 0), pc.fill_null(sub.column("height").cast(pa.int64()), 0)
+    )
     unknown = pa.nulls(len(sub))
     converted = sub.column("converted") if "converted" in sub.column_names else unknown
     nbytes = sub.column("input_bytes") if "input_bytes" in sub.column_names else unknown
-    per_pixel = pc.divide(pc.fill_null(nbytes.cast(pa.float64()), 0.0), pc.max_element_wise(pixels, 1).cast(pa.float64()))
-    ranked = pa.table({
-        "label": labels[members],
-        "other": pc.invert(pc.is_in(keys, value_set=pa.array(sorted(prefer), pa.string()))),
-        "converted": pc.fill_null(converted.cast(pa.bool_()), False),
-        "pixels": pixels,
-        "per_pixel": pc.if_else(pc.equal(pixels, 0), 0.0, per_pixel),
-        "key": keys,
-    })
-    ranked = ranked.take(pc.sort_indices(ranked, sort_keys=[
-        ("label", "ascending"), ("other", "ascending"), ("converted", "ascending"), ("pixels", "descending"),
-        ("per_pixel", "descending"), ("key", "ascending")]))
+    per_pixel = pc.divide(
+        pc.fill_null(nbytes.cast(pa.float64()), 0.0), pc.max_element_wise(pixels, 1).cast(pa.float64())
+    )
+    ranked = pa.table(
+        {
+            "label": labels[members],
+            "other": pc.invert(pc.is_in(keys, value_set=pa.array(sorted(prefer), pa.string()))),
+            "converted": pc.fill_null(converted.cast(pa.bool_()), False),
+            "pixels": pixels,
+            "per_pixel": pc.if_else(pc.equal(pixels, 0), 0.0, per_pixel),
+            "key": keys,
+        }
+    )
+    ranked = ranked.take(
+        pc.sort_indices(
+            ranked,
+            sort_keys=[
+                ("label", "ascending"),
+                ("other", "ascending"),
+                ("converted", "ascending"),
+                ("pixels", "descending"),
+                ("per_pixel", "descending"),
+                ("key", "ascending"),
+            ],
+        )
+    )
     sorted_labels = ranked.column("label").to_numpy()
     first = np.concatenate([[True], sorted_labels[1:] != sorted_labels[:-1]])
     rep_keys = ranked.column("key").take(pa.array(np.flatnonzero(first)[np.cumsum(first) - 1]))
     dropped = pa.array(~first)
     rep_keys = rep_keys.filter(dropped)
-    out = pa.table({
-        "key": ranked.column("key").filter(dropped),
-        "reason": pa.array(np.full(len(rep_keys), reason, dtype=object), pa.string()),
-        "duplicate_of": rep_keys,
-        "duplicate_group": pc.binary_join_element_wise(group_prefix, rep_keys, ""),
-    })
+    out = pa.table(
+        {
+            "key": ranked.column("key").filter(dropped),
+            "reason": pa.array(np.full(len(rep_keys), reason, dtype=object), pa.string()),
+            "duplicate_of": rep_keys,
+            "duplicate_group": pc.binary_join_element_wise(group_prefix, rep_keys, ""),
+        }
+    )
     return out.cast(DECISION_SCHEMA).sort_by("key")
 
 

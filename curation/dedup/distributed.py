@@ -21,6 +21,7 @@ partition (``output.decisions_path``), written by the task that grouped them; th
 writer reads only its partition's files. The driver sees counts, the list of partitions and
 a fixed-size sample of hash values (for the band plan).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,12 +53,12 @@ PARTITIONED_DECISION_SCHEMA = DECISION_SCHEMA.append(pa.field("partition", pa.st
 class GlobalDedupInput:
     """Where the candidates are and which columns to read (``steps.candidate_columns``)."""
 
-    uri: str                       # the curation output (its _staging holds the candidates)
-    pids: tuple[str, ...]          # every partition of the run, in plan order
-    columns: tuple[str, ...]       # read from staging
-    absent: tuple[str, ...] = ()   # preferred columns no stage wrote: nulls
+    uri: str  # the curation output (its _staging holds the candidates)
+    pids: tuple[str, ...]  # every partition of the run, in plan order
+    columns: tuple[str, ...]  # read from staging
+    absent: tuple[str, ...] = ()  # preferred columns no stage wrote: nulls
     earlier_steps: tuple[str, ...] = ()  # their decisions remove rows before this step
-    decisions_uri: str = ""        # the output whose _dedup holds the decisions (default: ``uri``)
+    decisions_uri: str = ""  # the output whose _dedup holds the decisions (default: ``uri``)
     shuffle_partitions: int | None = None  # groups of every shuffle (None: one per ~2M records)
 
     @property
@@ -87,7 +88,8 @@ def read_candidates(inp: GlobalDedupInput, pidx: int, columns: list[str] | None 
     names = list(dict.fromkeys([*(columns or inp.columns), "row_id"]))
     if table is None:
         return pa.table({c: pa.array([], pa.string()) for c in names if c != "row_id"}).append_column(
-            "row_id", pa.array([], pa.int64()))
+            "row_id", pa.array([], pa.int64())
+        )
     table = table.append_column("row_id", pa.array((np.int64(pidx) << 32) + np.arange(table.num_rows)))
     ok = pc.and_(pc.fill_null(table.column("decode_ok"), False), pc.is_null(table.column("reason")))
     dropped = decided_keys(*storage.resolve(inp.out), pid, inp.earlier_steps)
@@ -136,15 +138,18 @@ def candidates_dataset(inp: GlobalDedupInput, columns: list[str] | None = None):
     import ray.data
 
     def _read(batch: dict) -> pa.Table:
-        return pa.concat_tables([read_candidates(inp, int(i), columns) for i in batch["pidx"]],
-                                promote_options="default")
+        return pa.concat_tables(
+            [read_candidates(inp, int(i), columns) for i in batch["pidx"]], promote_options="default"
+        )
 
-    items = ray.data.from_items([{"pidx": i} for i in range(len(inp.pids))],
-                                override_num_blocks=max(1, min(len(inp.pids), 200)))
+    items = ray.data.from_items(
+        [{"pidx": i} for i in range(len(inp.pids))], override_num_blocks=max(1, min(len(inp.pids), 200))
+    )
     return items.map_batches(_read, batch_size=1, batch_format="numpy")
 
 
 # ---- writing decisions ------------------------------------------------------------------------
+
 
 def _write_group(group: pa.Table, uri: str, step: str) -> pa.Table:
     fs, root = storage.resolve(uri)
@@ -158,8 +163,9 @@ def write_decisions(decisions_ds, uri: str, step: str, num_partitions: int) -> i
     """Write a dataset of partitioned decisions (one file per partition); returns rows written."""
     fs, root = storage.resolve(uri)
     clear_step(fs, root, step)
-    written = decisions_ds.groupby("partition", num_partitions=num_partitions).map_groups(_write_group, fn_kwargs={"uri": uri, "step": step},
-                                                          batch_format="pyarrow")
+    written = decisions_ds.groupby("partition", num_partitions=num_partitions).map_groups(
+        _write_group, fn_kwargs={"uri": uri, "step": step}, batch_format="pyarrow"
+    )
     return sum(int(r["dropped"]) for r in written.take_all())  # one small row per partition with drops
 
 
@@ -172,11 +178,11 @@ def clear_step(fs, root: str, step: str) -> None:
 def with_partitions(decisions: pa.Table, meta: pa.Table) -> pa.Table:
     """Decision rows with the dropped row's partition (from ``meta``: key, partition)."""
     where = pc.index_in(decisions.column("key"), value_set=meta.column("key"))
-    return decisions.append_column("partition", meta.column("partition").take(where)).cast(
-        PARTITIONED_DECISION_SCHEMA)
+    return decisions.append_column("partition", meta.column("partition").take(where)).cast(PARTITIONED_DECISION_SCHEMA)
 
 
 # ---- exact ------------------------------------------------------------------------------------
+
 
 def _exact_group(group: pa.Table, reason: str) -> pa.Table:
     """One shuffle group's exact duplicates. Rows marked ``_earlier`` (an earlier version's kept
@@ -210,8 +216,9 @@ def _earlier_kept(batch: dict, uri: str) -> pa.Table:
     from curation.dedup.earlier import KEY_SHA, EarlierVersion
 
     earlier = EarlierVersion.open(uri)
-    table = pa.concat_tables([KEY_SHA.empty_table(), *[earlier.kept_part(str(p), ["key", "sha256"]).cast(KEY_SHA)
-                                                        for p in batch["path"]]])
+    table = pa.concat_tables(
+        [KEY_SHA.empty_table(), *[earlier.kept_part(str(p), ["key", "sha256"]).cast(KEY_SHA) for p in batch["path"]]]
+    )
     table = table.filter(pc.is_valid(table.column("sha256")))
     return _sha_key(table).append_column("_earlier", pa.array(np.ones(table.num_rows, bool)))
 
@@ -224,16 +231,19 @@ def exact_decisions(inp: GlobalDedupInput, reason: str, step: str, earlier=None)
     if earlier is not None and earlier.parts:
         import ray.data
 
-        old = ray.data.from_items([{"path": p} for p in earlier.parts],
-                                  override_num_blocks=max(1, min(len(earlier.parts), 200)))
-        ds = ds.union(old.map_batches(_earlier_kept, batch_size=1, batch_format="numpy",
-                                      fn_kwargs={"uri": earlier.uri}))
+        old = ray.data.from_items(
+            [{"path": p} for p in earlier.parts], override_num_blocks=max(1, min(len(earlier.parts), 200))
+        )
+        ds = ds.union(
+            old.map_batches(_earlier_kept, batch_size=1, batch_format="numpy", fn_kwargs={"uri": earlier.uri})
+        )
         parts = max(parts, min(256, len(earlier.parts) // 4))
     decided = shuffle(ds, "_sha", lambda g: _exact_group(g.drop_columns(["_sha"]), reason), parts)
     return write_decisions(decided, inp.out, step, parts)
 
 
 # ---- near: values -> edges ---------------------------------------------------------------------
+
 
 def _row_values(batch: pa.Table, hash_columns: list[str]) -> pa.Table:
     """(row_id, value) per distinct hash value of each row."""
@@ -258,17 +268,24 @@ def near_plan(values_ds, n_values: int, max_distance: int) -> tuple[BandPlan, in
     bits, their number by the expected cost with the bits' measured entropy."""
     threshold = min(2**64 - 1, int(2**64 * min(1.0, SAMPLE_ROWS / max(n_values, 1))))
     batches = values_ds.map_batches(_sampled, fn_kwargs={"threshold": threshold}, batch_format="pyarrow")
-    sample = np.unique(np.concatenate([b.column("value").to_numpy() for b in batches.iter_batches(
-        batch_format="pyarrow", batch_size=None)] or [np.zeros(0, np.uint64)]))
+    sample = np.unique(
+        np.concatenate(
+            [b.column("value").to_numpy() for b in batches.iter_batches(batch_format="pyarrow", batch_size=None)]
+            or [np.zeros(0, np.uint64)]
+        )
+    )
     t = max_distance
     if len(sample) < 2:
         return interleaved(t + 1, t), t + 1
     entropy, corr = bit_statistics(bit_matrix(sample))
     outer = greedy_blocks(entropy, corr, t + 1, t)
     per_key = n_values / 2 ** (float(entropy.sum()) / (t + 1))  # values sharing one outer key
-    rest = float(entropy.sum()) * t / (t + 1)                    # information in the other bits
-    costs = {b: math.comb(b, t) * (1 + per_key / 2 ** (rest * (b - t) / b))
-             for b in range(t + 1, 64 - 64 // (t + 1)) if math.comb(b, t) <= 500} or {t + 1: 0.0}
+    rest = float(entropy.sum()) * t / (t + 1)  # information in the other bits
+    costs = {
+        b: math.comb(b, t) * (1 + per_key / 2 ** (rest * (b - t) / b))
+        for b in range(t + 1, 64 - 64 // (t + 1))
+        if math.comb(b, t) <= 500
+    } or {t + 1: 0.0}
     return outer, min(costs, key=lambda b: (costs[b], b))
 
 
@@ -277,9 +294,13 @@ def inner_masks(outer_block: int, num_blocks: int, max_distance: int) -> np.ndar
     by the outer block: pairs within t bits that agree on the outer block agree on one of them."""
     bits = [p for p in range(64) if not outer_block >> p & 1]
     blocks = [sum(1 << p for p in bits[b::num_blocks]) for b in range(num_blocks)]
-    return np.array([outer_block | sum(blocks[i] for i in combo)
-                     for combo in itertools.combinations(range(num_blocks), num_blocks - max_distance)],
-                    dtype=np.uint64)
+    return np.array(
+        [
+            outer_block | sum(blocks[i] for i in combo)
+            for combo in itertools.combinations(range(num_blocks), num_blocks - max_distance)
+        ],
+        dtype=np.uint64,
+    )
 
 
 def _outer_rows(batch: pa.Table, outer: BandPlan, num_partitions: int) -> pa.Table:
@@ -287,9 +308,14 @@ def _outer_rows(batch: pa.Table, outer: BandPlan, num_partitions: int) -> pa.Tab
     rows, values = batch.column("row_id").to_numpy(), batch.column("value").to_numpy()
     blocks = outer.blocks
     keys = [mix64((values & np.uint64(b)) ^ np.uint64(i + 1)) for i, b in enumerate(blocks)]
-    return pa.table({"_part": np.concatenate([(k % np.uint64(num_partitions)).astype(np.int32) for k in keys]),
-                     "outer": np.repeat(np.arange(len(blocks), dtype=np.int8), len(values)),
-                     "value": np.tile(values, len(blocks)), "row_id": np.tile(rows, len(blocks))})
+    return pa.table(
+        {
+            "_part": np.concatenate([(k % np.uint64(num_partitions)).astype(np.int32) for k in keys]),
+            "outer": np.repeat(np.arange(len(blocks), dtype=np.int8), len(values)),
+            "value": np.tile(values, len(blocks)),
+            "row_id": np.tile(rows, len(blocks)),
+        }
+    )
 
 
 def _group_edges(group: pa.Table, outer: BandPlan, inner_blocks: int, max_distance: int, max_pairs: int) -> pa.Table:
@@ -303,10 +329,12 @@ def _group_edges(group: pa.Table, outer: BandPlan, inner_blocks: int, max_distan
         sel = which == i
         distinct, inverse = np.unique(values[sel], return_inverse=True)
         first = np.full(len(distinct), np.iinfo(np.int64).max)
-        np.minimum.at(first, inverse, rows[sel])       # each value's smallest row
-        out_a.append(rows[sel])                          # rows of a value: a star to its smallest row
+        np.minimum.at(first, inverse, rows[sel])  # each value's smallest row
+        out_a.append(rows[sel])  # rows of a value: a star to its smallest row
         out_b.append(first[inverse])
-        ea, eb = value_edges(distinct, inner_masks(outer.blocks[i], inner_blocks, max_distance), max_distance, max_pairs)
+        ea, eb = value_edges(
+            distinct, inner_masks(outer.blocks[i], inner_blocks, max_distance), max_distance, max_pairs
+        )
         out_a.append(first[ea])
         out_b.append(first[eb])
     a, b = np.concatenate(out_a), np.concatenate(out_b)
@@ -316,16 +344,23 @@ def _group_edges(group: pa.Table, outer: BandPlan, inner_blocks: int, max_distan
 
 def near_edges(values_ds, n_values: int, cfg, num_partitions: int):
     outer, inner_blocks = near_plan(values_ds, n_values, cfg.max_distance)
-    records = values_ds.map_batches(_outer_rows, fn_kwargs={"outer": outer, "num_partitions": num_partitions},
-                                    batch_format="pyarrow")
-    return (records.groupby("_part", num_partitions=num_partitions)
-            .map_groups(_group_edges, fn_kwargs={"outer": outer, "inner_blocks": inner_blocks,
-                                                 "max_distance": cfg.max_distance,
-                                                 "max_pairs": cfg.max_pairs_per_chunk},
-                        batch_format="pyarrow"))
+    records = values_ds.map_batches(
+        _outer_rows, fn_kwargs={"outer": outer, "num_partitions": num_partitions}, batch_format="pyarrow"
+    )
+    return records.groupby("_part", num_partitions=num_partitions).map_groups(
+        _group_edges,
+        fn_kwargs={
+            "outer": outer,
+            "inner_blocks": inner_blocks,
+            "max_distance": cfg.max_distance,
+            "max_pairs": cfg.max_pairs_per_chunk,
+        },
+        batch_format="pyarrow",
+    )
 
 
 # ---- near: components -> members -> decisions ---------------------------------------------------
+
 
 def _members(group: pa.Table, inp: GlobalDedupInput) -> pa.Table:
     """The labelled rows of one staging partition, with their metadata."""
@@ -352,8 +387,11 @@ def _near_group(group: pa.Table, reason: str, prefix: str) -> pa.Table:
 
 def near_decisions(inp: GlobalDedupInput, cfg, reason: str, prefix: str, step: str) -> int:
     """Near duplicates over the run (module docstring); returns rows dropped."""
-    values = candidates_dataset(inp, ["row_id", *cfg.hash_columns()]).map_batches(
-        _row_values, fn_kwargs={"hash_columns": cfg.hash_columns()}, batch_format="pyarrow").materialize()
+    values = (
+        candidates_dataset(inp, ["row_id", *cfg.hash_columns()])
+        .map_batches(_row_values, fn_kwargs={"hash_columns": cfg.hash_columns()}, batch_format="pyarrow")
+        .materialize()
+    )
     n_values = values.count()
     if n_values == 0:
         clear_step(*storage.resolve(inp.out), step)
@@ -369,13 +407,17 @@ def near_decisions(inp: GlobalDedupInput, cfg, reason: str, prefix: str, step: s
     parts = inp.num_partitions(edges.count())
     labels = connected_components(edges, parts).materialize()
     log.info("near dedup: components in %.1f s", time.perf_counter() - t)
-    members = (labels.map_batches(_pidx, batch_format="pyarrow").groupby("pidx", num_partitions=parts)
-               .map_groups(_members, fn_kwargs={"inp": inp}, batch_format="pyarrow"))
+    members = (
+        labels.map_batches(_pidx, batch_format="pyarrow")
+        .groupby("pidx", num_partitions=parts)
+        .map_groups(_members, fn_kwargs={"inp": inp}, batch_format="pyarrow")
+    )
     decided = shuffle(members, "label", _near_group, parts, fn_kwargs={"reason": reason, "prefix": prefix})
     return write_decisions(decided, inp.out, step, parts)
 
 
 # ---- near: the partitioned index the next version searches --------------------------------------
+
 
 def _index_rows(batch: pa.Table, inp: GlobalDedupInput, cfg, step: str) -> pa.Table:
     """Index rows (``index_store``'s: prepared candidates and their representative) of the batch's
@@ -397,8 +439,13 @@ def _key_sums(batch: pa.Table, cfg) -> pa.Table:
     from curation.dedup.index_store import keys_sum
     from curation.dedup.near import row_values
 
-    return pa.table({"rows": [batch.num_rows], "values": [len(row_values(batch, cfg)[1])],
-                     "sum": [str(keys_sum(batch.column("key").to_pylist()))]})
+    return pa.table(
+        {
+            "rows": [batch.num_rows],
+            "values": [len(row_values(batch, cfg)[1])],
+            "sum": [str(keys_sum(batch.column("key").to_pylist()))],
+        }
+    )
 
 
 def _row_bucket_of(batch: pa.Table, num_buckets: int) -> pa.Table:
@@ -413,8 +460,12 @@ def _band_records(batch: pa.Table, cfg, masks: np.ndarray, num_buckets: int) -> 
 
     post = postings(batch, cfg)
     v = post.column("value").to_numpy()
-    return pa.concat_tables([post.append_column("_b", pa.array(j * num_buckets + value_buckets(v, int(m), num_buckets)))
-                             for j, m in enumerate(masks)])
+    return pa.concat_tables(
+        [
+            post.append_column("_b", pa.array(j * num_buckets + value_buckets(v, int(m), num_buckets)))
+            for j, m in enumerate(masks)
+        ]
+    )
 
 
 def _write_buckets_of(group: pa.Table, uri: str, part: str, num_buckets: int, kind: str) -> pa.Table:
@@ -440,19 +491,24 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str) -> dict:
     holds counts, the per-block key digests and the lists of buckets written. The band plan is the
     index's (``NearDupConfig.index_num_blocks`` or ``incremental.index_blocks``), not the search's."""
     from curation.dedup.incremental import index_blocks
-    from curation.dedup.index_store import (default_buckets, part_dir, part_entry, part_id, write_header)
+    from curation.dedup.index_store import default_buckets, part_dir, part_entry, part_id, write_header
     from curation.dedup.near import band_masks
 
     fs, root = storage.resolve(inp.out)
     index_root = output.path(root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
     if storage.exists(fs, index_root):
         fs.delete_dir(index_root)
-    rows = candidates_dataset(inp, inp.meta(*cfg.hash_columns())).map_batches(
-        _index_rows, fn_kwargs={"inp": inp, "cfg": cfg, "step": step}, batch_format="pyarrow").materialize()
-    sums = [(int(r["rows"]), int(r["values"]), int(r["sum"]))
-            for r in rows.map_batches(_key_sums, fn_kwargs={"cfg": cfg}, batch_format="pyarrow").take_all()]
+    rows = (
+        candidates_dataset(inp, inp.meta(*cfg.hash_columns()))
+        .map_batches(_index_rows, fn_kwargs={"inp": inp, "cfg": cfg, "step": step}, batch_format="pyarrow")
+        .materialize()
+    )
+    sums = [
+        (int(r["rows"]), int(r["values"]), int(r["sum"]))
+        for r in rows.map_batches(_key_sums, fn_kwargs={"cfg": cfg}, batch_format="pyarrow").take_all()
+    ]
     n, n_values = sum(r for r, _, _ in sums), sum(v for _, v, _ in sums)
-    blocks = cfg.index_num_blocks or index_blocks(n_values, cfg.max_distance)   # the index's plan, not the search's
+    blocks = cfg.index_num_blocks or index_blocks(n_values, cfg.max_distance)  # the index's plan, not the search's
     masks = band_masks(blocks, cfg.max_distance)
     p = default_buckets(n)
     parts = []
@@ -461,16 +517,33 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str) -> dict:
         part = part_dir(index_root, pid)
         kw = {"uri": inp.out, "part": part, "num_buckets": p}
         shuffles = inp.num_partitions(n)
-        row_b = shuffle(rows.map_batches(_row_bucket_of, fn_kwargs={"num_buckets": p}, batch_format="pyarrow"),
-                        "_b", _write_buckets_of, shuffles, fn_kwargs={**kw, "kind": "rows"})
-        records = rows.map_batches(_band_records, fn_kwargs={"cfg": cfg, "masks": masks, "num_buckets": p},
-                                   batch_format="pyarrow")
-        band_b = shuffle(records, "_b", _write_buckets_of, inp.num_partitions(n * len(masks)),
-                         fn_kwargs={**kw, "kind": "bands"})
-        written = np.concatenate([b.column("_b").to_numpy() for b in
-                                  band_b.iter_batches(batch_format="pyarrow", batch_size=None)] or [np.zeros(0, int)])
+        row_b = shuffle(
+            rows.map_batches(_row_bucket_of, fn_kwargs={"num_buckets": p}, batch_format="pyarrow"),
+            "_b",
+            _write_buckets_of,
+            shuffles,
+            fn_kwargs={**kw, "kind": "rows"},
+        )
+        records = rows.map_batches(
+            _band_records, fn_kwargs={"cfg": cfg, "masks": masks, "num_buckets": p}, batch_format="pyarrow"
+        )
+        band_b = shuffle(
+            records, "_b", _write_buckets_of, inp.num_partitions(n * len(masks)), fn_kwargs={**kw, "kind": "bands"}
+        )
+        written = np.concatenate(
+            [b.column("_b").to_numpy() for b in band_b.iter_batches(batch_format="pyarrow", batch_size=None)]
+            or [np.zeros(0, int)]
+        )
         rows_written = [int(r["_b"]) for r in row_b.take_all()]
-        parts.append(part_entry(pid, n, rows_written, [written[written // p == j] % p for j in range(len(masks))],
-                                postings=n_values * len(masks)))
-    return write_header(fs, index_root, cfg, masks=masks, num_blocks=blocks, max_distance=cfg.max_distance,
-                        num_buckets=p, parts=parts)
+        parts.append(
+            part_entry(
+                pid,
+                n,
+                rows_written,
+                [written[written // p == j] % p for j in range(len(masks))],
+                postings=n_values * len(masks),
+            )
+        )
+    return write_header(
+        fs, index_root, cfg, masks=masks, num_blocks=blocks, max_distance=cfg.max_distance, num_buckets=p, parts=parts
+    )

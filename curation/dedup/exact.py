@@ -1,4 +1,5 @@
 """Exact dedup across the whole run: identical input bytes (SHA-256) keep one copy."""
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -28,10 +29,11 @@ def exact_against(candidates: pa.Table, existing_kept: pa.Table) -> pa.Table:
     for key, sha in sorted(zip(existing_kept.column("key").to_pylist(), existing_kept.column("sha256").to_pylist())):
         if sha is not None:
             first_key.setdefault(sha, key)
-    rows = [{"key": k, "reason": EXACT_DUPLICATE, "duplicate_of": first_key[s],
-             "duplicate_group": f"sha256:{s[:16]}"}
-            for k, s in zip(candidates.column("key").to_pylist(), candidates.column("sha256").to_pylist())
-            if s in first_key]
+    rows = [
+        {"key": k, "reason": EXACT_DUPLICATE, "duplicate_of": first_key[s], "duplicate_group": f"sha256:{s[:16]}"}
+        for k, s in zip(candidates.column("key").to_pylist(), candidates.column("sha256").to_pylist())
+        if s in first_key
+    ]
     return pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
 
 
@@ -40,13 +42,19 @@ def _decide_group(group: pa.Table) -> pa.Table:
     if len(rows) < 2:
         return DECISION_SCHEMA.empty_table()
     return pa.Table.from_pylist(
-        group_decisions(rows, EXACT_DUPLICATE, f"sha256:{rows[0]['sha256'][:16]}"), schema=DECISION_SCHEMA)
+        group_decisions(rows, EXACT_DUPLICATE, f"sha256:{rows[0]['sha256'][:16]}"), schema=DECISION_SCHEMA
+    )
 
 
 def exact_duplicate_decisions_ray(candidates_ds) -> pa.Table:
     """The same decisions computed with Ray Data (a shuffle by digest), for cluster-sized runs."""
-    out = (candidates_ds.select_columns(["sha256", *meta_columns(candidates_ds.schema().names)])
-           .groupby("sha256").map_groups(_decide_group, batch_format="pyarrow"))
-    tables = [pa.Table.from_pylist(b.to_pylist() if hasattr(b, "to_pylist") else [], schema=DECISION_SCHEMA)
-              for b in out.iter_batches(batch_format="pyarrow", batch_size=None)]
+    out = (
+        candidates_ds.select_columns(["sha256", *meta_columns(candidates_ds.schema().names)])
+        .groupby("sha256")
+        .map_groups(_decide_group, batch_format="pyarrow")
+    )
+    tables = [
+        pa.Table.from_pylist(b.to_pylist() if hasattr(b, "to_pylist") else [], schema=DECISION_SCHEMA)
+        for b in out.iter_batches(batch_format="pyarrow", batch_size=None)
+    ]
     return pa.concat_tables([DECISION_SCHEMA.empty_table(), *tables]).sort_by("key")

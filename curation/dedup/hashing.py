@@ -20,6 +20,7 @@ manifest can be checked or recomputed with imagededup alone. What that hash does
 Cost: ~1.8 ms for a 512x512 image and ~5 ms at 1024x768 on one core, almost all of it the
 Lanczos resize of the full image (the DCT is 0.03 ms); 12 MP images take ~60 ms.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -49,6 +49,7 @@ images 35 instead of 70. Any B is exact (pigeonhole): the
 plan changes only cost. ``NearDupConfig.index_num_blocks`` overrides it; an index that is
 appended to keeps the plan its header records.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,11 +62,21 @@ import pyarrow.compute as pc
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.components import component_labels, decisions_from_labels, meta_columns
 from curation.dedup.hashing import hamming
-from curation.dedup.near import (_MAX_BANDS, GROUP_PREFIX, HASH_BITS, NEAR_DUPLICATE, NearDupConfig,
-                                 _check_columns, _prepare, band_masks, row_values, value_edges)
+from curation.dedup.near import (
+    _MAX_BANDS,
+    GROUP_PREFIX,
+    HASH_BITS,
+    NEAR_DUPLICATE,
+    NearDupConfig,
+    _check_columns,
+    _prepare,
+    band_masks,
+    row_values,
+    value_edges,
+)
 
-INDEX_BATCH_FRACTION = 0.1   # the later batch the index plan is chosen for: a tenth of the index ...
-INDEX_MIN_BATCH = 100_000    # ... and at least this many values
+INDEX_BATCH_FRACTION = 0.1  # the later batch the index plan is chosen for: a tenth of the index ...
+INDEX_MIN_BATCH = 100_000  # ... and at least this many values
 
 
 def index_batch(n_values: int) -> int:
@@ -77,7 +88,7 @@ def index_cost(num_blocks: int, max_distance: int, batch_values: int) -> float:
     """Relative cost per indexed value of B interleaved blocks (the module docstring's model)."""
     t = max_distance
     band_bits = HASH_BITS * (num_blocks - t) / num_blocks
-    return math.comb(num_blocks, t) * (2.0 + batch_values / 2.0 ** band_bits)
+    return math.comb(num_blocks, t) * (2.0 + batch_values / 2.0**band_bits)
 
 
 def index_blocks(n_values: int, max_distance: int, batch_values: int | None = None) -> int:
@@ -104,7 +115,7 @@ class NearDupIndex:
     match_mirrored: bool
     max_distance: int
     num_blocks: int
-    plan_masks: tuple[int, ...] | None = None   # the band masks, when not ``band_masks(num_blocks, t)``
+    plan_masks: tuple[int, ...] | None = None  # the band masks, when not ``band_masks(num_blocks, t)``
 
     @property
     def masks(self) -> np.ndarray:
@@ -131,21 +142,39 @@ class NearDupIndex:
         """The index of the next version: these rows plus a new batch and its decisions."""
         old = self.rows.drop_columns(["representative"])
         rep = dict(zip(self.rows.column("key").to_pylist(), self.rows.column("representative").to_pylist()))
-        decisions = pa.concat_tables([
-            pa.Table.from_pylist([{"key": k, "reason": NEAR_DUPLICATE, "duplicate_of": r, "duplicate_group": ""}
-                                  for k, r in rep.items() if r != k], schema=DECISION_SCHEMA),
-            new_decisions.cast(DECISION_SCHEMA)])
+        decisions = pa.concat_tables(
+            [
+                pa.Table.from_pylist(
+                    [
+                        {"key": k, "reason": NEAR_DUPLICATE, "duplicate_of": r, "duplicate_group": ""}
+                        for k, r in rep.items()
+                        if r != k
+                    ],
+                    schema=DECISION_SCHEMA,
+                ),
+                new_decisions.cast(DECISION_SCHEMA),
+            ]
+        )
         merged = pa.concat_tables([old, _prepare(new, cfg).cast(old.schema)])
         same = dataclasses.replace(cfg, index_num_blocks=self.num_blocks, max_distance=self.max_distance)
-        index = NearDupIndex.build(merged, same, decisions)    # this index's plan, whatever cfg asks
+        index = NearDupIndex.build(merged, same, decisions)  # this index's plan, whatever cfg asks
         if self.plan_masks is None:
             return index
-        return NearDupIndex.from_rows(index.rows, same, masks=self.masks, num_blocks=self.num_blocks,
-                                      max_distance=self.max_distance)
+        return NearDupIndex.from_rows(
+            index.rows, same, masks=self.masks, num_blocks=self.num_blocks, max_distance=self.max_distance
+        )
 
     @classmethod
-    def from_rows(cls, rows: pa.Table | None, cfg: NearDupConfig, *, masks: np.ndarray, num_blocks: int,
-                  max_distance: int, like: pa.Table | None = None) -> NearDupIndex:
+    def from_rows(
+        cls,
+        rows: pa.Table | None,
+        cfg: NearDupConfig,
+        *,
+        masks: np.ndarray,
+        num_blocks: int,
+        max_distance: int,
+        like: pa.Table | None = None,
+    ) -> NearDupIndex:
         """An index of stored rows (with ``representative``) under a given band plan; ``rows`` None:
         an empty index with ``like``'s prepared columns."""
         if rows is None:
@@ -154,8 +183,9 @@ class NearDupIndex:
         _, values = row_values(rows, cfg)
         distinct = np.unique(values)
         orders = [np.argsort(distinct & m) for m in masks]
-        return cls(rows, distinct, orders, cfg.hash, cfg.match_mirrored, max_distance, num_blocks,
-                   tuple(int(m) for m in masks))
+        return cls(
+            rows, distinct, orders, cfg.hash, cfg.match_mirrored, max_distance, num_blocks, tuple(int(m) for m in masks)
+        )
 
     def check(self, cfg: NearDupConfig) -> None:
         check_settings(self.hash, self.match_mirrored, self.max_distance, cfg)
@@ -164,15 +194,20 @@ class NearDupIndex:
 def check_settings(hash_name: str, match_mirrored: bool, max_distance: int, cfg: NearDupConfig) -> None:
     """A ValueError when ``cfg`` cannot be searched against an index built with these settings."""
     if cfg.hash != hash_name or cfg.match_mirrored != match_mirrored:
-        raise ValueError(f"the index was built with hash={hash_name!r}, match_mirrored={match_mirrored}; "
-                         f"the config asks hash={cfg.hash!r}, match_mirrored={cfg.match_mirrored}")
+        raise ValueError(
+            f"the index was built with hash={hash_name!r}, match_mirrored={match_mirrored}; "
+            f"the config asks hash={cfg.hash!r}, match_mirrored={cfg.match_mirrored}"
+        )
     if cfg.max_distance > max_distance:
-        raise ValueError(f"the index was built for max_distance <= {max_distance}, the config asks "
-                         f"{cfg.max_distance}: rebuild the index (NearDupIndex.build) with the new setting")
+        raise ValueError(
+            f"the index was built for max_distance <= {max_distance}, the config asks "
+            f"{cfg.max_distance}: rebuild the index (NearDupIndex.build) with the new setting"
+        )
 
 
-def _cross_edges(new_values: np.ndarray, index: NearDupIndex, max_distance: int,
-                 max_pairs: int) -> tuple[np.ndarray, np.ndarray]:
+def _cross_edges(
+    new_values: np.ndarray, index: NearDupIndex, max_distance: int, max_pairs: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Pairs (new value idx, index value idx) within ``max_distance``, one searchsorted per band."""
     found = [np.zeros(0, dtype=np.int64)]
     n_old = len(index.values)
@@ -192,8 +227,9 @@ def _cross_edges(new_values: np.ndarray, index: NearDupIndex, max_distance: int,
     return codes // max(n_old, 1), codes % max(n_old, 1)
 
 
-def incremental_decisions(new: pa.Table, existing: NearDupIndex | pa.Table, cfg: NearDupConfig, *,
-                          existing_decisions: pa.Table | None = None) -> pa.Table:
+def incremental_decisions(
+    new: pa.Table, existing: NearDupIndex | pa.Table, cfg: NearDupConfig, *, existing_decisions: pa.Table | None = None
+) -> pa.Table:
     """Decision rows for a new batch only (see the module docstring for the contract).
 
     ``existing``: a ``NearDupIndex``, or the existing version's candidate table (then
@@ -215,8 +251,15 @@ def incremental_decisions(new: pa.Table, existing: NearDupIndex | pa.Table, cfg:
     h0 = v0 + len(distinct)
     r0 = h0 + len(side.hit)
     a = np.concatenate([rows, v0 + ea, v0 + ca, h0 + side.holder_vals, r0 + side.node(side.involved)])
-    b = np.concatenate([v0 + np.searchsorted(distinct, values), v0 + eb, h0 + np.searchsorted(side.hit, cb),
-                        r0 + side.node(side.holder_rows), r0 + side.node(side.reps)])
+    b = np.concatenate(
+        [
+            v0 + np.searchsorted(distinct, values),
+            v0 + eb,
+            h0 + np.searchsorted(side.hit, cb),
+            r0 + side.node(side.holder_rows),
+            r0 + side.node(side.reps),
+        ]
+    )
     labels = component_labels(r0 + len(side.old_nodes), a, b)
     return _new_rows_decisions(table, index, side, labels[:n_new], labels[r0:])
 
@@ -228,8 +271,9 @@ def _checked_batch(new: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa
     table = _prepare(new, cfg)
     clash = pc.is_in(table.column("key"), value_set=index.rows.column("key"))
     if pc.any(clash).as_py():
-        raise ValueError("new rows reuse keys of the existing version: "
-                         f"{table.filter(clash).column('key')[0].as_py()!r}")
+        raise ValueError(
+            f"new rows reuse keys of the existing version: {table.filter(clash).column('key')[0].as_py()!r}"
+        )
     return table
 
 
@@ -238,14 +282,14 @@ class _ExistingSide:
     """The existing rows a new batch touches: the hit index values, the rows holding them and
     those rows' representatives, numbered compactly as ``old_nodes``."""
 
-    hit: np.ndarray           # index value positions within max_distance of a new value
-    holder_rows: np.ndarray   # existing rows holding a hit value ...
-    holder_vals: np.ndarray   # ... and that value's position in ``hit``
-    involved: np.ndarray      # distinct holder rows
-    reps: np.ndarray          # their representatives' rows
-    old_nodes: np.ndarray     # involved rows and representatives, sorted
-    keys: list[str]           # key of every existing row
-    rep_keys: list[str]       # representative key of every existing row
+    hit: np.ndarray  # index value positions within max_distance of a new value
+    holder_rows: np.ndarray  # existing rows holding a hit value ...
+    holder_vals: np.ndarray  # ... and that value's position in ``hit``
+    involved: np.ndarray  # distinct holder rows
+    reps: np.ndarray  # their representatives' rows
+    old_nodes: np.ndarray  # involved rows and representatives, sorted
+    keys: list[str]  # key of every existing row
+    rep_keys: list[str]  # representative key of every existing row
 
     @classmethod
     def of(cls, index: NearDupIndex, cb: np.ndarray, cfg: NearDupConfig) -> _ExistingSide:
@@ -259,16 +303,18 @@ class _ExistingSide:
         involved = np.unique(holder_rows)
         position = {k: i for i, k in enumerate(keys)}
         reps = np.array([position[rep_keys[r]] for r in involved], dtype=np.int64)
-        return cls(hit, holder_rows, holder_vals, involved, reps, np.unique(np.concatenate([involved, reps])),
-                   keys, rep_keys)
+        return cls(
+            hit, holder_rows, holder_vals, involved, reps, np.unique(np.concatenate([involved, reps])), keys, rep_keys
+        )
 
     def node(self, rows: np.ndarray) -> np.ndarray:
         """Compact numbers of existing rows (which must be in ``old_nodes``)."""
         return np.searchsorted(self.old_nodes, rows)
 
 
-def _new_rows_decisions(table: pa.Table, index: NearDupIndex, side: _ExistingSide, new_labels: np.ndarray,
-                        old_labels: np.ndarray) -> pa.Table:
+def _new_rows_decisions(
+    table: pa.Table, index: NearDupIndex, side: _ExistingSide, new_labels: np.ndarray, old_labels: np.ndarray
+) -> pa.Table:
     """Decide over the new rows and the existing representatives of their components (existing
     ones preferred); keep only the new rows' decisions."""
     is_rep = np.array([side.rep_keys[r] == side.keys[r] for r in side.old_nodes], dtype=bool)

@@ -44,6 +44,7 @@ representatives). I/O is per band min(P, b) of P bucket files for a batch of b d
 values, i.e. about min(1, b / P) x N postings per band: reads are partial when b << P, and
 approach the whole index (streamed, never held) when the batch has more values than P.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,11 +58,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from curation import output
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.bands import mix64
 from curation.dedup.incremental import NearDupIndex, check_settings, incremental_decisions
 from curation.dedup.near import NearDupConfig, row_values
-from curation import output
 from curation.output import NEAR_INDEX_HEADER as HEADER
 from infra import storage
 
@@ -127,7 +128,8 @@ def postings(rows: pa.Table, cfg: NearDupConfig) -> pa.Table:
     whatever the row order, so both writers give the same files)."""
     r, v = row_values(rows, cfg)
     return pa.table({"value": pa.array(v, pa.uint64()), "key": rows.column("key").take(pa.array(r))}).sort_by(
-        [("value", "ascending"), ("key", "ascending")])
+        [("value", "ascending"), ("key", "ascending")]
+    )
 
 
 def write_row_bucket(fs, part: str, b: int, rows: pa.Table) -> None:
@@ -139,8 +141,7 @@ def write_band_bucket(fs, part: str, j: int, b: int, band_postings: pa.Table) ->
     storage.write_parquet(fs, _band_file(part, j, b), band_postings.sort_by(order))
 
 
-def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray,
-               num_buckets: int) -> dict:
+def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray, num_buckets: int) -> dict:
     """One part (``rows`` carry ``representative``) under ``index_root/parts/<id>``; its header entry.
     (``curation.dedup.distributed.write_near_index`` writes the same files from Ray tasks.)"""
     rows = rows.sort_by("key")
@@ -161,27 +162,59 @@ def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: n
     return part_entry(pid, len(keys), list(by_key), band_b, postings=post.num_rows * len(masks))
 
 
-def part_entry(pid: str, num_rows: int, row_buckets: list[int], band_buckets: list[list[int]], *,
-               postings: int) -> dict:
+def part_entry(
+    pid: str, num_rows: int, row_buckets: list[int], band_buckets: list[list[int]], *, postings: int
+) -> dict:
     """A part's header entry; ``postings``: (value, key) records written over all its bands."""
-    return {"id": pid, "uri": relative_part(pid), "rows": int(num_rows), "postings": int(postings),
-            "row_buckets": sorted(int(b) for b in row_buckets),
-            "band_buckets": [sorted(int(b) for b in band) for band in band_buckets]}
+    return {
+        "id": pid,
+        "uri": relative_part(pid),
+        "rows": int(num_rows),
+        "postings": int(postings),
+        "row_buckets": sorted(int(b) for b in row_buckets),
+        "band_buckets": [sorted(int(b) for b in band) for band in band_buckets],
+    }
 
 
-def write_header(fs, index_root: str, cfg: NearDupConfig, *, masks: np.ndarray, num_blocks: int, max_distance: int,
-                 num_buckets: int, parts: list[dict]) -> dict:
-    header = {"format": FORMAT, "hash": cfg.hash, "match_mirrored": cfg.match_mirrored,
-              "max_distance": max_distance, "num_blocks": num_blocks,
-              "masks": [str(int(m)) for m in masks], "num_buckets": num_buckets, "parts": parts}
-    storage.atomic_write_bytes(fs, storage.join(index_root, HEADER),
-                               json.dumps(header, indent=2, sort_keys=True).encode())
+def write_header(
+    fs,
+    index_root: str,
+    cfg: NearDupConfig,
+    *,
+    masks: np.ndarray,
+    num_blocks: int,
+    max_distance: int,
+    num_buckets: int,
+    parts: list[dict],
+) -> dict:
+    header = {
+        "format": FORMAT,
+        "hash": cfg.hash,
+        "match_mirrored": cfg.match_mirrored,
+        "max_distance": max_distance,
+        "num_blocks": num_blocks,
+        "masks": [str(int(m)) for m in masks],
+        "num_buckets": num_buckets,
+        "parts": parts,
+    }
+    storage.atomic_write_bytes(
+        fs, storage.join(index_root, HEADER), json.dumps(header, indent=2, sort_keys=True).encode()
+    )
     return header
 
 
-def write_index(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, *, masks: np.ndarray,
-                num_blocks: int, max_distance: int, earlier: PartitionedNearIndex | None = None,
-                num_buckets: int = 8) -> dict:
+def write_index(
+    fs,
+    index_root: str,
+    rows: pa.Table,
+    cfg: NearDupConfig,
+    *,
+    masks: np.ndarray,
+    num_blocks: int,
+    max_distance: int,
+    earlier: PartitionedNearIndex | None = None,
+    num_buckets: int = 8,
+) -> dict:
     """Write ``rows`` as a new part and the header listing ``earlier``'s parts (if any) before it."""
     parts = []
     if earlier is not None:
@@ -189,8 +222,16 @@ def write_index(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, *, mask
         parts = [earlier.listed_from(p, fs, index_root) for p in earlier.header["parts"]]
     if rows.num_rows:
         parts.append(write_part(fs, index_root, rows, cfg, masks, num_buckets))
-    return write_header(fs, index_root, cfg, masks=masks, num_blocks=num_blocks, max_distance=max_distance,
-                        num_buckets=num_buckets, parts=parts)
+    return write_header(
+        fs,
+        index_root,
+        cfg,
+        masks=masks,
+        num_blocks=num_blocks,
+        max_distance=max_distance,
+        num_buckets=num_buckets,
+        parts=parts,
+    )
 
 
 @dataclasses.dataclass
@@ -201,10 +242,10 @@ class PartitionedNearIndex:
     root: str
     header: dict
     opened: list[str] = dataclasses.field(default_factory=list)
-    rows_read: int = 0        # rows (postings and index rows) of the files read
-    largest_file: int = 0     # rows of the largest file read (the most held before filtering)
-    reached: int = 0          # rows of the last sub_index
-    locations: tuple[str, ...] = ()   # outputs (or index folders) where earlier versions lie now
+    rows_read: int = 0  # rows (postings and index rows) of the files read
+    largest_file: int = 0  # rows of the largest file read (the most held before filtering)
+    reached: int = 0  # rows of the last sub_index
+    locations: tuple[str, ...] = ()  # outputs (or index folders) where earlier versions lie now
     where: dict[str, tuple[object, str]] = dataclasses.field(default_factory=dict)  # part id -> (fs, path)
 
     @classmethod
@@ -226,7 +267,7 @@ class PartitionedNearIndex:
         version = None
         suffix = "/" + storage.join(output.DEDUP_DIR, output.NEAR_INDEX_DIR)
         if self.root.rstrip("/").endswith(suffix):
-            success = storage.join(self.root.rstrip("/")[:-len(suffix)], output.SUCCESS_FILE)
+            success = storage.join(self.root.rstrip("/")[: -len(suffix)], output.SUCCESS_FILE)
             if storage.exists(self.fs, success):
                 version = json.loads(storage.read_bytes(self.fs, success)).get("dataset_id")
         return {"version": version, "index": storage.to_uri(self.fs, self.root)}
@@ -245,7 +286,7 @@ class PartitionedNearIndex:
         """(filesystem, path) of a part, resolved once (module docstring)."""
         if part["id"] in self.where:
             return self.where[part["id"]]
-        if is_relative(part["uri"]):                       # one of this index's own parts
+        if is_relative(part["uri"]):  # one of this index's own parts
             tried = [(self.fs, storage.join(self.root, part["uri"]))]
         else:
             rel = part.get("path") or relative_part(part["id"])
@@ -262,7 +303,8 @@ class PartitionedNearIndex:
             f"near-dup index {storage.to_uri(self.fs, self.root)}: part {part['id']} of earlier version "
             f"{origin.get('version') or '(no version id)'} (written at {origin.get('index') or part['uri']}) is not "
             f"at {', '.join(storage.to_uri(fs, p) for fs, p in tried)}; pass where that output lies now in "
-            "dedup.near.index_locations")
+            "dedup.near.index_locations"
+        )
 
     @property
     def masks(self) -> np.ndarray:
@@ -299,7 +341,7 @@ class PartitionedNearIndex:
         the same kind (keeping its endpoint and credentials), else the one its URI names."""
         prefix = f"{self.fs.type_name}://"
         if uri.startswith(prefix):
-            return self.fs, uri[len(prefix):]
+            return self.fs, uri[len(prefix) :]
         return storage.resolve(uri) if "://" in uri else (self.fs, uri)
 
     def listed_from(self, part: dict, fs, index_root: str) -> dict:
@@ -310,11 +352,16 @@ class PartitionedNearIndex:
         root = index_root.rstrip("/")
         same_kind = part_fs.type_name == fs.type_name
         if same_kind and path.startswith(root + "/"):
-            return dict(part, uri=path[len(root) + 1:])
-        origin = part.get("origin") or (self.owner if is_relative(part["uri"]) else   # an older header: its URI
-                                        {"version": None, "index": part["uri"].rsplit("/parts/", 1)[0]})
-        entry = dict(part, uri=storage.to_uri(part_fs, path), path=part.get("path") or relative_part(part["id"]),
-                     origin=origin)
+            return dict(part, uri=path[len(root) + 1 :])
+        origin = part.get("origin") or (
+            self.owner
+            if is_relative(part["uri"])
+            # an older header: its URI
+            else {"version": None, "index": part["uri"].rsplit("/parts/", 1)[0]}
+        )
+        entry = dict(
+            part, uri=storage.to_uri(part_fs, path), path=part.get("path") or relative_part(part["id"]), origin=origin
+        )
         if same_kind:
             entry["relative"] = posixpath.relpath(path, root)
         else:
@@ -325,8 +372,9 @@ class PartitionedNearIndex:
         """The stored rows with these keys (their key buckets only), or None when none is stored."""
         wanted = set(key_buckets(keys, self.header["num_buckets"]).tolist())
         key_set = pa.array(sorted(set(keys)), pa.string())
-        tables = self._read(_rows_file, wanted, "row_buckets",
-                            keep=lambda t: t.filter(pc.is_in(t.column("key"), value_set=key_set)))
+        tables = self._read(
+            _rows_file, wanted, "row_buckets", keep=lambda t: t.filter(pc.is_in(t.column("key"), value_set=key_set))
+        )
         return pa.concat_tables(tables, promote_options="default") if tables else None
 
     def reachable_keys(self, new_values: np.ndarray) -> list[str]:
@@ -359,8 +407,9 @@ class PartitionedNearIndex:
             rows = pa.concat_tables([rows, more], promote_options="default") if more is not None else rows
         h = self.header
         self.reached = 0 if rows is None else rows.num_rows
-        return NearDupIndex.from_rows(rows, cfg, masks=self.masks, num_blocks=h["num_blocks"],
-                                      max_distance=h["max_distance"], like=new)
+        return NearDupIndex.from_rows(
+            rows, cfg, masks=self.masks, num_blocks=h["num_blocks"], max_distance=h["max_distance"], like=new
+        )
 
     def decisions(self, new: pa.Table, cfg: NearDupConfig) -> pa.Table:
         """``incremental_decisions`` of ``new`` against this index, reading only touched buckets."""
@@ -376,15 +425,24 @@ class PartitionedNearIndex:
         rows = pa.concat_tables(tables, promote_options="default") if tables else None
         if rows is None:
             raise ValueError(f"{self.root}: the near-dup index holds no rows")
-        return NearDupIndex.from_rows(rows, cfg, masks=self.masks, num_blocks=h["num_blocks"],
-                                      max_distance=h["max_distance"])
+        return NearDupIndex.from_rows(
+            rows, cfg, masks=self.masks, num_blocks=h["num_blocks"], max_distance=h["max_distance"]
+        )
 
 
 def save_index(index: NearDupIndex, fs, path: str, num_buckets: int | None = None) -> dict:
     """An in-memory index written partitioned, as one part (``num_buckets`` None: ``default_buckets``)."""
     cfg = NearDupConfig(hash=index.hash, match_mirrored=index.match_mirrored, max_distance=index.max_distance)
-    return write_index(fs, path, index.rows, cfg, masks=index.masks, num_blocks=index.num_blocks,
-                       max_distance=index.max_distance, num_buckets=num_buckets or default_buckets(index.rows.num_rows))
+    return write_index(
+        fs,
+        path,
+        index.rows,
+        cfg,
+        masks=index.masks,
+        num_blocks=index.num_blocks,
+        max_distance=index.max_distance,
+        num_buckets=num_buckets or default_buckets(index.rows.num_rows),
+    )
 
 
 @dataclasses.dataclass
@@ -398,15 +456,24 @@ class IndexExtension:
     def write(self, fs, path: str) -> dict:
         h = self.base.header
         cfg = NearDupConfig(hash=h["hash"], match_mirrored=h["match_mirrored"], max_distance=h["max_distance"])
-        return write_index(fs, path, self.rows, cfg, masks=self.base.masks, num_blocks=h["num_blocks"],
-                           max_distance=h["max_distance"], earlier=self.base)
+        return write_index(
+            fs,
+            path,
+            self.rows,
+            cfg,
+            masks=self.base.masks,
+            num_blocks=h["num_blocks"],
+            max_distance=h["max_distance"],
+            earlier=self.base,
+        )
 
     def save(self, path: str) -> dict:
         return self.write(*storage.resolve(path))
 
 
-def decide_against(new: pa.Table, index: NearDupIndex | PartitionedNearIndex,
-                   cfg: NearDupConfig) -> tuple[pa.Table, NearDupIndex | IndexExtension]:
+def decide_against(
+    new: pa.Table, index: NearDupIndex | PartitionedNearIndex, cfg: NearDupConfig
+) -> tuple[pa.Table, NearDupIndex | IndexExtension]:
     """A new batch's near-dup decisions against an earlier version's index, and the index the run
     saves: a partitioned index grows by one part (the batch's rows); an in-memory one (built from a
     manifest) is extended whole."""

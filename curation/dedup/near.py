@@ -20,6 +20,7 @@ not depend on the plan, only the cost. (The interleaved deal, ``band_masks``, is
 Work happens on distinct hash values, not rows: rows sharing a value are joined through it,
 so a value shared by many rows costs nothing quadratic. Nothing here reads images.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,10 +33,16 @@ import pyarrow as pa
 
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.bands import plan_bands, sorted_unique
-from curation.dedup.components import META_COLUMNS, canonical_order, component_labels, decisions_from_labels, meta_columns
+from curation.dedup.components import (
+    META_COLUMNS,
+    canonical_order,
+    component_labels,
+    decisions_from_labels,
+    meta_columns,
+)
 from curation.dedup.hashing import hamming, hex_to_uint64
-
 from curation.schema import NEAR_DUPLICATE  # noqa: E402  (one place for every reason)
+
 GROUP_PREFIX = "phash:"
 HASH_BITS = 64
 _MAX_BANDS = 5000
@@ -87,19 +94,26 @@ class NearDupConfig:
         if self.hash not in ("phash", "dhash"):
             raise ValueError(f"near_dup.hash must be 'phash' or 'dhash', got {self.hash!r}")
         if not isinstance(self.max_distance, int) or not 0 <= self.max_distance <= 16:
-            raise ValueError(f"near_dup.max_distance must be an int in 0..16 bits, got {self.max_distance!r} "
-                             "(beyond ~10 unrelated photos start to match; 4 is the default)")
+            raise ValueError(
+                f"near_dup.max_distance must be an int in 0..16 bits, got {self.max_distance!r} "
+                "(beyond ~10 unrelated photos start to match; 4 is the default)"
+            )
         for name in ("num_blocks", "index_num_blocks"):
             blocks = getattr(self, name)
             if blocks is not None and (not isinstance(blocks, int) or not self.max_distance < blocks <= HASH_BITS):
-                raise ValueError(f"near_dup.{name} must be an int in {self.max_distance + 1}..{HASH_BITS} "
-                                 f"(more than max_distance), or None to choose it; got {blocks!r}")
+                raise ValueError(
+                    f"near_dup.{name} must be an int in {self.max_distance + 1}..{HASH_BITS} "
+                    f"(more than max_distance), or None to choose it; got {blocks!r}"
+                )
             if blocks is not None and math.comb(blocks, self.max_distance) > _MAX_BANDS:
-                raise ValueError(f"near_dup.{name}={blocks} gives C({blocks}, {self.max_distance}) > "
-                                 f"{_MAX_BANDS} bands; use fewer blocks or None")
+                raise ValueError(
+                    f"near_dup.{name}={blocks} gives C({blocks}, {self.max_distance}) > "
+                    f"{_MAX_BANDS} bands; use fewer blocks or None"
+                )
         if isinstance(self.index_locations, str) or not all(isinstance(x, str) and x for x in self.index_locations):
-            raise ValueError(f"near_dup.index_locations must be a list of output folders or URIs, got "
-                             f"{self.index_locations!r}")
+            raise ValueError(
+                f"near_dup.index_locations must be a list of output folders or URIs, got {self.index_locations!r}"
+            )
         if self.num_partitions is not None and self.num_partitions < 1:
             raise ValueError(f"near_dup.num_partitions must be >= 1 or None, got {self.num_partitions}")
         if self.max_pairs_per_chunk < 1:
@@ -115,6 +129,7 @@ class NearDupConfig:
 
 # ---- banding ----------------------------------------------------------------------------
 
+
 def plan_blocks(n_values: int, max_distance: int) -> int:
     """Number of blocks B minimising the expected work per value (see the module docstring)."""
     t = max_distance
@@ -124,7 +139,7 @@ def plan_blocks(n_values: int, max_distance: int) -> int:
         if bands > _MAX_BANDS:
             break
         band_bits = HASH_BITS * (blocks - t) / blocks
-        cost = bands * (1.0 + n_values / 2.0 ** band_bits)
+        cost = bands * (1.0 + n_values / 2.0**band_bits)
         if cost < best_cost:
             best, best_cost = blocks, cost
     return best
@@ -133,9 +148,13 @@ def plan_blocks(n_values: int, max_distance: int) -> int:
 def band_masks(num_blocks: int, max_distance: int) -> np.ndarray:
     """One 64-bit mask per band: the bits of each choice of (num_blocks - max_distance) blocks."""
     blocks = [sum(1 << p for p in range(b, HASH_BITS, num_blocks)) for b in range(num_blocks)]
-    return np.array([sum(blocks[b] for b in combo)
-                     for combo in itertools.combinations(range(num_blocks), num_blocks - max_distance)],
-                    dtype=np.uint64)
+    return np.array(
+        [
+            sum(blocks[b] for b in combo)
+            for combo in itertools.combinations(range(num_blocks), num_blocks - max_distance)
+        ],
+        dtype=np.uint64,
+    )
 
 
 def _run_pairs(sorted_keys: np.ndarray, max_pairs: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -165,8 +184,9 @@ def _run_pairs(sorted_keys: np.ndarray, max_pairs: int) -> Iterator[tuple[np.nda
         lo = hi
 
 
-def value_edges(values: np.ndarray, masks: np.ndarray, max_distance: int,
-                max_pairs: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
+def value_edges(
+    values: np.ndarray, masks: np.ndarray, max_distance: int, max_pairs: int = 2_000_000
+) -> tuple[np.ndarray, np.ndarray]:
     """All index pairs (a < b) of distinct ``values`` within ``max_distance`` bits.
 
     ``values`` must hold distinct uint64s. Exact for masks from ``band_masks`` with the same
@@ -191,11 +211,14 @@ def value_edges(values: np.ndarray, masks: np.ndarray, max_distance: int,
 
 # ---- rows -> hash values -> groups -------------------------------------------------------
 
+
 def _check_columns(names: list[str], cfg: NearDupConfig) -> None:
     missing = [c for c in (*META_COLUMNS, *cfg.hash_columns()) if c not in names]
     if cfg.match_mirrored and cfg.mirror_column in missing:
-        raise ValueError(f"candidates have no {cfg.mirror_column!r} column: compute it in the decode stage "
-                         "with curation.dedup.hashing.phash_hex_pair, or set near_dup.match_mirrored=false")
+        raise ValueError(
+            f"candidates have no {cfg.mirror_column!r} column: compute it in the decode stage "
+            "with curation.dedup.hashing.phash_hex_pair, or set near_dup.match_mirrored=false"
+        )
     if missing:
         raise ValueError(f"near-duplicate candidates lack columns {missing}")
 
@@ -212,8 +235,9 @@ def row_values(table: pa.Table, cfg: NearDupConfig) -> tuple[np.ndarray, np.ndar
     return rows, values
 
 
-def labels_from_value_edges(n_rows: int, n_values: int, rows: np.ndarray, value_ids: np.ndarray,
-                            ea: np.ndarray, eb: np.ndarray) -> np.ndarray:
+def labels_from_value_edges(
+    n_rows: int, n_values: int, rows: np.ndarray, value_ids: np.ndarray, ea: np.ndarray, eb: np.ndarray
+) -> np.ndarray:
     """Component label per row of a graph whose nodes are rows and distinct hash values.
 
     Row ``rows[k]`` links to value ``value_ids[k]``; value ``ea[k]`` links to value ``eb[k]``.
@@ -225,12 +249,12 @@ def labels_from_value_edges(n_rows: int, n_values: int, rows: np.ndarray, value_
 
 def _prepare(candidates: pa.Table, cfg: NearDupConfig) -> pa.Table:
     _check_columns(candidates.column_names, cfg)
-    return canonical_order(candidates.select(list(dict.fromkeys([*meta_columns(candidates.column_names),
-                                                                 *cfg.hash_columns()]))))
+    return canonical_order(
+        candidates.select(list(dict.fromkeys([*meta_columns(candidates.column_names), *cfg.hash_columns()])))
+    )
 
 
-def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *,
-                             prefer: Collection[str] = ()) -> pa.Table:
+def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *, prefer: Collection[str] = ()) -> pa.Table:
     """Decision rows (``DECISION_SCHEMA``, reason ``near_duplicate``, sorted by key), in one process.
 
     ``candidates``: key, <hash> (16 hex chars), <hash>_mirror when ``match_mirrored``, width,
@@ -250,6 +274,7 @@ def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *,
 
 
 # ---- Ray Data ---------------------------------------------------------------------------
+
 
 def _partition_of(keys: np.ndarray, band: int, num_partitions: int) -> np.ndarray:
     """Shuffle partition of (band, band key): splitmix64 of the pair, mod num_partitions."""
@@ -329,23 +354,37 @@ def near_duplicate_decisions_ray(candidates_ds, cfg: NearDupConfig, *, prefer: C
     n_values = n_rows * len(cfg.hash_columns())
     masks = band_masks(cfg.num_blocks or plan_blocks(n_values, cfg.max_distance), cfg.max_distance)
     parts = cfg.num_partitions or max(1, math.ceil(n_values * len(masks) / 1_000_000))
-    edges_ds = (ds.select_columns(cfg.hash_columns())
-                .map_batches(_band_rows, fn_kwargs={"cfg": cfg, "masks": masks, "num_partitions": parts},
-                             batch_format="pyarrow")
-                .groupby("part", num_partitions=parts)
-                .map_groups(_join_partition, fn_kwargs={"masks": masks, "max_distance": cfg.max_distance,
-                                                        "max_pairs": cfg.max_pairs_per_chunk},
-                            batch_format="pyarrow"))
+    edges_ds = (
+        ds.select_columns(cfg.hash_columns())
+        .map_batches(
+            _band_rows, fn_kwargs={"cfg": cfg, "masks": masks, "num_partitions": parts}, batch_format="pyarrow"
+        )
+        .groupby("part", num_partitions=parts)
+        .map_groups(
+            _join_partition,
+            fn_kwargs={"masks": masks, "max_distance": cfg.max_distance, "max_pairs": cfg.max_pairs_per_chunk},
+            batch_format="pyarrow",
+        )
+    )
     edges = _collect(edges_ds)
     if not edges:
         return DECISION_SCHEMA.empty_table()
     edge_table = pa.concat_tables(edges)
     pairs = np.unique(np.stack([edge_table.column("a").to_numpy(), edge_table.column("b").to_numpy()], axis=1), axis=0)
     hot = np.unique(pairs)
-    sub = canonical_order(pa.concat_tables(_collect(
-        ds.map_batches(_rows_touching, fn_kwargs={"cfg": cfg, "hot": hot}, batch_format="pyarrow"))))
+    sub = canonical_order(
+        pa.concat_tables(
+            _collect(ds.map_batches(_rows_touching, fn_kwargs={"cfg": cfg, "hot": hot}, batch_format="pyarrow"))
+        )
+    )
     rows, values = row_values(sub, cfg)
     distinct, value_ids = np.unique(values, return_inverse=True)
-    labels = labels_from_value_edges(sub.num_rows, len(distinct), rows, value_ids,
-                                     np.searchsorted(distinct, pairs[:, 0]), np.searchsorted(distinct, pairs[:, 1]))
+    labels = labels_from_value_edges(
+        sub.num_rows,
+        len(distinct),
+        rows,
+        value_ids,
+        np.searchsorted(distinct, pairs[:, 0]),
+        np.searchsorted(distinct, pairs[:, 1]),
+    )
     return decisions_from_labels(sub, labels, NEAR_DUPLICATE, GROUP_PREFIX, prefer)

@@ -14,6 +14,7 @@ and every later step works on key-sorted rows, so input and partition order neve
 The local and Ray variants share every step and give identical decisions (for one choice
 of k-means backend: faiss and numpy give different centroids).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,9 +26,15 @@ import numpy as np
 import pyarrow as pa
 
 from curation.dedup import DECISION_SCHEMA
-from curation.dedup.components import META_COLUMNS, canonical_order, component_labels, decisions_from_labels, meta_columns
-
+from curation.dedup.components import (
+    META_COLUMNS,
+    canonical_order,
+    component_labels,
+    decisions_from_labels,
+    meta_columns,
+)
 from curation.schema import SEMANTIC_DUPLICATE  # noqa: E402  (one place for every reason)
+
 GROUP_PREFIX = "semantic:"
 _ROW_BLOCK = 2048  # rows of a cluster's similarity matrix computed at once
 
@@ -73,10 +80,12 @@ class SemanticDupConfig:
 
 # ---- k-means ----------------------------------------------------------------------------
 
+
 def key_rank(keys: list[str]) -> np.ndarray:
     """A stable pseudo-random uint64 per key (BLAKE2b): picks the k-means sample."""
-    return np.array([int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "big") for k in keys],
-                    dtype=np.uint64)
+    return np.array(
+        [int.from_bytes(hashlib.blake2b(k.encode(), digest_size=8).digest(), "big") for k in keys], dtype=np.uint64
+    )
 
 
 def embeddings(table: pa.Table, column: str) -> np.ndarray:
@@ -109,8 +118,7 @@ def fit_centroids(sample: np.ndarray, k: int, cfg: SemanticDupConfig) -> np.ndar
     k = min(k, len(sample))
     faiss = _faiss_or_none(cfg.use_faiss)
     if faiss is not None:
-        km = faiss.Kmeans(sample.shape[1], k, niter=cfg.kmeans_iterations, seed=cfg.seed, spherical=True,
-                          verbose=False)
+        km = faiss.Kmeans(sample.shape[1], k, niter=cfg.kmeans_iterations, seed=cfg.seed, spherical=True, verbose=False)
         km.train(np.ascontiguousarray(sample, dtype=np.float32))
         centroids = km.centroids.astype(np.float64)
     else:
@@ -132,13 +140,14 @@ def assign_clusters(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
 
 # ---- within a cluster -------------------------------------------------------------------
 
+
 def cluster_decisions(cluster: pa.Table, cfg: SemanticDupConfig, prefer: Collection[str] = ()) -> pa.Table:
     """Decisions inside one cluster: components of the pairs with cosine >= threshold."""
     table = canonical_order(cluster)
     x = embeddings(table, cfg.embedding_column)
     a_parts, b_parts = [], []
     for start in range(0, len(x), _ROW_BLOCK):
-        sim = x[start:start + _ROW_BLOCK] @ x.T
+        sim = x[start : start + _ROW_BLOCK] @ x.T
         i, j = np.nonzero(sim >= cfg.threshold)
         upper = j > i + start
         a_parts.append(i[upper] + start)
@@ -155,6 +164,7 @@ def _cluster_group(group: pa.Table, cfg: SemanticDupConfig, prefer: Collection[s
 
 # ---- entry points -----------------------------------------------------------------------
 
+
 def _columns(cfg: SemanticDupConfig, names=META_COLUMNS) -> list[str]:
     return [*meta_columns(names), cfg.embedding_column]
 
@@ -162,20 +172,23 @@ def _columns(cfg: SemanticDupConfig, names=META_COLUMNS) -> list[str]:
 def _check_columns(names, cfg: SemanticDupConfig) -> None:
     missing = [c for c in _columns(cfg) if c not in names]
     if missing:
-        raise ValueError(f"semantic dedup candidates lack columns {missing}"
-                         + (" (the CLIP embedding stage must run first)" if cfg.embedding_column in missing else ""))
+        raise ValueError(
+            f"semantic dedup candidates lack columns {missing}"
+            + (" (the CLIP embedding stage must run first)" if cfg.embedding_column in missing else "")
+        )
 
 
 def _sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> np.ndarray:
     """Centroids from the rows of ``sample`` with the smallest key ranks (then in key order)."""
     ranks = key_rank(sample.column("key").to_pylist())
-    chosen = np.sort(np.argsort(ranks, kind="stable")[:cfg.kmeans_sample_size])
+    chosen = np.sort(np.argsort(ranks, kind="stable")[: cfg.kmeans_sample_size])
     sample = canonical_order(sample.take(chosen))
     return fit_centroids(embeddings(sample, cfg.embedding_column), cfg.clusters_for(n_rows), cfg)
 
 
-def semantic_duplicate_decisions(candidates: pa.Table, cfg: SemanticDupConfig, *,
-                                 prefer: Collection[str] = ()) -> pa.Table:
+def semantic_duplicate_decisions(
+    candidates: pa.Table, cfg: SemanticDupConfig, *, prefer: Collection[str] = ()
+) -> pa.Table:
     """Decision rows (``DECISION_SCHEMA``, reason ``semantic_duplicate``, sorted by key), in one process.
 
     ``candidates``: key, width, height (converted, input_bytes where known) and ``cfg.embedding_column``
@@ -210,8 +223,9 @@ def _gather(ds) -> pa.Table | None:
     return pa.concat_tables(batches) if batches else None
 
 
-def semantic_duplicate_decisions_ray(candidates_ds, cfg: SemanticDupConfig, *,
-                                     prefer: Collection[str] = ()) -> pa.Table:
+def semantic_duplicate_decisions_ray(
+    candidates_ds, cfg: SemanticDupConfig, *, prefer: Collection[str] = ()
+) -> pa.Table:
     """The same decisions with Ray Data: k-means on the driver over a key-hash sample,
     cluster assignment in ``map_batches``, pairwise cosine per cluster in ``map_groups``."""
     if not cfg.enabled:
@@ -227,15 +241,21 @@ def semantic_duplicate_decisions_ray(candidates_ds, cfg: SemanticDupConfig, *,
         if fraction >= 1.0:
             sample = _gather(keyed)
             break
-        sample = _gather(keyed.map_batches(_with_rank, batch_format="pyarrow")
-                         .map_batches(_below, fn_kwargs={"limit": int(fraction * 2**64)}, batch_format="pyarrow"))
+        sample = _gather(
+            keyed.map_batches(_with_rank, batch_format="pyarrow").map_batches(
+                _below, fn_kwargs={"limit": int(fraction * 2**64)}, batch_format="pyarrow"
+            )
+        )
         if sample is not None and sample.num_rows >= cfg.kmeans_sample_size:
             break
         fraction *= 4
     centroids = _sample_centroids(sample, n_rows, cfg)
-    out = (ds.map_batches(_assign, fn_kwargs={"column": cfg.embedding_column, "centroids": centroids},
-                          batch_format="pyarrow")
-           .groupby("cluster")
-           .map_groups(_cluster_group, fn_kwargs={"cfg": cfg, "prefer": prefer}, batch_format="pyarrow"))
+    out = (
+        ds.map_batches(
+            _assign, fn_kwargs={"column": cfg.embedding_column, "centroids": centroids}, batch_format="pyarrow"
+        )
+        .groupby("cluster")
+        .map_groups(_cluster_group, fn_kwargs={"cfg": cfg, "prefer": prefer}, batch_format="pyarrow")
+    )
     parts = [b for b in out.iter_batches(batch_format="pyarrow", batch_size=None) if b.num_rows]
     return pa.concat_tables([DECISION_SCHEMA.empty_table(), *[p.cast(DECISION_SCHEMA) for p in parts]]).sort_by("key")

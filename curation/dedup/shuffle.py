@@ -12,6 +12,7 @@ Beyond", 2014), each one shuffle of the edge set, until a round changes no edge;
 round is O(edges) work and O(log^2 n) rounds suffice. Only the per-round count of changed
 edges reaches the driver.
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,13 +39,15 @@ def _with_part(batch: pa.Table, key: str, num_partitions: int) -> pa.Table:
 
 def shuffle(ds, key: str, reduce, num_partitions: int, fn_kwargs: dict | None = None):
     """``reduce(group_table, **fn_kwargs)`` on each of ``num_partitions`` groups of rows by ``key``."""
+
     def _reduce(group: pa.Table) -> pa.Table:
         return reduce(group.drop_columns(["_part"]), **(fn_kwargs or {}))
 
-    return (ds.map_batches(_with_part, fn_kwargs={"key": key, "num_partitions": num_partitions},
-                           batch_format="pyarrow")
-            .groupby("_part", num_partitions=num_partitions)
-            .map_groups(_reduce, batch_format="pyarrow"))
+    return (
+        ds.map_batches(_with_part, fn_kwargs={"key": key, "num_partitions": num_partitions}, batch_format="pyarrow")
+        .groupby("_part", num_partitions=num_partitions)
+        .map_groups(_reduce, batch_format="pyarrow")
+    )
 
 
 def unique_edges(a: np.ndarray, b: np.ndarray, changed: np.ndarray | None = None) -> pa.Table:
@@ -52,7 +55,7 @@ def unique_edges(a: np.ndarray, b: np.ndarray, changed: np.ndarray | None = None
     hi, lo = np.maximum(a, b), np.minimum(a, b)
     keep = hi != lo
     hi, lo = hi[keep], lo[keep]
-    ch = (np.zeros(len(hi), np.int8) if changed is None else changed[keep].astype(np.int8))
+    ch = np.zeros(len(hi), np.int8) if changed is None else changed[keep].astype(np.int8)
     order = np.lexsort((-ch, lo, hi))
     hi, lo, ch = hi[order], lo[order], ch[order]
     first = np.ones(len(hi), dtype=bool)
@@ -63,11 +66,16 @@ def unique_edges(a: np.ndarray, b: np.ndarray, changed: np.ndarray | None = None
 def _directed(batch: pa.Table, both: bool) -> pa.Table:
     """Rows (node, other, changed) per edge: both directions (large-star), or larger -> smaller (small-star)."""
     a, b = batch.column("a").to_numpy(), batch.column("b").to_numpy()
-    ch = (batch.column("changed").to_numpy() if "changed" in batch.column_names else np.zeros(len(a), np.int8))
+    ch = batch.column("changed").to_numpy() if "changed" in batch.column_names else np.zeros(len(a), np.int8)
     hi, lo = np.maximum(a, b), np.minimum(a, b)
     if both:
-        return pa.table({"node": np.concatenate([hi, lo]), "other": np.concatenate([lo, hi]),
-                         "changed": np.concatenate([ch, ch]).astype(np.int8)})
+        return pa.table(
+            {
+                "node": np.concatenate([hi, lo]),
+                "other": np.concatenate([lo, hi]),
+                "changed": np.concatenate([ch, ch]).astype(np.int8),
+            }
+        )
     return pa.table({"node": hi, "other": lo, "changed": ch.astype(np.int8)})
 
 

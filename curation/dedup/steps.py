@@ -9,6 +9,7 @@ driver; the earlier version is not recomputed and its images are never dropped. 
 saves its near-dup index so a later run can build on it (``dedup.engine=ray``: written by the
 Ray tasks, ``distributed.write_near_index``).
 """
+
 from __future__ import annotations
 
 import abc
@@ -23,10 +24,17 @@ from curation import output, schema
 from curation.config import DedupSettings
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.components import QUALITY_COLUMNS
+from curation.dedup.distributed import (
+    GlobalDedupInput,
+    clear_step,
+    exact_decisions,
+    near_decisions,
+    read_candidates,
+    with_partitions,
+    write_near_index,
+)
 from curation.dedup.earlier import EarlierVersion, semantic_against
 from curation.dedup.exact import exact_against, exact_duplicate_decisions, exact_duplicate_decisions_ray
-from curation.dedup.distributed import (GlobalDedupInput, clear_step, exact_decisions, near_decisions,
-                                        read_candidates, with_partitions, write_near_index)
 from curation.dedup.incremental import NearDupIndex
 from curation.dedup.index_store import FORMAT, IndexExtension, PartitionedNearIndex, decide_against, save_any
 from curation.dedup.near import GROUP_PREFIX, NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
@@ -37,7 +45,7 @@ from infra import storage
 
 @dataclasses.dataclass(kw_only=True)
 class ExactDupConfig:
-    enabled: bool = True               # identical input bytes keep one copy, across the whole run
+    enabled: bool = True  # identical input bytes keep one copy, across the whole run
 
 
 @dataclasses.dataclass
@@ -46,7 +54,7 @@ class DedupContext:
 
     engine: str = "local"
     against: str | None = None
-    earlier: EarlierVersion | None = None     # the earlier version, read part by part (never whole)
+    earlier: EarlierVersion | None = None  # the earlier version, read part by part (never whole)
     against_index: PartitionedNearIndex | NearDupIndex | None = None  # opened by its header only
     index: NearDupIndex | IndexExtension | None = None  # the near-dup index this run saves
 
@@ -57,8 +65,9 @@ class DedupContext:
         if settings.against:
             ctx.earlier = EarlierVersion.open(settings.against)
             if near:
-                ctx.against_index = earlier_index(ctx.earlier.output,
-                                                  near if isinstance(near, NearDupConfig) else NearDupConfig())
+                ctx.against_index = earlier_index(
+                    ctx.earlier.output, near if isinstance(near, NearDupConfig) else NearDupConfig()
+                )
         return ctx
 
     def save_index(self, fs, path: str) -> None:
@@ -79,16 +88,33 @@ def earlier_index(earlier: output.CuratedOutput, cfg: NearDupConfig) -> Partitio
     format): its near-dedup candidates are the rows kept or dropped by near or semantic dedup,
     represented by ``duplicate_of``."""
     header = output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR, output.NEAR_INDEX_HEADER)
-    if storage.exists(earlier.fs, header) and json.loads(storage.read_bytes(earlier.fs, header)).get("format") == FORMAT:
-        return PartitionedNearIndex.open(earlier.fs, output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR),
-                                         cfg.index_locations)
+    if (
+        storage.exists(earlier.fs, header)
+        and json.loads(storage.read_bytes(earlier.fs, header)).get("format") == FORMAT
+    ):
+        return PartitionedNearIndex.open(
+            earlier.fs, output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR), cfg.index_locations
+        )
     names = earlier.manifest_schema().names
-    wanted = ["key", *cfg.hash_columns(), "width", "height", "converted", "input_bytes", "status", "reason",
-              "duplicate_of"]
+    wanted = [
+        "key",
+        *cfg.hash_columns(),
+        "width",
+        "height",
+        "converted",
+        "input_bytes",
+        "status",
+        "reason",
+        "duplicate_of",
+    ]
     rows = earlier.read_manifest([c for c in wanted if c in names])
     later = pa.array([schema.NEAR_DUPLICATE, schema.SEMANTIC_DUPLICATE])
-    candidates = rows.filter(pc.or_(pc.equal(rows.column("status"), schema.KEPT),
-                                    pc.fill_null(pc.is_in(rows.column("reason"), value_set=later), False)))
+    candidates = rows.filter(
+        pc.or_(
+            pc.equal(rows.column("status"), schema.KEPT),
+            pc.fill_null(pc.is_in(rows.column("reason"), value_set=later), False),
+        )
+    )
     near = candidates.filter(pc.equal(candidates.column("reason"), schema.NEAR_DUPLICATE))
     decisions = pa.table({"key": near.column("key"), "duplicate_of": near.column("duplicate_of")})
     return NearDupIndex.build(candidates.drop_columns(["status", "reason", "duplicate_of"]), cfg, decisions)
@@ -138,8 +164,11 @@ class ExactDedup(DedupStep):
         if ctx.earlier is not None:
             parts.append(exact_against(remaining, ctx.earlier.kept_with_sha(remaining.column("sha256"))))
             remaining = without(remaining, parts[-1])
-        parts.append(exact_duplicate_decisions_ray(ctx.dataset(remaining)) if ctx.engine == "ray"
-                     else exact_duplicate_decisions(remaining))
+        parts.append(
+            exact_duplicate_decisions_ray(ctx.dataset(remaining))
+            if ctx.engine == "ray"
+            else exact_duplicate_decisions(remaining)
+        )
         return pa.concat_tables(parts)
 
     def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
@@ -162,8 +191,11 @@ class NearDedup(DedupStep):
         if ctx.against_index is not None:
             near, ctx.index = decide_against(remaining, ctx.against_index, self.cfg)
             return near
-        near = (near_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg) if ctx.engine == "ray"
-                else near_duplicate_decisions(remaining, self.cfg))
+        near = (
+            near_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg)
+            if ctx.engine == "ray"
+            else near_duplicate_decisions(remaining, self.cfg)
+        )
         ctx.index = NearDupIndex.build(remaining, self.cfg, near)
         return near
 
@@ -171,7 +203,7 @@ class NearDedup(DedupStep):
         if ctx.against_index is not None:
             return None
         dropped = near_decisions(inp, self.cfg, schema.NEAR_DUPLICATE, GROUP_PREFIX, self.name)
-        write_near_index(inp, self.cfg, self.name)   # written by Ray tasks: nothing left for save_index
+        write_near_index(inp, self.cfg, self.name)  # written by Ray tasks: nothing left for save_index
         ctx.index = None
         return dropped
 
@@ -195,8 +227,11 @@ class SemanticDedup(DedupStep):
         if ctx.earlier is not None:
             parts.append(semantic_against(remaining, ctx.earlier, self.cfg, ctx.engine))
             remaining = without(remaining, parts[-1])
-        parts.append(semantic_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg) if ctx.engine == "ray"
-                     else semantic_duplicate_decisions(remaining, self.cfg))
+        parts.append(
+            semantic_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg)
+            if ctx.engine == "ray"
+            else semantic_duplicate_decisions(remaining, self.cfg)
+        )
         return pa.concat_tables(parts).sort_by("key")
 
 
@@ -250,8 +285,11 @@ def decide_on_driver(step: DedupStep, inp: GlobalDedupInput, ctx: DedupContext) 
     fs, root = storage.resolve(inp.out)
     tables = [read_candidates(inp, i) for i in range(len(inp.pids))]
     candidates = pa.concat_tables(tables, promote_options="default").sort_by("key") if tables else None
-    decisions = (step.decide(candidates, ctx) if candidates is not None and candidates.num_rows
-                 else DECISION_SCHEMA.empty_table())
+    decisions = (
+        step.decide(candidates, ctx)
+        if candidates is not None and candidates.num_rows
+        else DECISION_SCHEMA.empty_table()
+    )
     clear_step(fs, root, step.name)
     if decisions.num_rows:
         decisions = with_partitions(decisions, candidates)

@@ -12,6 +12,7 @@ The zero-shot logic is a pure function on embeddings (``zero_shot``), tested on 
 
 Shapes: N images, P prompts, C classes, D embedding width.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,7 @@ ARTISTIC = "artistic"
 
 ARTISTIC_FIELDS = [
     pa.field("artistic_score", pa.float32()),  # P(non-natural depiction)
-    pa.field("artistic_label", pa.string()),   # best-matching prompt class
+    pa.field("artistic_label", pa.string()),  # best-matching prompt class
 ]
 
 DEFAULT_NATURAL_PROMPTS = {
@@ -42,17 +43,22 @@ DEFAULT_NATURAL_PROMPTS = {
 }
 
 DEFAULT_NON_NATURAL_PROMPTS = {
-    "painting": ["a painting of a person", "an oil painting", "a watercolor painting of people",
-                 "a painted portrait"],
-    "drawing": ["a pencil drawing of a person", "a sketch of a person", "a charcoal drawing",
-                "line art of a person"],
+    "painting": ["a painting of a person", "an oil painting", "a watercolor painting of people", "a painted portrait"],
+    "drawing": ["a pencil drawing of a person", "a sketch of a person", "a charcoal drawing", "line art of a person"],
     "cartoon": ["a cartoon of a person", "an anime character", "a comic book drawing", "a caricature"],
-    "illustration": ["a digital illustration of a person", "concept art of a character",
-                     "vector art of people", "clip art of a person"],
-    "3d_render": ["a 3D render of a person", "a CGI character", "a video game character",
-                  "a 3D model of a human"],
-    "screenshot": ["a screenshot", "a screenshot of a video game", "a screenshot of a website",
-                   "a screenshot of a video call"],
+    "illustration": [
+        "a digital illustration of a person",
+        "concept art of a character",
+        "vector art of people",
+        "clip art of a person",
+    ],
+    "3d_render": ["a 3D render of a person", "a CGI character", "a video game character", "a 3D model of a human"],
+    "screenshot": [
+        "a screenshot",
+        "a screenshot of a video game",
+        "a screenshot of a website",
+        "a screenshot of a video call",
+    ],
     "sculpture": ["a statue of a person", "a sculpture of a person", "a mannequin", "a wax figure"],
     "graphic_design": ["a poster", "a magazine cover", "a collage of photos", "a meme with text"],
 }
@@ -66,9 +72,11 @@ class ArtisticFilterConfig(Placement):
     enabled: bool = True
     threshold: float = 0.5  # drop when P(non-natural) >= threshold; calibrate per CLIP model
     natural_prompts: dict[str, list[str]] = dataclasses.field(
-        default_factory=lambda: {k: list(v) for k, v in DEFAULT_NATURAL_PROMPTS.items()})
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_NATURAL_PROMPTS.items()}
+    )
     non_natural_prompts: dict[str, list[str]] = dataclasses.field(
-        default_factory=lambda: {k: list(v) for k, v in DEFAULT_NON_NATURAL_PROMPTS.items()})
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_NON_NATURAL_PROMPTS.items()}
+    )
     logit_scale: float = 100.0  # softmax temperature of trained CLIP models
     head_weights: str = ""  # optional linear head on the embedding giving P(non-natural)
     batch_size: int = 256
@@ -84,8 +92,9 @@ class PromptSet:
     prompt_class: tuple[int, ...]  # per prompt: index into classes
 
     @classmethod
-    def from_groups(cls, natural: dict[str, list[str]], non_natural: dict[str, list[str]],
-                    where: str = "content.artistic") -> PromptSet:
+    def from_groups(
+        cls, natural: dict[str, list[str]], non_natural: dict[str, list[str]], where: str = "content.artistic"
+    ) -> PromptSet:
         if not natural or not non_natural:
             raise ValueError(f"{where}: natural_prompts and non_natural_prompts each need at least one class")
         overlap = set(natural) & set(non_natural)
@@ -111,8 +120,9 @@ def class_embeddings(prompt_emb_PD: np.ndarray, prompt_class_P, num_classes: int
     return (class_CD / np.linalg.norm(class_CD, axis=1, keepdims=True)).astype(np.float32)
 
 
-def zero_shot(image_emb_ND: np.ndarray, class_emb_CD: np.ndarray, non_natural_C, logit_scale: float
-              ) -> tuple[np.ndarray, np.ndarray]:
+def zero_shot(
+    image_emb_ND: np.ndarray, class_emb_CD: np.ndarray, non_natural_C, logit_scale: float
+) -> tuple[np.ndarray, np.ndarray]:
     """P(non-natural) [N] and index of the best class [N] for L2-normalised image embeddings."""
     logits_NC = logit_scale * (image_emb_ND @ class_emb_CD.T)
     z = logits_NC - logits_NC.max(axis=1, keepdims=True)
@@ -134,8 +144,9 @@ class ArtisticFilter(ModelStage):
     writes = tuple(f.name for f in ARTISTIC_FIELDS)
     needs_images = False
 
-    def __init__(self, cfg: ArtisticFilterConfig, clip: ClipEmbeddingConfig,
-                 prompt_embeddings: np.ndarray | None = None) -> None:
+    def __init__(
+        self, cfg: ArtisticFilterConfig, clip: ClipEmbeddingConfig, prompt_embeddings: np.ndarray | None = None
+    ) -> None:
         """``prompt_embeddings`` [P, D] (in ``PromptSet`` order) skips encoding the prompts in setup."""
         super().__init__(cfg)
         self.clip_cfg = dataclasses.replace(clip, device=cfg.device)
@@ -159,8 +170,12 @@ class ArtisticFilter(ModelStage):
     def required_files(self) -> dict[str, tuple[str, str]]:
         if not self.cfg.head_weights:
             return {}
-        return {"head_weights": (self.cfg.head_weights,
-                                 "the linear head file (or leave head_weights empty for zero-shot only)")}
+        return {
+            "head_weights": (
+                self.cfg.head_weights,
+                "the linear head file (or leave head_weights empty for zero-shot only)",
+            )
+        }
 
     def load(self) -> None:
         prompt_emb_PD = self.prompt_embeddings
@@ -182,19 +197,26 @@ class ArtisticFilter(ModelStage):
             score_N, best_N = zero_shot(emb_ND, self.class_emb_CD, self.prompts.non_natural, self.cfg.logit_scale)
             if self.head is not None:
                 score_N = self.head.predict(emb_ND)
-            out = {i: {"artistic_score": float(s), "artistic_label": self.prompts.classes[b]}
-                   for i, s, b in zip(have, score_N, best_N)}
+            out = {
+                i: {"artistic_score": float(s), "artistic_label": self.prompts.classes[b]}
+                for i, s, b in zip(have, score_N, best_N)
+            }
         return [out.get(i) for i in rows]
 
     def reason(self, scores: dict) -> str | None:
         return ARTISTIC if scores["artistic_score"] >= self.cfg.threshold else None
 
     def settings(self) -> dict:
-        return {"threshold": self.cfg.threshold,
-                "score": "linear_head" if self.cfg.head_weights else "zero_shot",
-                "head_weights": self.cfg.head_weights, "logit_scale": self.cfg.logit_scale,
-                "classes": {"natural": sorted(self.cfg.natural_prompts),
-                            "non_natural": sorted(self.cfg.non_natural_prompts)}}
+        return {
+            "threshold": self.cfg.threshold,
+            "score": "linear_head" if self.cfg.head_weights else "zero_shot",
+            "head_weights": self.cfg.head_weights,
+            "logit_scale": self.cfg.logit_scale,
+            "classes": {
+                "natural": sorted(self.cfg.natural_prompts),
+                "non_natural": sorted(self.cfg.non_natural_prompts),
+            },
+        }
 
     def not_applied(self) -> dict:
         return {**super().not_applied(), "note": "images were not checked for artistic / non-natural depictions"}

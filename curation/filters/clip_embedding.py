@@ -7,6 +7,7 @@ pretrained tag where the machine can download), or an ``hf-hub:``/``local-dir:``
 
 Shapes: N images, P prompts, D embedding width.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,15 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
-from curation.filters.model import (EMBEDDING_COLUMN, ModelStage, Placement, WeightsUnavailableError, autocast,
-                                    require_file, resolve_device)
+from curation.filters.model import (
+    EMBEDDING_COLUMN,
+    ModelStage,
+    Placement,
+    WeightsUnavailableError,
+    autocast,
+    require_file,
+    resolve_device,
+)
 
 EMBEDDING_FIELDS = [pa.field(EMBEDDING_COLUMN, pa.list_(pa.float32()))]
 
@@ -43,30 +51,37 @@ def check_clip_config(cfg: ClipEmbeddingConfig, where: str = "content.embedding"
     """Start-up validation: the model and its weights are available (raises with what to fix)."""
     enabled = f"{where}.enabled"
     if cfg.model.startswith("local-dir:"):
-        folder = Path(cfg.model[len("local-dir:"):]).expanduser()
+        folder = Path(cfg.model[len("local-dir:") :]).expanduser()
         if not (folder / "open_clip_config.json").is_file():
             raise WeightsUnavailableError(
                 f"{where}.model={cfg.model!r}: no open_clip_config.json in {folder}. Fix {where}.model, "
-                f"or disable the filter with {enabled}=false")
+                f"or disable the filter with {enabled}=false"
+            )
         if not any(folder.glob(p) for p in ("*.safetensors", "*.bin", "*.pth")):
             raise WeightsUnavailableError(
                 f"{where}.model={cfg.model!r}: no weights (*.safetensors, *.bin, *.pth) in {folder}. "
-                f"Fix {where}.model, or disable the filter with {enabled}=false")
+                f"Fix {where}.model, or disable the filter with {enabled}=false"
+            )
         return
     if cfg.model.startswith("hf-hub:"):
         return  # downloaded by the worker; only possible where the hub is reachable
     import open_clip
 
     if cfg.model not in open_clip.list_models():
-        raise ValueError(f"{where}.model={cfg.model!r} is not an open_clip architecture; use one of "
-                         f"open_clip.list_models() or a local-dir:/hf-hub: source")
+        raise ValueError(
+            f"{where}.model={cfg.model!r} is not an open_clip architecture; use one of "
+            f"open_clip.list_models() or a local-dir:/hf-hub: source"
+        )
     if cfg.weights and not Path(cfg.weights).expanduser().is_file():
         if cfg.weights in open_clip.list_pretrained_tags_by_model(cfg.model):
             return  # a pretrained tag, downloaded by each worker (needs network)
-    require_file(cfg.weights, f"{where}.weights",
-                 f"CLIP weights for {cfg.model} (a checkpoint file, or an open_clip pretrained tag "
-                 f"such as {open_clip.list_pretrained_tags_by_model(cfg.model)[:3]} where downloads work)",
-                 f"{enabled}=false")
+    require_file(
+        cfg.weights,
+        f"{where}.weights",
+        f"CLIP weights for {cfg.model} (a checkpoint file, or an open_clip pretrained tag "
+        f"such as {open_clip.list_pretrained_tags_by_model(cfg.model)[:3]} where downloads work)",
+        f"{enabled}=false",
+    )
 
 
 class ClipModel:
@@ -74,13 +89,12 @@ class ClipModel:
 
     def __init__(self, cfg: ClipEmbeddingConfig, where: str = "content.embedding") -> None:
         import open_clip
-        import torch
 
         self.device = resolve_device(cfg.device, where)
         named = not cfg.model.startswith(_SCHEMAS)
         model, _, preprocess = open_clip.create_model_and_transforms(
-            cfg.model, pretrained=(cfg.weights or None) if named else None, device=self.device,
-            require_pretrained=True)
+            cfg.model, pretrained=(cfg.weights or None) if named else None, device=self.device, require_pretrained=True
+        )
         self.model = model.eval()
         self.preprocess = preprocess
         self.tokenizer = open_clip.get_tokenizer(cfg.model)
@@ -121,7 +135,7 @@ def encode_prompts(cfg: ClipEmbeddingConfig, prompts: list[str]) -> np.ndarray:
 
 def _weight_files(cfg: ClipEmbeddingConfig) -> dict[str, str]:
     if cfg.model.startswith("local-dir:"):
-        return {"model": cfg.model[len("local-dir:"):]}
+        return {"model": cfg.model[len("local-dir:") :]}
     return {"weights": cfg.weights} if cfg.weights and Path(cfg.weights).expanduser().is_file() else {}
 
 
@@ -157,5 +171,7 @@ class ClipEmbedding(ModelStage):
         return {"model": self.cfg.model, "weights": self.cfg.weights, "precision": self.cfg.precision}
 
     def not_applied(self) -> dict:
-        return {**super().not_applied(),
-                "note": "no CLIP embeddings were computed (no clip_embedding column for semantic dedup)"}
+        return {
+            **super().not_applied(),
+            "note": "no CLIP embeddings were computed (no clip_embedding column for semantic dedup)",
+        }

@@ -1,4 +1,5 @@
 """The geometry filter, run right after decode: it costs nothing and spares the models work."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,7 @@ class GeometryConfig:
     """The ``geometry`` section: cheap size and shape rules on the decoded image."""
 
     min_short_side: int = 300
-    max_aspect_ratio: float = 3.0      # long side / short side
+    max_aspect_ratio: float = 3.0  # long side / short side
 
     def __post_init__(self) -> None:
         if self.min_short_side < 0:

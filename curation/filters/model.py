@@ -13,6 +13,7 @@ so that building the pipeline on the driver stays cheap.
 
 Shapes: N images, D embedding width, K head outputs.
 """
+
 from __future__ import annotations
 
 import abc
@@ -46,7 +47,7 @@ class Placement:
     """Where a model stage runs. Every model stage's settings extend this (same keys everywhere)."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_gpus: float = 0.0              # per actor; fractional shares one GPU between actors
+    num_gpus: float = 0.0  # per actor; fractional shares one GPU between actors
     num_cpus: float = 1.0
     batch_size: int = 16
     num_actors: int = 1
@@ -54,8 +55,10 @@ class Placement:
 
 def require_file(path: str, setting: str, what: str, disable: str) -> Path:
     """The weights file at ``path``, or a ``WeightsUnavailableError`` saying which setting to fix."""
-    fix = (f"Set {setting}=/path/to/file, or disable the step with {disable} "
-           f"(the run's stats and MLflow then record it as not applied).")
+    fix = (
+        f"Set {setting}=/path/to/file, or disable the step with {disable} "
+        f"(the run's stats and MLflow then record it as not applied)."
+    )
     if not path:
         raise WeightsUnavailableError(f"{setting} is not set: {what} is needed. {fix}")
     p = Path(path).expanduser()
@@ -74,8 +77,10 @@ def check_placement(cfg: Placement, where: str) -> None:
         raise ValueError(f"{where}: batch_size and num_actors must be >= 1")
     if cfg.device == "cuda" and cfg.num_gpus == 0:
         # Ray hides every GPU from an actor that reserved none: it would fail on its first batch.
-        raise ValueError(f"{where}.device=cuda needs {where}.num_gpus > 0 (e.g. 0.25 to share one GPU "
-                         f"between 4 actors), or set {where}.device=auto/cpu")
+        raise ValueError(
+            f"{where}.device=cuda needs {where}.num_gpus > 0 (e.g. 0.25 to share one GPU "
+            f"between 4 actors), or set {where}.device=auto/cpu"
+        )
 
 
 def resolve_device(device: str, where: str) -> str:
@@ -85,8 +90,10 @@ def resolve_device(device: str, where: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"{where}.device=cuda but this worker sees no CUDA device "
-                           f"(check {where}.num_gpus and the cluster's GPUs, or set {where}.device=auto)")
+        raise RuntimeError(
+            f"{where}.device=cuda but this worker sees no CUDA device "
+            f"(check {where}.num_gpus and the cluster's GPUs, or set {where}.device=auto)"
+        )
     return device
 
 
@@ -105,7 +112,7 @@ class ModelStage(Stage):
 
     uses_model = True
     fields: ClassVar[list[pa.Field]] = []  # the typed columns it writes
-    needs_images: ClassVar[bool] = True    # decode pending rows' images for ``score``
+    needs_images: ClassVar[bool] = True  # decode pending rows' images for ``score``
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
@@ -165,7 +172,7 @@ class ModelStage(Stage):
         values: dict[str, list] = {f.name: [None] * n for f in self.fields}
         reasons: list[str | None] = [None] * n
         for start in range(0, len(rows), self.cfg.batch_size):
-            chunk = rows[start:start + self.cfg.batch_size]
+            chunk = rows[start : start + self.cfg.batch_size]
             for i, scores in zip(chunk, self.score(batch, chunk, [images.get(i) for i in chunk]), strict=True):
                 if scores is None:
                     continue
@@ -192,8 +199,9 @@ def decode_rgb(data: bytes, min_side: int | None = None, max_side: int | None = 
     return img
 
 
-def decode_pending(table: pa.Table, mask: list[bool], min_side: int | None = None,
-                   max_side: int | None = None) -> tuple[dict[int, Image.Image], dict[int, str]]:
+def decode_pending(
+    table: pa.Table, mask: list[bool], min_side: int | None = None, max_side: int | None = None
+) -> tuple[dict[int, Image.Image], dict[int, str]]:
     """Decoded images of the rows in ``mask`` by row index, and per-row decode errors."""
     images: dict[int, Image.Image] = {}
     errors: dict[int, str] = {}
@@ -226,8 +234,9 @@ def mark_failed(table: pa.Table, errors: dict[int, str], stage: str) -> pa.Table
 def embeddings_of(table: pa.Table, mask: list[bool], stage: str) -> tuple[list[int], np.ndarray]:
     """Rows in ``mask`` that carry a CLIP embedding, and those embeddings as float32 [N, D]."""
     if EMBEDDING_COLUMN not in table.column_names:
-        raise ValueError(f"{stage} reads the {EMBEDDING_COLUMN!r} column: the recipe runs the CLIP "
-                         "embedding step before it")
+        raise ValueError(
+            f"{stage} reads the {EMBEDDING_COLUMN!r} column: the recipe runs the CLIP embedding step before it"
+        )
     values = table.column(EMBEDDING_COLUMN).to_pylist()
     rows = [i for i, pending in enumerate(mask) if pending and values[i] is not None]
     if not rows:
@@ -251,7 +260,7 @@ def load_state_file(path: str | Path) -> dict:
     if not isinstance(state, dict) or not state:
         raise ValueError(f"{path}: expected a state dict (name -> tensor), got {type(state).__name__}")
     if all(k.startswith("module.") for k in state):  # saved from DistributedDataParallel
-        state = {k[len("module."):]: v for k, v in state.items()}
+        state = {k[len("module.") :]: v for k, v in state.items()}
     return state
 
 
@@ -267,8 +276,10 @@ class LinearHead:
         weight_KD = np.atleast_2d(np.asarray(weight_KD, np.float32))
         bias_K = np.asarray(bias_K, np.float32).reshape(-1)
         if weight_KD.shape[0] not in (1, 2) or bias_K.shape != (weight_KD.shape[0],):
-            raise ValueError(f"linear head {source}: expected weight [1|2, D] and bias [1|2], "
-                             f"got {tuple(weight_KD.shape)} and {tuple(bias_K.shape)}")
+            raise ValueError(
+                f"linear head {source}: expected weight [1|2, D] and bias [1|2], "
+                f"got {tuple(weight_KD.shape)} and {tuple(bias_K.shape)}"
+            )
         self.weight_KD, self.bias_K, self.source = weight_KD, bias_K, source
 
     @property
@@ -281,14 +292,17 @@ class LinearHead:
         weights = [k for k in state if k == "weight" or k.endswith(".weight")]
         biases = [k for k in state if k == "bias" or k.endswith(".bias")]
         if len(weights) != 1 or len(biases) != 1 or len(state) != 2:
-            raise ValueError(f"{path}: a linear head file holds exactly one weight and one bias tensor, "
-                             f"found keys {sorted(state)}")
+            raise ValueError(
+                f"{path}: a linear head file holds exactly one weight and one bias tensor, found keys {sorted(state)}"
+            )
         return cls(state[weights[0]].float().numpy(), state[biases[0]].float().numpy(), str(path))
 
     def predict(self, emb_ND: np.ndarray) -> np.ndarray:
         if emb_ND.shape[1] != self.dim:
-            raise ValueError(f"linear head {self.source} expects {self.dim}-d embeddings, the CLIP model "
-                             f"gives {emb_ND.shape[1]}-d: it was trained on another CLIP model")
+            raise ValueError(
+                f"linear head {self.source} expects {self.dim}-d embeddings, the CLIP model "
+                f"gives {emb_ND.shape[1]}-d: it was trained on another CLIP model"
+            )
         logits_NK = emb_ND @ self.weight_KD.T + self.bias_K
         if logits_NK.shape[1] == 1:
             return (1.0 / (1.0 + np.exp(-logits_NK[:, 0]))).astype(np.float32)

@@ -13,6 +13,7 @@ threshold whose size is >= ``min_box_size`` pixels, the size being the box's hei
 side or short side (``box_size_measure``) in the normalised image's pixels. Every person box
 at or above ``record_threshold`` is recorded with its score, not only the best one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,14 +41,14 @@ class DetectorConfig(Placement):
     score_threshold whose size (measured as ``box_size_measure``) is >= ``min_box_size`` pixels."""
 
     backend: Literal["centernet_onnx", "ultralytics", "none"] = "centernet_onnx"
-    weights: str = ""                  # .onnx for centernet_onnx; .pt/.onnx file or a folder holding one for ultralytics
+    weights: str = ""  # .onnx for centernet_onnx; .pt/.onnx file or a folder holding one for ultralytics
     score_threshold: float | None = None  # None: the backend's default (DEFAULT_SCORE_THRESHOLDS)
     min_box_size: int = 300
     box_size_measure: Literal["height", "long_side", "short_side"] = "height"
-    record_threshold: float = 0.2      # every person box at or above this score goes into the metadata
-    input_size: int | None = None      # None: the backend's default (DEFAULT_INPUT_SIZES)
+    record_threshold: float = 0.2  # every person box at or above this score goes into the metadata
+    input_size: int | None = None  # None: the backend's default (DEFAULT_INPUT_SIZES)
     batch_size: int = 8
-    intra_op_threads: int = 1          # ONNX Runtime threads per actor on CPU
+    intra_op_threads: int = 1  # ONNX Runtime threads per actor on CPU
 
     def __post_init__(self) -> None:
         if self.score_threshold is not None and not 0 <= self.score_threshold <= 1:
@@ -57,7 +58,11 @@ class DetectorConfig(Placement):
 
     @property
     def threshold(self) -> float:
-        return self.score_threshold if self.score_threshold is not None else DEFAULT_SCORE_THRESHOLDS.get(self.backend, 0.5)
+        return (
+            self.score_threshold
+            if self.score_threshold is not None
+            else DEFAULT_SCORE_THRESHOLDS.get(self.backend, 0.5)
+        )
 
     @property
     def size(self) -> int:
@@ -89,7 +94,9 @@ def resolve_weights(path: str, suffixes: tuple[str, ...]) -> Path:
     """A weights file, or the first matching file in a model folder; a one-line error otherwise."""
     kinds = "/".join(suffixes)
     if not path:
-        raise WeightsUnavailableError(f"detector.weights is not set: give a local model file ({kinds}), or set {_DISABLE}")
+        raise WeightsUnavailableError(
+            f"detector.weights is not set: give a local model file ({kinds}), or set {_DISABLE}"
+        )
     p = Path(path).expanduser()
     if p.is_dir():
         found = sorted(f for f in p.iterdir() if f.suffix in suffixes)
@@ -97,8 +104,10 @@ def resolve_weights(path: str, suffixes: tuple[str, ...]) -> Path:
             raise WeightsUnavailableError(f"detector.weights folder {str(p)!r} holds no {kinds} file")
         return found[0]
     if not p.is_file():
-        raise WeightsUnavailableError(f"detector.weights {str(p)!r} does not exist: give a local model file "
-                                      f"({kinds}); nothing is downloaded at run time. Or set {_DISABLE}")
+        raise WeightsUnavailableError(
+            f"detector.weights {str(p)!r} does not exist: give a local model file "
+            f"({kinds}); nothing is downloaded at run time. Or set {_DISABLE}"
+        )
     if p.suffix not in suffixes:
         raise ValueError(f"detector.weights {str(p)!r} must be a {kinds} file")
     return p
@@ -135,8 +144,15 @@ class CenterNetOnnx:
             det = self.session.run([self.output_name], {self.input_name: x})[0][0]
             keep = (det[:, 5] == 0) & (det[:, 4] >= self.cfg.record_threshold)
             sx, sy = w / s, h / s
-            boxes = [(float(np.clip(d[0] * sx, 0, w)), float(np.clip(d[1] * sy, 0, h)),
-                      float(np.clip(d[2] * sx, 0, w)), float(np.clip(d[3] * sy, 0, h))) for d in det[keep]]
+            boxes = [
+                (
+                    float(np.clip(d[0] * sx, 0, w)),
+                    float(np.clip(d[1] * sy, 0, h)),
+                    float(np.clip(d[2] * sx, 0, w)),
+                    float(np.clip(d[3] * sy, 0, h)),
+                )
+                for d in det[keep]
+            ]
             results.append((boxes, [float(v) for v in det[keep][:, 4]]))
         return results
 
@@ -154,14 +170,22 @@ class UltralyticsYolo:
         self.model = YOLO(str(weights), task="detect")
         if cfg.device == "auto":
             import torch
+
             self.device = "cuda:0" if torch.cuda.is_available() else "cpu"
         else:
             self.device = "cuda:0" if cfg.device == "cuda" else "cpu"
 
     def detect(self, images: list[Image.Image], sizes: list[tuple[int, int]]) -> list[tuple[list[Box], list[float]]]:
         arrays = [np.asarray(im)[:, :, ::-1] for im in images]  # ultralytics takes numpy images as BGR
-        preds = self.model.predict(arrays, imgsz=self.cfg.size, conf=self.cfg.record_threshold, classes=[0],
-                                   device=self.device, verbose=False, batch=len(arrays))
+        preds = self.model.predict(
+            arrays,
+            imgsz=self.cfg.size,
+            conf=self.cfg.record_threshold,
+            classes=[0],
+            device=self.device,
+            verbose=False,
+            batch=len(arrays),
+        )
         results = []
         for pred, im, (w, h) in zip(preds, images, sizes):
             sx, sy = w / im.width, h / im.height
@@ -225,13 +249,25 @@ class PersonFilter(ModelStage):
             order = sorted(range(len(scores)), key=lambda j: -scores[j])
             boxes, scores = [boxes[j] for j in order], [scores[j] for j in order]
             count, salient = salient_counts(boxes, scores, self.cfg)
-            out.append({"person_boxes": [list(b) for b in boxes], "person_scores": scores, "person_count": count,
-                        "salient_person_count": salient, "person_score_max": scores[0] if scores else 0.0})
+            out.append(
+                {
+                    "person_boxes": [list(b) for b in boxes],
+                    "person_scores": scores,
+                    "person_count": count,
+                    "salient_person_count": salient,
+                    "person_score_max": scores[0] if scores else 0.0,
+                }
+            )
         return out
 
     def reason(self, scores: dict) -> str | None:
         return schema.NO_SALIENT_PERSON if scores["salient_person_count"] == 0 else None
 
     def settings(self) -> dict:
-        return {"backend": self.cfg.backend, "weights": self.cfg.weights, "score_threshold": self.cfg.threshold,
-                "min_box_size": self.cfg.min_box_size, "box_size_measure": self.cfg.box_size_measure}
+        return {
+            "backend": self.cfg.backend,
+            "weights": self.cfg.weights,
+            "score_threshold": self.cfg.threshold,
+            "min_box_size": self.cfg.min_box_size,
+            "box_size_measure": self.cfg.box_size_measure,
+        }

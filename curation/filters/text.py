@@ -20,10 +20,10 @@ is small, scattered and off the edges, and passes.
 Shapes: B boxes, each [4, 2] corner points (x, y) in pixels of the OCR input, clockwise from
 top-left.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +36,7 @@ WATERMARK_TEXT = "watermark_text"
 TEXT_FIELDS = [
     pa.field("text_coverage", pa.float32()),  # fraction of the image area in text boxes
     pa.field("text_box_count", pa.int32()),
-    pa.field("text_watermark", pa.bool_()),   # a watermark-like text box was found
+    pa.field("text_watermark", pa.bool_()),  # a watermark-like text box was found
 ]
 
 
@@ -62,8 +62,15 @@ class TextFilterConfig(Placement):
 def check_text_config(cfg: TextFilterConfig, where: str = "content.text") -> None:
     import importlib.util
 
-    for name in ("min_confidence", "coverage_threshold", "caption_min_length", "edge_margin",
-                 "watermark_max_height", "watermark_max_length", "diagonal_min_length"):
+    for name in (
+        "min_confidence",
+        "coverage_threshold",
+        "caption_min_length",
+        "edge_margin",
+        "watermark_max_height",
+        "watermark_max_length",
+        "diagonal_min_length",
+    ):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             raise ValueError(f"{where}.{name}={getattr(cfg, name)}: a fraction in [0, 1]")
     if not 0.0 < cfg.diagonal_min_angle < 45.0:
@@ -71,8 +78,10 @@ def check_text_config(cfg: TextFilterConfig, where: str = "content.text") -> Non
     if cfg.max_side < 64 or cfg.box_count_threshold < 1:
         raise ValueError(f"{where}: max_side must be >= 64 and box_count_threshold >= 1")
     if importlib.util.find_spec("rapidocr_onnxruntime") is None:
-        raise ValueError(f"{where}: the text filter needs rapidocr-onnxruntime "
-                         f"(pip install rapidocr-onnxruntime==1.4.4), or set {where}.enabled=false")
+        raise ValueError(
+            f"{where}: the text filter needs rapidocr-onnxruntime "
+            f"(pip install rapidocr-onnxruntime==1.4.4), or set {where}.enabled=false"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +136,13 @@ def measure_text(boxes: list[np.ndarray], width: int, height: int, cfg: TextFilt
     for b in boxes:  # one call per box: a single fillPoly over several polygons XORs their overlaps
         cv2.fillPoly(mask, [np.round(b).astype(np.int32)], 1)
     kinds = {classify_box(b, width, height, cfg) for b in boxes}
-    return TextMeasures(coverage=float(mask.mean()), box_count=len(boxes), caption="caption" in kinds,
-                        diagonal="diagonal" in kinds, edge_mark="edge_mark" in kinds)
+    return TextMeasures(
+        coverage=float(mask.mean()),
+        box_count=len(boxes),
+        caption="caption" in kinds,
+        diagonal="diagonal" in kinds,
+        edge_mark="edge_mark" in kinds,
+    )
 
 
 def text_reason(m: TextMeasures, cfg: TextFilterConfig) -> str | None:
@@ -151,12 +165,20 @@ class OcrEngine:
 
         cuda_ep = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
         if cfg.device == "cuda" and not cuda_ep:
-            raise RuntimeError(f"{where}.device=cuda but onnxruntime has no CUDA provider: install "
-                               f"onnxruntime-gpu or set {where}.device=cpu")
+            raise RuntimeError(
+                f"{where}.device=cuda but onnxruntime has no CUDA provider: install "
+                f"onnxruntime-gpu or set {where}.device=cpu"
+            )
         use_cuda = cuda_ep and cfg.device != "cpu" and cfg.num_gpus > 0
-        self.engine = RapidOCR(det_limit_type="max", det_limit_side_len=cfg.max_side,
-                               intra_op_num_threads=max(1, int(cfg.num_cpus)), inter_op_num_threads=1,
-                               det_use_cuda=use_cuda, rec_use_cuda=use_cuda, print_verbose=False)
+        self.engine = RapidOCR(
+            det_limit_type="max",
+            det_limit_side_len=cfg.max_side,
+            intra_op_num_threads=max(1, int(cfg.num_cpus)),
+            inter_op_num_threads=1,
+            det_use_cuda=use_cuda,
+            rec_use_cuda=use_cuda,
+            print_verbose=False,
+        )
 
     def read(self, rgb_HW3: np.ndarray) -> list[tuple[np.ndarray, str, float]]:
         """(box [4, 2], text, confidence) for every detected box."""
@@ -201,8 +223,14 @@ class TextFilter(ModelStage):
         out = []
         for img in images:
             m = self.measure(np.asarray(img))
-            out.append({"text_coverage": m.coverage, "text_box_count": m.box_count, "text_watermark": m.watermark,
-                        "_measures": m})
+            out.append(
+                {
+                    "text_coverage": m.coverage,
+                    "text_box_count": m.box_count,
+                    "text_watermark": m.watermark,
+                    "_measures": m,
+                }
+            )
         return out
 
     def reason(self, scores: dict) -> str | None:
@@ -210,12 +238,25 @@ class TextFilter(ModelStage):
 
     def settings(self) -> dict:
         c = self.cfg
-        return {"engine": "rapidocr-onnxruntime PP-OCRv4 det+rec",
-                **{k: getattr(c, k) for k in ("max_side", "min_confidence", "coverage_threshold",
-                                              "box_count_threshold", "caption_min_length",
-                                              "drop_watermark_text", "edge_margin",
-                                              "watermark_max_height", "watermark_max_length",
-                                              "diagonal_min_angle", "diagonal_min_length")}}
+        return {
+            "engine": "rapidocr-onnxruntime PP-OCRv4 det+rec",
+            **{
+                k: getattr(c, k)
+                for k in (
+                    "max_side",
+                    "min_confidence",
+                    "coverage_threshold",
+                    "box_count_threshold",
+                    "caption_min_length",
+                    "drop_watermark_text",
+                    "edge_margin",
+                    "watermark_max_height",
+                    "watermark_max_length",
+                    "diagonal_min_angle",
+                    "diagonal_min_length",
+                )
+            },
+        }
 
     def not_applied(self) -> dict:
         return {**super().not_applied(), "note": "images were not checked for text or text watermarks"}

@@ -9,6 +9,7 @@ Rows scoring >= ``threshold`` get the reason ``watermark`` (LAION-Aesthetics kep
 
 Shapes: N images, D embedding width.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,16 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
-from curation.filters.model import (EMBEDDING_COLUMN, LinearHead, ModelStage, Placement, autocast, embeddings_of,
-                                    load_state_file, resolve_device)
+from curation.filters.model import (
+    EMBEDDING_COLUMN,
+    LinearHead,
+    ModelStage,
+    Placement,
+    autocast,
+    embeddings_of,
+    load_state_file,
+    resolve_device,
+)
 
 WATERMARK = "watermark"
 
@@ -67,7 +76,6 @@ class WatermarkClassifier:
     """The classifier loaded from its weights file, batched P(watermark) for PIL RGB images."""
 
     def __init__(self, cfg: WatermarkFilterConfig, where: str = "content.watermark") -> None:
-        import torch
 
         self.cfg = cfg
         self.device = resolve_device(cfg.device, where)
@@ -75,8 +83,10 @@ class WatermarkClassifier:
         try:
             model.load_state_dict(load_state_file(cfg.weights), strict=True)
         except RuntimeError as err:
-            raise ValueError(f"{where}.weights={cfg.weights!r} does not fit {where}.backbone={cfg.backbone!r} "
-                             f"with {where}.head_hidden={list(cfg.head_hidden)}: {err}") from None
+            raise ValueError(
+                f"{where}.weights={cfg.weights!r} does not fit {where}.backbone={cfg.backbone!r} "
+                f"with {where}.head_hidden={list(cfg.head_hidden)}: {err}"
+            ) from None
         self.model = model.eval().to(self.device)
 
     def predict(self, images: list) -> np.ndarray:
@@ -124,9 +134,12 @@ class WatermarkFilter(ModelStage):
         if c.clip_head_weights:
             files["clip_head_weights"] = (c.clip_head_weights, "the CLIP watermark head")
         if c.weights or not c.clip_head_weights:
-            files["weights"] = (c.weights, f"the watermark classifier ({c.backbone} + MLP {list(c.head_hidden)}, e.g. "
-                                           f"LAION's watermark_model_v1.pt), or a CLIP head in "
-                                           f"{self.section}.clip_head_weights")
+            files["weights"] = (
+                c.weights,
+                f"the watermark classifier ({c.backbone} + MLP {list(c.head_hidden)}, e.g. "
+                f"LAION's watermark_model_v1.pt), or a CLIP head in "
+                f"{self.section}.clip_head_weights",
+            )
         return files
 
     def setup(self) -> None:  # the classifier resolves its device itself
@@ -159,10 +172,18 @@ class WatermarkFilter(ModelStage):
 
     def settings(self) -> dict:
         c = self.cfg
-        return {"threshold": c.threshold,
-                "classifier": {"weights": c.weights, "backbone": c.backbone, "head_hidden": list(c.head_hidden),
-                               "input_size": c.input_size} if c.weights else None,
-                "clip_head_weights": c.clip_head_weights or None}
+        return {
+            "threshold": c.threshold,
+            "classifier": {
+                "weights": c.weights,
+                "backbone": c.backbone,
+                "head_hidden": list(c.head_hidden),
+                "input_size": c.input_size,
+            }
+            if c.weights
+            else None,
+            "clip_head_weights": c.clip_head_weights or None,
+        }
 
     def not_applied(self) -> dict:
         return {**super().not_applied(), "note": "images were not checked for watermarks by the classifier"}

@@ -14,6 +14,7 @@ draws the same ones: ``evaluation.finetune.data`` seeds it with the step and bat
   pipeline ends with GenerateDepthTarget), so the zoom does not change it.
 - all: photometric jitter (brightness, contrast, saturation, hue) on the image only.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,19 @@ from evaluation.finetune.config import AugmentSettings
 from evaluation.heatmaps import apply_affine, box_to_affine, encode_heatmaps
 from evaluation.io import IMAGE_SUFFIXES, read_rgb
 
-UPPER_BODY = ("nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",
-              "left_elbow", "right_elbow", "left_wrist", "right_wrist")
+UPPER_BODY = (
+    "nose",
+    "left_eye",
+    "right_eye",
+    "left_ear",
+    "right_ear",
+    "left_shoulder",
+    "right_shoulder",
+    "left_elbow",
+    "right_elbow",
+    "left_wrist",
+    "right_wrist",
+)
 LOWER_BODY = ("left_hip", "right_hip", "left_knee", "right_knee", "left_ankle", "right_ankle")
 
 
@@ -52,10 +64,12 @@ class Backgrounds:
         scale = min(H / hw[0], W / hw[1]) * rng.uniform(0.5, 1.0)
         ch, cw = max(1, int(hw[0] * scale)), max(1, int(hw[1] * scale))
         y, x = int(rng.integers(0, H - ch + 1)), int(rng.integers(0, W - cw + 1))
-        return cv2.resize(rgb[y:y + ch, x:x + cw], (hw[1], hw[0]), interpolation=cv2.INTER_LINEAR)
+        return cv2.resize(rgb[y : y + ch, x : x + cw], (hw[1], hw[0]), interpolation=cv2.INTER_LINEAR)
 
 
-def crop_transform(rng: np.random.Generator, aug: AugmentSettings, hw: tuple[int, int]) -> tuple[np.ndarray, float, float, bool]:
+def crop_transform(
+    rng: np.random.Generator, aug: AugmentSettings, hw: tuple[int, int]
+) -> tuple[np.ndarray, float, float, bool]:
     """(3x3 matrix, angle in radians, scale, flipped): flip, scale and rotate about the centre of an (H, W) image."""
     s = float(rng.uniform(*aug.scale))
     angle = math.radians(rng.uniform(-aug.rotation_deg, aug.rotation_deg)) if rng.random() < aug.rotation_prob else 0.0
@@ -90,8 +104,9 @@ def photometric(rgb: np.ndarray, rng: np.random.Generator, aug: AugmentSettings)
     return cv2.cvtColor(hsv.astype(np.uint8), cv2.COLOR_HSV2RGB)
 
 
-def composite(rgb: np.ndarray, person: np.ndarray, rng: np.random.Generator, aug: AugmentSettings,
-              backgrounds: Backgrounds) -> np.ndarray:
+def composite(
+    rgb: np.ndarray, person: np.ndarray, rng: np.random.Generator, aug: AugmentSettings, backgrounds: Backgrounds
+) -> np.ndarray:
     """The person's pixels over a random background photo, at ``background_prob``."""
     if not backgrounds.files or not person.any() or rng.random() >= aug.background_prob:
         return rgb
@@ -131,7 +146,12 @@ def pose_item(base, i: int, rng: np.random.Generator, aug: AugmentSettings, voca
     if aug.enabled:
         crop = photometric(crop, rng, aug)
     target, weight = encode_heatmaps(xy, vis, base.image_size, base.heatmap_size, base.sigma)
-    return {"index": i, "image": to_tensor(crop), "heatmaps": torch.from_numpy(target), "weights": torch.from_numpy(weight)}
+    return {
+        "index": i,
+        "image": to_tensor(crop),
+        "heatmaps": torch.from_numpy(target),
+        "weights": torch.from_numpy(weight),
+    }
 
 
 def seg_item(base, i: int, rng: np.random.Generator, aug: AugmentSettings, vocab, backgrounds: Backgrounds) -> dict:
@@ -145,7 +165,7 @@ def seg_item(base, i: int, rng: np.random.Generator, aug: AugmentSettings, vocab
         labels = warp(labels.astype(np.int32), M, base.image_size, nearest=True, border=0)
         if flip:  # left/right classes swap; every other id (ignore included) stays
             lut = np.arange(max(256, vocab.num_classes, base.ignore_index + 1))
-            lut[:vocab.num_classes] = vocab.flip_map()
+            lut[: vocab.num_classes] = vocab.flip_map()
             labels = lut[labels]
         rgb = photometric(rgb, rng, aug)
     return {"index": i, "image": to_tensor(rgb), "labels": torch.from_numpy(labels.astype(np.int64))}
@@ -178,12 +198,17 @@ def dense_item(base, i: int, rng: np.random.Generator, aug: AugmentSettings, bac
         M, angle, scale, flip = crop_transform(rng, aug, base.image_size)
         rgb = warp(rgb, M, base.image_size, nearest=False)
         border = BACKGROUND if depth else 0
-        target = dense_values(base.kind, warp(target, M, base.image_size, nearest=True, border=border), angle, scale,
-                              flip)
+        target = dense_values(
+            base.kind, warp(target, M, base.image_size, nearest=True, border=border), angle, scale, flip
+        )
         mask = warp(mask.astype(np.uint8), M, base.image_size, nearest=True).astype(bool)
         rgb = photometric(rgb, rng, aug)
     if depth:  # normalised again over the foreground left after the warp
         rel, mask = relative_depth_target(target[..., 0], mask)
         target = rel[..., None]
-    return {"index": i, "image": to_tensor(rgb), "target": torch.from_numpy(np.ascontiguousarray(target.transpose(2, 0, 1))),
-            "mask": torch.from_numpy(mask)}
+    return {
+        "index": i,
+        "image": to_tensor(rgb),
+        "target": torch.from_numpy(np.ascontiguousarray(target.transpose(2, 0, 1))),
+        "mask": torch.from_numpy(mask),
+    }

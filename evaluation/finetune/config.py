@@ -13,6 +13,7 @@ section the data paths, ``image_size``, ``head_hidden_dim``, ``eval_batch_size``
 ``max_*_samples``, ``num_visuals`` and the task's own options (heatmap sigma, person boxes,
 classes) are used; its probe schedule (``steps``, ``lr``...) is not: this file's is.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,8 @@ class FinetuneOptim:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
-    layer_decay: float = 0.85          # per-block lr factor (embeddings lowest, head 1.0)
-    clip_grad: float = 1.0             # 0 = no clipping
+    layer_decay: float = 0.85  # per-block lr factor (embeddings lowest, head 1.0)
+    clip_grad: float = 1.0  # 0 = no clipping
     warmup_steps: int = 500
     warmup_start_factor: float = 0.001
     schedule: Literal["poly", "multistep", "cosine"] = "poly"
@@ -80,7 +81,7 @@ class AugmentSettings:
     saturation: tuple[float, float] = (0.5, 1.5)
     hue_delta: float = 18.0
     background_prob: float = 0.5
-    backgrounds: str = ""              # folder of person-free images; empty = no compositing
+    backgrounds: str = ""  # folder of person-free images; empty = no compositing
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -95,14 +96,15 @@ class FinetuneConfig:
     seed: int = 0
     deterministic: bool = False
     tasks: list[Literal["pose", "seg", "depth", "normal", "pointmap", "albedo"]] = field(
-        default_factory=lambda: ["seg"])
+        default_factory=lambda: ["seg"]
+    )
     backbone: BackboneSettings = field(default_factory=BackboneSettings)
-    feature_block: int = -1            # the block whose (normalised) map feeds the head
+    feature_block: int = -1  # the block whose (normalised) map feeds the head
     steps: int = 200
     max_steps_this_session: int = 0
     batch_size_per_worker: int = 8
     loader_workers: int = 0
-    flip_test: bool = True             # pose: average with the flipped crop's heatmaps
+    flip_test: bool = True  # pose: average with the flipped crop's heatmaps
     vocab: str = ""
     optim: FinetuneOptim = field(default_factory=FinetuneOptim)
     augment: AugmentSettings = field(default_factory=AugmentSettings)
@@ -134,7 +136,9 @@ class FinetuneConfig:
         for name in self.tasks:
             s = self.task(name)
             if bool(s.train.images) != bool(s.val.images):
-                raise ValueError(f"{name}: set both {name}.train.images and {name}.val.images, or neither "
-                                 "(neither = the synthetic set)")
+                raise ValueError(
+                    f"{name}: set both {name}.train.images and {name}.val.images, or neither "
+                    "(neither = the synthetic set)"
+                )
             if s.train.images and not (s.train.labels and s.val.labels):
                 raise ValueError(f"{name}: {name}.train.labels and {name}.val.labels are required with real data")

@@ -6,6 +6,7 @@ batch), rank ``r`` of ``W`` the slots ``r, r + W, ...`` of them. Each sample's a
 drawn from a generator seeded with (seed, step, slot). A run resumed at step ``s`` therefore
 sees exactly the batches an uninterrupted run saw: no loader state to checkpoint.
 """
+
 from __future__ import annotations
 
 import functools
@@ -70,11 +71,17 @@ class TrainSet(Dataset):
         return augment.dense_item(self.base, i, rng, self.aug, self.backgrounds)
 
 
-def train_loader(train: TrainSet, *, global_batch: int, seed: int, start: int, stop: int, rank: int, world: int,
-                 workers: int) -> DataLoader:
+def train_loader(
+    train: TrainSet, *, global_batch: int, seed: int, start: int, stop: int, rank: int, world: int, workers: int
+) -> DataLoader:
     sampler = StepBatchSampler(len(train), global_batch, seed, start, stop, rank, world)
-    return DataLoader(train, batch_sampler=sampler, num_workers=workers,
-                      persistent_workers=False, worker_init_fn=partial(_quiet_worker) if workers else None)
+    return DataLoader(
+        train,
+        batch_sampler=sampler,
+        num_workers=workers,
+        persistent_workers=False,
+        worker_init_fn=partial(_quiet_worker) if workers else None,
+    )
 
 
 def _quiet_worker(_: int) -> None:

@@ -2,6 +2,7 @@
 train step by step, evaluate, export. ``loop.finetune_worker`` runs it under Ray Train; tests
 and benchmarks can run it in a plain process (``mesh=None``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -86,8 +87,9 @@ def task_settings(cfg: FinetuneConfig, task: str, inputs: TaskInputs):
     return s
 
 
-def build_finetuner(cfg: FinetuneConfig, task: str, inputs: TaskInputs, *, device: torch.device,
-                    mesh=None) -> Finetuner:
+def build_finetuner(
+    cfg: FinetuneConfig, task: str, inputs: TaskInputs, *, device: torch.device, mesh=None
+) -> Finetuner:
     cfg = dataclasses.replace(cfg, **{task: task_settings(cfg, task, inputs)})
     s = cfg.task(task)
     train_ds, val_ds = TASKS[task].datasets(s, inputs.data)
@@ -99,9 +101,18 @@ def build_finetuner(cfg: FinetuneConfig, task: str, inputs: TaskInputs, *, devic
     if mesh is None:
         model.to(device)
     optimizer = build_optimizer(model, num_layers, cfg.optim)
-    return Finetuner(cfg=cfg, task=task, inputs=inputs, model=model, optimizer=optimizer,
-                     train_set=TrainSet(task, train_ds, cfg.augment, inputs.vocab, cfg.seed), val_set=val_ds,
-                     loss_fn=TASKS[task].loss(s, train_ds), device=device, sharded=mesh is not None)
+    return Finetuner(
+        cfg=cfg,
+        task=task,
+        inputs=inputs,
+        model=model,
+        optimizer=optimizer,
+        train_set=TrainSet(task, train_ds, cfg.augment, inputs.vocab, cfg.seed),
+        val_set=val_ds,
+        loss_fn=TASKS[task].loss(s, train_ds),
+        device=device,
+        sharded=mesh is not None,
+    )
 
 
 def _to(batch: dict, device: torch.device) -> dict:

@@ -7,6 +7,7 @@ logs to MLflow, writes the overlays and the export.
 Export: ``<task dir>/export/model.safetensors`` in the released layout (``backbone.`` +
 ``decode_head.`` keys), its sha256 in ``export.json`` and in the final report.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,11 @@ from pathlib import Path
 import torch
 
 import training.checkpoint as checkpoint
+from evaluation.config import SplitPaths
 from evaluation.finetune.config import FinetuneConfig
 from evaluation.finetune.data import train_loader
 from evaluation.finetune.engine import Finetuner, build_finetuner, evaluate, train_step
 from evaluation.finetune.tasks import TaskInputs
-from evaluation.config import SplitPaths
 from evaluation.tasks import TaskData
 from evaluation.visualize import save_png
 from infra import jsonl
@@ -90,8 +91,12 @@ def finetune_worker(payload: dict) -> None:
 
 
 def task_data(d: dict) -> TaskData:
-    return TaskData(train=SplitPaths(**d["train"]), val=SplitPaths(**d["val"]), num_classes=d["num_classes"],
-                    class_names=d["class_names"])
+    return TaskData(
+        train=SplitPaths(**d["train"]),
+        val=SplitPaths(**d["val"]),
+        num_classes=d["num_classes"],
+        class_names=d["class_names"],
+    )
 
 
 def _vocab(payload: dict):
@@ -106,8 +111,16 @@ def _vocab(payload: dict):
 def _train(ft: Finetuner, payload: dict, step: int, rank: int, world: int, logger) -> int:
     cfg = ft.cfg
     stop = cfg.steps if cfg.max_steps_this_session <= 0 else min(cfg.steps, step + cfg.max_steps_this_session)
-    loader = train_loader(ft.train_set, global_batch=cfg.batch_size_per_worker * world, seed=cfg.seed, start=step,
-                          stop=stop, rank=rank, world=world, workers=cfg.loader_workers)
+    loader = train_loader(
+        ft.train_set,
+        global_batch=cfg.batch_size_per_worker * world,
+        seed=cfg.seed,
+        start=step,
+        stop=stop,
+        rank=rank,
+        world=world,
+        workers=cfg.loader_workers,
+    )
     history = Path(payload["task_dir"]) / HISTORY
     if rank == 0:
         jsonl.append(history, {"session_start": step})
@@ -131,10 +144,14 @@ def _save(ft: Finetuner, step: int, rank: int, values: dict) -> None:
     import ray.train
 
     with tempfile.TemporaryDirectory(prefix="finetune-ckpt-") as tmp:
-        checkpoint.save(tmp, ft.model, ft.optimizer, step=step, rank=rank, data_state={"step": step},
-                        meta={"task": ft.task})
-        ray.train.report({"step": step, **values}, checkpoint=ray.train.Checkpoint.from_directory(tmp),
-                         checkpoint_dir_name=f"checkpoint_{step:08d}")
+        checkpoint.save(
+            tmp, ft.model, ft.optimizer, step=step, rank=rank, data_state={"step": step}, meta={"task": ft.task}
+        )
+        ray.train.report(
+            {"step": step, **values},
+            checkpoint=ray.train.Checkpoint.from_directory(tmp),
+            checkpoint_dir_name=f"checkpoint_{step:08d}",
+        )
 
 
 def _finish(ft: Finetuner, payload: dict, rank: int) -> None:
@@ -157,8 +174,13 @@ def export(ft: Finetuner, task_dir: Path, rank: int, meta: dict) -> dict:
     """The whole model (``backbone.`` + ``decode_head.``) as safetensors; its sha256."""
     path = task_dir / EXPORT_DIR / EXPORT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    metadata = {**{k: str(v) for k, v in meta.items()}, "task": ft.task, "step": str(ft.cfg.steps),
-                "backbone": ft.cfg.backbone.name, "format": "released-task-layout"}
+    metadata = {
+        **{k: str(v) for k, v in meta.items()},
+        "task": ft.task,
+        "step": str(ft.cfg.steps),
+        "backbone": ft.cfg.backbone.name,
+        "format": "released-task-layout",
+    }
     digest = checkpoint.export_backbone(ft.model, path, rank=rank, metadata=metadata)
     info = {"export": str(path), "export_sha256": digest or ""}
     if rank == 0:

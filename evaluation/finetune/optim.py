@@ -18,6 +18,7 @@ backbone's groups x a factor, the head's lr unchanged) and ``freeze_backbone_ste
 the head is fitted on the frozen backbone first, so the backbone's first gradients do not come
 from a random head; ``backbone_factor``).
 """
+
 from __future__ import annotations
 
 import math
@@ -62,9 +63,14 @@ def param_groups(model: nn.Module, num_layers: int, cfg: FinetuneOptim) -> list[
         if key not in groups:
             in_backbone = key[0] <= num_layers
             scale = lr_scale(key[0], num_layers, cfg.layer_decay) * (cfg.backbone_lr_scale if in_backbone else 1.0)
-            groups[key] = {"params": [], "layer_id": key[0], "apply_decay": not key[1],
-                           "weight_decay": 0.0 if key[1] else cfg.weight_decay, "lr_scale": scale,
-                           "backbone": in_backbone}
+            groups[key] = {
+                "params": [],
+                "layer_id": key[0],
+                "apply_decay": not key[1],
+                "weight_decay": 0.0 if key[1] else cfg.weight_decay,
+                "lr_scale": scale,
+                "backbone": in_backbone,
+            }
         groups[key]["params"].append(p)
     return [groups[k] for k in sorted(groups)]
 

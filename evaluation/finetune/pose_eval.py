@@ -9,6 +9,7 @@
   ``person_boxes`` / ``person_scores``) as a COCO detections list for the images of a COCO
   keypoint file, matched by file name (``pose.person_boxes`` takes the written JSON).
 """
+
 from __future__ import annotations
 
 import copy
@@ -60,6 +61,12 @@ def detections_from_manifest(rows: list[dict], images: list[dict], min_score: fl
             continue
         for (x1, y1, x2, y2), score in zip(row.get("person_boxes") or [], row.get("person_scores") or []):
             if score >= min_score and x2 > x1 and y2 > y1:
-                out.append({"image_id": by_name[name], "category_id": 1, "score": float(score),
-                            "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)]})
+                out.append(
+                    {
+                        "image_id": by_name[name],
+                        "category_id": 1,
+                        "score": float(score),
+                        "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)],
+                    }
+                )
     return out

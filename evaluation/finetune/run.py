@@ -14,6 +14,7 @@ per task ``finetune.<task>.export`` / ``.export_sha256`` (the exported model's s
 Outputs: ``config.yaml``, ``run.json``, ``results.json`` (metrics, exports, lineage, run id),
 ``<task>/{history.jsonl,metrics.json,overlays/,export/model.safetensors,export/export.json,train/}``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,8 @@ NOT_IDENTITY = ("output_dir", "tracking", "ray", "name", "max_steps_this_session
 @dataclasses.dataclass
 class FinetuneResult:
     metrics: dict[str, dict[str, float]]
-    exports: dict[str, dict[str, str]]     # task -> {"export": path, "export_sha256": hex}
-    losses: dict[str, dict[int, float]]    # task -> step -> loss (the last logged value of each step)
+    exports: dict[str, dict[str, str]]  # task -> {"export": path, "export_sha256": hex}
+    losses: dict[str, dict[int, float]]  # task -> step -> loss (the last logged value of each step)
     output_dir: str
     lineage: Lineage
     run_id: str | None
@@ -50,7 +51,9 @@ class FinetuneResult:
         for task, m in self.metrics.items():
             shown = {k: v for k, v in m.items() if not k.startswith("iou.")}
             lines.append(f"{task:9s} " + "  ".join(f"{k}={v:.4g}" for k, v in shown.items()))
-            lines.append(f"{'':9s} export {self.exports[task]['export']} (sha256 {self.exports[task]['export_sha256'][:16]})")
+            lines.append(
+                f"{'':9s} export {self.exports[task]['export']} (sha256 {self.exports[task]['export_sha256'][:16]})"
+            )
         lines.append(f"outputs:  {self.output_dir}" + (f"   mlflow run: {self.run_id}" if self.run_id else ""))
         return "\n".join(lines)
 
@@ -70,14 +73,19 @@ def _local(path: str) -> str:
 
 def absolutize(cfg: FinetuneConfig) -> FinetuneConfig:
     """Local paths absolute: Ray Train workers (and Ray jobs) run elsewhere."""
-    changes = {"output_dir": _local(cfg.output_dir),
-               "backbone": dataclasses.replace(cfg.backbone, checkpoint=_local(cfg.backbone.checkpoint)),
-               "augment": dataclasses.replace(cfg.augment, backgrounds=_local(cfg.augment.backgrounds))}
+    changes = {
+        "output_dir": _local(cfg.output_dir),
+        "backbone": dataclasses.replace(cfg.backbone, checkpoint=_local(cfg.backbone.checkpoint)),
+        "augment": dataclasses.replace(cfg.augment, backgrounds=_local(cfg.augment.backgrounds)),
+    }
     for task in cfg.tasks:
         s = cfg.task(task)
-        splits = {k: dataclasses.replace(getattr(s, k), **{f: _local(getattr(getattr(s, k), f))
-                                                            for f in ("images", "labels", "masks")})
-                  for k in ("train", "val")}
+        splits = {
+            k: dataclasses.replace(
+                getattr(s, k), **{f: _local(getattr(getattr(s, k), f)) for f in ("images", "labels", "masks")}
+            )
+            for k in ("train", "val")
+        }
         if task == "pose":
             splits["person_boxes"] = _local(s.person_boxes)
         changes[task] = dataclasses.replace(s, **splits)
@@ -98,8 +106,9 @@ def manifest_person_boxes(cfg: FinetuneConfig, out: Path) -> FinetuneConfig:
     images = json.loads(Path(cfg.pose.val.labels).read_text())["images"]
     dets = detections_from_manifest(rows, images, cfg.pose.box_score_threshold)
     if not dets:
-        raise ValueError(f"pose.person_boxes={boxes!r}: no manifest row's source file matches an image of "
-                         f"{cfg.pose.val.labels}")
+        raise ValueError(
+            f"pose.person_boxes={boxes!r}: no manifest row's source file matches an image of {cfg.pose.val.labels}"
+        )
     path = out / "pose" / "person_boxes.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dets))
@@ -129,11 +138,18 @@ def _record(cfg: FinetuneConfig, out: Path, uri: str | None, lineage: Lineage) -
     if path.is_file():
         record = json.loads(path.read_text())
         if record["identity_digest"] != digest or record["checkpoint_digest"] != lineage.checkpoint_digest:
-            raise ValueError(f"output_dir {out} holds a fine-tune with other settings or another checkpoint; "
-                             "re-run it with its own settings, or choose a new output_dir")
+            raise ValueError(
+                f"output_dir {out} holds a fine-tune with other settings or another checkpoint; "
+                "re-run it with its own settings, or choose a new output_dir"
+            )
         return record
-    record = {"identity_digest": digest, "checkpoint_digest": lineage.checkpoint_digest, "created": time.time(),
-              "mlflow_run_id": _start_mlflow(cfg, out, uri, lineage) if uri else None, "tracking_uri": uri}
+    record = {
+        "identity_digest": digest,
+        "checkpoint_digest": lineage.checkpoint_digest,
+        "created": time.time(),
+        "mlflow_run_id": _start_mlflow(cfg, out, uri, lineage) if uri else None,
+        "tracking_uri": uri,
+    }
     path.write_text(json.dumps(record, indent=1))
     return record
 
@@ -144,8 +160,13 @@ def _start_mlflow(cfg: FinetuneConfig, out: Path, uri: str, lineage: Lineage) ->
 
     mlflow.set_tracking_uri(uri)
     exp = tracking.get_experiment_id(cfg.tracking.experiment, uri)
-    tags = {**STAGE_TAG, **lineage.tags(), "finetune.tasks": ",".join(cfg.tasks), "model.name": cfg.backbone.name,
-            "config.identity_digest": identity_digest(cfg)}
+    tags = {
+        **STAGE_TAG,
+        **lineage.tags(),
+        "finetune.tasks": ",".join(cfg.tasks),
+        "model.name": cfg.backbone.name,
+        "config.identity_digest": identity_digest(cfg),
+    }
     with tracking.start_run(exp, cfg.tracking.run_name or out.name, tags) as run:
         tracking.log_config(cfg)
         run_id = run.info.run_id
@@ -155,11 +176,22 @@ def _start_mlflow(cfg: FinetuneConfig, out: Path, uri: str, lineage: Lineage) ->
 
 def _payload(cfg: FinetuneConfig, task: str, inputs: TaskInputs, out: Path, record: dict, lineage: Lineage) -> dict:
     vocab = inputs.vocab.name if inputs.vocab is not None else ""
-    meta = {"pretrain_run_id": lineage.pretrain_run_id, "dataset_id": lineage.dataset_id,
-            "backbone_checkpoint_sha256": lineage.checkpoint_digest, "vocab": vocab}
-    return {"config": config_to_dict(cfg), "task": task, "data": dataclasses.asdict(inputs.data), "vocab": vocab,
-            "task_dir": str(out / task), "mlflow_run_id": record.get("mlflow_run_id"),
-            "tracking_uri": record.get("tracking_uri"), "meta": meta}
+    meta = {
+        "pretrain_run_id": lineage.pretrain_run_id,
+        "dataset_id": lineage.dataset_id,
+        "backbone_checkpoint_sha256": lineage.checkpoint_digest,
+        "vocab": vocab,
+    }
+    return {
+        "config": config_to_dict(cfg),
+        "task": task,
+        "data": dataclasses.asdict(inputs.data),
+        "vocab": vocab,
+        "task_dir": str(out / task),
+        "mlflow_run_id": record.get("mlflow_run_id"),
+        "tracking_uri": record.get("tracking_uri"),
+        "meta": meta,
+    }
 
 
 def _fit_task(cfg: FinetuneConfig, payload: dict) -> None:
@@ -173,12 +205,17 @@ def _fit_task(cfg: FinetuneConfig, payload: dict) -> None:
     r = cfg.ray
     resources = {"CPU": r.cpus_per_worker, **({"GPU": 1} if r.use_gpu else {})}
     trainer = TorchTrainer(
-        finetune_worker, train_loop_config=payload,
+        finetune_worker,
+        train_loop_config=payload,
         torch_config=TorchConfig(backend="nccl" if r.use_gpu else "gloo", timeout_s=r.timeout_s),
         scaling_config=ScalingConfig(num_workers=r.num_workers, use_gpu=r.use_gpu, resources_per_worker=resources),
-        run_config=RunConfig(name="train", storage_path=payload["task_dir"],
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
-                             failure_config=FailureConfig(max_failures=r.max_failures)))
+        run_config=RunConfig(
+            name="train",
+            storage_path=payload["task_dir"],
+            checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep),
+            failure_config=FailureConfig(max_failures=r.max_failures),
+        ),
+    )
     trainer.fit()
 
 
@@ -208,8 +245,9 @@ def run_finetune(cfg: FinetuneConfig) -> FinetuneResult:
     out.mkdir(parents=True, exist_ok=True)
     cfg = manifest_person_boxes(cfg, out)
     uri = tracking.resolve_tracking_uri(cfg.tracking.uri, str(out)) if cfg.tracking.enabled else None
-    lineage = resolve_lineage(cfg.backbone.checkpoint, seed=cfg.seed, pretrain_run_id=cfg.backbone.pretrain_run_id,
-                              tracking_uri=uri)
+    lineage = resolve_lineage(
+        cfg.backbone.checkpoint, seed=cfg.seed, pretrain_run_id=cfg.backbone.pretrain_run_id, tracking_uri=uri
+    )
     inputs = resolve_inputs(cfg, out)
     check_inputs(cfg, inputs)
     (out / "config.yaml").write_text(dump_config(cfg))
@@ -232,14 +270,28 @@ def run_finetune(cfg: FinetuneConfig) -> FinetuneResult:
 
 def _finish(cfg: FinetuneConfig, out: Path, record: dict, lineage: Lineage, done: dict) -> FinetuneResult:
     finished = {t: d for t, d in done.items() if d is not None}
-    result = FinetuneResult(metrics={t: d["metrics"] for t, d in finished.items()},
-                            exports={t: d["export"] for t, d in finished.items()},
-                            losses={t: task_losses(out / t) for t in cfg.tasks}, output_dir=str(out), lineage=lineage,
-                            run_id=record.get("mlflow_run_id"), completed=len(finished) == len(cfg.tasks))
+    result = FinetuneResult(
+        metrics={t: d["metrics"] for t, d in finished.items()},
+        exports={t: d["export"] for t, d in finished.items()},
+        losses={t: task_losses(out / t) for t in cfg.tasks},
+        output_dir=str(out),
+        lineage=lineage,
+        run_id=record.get("mlflow_run_id"),
+        completed=len(finished) == len(cfg.tasks),
+    )
     results_file = out / RESULTS
-    results_file.write_text(json.dumps({"metrics": result.metrics, "exports": result.exports,
-                                        "lineage": dataclasses.asdict(lineage), "mlflow_run_id": result.run_id,
-                                        "completed": result.completed}, indent=1))
+    results_file.write_text(
+        json.dumps(
+            {
+                "metrics": result.metrics,
+                "exports": result.exports,
+                "lineage": dataclasses.asdict(lineage),
+                "mlflow_run_id": result.run_id,
+                "completed": result.completed,
+            },
+            indent=1,
+        )
+    )
     if result.run_id:
         _record_mlflow(record["tracking_uri"], result, results_file)
     return result
@@ -255,6 +307,7 @@ def _record_mlflow(uri: str, result: FinetuneResult, results_file: Path) -> None
         client.set_tag(result.run_id, f"finetune.{task}.export_sha256", export["export_sha256"])
     mlflow.set_tracking_uri(uri)
     with mlflow.start_run(run_id=result.run_id):
-        tracking.log_results({f"{t}.{k}": v for t, m in result.metrics.items() for k, v in m.items()},
-                             [str(results_file)])
+        tracking.log_results(
+            {f"{t}.{k}": v for t, m in result.metrics.items() for k, v in m.items()}, [str(results_file)]
+        )
     client.set_terminated(result.run_id, status="FINISHED" if result.completed else "KILLED")

@@ -11,6 +11,7 @@ result files itself.
   ``result(cfg)``: metrics, exports and the MLflow run, read back from ``results.json``.
 - ``SCRIPT``: the ``pipelines/`` script that runs one stage config as a Ray job.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,18 +47,26 @@ def identity(cfg: FinetuneConfig, upstream: str) -> str:
     """``upstream``: the fine-tuned checkpoint's sha256 ("" = random init, decided by the seed)."""
     from evaluation.finetune.run import identity_digest
 
-    return _digest("finetune", identity_digest(_without_checkpoint(cfg)), upstream or f"random-init:seed={cfg.seed}",
-                   data_digest(cfg))
+    return _digest(
+        "finetune",
+        identity_digest(_without_checkpoint(cfg)),
+        upstream or f"random-init:seed={cfg.seed}",
+        data_digest(cfg),
+    )
 
 
 def _without_checkpoint(cfg: FinetuneConfig) -> FinetuneConfig:
-    return dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, checkpoint="", pretrain_run_id=""),
-                               augment=dataclasses.replace(cfg.augment, backgrounds=""))
+    return dataclasses.replace(
+        cfg,
+        backbone=dataclasses.replace(cfg.backbone, checkpoint="", pretrain_run_id=""),
+        augment=dataclasses.replace(cfg.augment, backgrounds=""),
+    )
 
 
 def with_backbone(cfg: FinetuneConfig, checkpoint: str, pretrain_run_id: str) -> FinetuneConfig:
-    return dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, checkpoint=checkpoint,
-                                                                 pretrain_run_id=pretrain_run_id))
+    return dataclasses.replace(
+        cfg, backbone=dataclasses.replace(cfg.backbone, checkpoint=checkpoint, pretrain_run_id=pretrain_run_id)
+    )
 
 
 def place(cfg: FinetuneConfig, folder: Path) -> FinetuneConfig:
@@ -81,6 +90,9 @@ def result(cfg: FinetuneConfig) -> dict:
     results = json.loads((Path(cfg.output_dir) / RESULTS_FILE).read_text())
     if not results["completed"]:
         raise RuntimeError(f"fine-tuning in {cfg.output_dir} has not finished")
-    return {"metrics": {t: {k: v for k, v in m.items() if not k.startswith("iou.")}
-                        for t, m in results["metrics"].items()},
-            "exports": results["exports"], "run_id": results["mlflow_run_id"], "steps": cfg.steps}
+    return {
+        "metrics": {t: {k: v for k, v in m.items() if not k.startswith("iou.")} for t, m in results["metrics"].items()},
+        "exports": results["exports"],
+        "run_id": results["mlflow_run_id"],
+        "steps": cfg.steps,
+    }

@@ -6,6 +6,7 @@ Heads, losses and evaluators are the probe tasks' (``evaluation.tasks.TASKS``; `
 the Sapiens v1 task: per-image relative depth target, ``evaluation.depth``; scale-invariant
 log loss, RMSE / AbsRel / delta1 on the human pixels).
 """
+
 from __future__ import annotations
 
 import json
@@ -76,8 +77,13 @@ def resolve_inputs(cfg, out: Path) -> dict[str, TaskInputs]:
             data = TaskData(train=s.train, val=s.val)
         else:
             syn = cfg.synthetic
-            root = generate_synthetic_set(out / "synthetic", train_images=syn.train_images, val_images=syn.val_images,
-                                          hw=(syn.height, syn.width), seed=syn.seed)
+            root = generate_synthetic_set(
+                out / "synthetic",
+                train_images=syn.train_images,
+                val_images=syn.val_images,
+                hw=(syn.height, syn.width),
+                seed=syn.seed,
+            )
             data = synthetic_data(task, root)
         inputs[task] = TaskInputs(data, _vocab(cfg, task, data, synthetic=not s.train.images))
         if isinstance(inputs[task].vocab, SegVocab):
@@ -94,13 +100,17 @@ def _vocab(cfg, task: str, data: TaskData, synthetic: bool) -> KeypointVocab | S
         K = len(load_coco_keypoints(data.train.labels, cfg.pose.sigmas or None).keypoint_names)
         vocab = keypoint_vocab_for(K)
         if vocab is None:
-            raise ValueError(f"pose labels {data.train.labels} have {K} keypoints and no vocabulary in models/vocab "
-                             "has that many; set vocab= (flip pairs are needed for flip augmentation and flip test)")
+            raise ValueError(
+                f"pose labels {data.train.labels} have {K} keypoints and no vocabulary in models/vocab "
+                "has that many; set vocab= (flip pairs are needed for flip augmentation and flip test)"
+            )
         return vocab
     if task == "seg":
         if not name:
-            raise ValueError("seg: set vocab (e.g. vocab=seg_goliath_28): the class list and its left/right pairs "
-                             "come from the vocabulary")
+            raise ValueError(
+                "seg: set vocab (e.g. vocab=seg_goliath_28): the class list and its left/right pairs "
+                "come from the vocabulary"
+            )
         return seg_vocab(name)
     return None
 
@@ -122,8 +132,10 @@ def _check_keypoint_file(path: str, vocab: KeypointVocab) -> None:
     except (OSError, ValueError, AttributeError):
         cats = []  # load_coco_keypoints says what is wrong with the file
     if len(cats) == 1 and len(cats[0]["keypoints"]) != vocab.num_keypoints:
-        raise ValueError(f"pose labels {path}: {len(cats[0]['keypoints'])} keypoints per person, expected "
-                         f"{vocab.num_keypoints} (vocabulary {vocab.name})")
+        raise ValueError(
+            f"pose labels {path}: {len(cats[0]['keypoints'])} keypoints per person, expected "
+            f"{vocab.num_keypoints} (vocabulary {vocab.name})"
+        )
     load_coco_keypoints(path, list(vocab.sigmas))  # every annotation's keypoint count and fields
 
 
@@ -136,8 +148,10 @@ def _check_masks(split: SplitPaths, vocab: SegVocab, ignore_index: int) -> None:
         bad = ((labels >= vocab.num_classes) & (labels != ignore_index)) | (labels < 0)
         if bad.any():
             ids = sorted(np.unique(labels[bad]).tolist())[:5]
-            raise ValueError(f"seg labels {mask_path}: class ids {ids} outside the vocabulary {vocab.name} "
-                             f"(0..{vocab.num_classes - 1}, ignore {ignore_index})")
+            raise ValueError(
+                f"seg labels {mask_path}: class ids {ids} outside the vocabulary {vocab.name} "
+                f"(0..{vocab.num_classes - 1}, ignore {ignore_index})"
+            )
 
 
 def build_model(cfg, task: str, train_ds, backbone: nn.Module) -> FinetuneModel:

@@ -12,6 +12,7 @@
 
 Shapes: maps are (B, 3, H, W) arrays, masks (B, H, W) bool.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,9 @@ _HIST_BINS = 18000  # 0.01 degree over [0, 180]
 
 def _check(pred: np.ndarray, gt: np.ndarray, mask: np.ndarray) -> None:
     if pred.shape != gt.shape or pred.ndim != 4 or mask.shape != (gt.shape[0], *gt.shape[2:]):
-        raise ValueError(f"expected pred/gt (B, C, H, W) and mask (B, H, W); "
-                         f"got {pred.shape}, {gt.shape}, {mask.shape}")
+        raise ValueError(
+            f"expected pred/gt (B, C, H, W) and mask (B, H, W); got {pred.shape}, {gt.shape}, {mask.shape}"
+        )
 
 
 class PointmapMetrics:
@@ -128,5 +130,8 @@ class DepthMetrics:
     def compute(self) -> dict[str, float]:
         if not self.count:
             raise ValueError("no valid depth pixels were evaluated")
-        return {"rmse": float(np.sqrt(self.sq_sum / self.count)), "abs_rel": self.rel_sum / self.count,
-                "delta1": 100.0 * self.within / self.count}
+        return {
+            "rmse": float(np.sqrt(self.sq_sum / self.count)),
+            "abs_rel": self.rel_sum / self.count,
+            "delta1": 100.0 * self.within / self.count,
+        }

@@ -4,6 +4,7 @@ OKS (COCO): ``mean_i exp(-d_i^2 / (2 s^2 k_i^2))`` over the labelled keypoints (
 with ``s^2`` the object area and ``k_i = 2 sigma_i``. AP/AR are pycocotools' own numbers
 (``COCOeval(..., "keypoints")`` with ``params.kpt_oks_sigmas`` set to the data set's sigmas).
 """
+
 from __future__ import annotations
 
 import builtins

@@ -4,6 +4,7 @@ A class absent from both ground truth and prediction has no IoU (NaN, left out o
 a class absent from the ground truth has no accuracy. Pixels labelled ``ignore_index`` are
 not counted.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,10 @@ def confusion_matrix(pred: np.ndarray, gt: np.ndarray, num_classes: int, ignore_
     keep = gt != ignore_index
     pred, gt = pred[keep].astype(np.int64), gt[keep].astype(np.int64)
     if gt.size and (gt.min() < 0 or gt.max() >= num_classes):
-        raise ValueError(f"ground-truth labels outside [0, {num_classes}) (and not ignore_index={ignore_index}): "
-                         f"{sorted(set(np.unique(gt).tolist()) - set(range(num_classes)))}")
+        raise ValueError(
+            f"ground-truth labels outside [0, {num_classes}) (and not ignore_index={ignore_index}): "
+            f"{sorted(set(np.unique(gt).tolist()) - set(range(num_classes)))}"
+        )
     return np.bincount(gt * num_classes + pred, minlength=num_classes**2).reshape(num_classes, num_classes)
 
 
@@ -32,9 +35,11 @@ def segmentation_metrics(conf: np.ndarray, class_names: list[str] | None = None)
         iou = np.where(union > 0, inter / union, np.nan)
         acc = np.where(gt_count > 0, inter / gt_count, np.nan)
     total = conf.sum()
-    out = {"mIoU": float(np.nanmean(iou)) if np.isfinite(iou).any() else 0.0,
-           "mAcc": float(np.nanmean(acc)) if np.isfinite(acc).any() else 0.0,
-           "aAcc": float(inter.sum() / total) if total else 0.0}
+    out = {
+        "mIoU": float(np.nanmean(iou)) if np.isfinite(iou).any() else 0.0,
+        "mAcc": float(np.nanmean(acc)) if np.isfinite(acc).any() else 0.0,
+        "aAcc": float(inter.sum() / total) if total else 0.0,
+    }
     names = class_names or [str(i) for i in range(len(iou))]
     out.update({f"iou.{n}": float(v) for n, v in zip(names, iou) if np.isfinite(v)})
     return out

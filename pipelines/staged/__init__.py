@@ -24,6 +24,7 @@ result read back from its files, and the script a Ray job runs.
   (``mlflow.parentRunId``) with lineage tags. A reused stage gets a small child run that
   points at the run that produced it (``dag.reused_run_id``).
 """
+
 from pipelines.staged.config import STAGES, DagConfig, DagInputs
 from pipelines.staged.run import DagResult, StageOutcome, run_dag
 

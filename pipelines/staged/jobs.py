@@ -1,6 +1,7 @@
 """A stage as a Ray job: its resolved config written next to its outputs, then
 ``python pipelines/<script> --config <that YAML>`` submitted with Ray's job submission SDK
 and followed until it ends."""
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,10 @@ def submit_ray_job(address: str, script: str, config_path: str, timeout_s: int) 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     client = JobSubmissionClient(address)
-    job_id = client.submit_job(entrypoint=f"python pipelines/{script} --config {config_path}",
-                               runtime_env={"working_dir": str(REPO), "excludes": EXCLUDES})
+    job_id = client.submit_job(
+        entrypoint=f"python pipelines/{script} --config {config_path}",
+        runtime_env={"working_dir": str(REPO), "excludes": EXCLUDES},
+    )
     log.info("submitted %s as Ray job %s", script, job_id)
     deadline = time.time() + timeout_s
     while time.time() < deadline:

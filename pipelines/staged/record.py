@@ -1,6 +1,7 @@
 """The MLflow record of one DAG invocation: a parent run, each stage's run made its child with
 the stage's identity and the upstream lineage as tags, and a small pointer run for a stage
 that was reused."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,13 +16,18 @@ class ParentRun:
         self.uri = uri
         self.client = MlflowClient(uri)
         self.experiment_id = get_experiment_id(experiment, uri)
-        run = self.client.create_run(self.experiment_id, run_name=run_name,
-                                     tags={"humanvision.stage": "dag", "dag.stages": ",".join(stages)})
+        run = self.client.create_run(
+            self.experiment_id, run_name=run_name, tags={"humanvision.stage": "dag", "dag.stages": ",".join(stages)}
+        )
         self.run_id = run.info.run_id
 
     def _stage_tags(self, stage: str, identity: str, lineage: dict[str, Any]) -> dict[str, str]:
-        return {"mlflow.parentRunId": self.run_id, "dag.stage": stage, "dag.identity": identity,
-                **{f"lineage.{k}": str(v) for k, v in lineage.items()}}
+        return {
+            "mlflow.parentRunId": self.run_id,
+            "dag.stage": stage,
+            "dag.identity": identity,
+            **{f"lineage.{k}": str(v) for k, v in lineage.items()},
+        }
 
     def adopt(self, stage: str, identity: str, stage_run_id: str, lineage: dict[str, Any]) -> None:
         """Make the run a stage just produced this invocation's child."""

@@ -1,5 +1,6 @@
 """``run_dag(cfg)``: plan each stage, reuse it when its identity has a finished result, else
 run it (here or as a Ray job), and record the invocation in MLflow."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,8 @@ class StageOutcome:
     identity: str
     folder: str
     reused: bool
-    run_id: str | None       # the stage's own MLflow run (the one that produced the result)
-    result: dict[str, Any]   # what the next stage needs: dataset id / checkpoint / metrics
+    run_id: str | None  # the stage's own MLflow run (the one that produced the result)
+    result: dict[str, Any]  # what the next stage needs: dataset id / checkpoint / metrics
 
 
 @dataclasses.dataclass
@@ -42,8 +43,15 @@ class DagResult:
         for o in self.outcomes:
             lines.append(f"{o.stage:9s} {'reused ' if o.reused else 'ran    '} {o.identity}  {o.folder}")
             for key, value in o.result.items():
-                if key in ("dataset_id", "shards", "student_weights", "checkpoint_digest", "metrics", "loss_trend",
-                           "report"):
+                if key in (
+                    "dataset_id",
+                    "shards",
+                    "student_weights",
+                    "checkpoint_digest",
+                    "metrics",
+                    "loss_trend",
+                    "report",
+                ):
                     text = f"{len(value)} files" if key == "shards" else value
                     lines.append(f"{'':10s}{key}: {text}")
         return "\n".join(lines)
@@ -73,8 +81,11 @@ def _finished(folder: Path) -> dict | None:
 
 
 def _record(folder: Path, result: dict) -> None:
-    storage.atomic_write_bytes(storage.resolve(str(folder))[0], str(folder / DONE),
-                               json.dumps(result, indent=2, sort_keys=True, default=str).encode())
+    storage.atomic_write_bytes(
+        storage.resolve(str(folder))[0],
+        str(folder / DONE),
+        json.dumps(result, indent=2, sort_keys=True, default=str).encode(),
+    )
 
 
 def _execute(p: StagePlan, dag: DagConfig) -> dict:
@@ -86,8 +97,9 @@ def _execute(p: StagePlan, dag: DagConfig) -> dict:
     return {**p.facade.result(p.cfg), **session}
 
 
-def reuse_or_run(p: StagePlan, dag: DagConfig, parent: ParentRun, lineage: dict[str, Any],
-                 observer: StageObserver | None = None) -> StageOutcome:
+def reuse_or_run(
+    p: StagePlan, dag: DagConfig, parent: ParentRun, lineage: dict[str, Any], observer: StageObserver | None = None
+) -> StageOutcome:
     done = _finished(p.folder)
     if observer is not None:
         observer.stage_started(p, done is not None, parent.uri)

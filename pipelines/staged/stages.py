@@ -1,13 +1,15 @@
 """Each stage's plan (identity, folder, placed config) from what flows down the chain, and
 what a finished stage hands on. Stage specifics are the stage packages' facades; this module
 only wires one stage's result into the next one's input."""
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import curation.stage
 import evaluation.finetune.stage
@@ -16,8 +18,12 @@ import training.stage
 from curation.output import resolve_dataset
 from pipelines.staged.config import DagInputs
 
-FACADES: dict[str, ModuleType] = {"curate": curation.stage, "pretrain": training.stage,
-                                  "finetune": evaluation.finetune.stage, "probe": evaluation.stage}
+FACADES: dict[str, ModuleType] = {
+    "curate": curation.stage,
+    "pretrain": training.stage,
+    "finetune": evaluation.finetune.stage,
+    "probe": evaluation.stage,
+}
 
 
 @dataclasses.dataclass
@@ -25,10 +31,10 @@ class Handoff:
     """What flows down the chain: the DAG's inputs at first, then each finished stage's result.
     ``lineage``: what the upstream stages produced, tagged on every later run."""
 
-    dataset: str                 # pretraining's input: a dataset version id, name or folder
-    checkpoint: str              # fine-tuning's and probing's input: a .safetensors path ("" = random init)
+    dataset: str  # pretraining's input: a dataset version id, name or folder
+    checkpoint: str  # fine-tuning's and probing's input: a .safetensors path ("" = random init)
     pretrain_run_id: str
-    dataset_id: str = ""         # known once curation ran (else resolved from ``dataset``)
+    dataset_id: str = ""  # known once curation ran (else resolved from ``dataset``)
     checkpoint_digest: str = ""  # known once pretraining ran (else hashed from ``checkpoint``)
     lineage: dict[str, Any] = field(default_factory=dict)
 
@@ -41,8 +47,8 @@ class Handoff:
 class StagePlan:
     stage: str
     identity: str
-    folder: Path   # <workspace>/<stage>/<identity>
-    cfg: Any       # the stage's config, placed in ``folder``
+    folder: Path  # <workspace>/<stage>/<identity>
+    cfg: Any  # the stage's config, placed in ``folder``
 
     @property
     def facade(self) -> ModuleType:
@@ -93,7 +99,11 @@ def _plan_probe(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
 
 
 PLANNERS: dict[str, Callable[[Any, Path, Handoff, str], StagePlan]] = {
-    "curate": _plan_curate, "pretrain": _plan_pretrain, "finetune": _plan_finetune, "probe": _plan_probe}
+    "curate": _plan_curate,
+    "pretrain": _plan_pretrain,
+    "finetune": _plan_finetune,
+    "probe": _plan_probe,
+}
 
 
 def plan(stage: str, cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
@@ -104,12 +114,17 @@ def hand_on(handoff: Handoff, stage: str, result: dict, run_id: str | None) -> N
     """Feed a finished stage's result (ran or reused) to the stages after it."""
     if stage == "curate":
         handoff.dataset, handoff.dataset_id = result["dataset_uri"], result["dataset_id"]
-        handoff.lineage.update(dataset_id=result["dataset_id"], dataset_uri=result["dataset_uri"],
-                               curation_run_id=run_id)
+        handoff.lineage.update(
+            dataset_id=result["dataset_id"], dataset_uri=result["dataset_uri"], curation_run_id=run_id
+        )
     elif stage == "pretrain":
         handoff.checkpoint, handoff.checkpoint_digest = result["student_weights"], result["checkpoint_digest"]
         handoff.pretrain_run_id = run_id or ""
-        handoff.lineage.update(dataset_id=result["dataset_id"], checkpoint_digest=result["checkpoint_digest"],
-                               checkpoint_path=result["student_weights"], pretrain_run_id=run_id)
+        handoff.lineage.update(
+            dataset_id=result["dataset_id"],
+            checkpoint_digest=result["checkpoint_digest"],
+            checkpoint_path=result["student_weights"],
+            pretrain_run_id=run_id,
+        )
     elif stage == "finetune":
         handoff.lineage.update(finetune_run_id=run_id)

@@ -1,4 +1,5 @@
 """Safe decode: every bad-file kind gets its exact status; conversions are deliberate and correct."""
+
 from __future__ import annotations
 
 import io
@@ -20,8 +21,9 @@ def base() -> Image.Image:
 
 def decode(raw: bytes, **cfg) -> dict:
     stage = DecodeStage(DecodeConfig(**cfg))
-    return stage.decode_row({"partition": "p", "key": "k", "source": "s", "raw": raw, "reason": None,
-                             "input_bytes": len(raw)})
+    return stage.decode_row(
+        {"partition": "p", "key": "k", "source": "s", "raw": raw, "reason": None, "input_bytes": len(raw)}
+    )
 
 
 def test_every_planted_case_gets_its_exact_outcome(base):
@@ -61,7 +63,7 @@ def test_sixteen_bit_is_scaled_not_clipped():
 
 def test_alpha_is_composited_onto_the_background():
     rgba = np.zeros((32, 32, 4), dtype=np.uint8)
-    rgba[..., 0] = 255          # red everywhere, but fully transparent on the left half
+    rgba[..., 0] = 255  # red everywhere, but fully transparent on the left half
     rgba[:, 16:, 3] = 255
     buf = io.BytesIO()
     Image.fromarray(rgba, "RGBA").save(buf, format="PNG")
@@ -95,6 +97,7 @@ def test_untouched_jpeg_bytes_are_kept_and_sha256_is_of_the_input(base):
     row = decode(raw)
     assert row["image"] == raw and row["notes"] == []
     import hashlib
+
     assert row["sha256"] == hashlib.sha256(raw).hexdigest()
     assert len(row["phash"]) == 16
     assert decode(raw, reencode="always")["image"] != raw
@@ -102,6 +105,15 @@ def test_untouched_jpeg_bytes_are_kept_and_sha256_is_of_the_input(base):
 
 def test_reader_errors_pass_through_untouched():
     stage = DecodeStage(DecodeConfig())
-    row = stage.decode_row({"partition": "p", "key": "k", "source": "s", "raw": None, "reason": "file_too_large",
-                            "error_message": "big", "input_bytes": 10**9})
+    row = stage.decode_row(
+        {
+            "partition": "p",
+            "key": "k",
+            "source": "s",
+            "raw": None,
+            "reason": "file_too_large",
+            "error_message": "big",
+            "input_bytes": 10**9,
+        }
+    )
     assert row["reason"] == "file_too_large" and not row["decode_ok"]

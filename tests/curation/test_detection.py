@@ -1,24 +1,25 @@
 """Person detection: the salient rule on injected boxes, the real CenterNet on real photos,
 and an ultralytics YOLO loaded from a local weights file through the same stage."""
+
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from PIL import Image
 
 from curation import schema
-from curation.filters.person import DetectorConfig
-from curation.decode import DecodeStage
 from curation.config import DecodeConfig
-from curation.filters.person import PersonFilter, check_detector_config, salient_counts
+from curation.decode import DecodeStage
+from curation.filters.person import DetectorConfig, PersonFilter, check_detector_config, salient_counts
 from curation.stages import run_stages_locally
 from pipelines.demo_corpus import _skimage, _ultralytics_asset, jpeg_bytes
 from tests.conftest import ASSETS
 
 
 def raw_batch(images: dict[str, bytes]) -> pa.Table:
-    return pa.Table.from_pylist([{"partition": "p", "key": k, "source": k, "raw": v, "input_bytes": len(v)}
-                                 for k, v in images.items()], schema=schema.RAW_SCHEMA)
+    return pa.Table.from_pylist(
+        [{"partition": "p", "key": k, "source": k, "raw": v, "input_bytes": len(v)} for k, v in images.items()],
+        schema=schema.RAW_SCHEMA,
+    )
 
 
 @pytest.mark.parametrize("measure,expected", [("height", 1), ("long_side", 2), ("short_side", 0)])
@@ -42,9 +43,12 @@ def test_missing_weights_is_a_clear_error(tmp_path):
 
 
 def test_real_centernet_keeps_people_and_drops_non_people(centernet_path):
-    images = {"zidane": _ultralytics_asset("zidane.jpg").read_bytes(),
-              "obama": (ASSETS / "images" / "obama.jpg").read_bytes(),
-              "coffee": jpeg_bytes(_skimage("coffee")), "rocket": jpeg_bytes(_skimage("rocket"))}
+    images = {
+        "zidane": _ultralytics_asset("zidane.jpg").read_bytes(),
+        "obama": (ASSETS / "images" / "obama.jpg").read_bytes(),
+        "coffee": jpeg_bytes(_skimage("coffee")),
+        "rocket": jpeg_bytes(_skimage("rocket")),
+    }
     cfg = DetectorConfig(backend="centernet_onnx", weights=str(centernet_path), min_box_size=200, batch_size=4)
     out = run_stages_locally(raw_batch(images), [DecodeStage(DecodeConfig()), PersonFilter(cfg)])
     rows = {r["key"]: r for r in out.to_pylist()}
@@ -52,7 +56,7 @@ def test_real_centernet_keeps_people_and_drops_non_people(centernet_path):
     assert rows["coffee"]["reason"] == rows["rocket"]["reason"] == schema.NO_SALIENT_PERSON
     z = rows["zidane"]
     assert z["salient_person_count"] >= 1 and z["person_score_max"] >= 0.3
-    for (x1, y1, x2, y2) in z["person_boxes"]:  # boxes are in the image's own pixels
+    for x1, y1, x2, y2 in z["person_boxes"]:  # boxes are in the image's own pixels
         assert 0 <= x1 < x2 <= z["width"] and 0 <= y1 < y2 <= z["height"]
 
 
@@ -64,13 +68,19 @@ def test_ultralytics_model_from_a_local_weights_file(tmp_path):
         conv[-1].bias.data.fill_(3.0)  # class logits up: the untrained head then emits boxes deterministically
     weights = tmp_path / "yolo_untrained.pt"
     model.save(str(weights))
-    cfg = DetectorConfig(backend="ultralytics", weights=str(tmp_path), score_threshold=0.5, min_box_size=10,
-                         batch_size=2, device="cpu")
-    images = {"bus": _ultralytics_asset("bus.jpg").read_bytes(), "zidane": _ultralytics_asset("zidane.jpg").read_bytes()}
+    cfg = DetectorConfig(
+        backend="ultralytics", weights=str(tmp_path), score_threshold=0.5, min_box_size=10, batch_size=2, device="cpu"
+    )
+    images = {
+        "bus": _ultralytics_asset("bus.jpg").read_bytes(),
+        "zidane": _ultralytics_asset("zidane.jpg").read_bytes(),
+    }
     out = run_stages_locally(raw_batch(images), [DecodeStage(DecodeConfig()), PersonFilter(cfg)])
     for row in out.to_pylist():
         assert len(row["person_boxes"]) == len(row["person_scores"]) > 0
         assert all(s >= cfg.record_threshold for s in row["person_scores"])
         assert row["person_scores"] == sorted(row["person_scores"], reverse=True)
-        assert all(0 <= b[0] <= b[2] <= row["width"] + 1 and 0 <= b[1] <= b[3] <= row["height"] + 1
-                   for b in row["person_boxes"])
+        assert all(
+            0 <= b[0] <= b[2] <= row["width"] + 1 and 0 <= b[1] <= b[3] <= row["height"] + 1
+            for b in row["person_boxes"]
+        )

@@ -1,5 +1,6 @@
 """Faults: a Ray worker SIGKILLed mid-run changes no output byte; an input that vanishes between
 planning and reading is one ``read_failed`` row and nothing else is lost."""
+
 from __future__ import annotations
 
 import os
@@ -53,9 +54,14 @@ def test_an_input_removed_after_planning_is_read_failed_and_nothing_else_is_lost
         shutil.copyfile(src, raw / src.name)
 
     def config(out: str) -> CurationConfig:
-        return CurationConfig(input=InputConfig(uri=str(raw), images_per_partition=2), output_dir=str(tmp_path / out),
-                              geometry=GeometryConfig(min_short_side=256), detector=DetectorConfig(backend="none"),
-                              content=weightless_content_filters(text=False), tracking=TrackingConfig(enabled=False))
+        return CurationConfig(
+            input=InputConfig(uri=str(raw), images_per_partition=2),
+            output_dir=str(tmp_path / out),
+            geometry=GeometryConfig(min_short_side=256),
+            detector=DetectorConfig(backend="none"),
+            content=weightless_content_filters(text=False),
+            tracking=TrackingConfig(enabled=False),
+        )
 
     run_curation(config("ref"))
     vanished = raw / "obama2.jpg"
@@ -74,8 +80,9 @@ def test_an_input_removed_after_planning_is_read_failed_and_nothing_else_is_lost
     assert (lost["status"], lost["reason"]) == ("error", "read_failed") and lost["error_message"]
     ref.pop(str(vanished))
     facts = ("key", "status", "reason", "sha256", "duplicate_of", "width", "height")
-    assert {s: tuple(r[f] for f in facts) for s, r in out.items()} == {s: tuple(r[f] for f in facts)
-                                                                       for s, r in ref.items()}
+    assert {s: tuple(r[f] for f in facts) for s, r in out.items()} == {
+        s: tuple(r[f] for f in facts) for s, r in ref.items()
+    }
     assert result.stats["reconciled"] and result.stats["errors"] == 1
 
 

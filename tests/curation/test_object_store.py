@@ -1,6 +1,7 @@
 """Object storage for real: input read from and output written to S3 (moto's S3 server on
 127.0.0.1, through pyarrow), a job killed mid-run resumes there to the same bytes, and the URIs in
 the manifest and MLflow stay ``s3://``."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,12 @@ def s3(monkeypatch):
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket=BUCKET)
@@ -40,10 +45,20 @@ def s3(monkeypatch):
 
 
 def curate(raw: str, out: str, centernet: Path, ray_tmp: str, mlflow_db: Path) -> list[str]:
-    return [sys.executable, str(REPO / "pipelines" / "curate.py"), "--config", str(REPO / "configs" / "curate_demo.yaml"),
-            f"input.uri={raw}", f"output_dir={out}", f"detector.weights={centernet}", "input.images_per_partition=4",
-            f"ray.temp_dir={ray_tmp}", "ray.progress_bars=off", f"tracking.uri=sqlite:///{mlflow_db}",
-            "content.text.enabled=false"]  # (OCR is the slow stage on CPU; the detector makes pass 2)
+    return [
+        sys.executable,
+        str(REPO / "pipelines" / "curate.py"),
+        "--config",
+        str(REPO / "configs" / "curate_demo.yaml"),
+        f"input.uri={raw}",
+        f"output_dir={out}",
+        f"detector.weights={centernet}",
+        "input.images_per_partition=4",
+        f"ray.temp_dir={ray_tmp}",
+        "ray.progress_bars=off",
+        f"tracking.uri=sqlite:///{mlflow_db}",
+        "content.text.enabled=false",
+    ]  # (OCR is the slow stage on CPU; the detector makes pass 2)
 
 
 def objects(fs: pafs.FileSystem, prefix: str) -> dict[str, bytes]:
@@ -53,7 +68,7 @@ def objects(fs: pafs.FileSystem, prefix: str) -> dict[str, bytes]:
         for info in fs.get_file_info(pafs.FileSelector(f"{prefix}/{folder}", recursive=True, allow_not_found=True)):
             if info.type == pafs.FileType.File:
                 with fs.open_input_stream(info.path) as fh:
-                    found[info.path[len(prefix) + 1:]] = fh.read()
+                    found[info.path[len(prefix) + 1 :]] = fh.read()
     return found
 
 
@@ -62,20 +77,28 @@ def test_s3_in_and_out_with_a_kill_and_resume(tmp_path, s3, centernet_path):
     import pyarrow.parquet as pq
 
     build_demo_corpus(tmp_path / "raw")
-    pafs.copy_files(str(tmp_path / "raw"), f"{BUCKET}/raw", source_filesystem=pafs.LocalFileSystem(),
-                    destination_filesystem=s3)
+    pafs.copy_files(
+        str(tmp_path / "raw"), f"{BUCKET}/raw", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=s3
+    )
     raw, db = f"s3://{BUCKET}/raw", tmp_path / "mlflow.db"
     ray_a, ray_b = f"/tmp/hvs-{os.getpid()}-a", f"/tmp/hvs-{os.getpid()}-b"
     cmd = curate(raw, f"s3://{BUCKET}/out", centernet_path, ray_b, db)
-    staged = lambda: [i for i in s3.get_file_info(pafs.FileSelector(f"{BUCKET}/out/_staging", recursive=True,  # noqa: E731
-                                                                     allow_not_found=True))
-                      if i.base_name.startswith("part-")]
+
+    def staged():
+        listing = s3.get_file_info(pafs.FileSelector(f"{BUCKET}/out/_staging", recursive=True, allow_not_found=True))
+        return [i for i in listing if i.base_name.startswith("part-")]
+
     # The uninterrupted reference run, alongside the killed one, with its own MLflow store (the two
     # never share a SQLite file). The kill waits on the staged objects, not on timing.
-    with alongside(curate(raw, f"s3://{BUCKET}/ref", centernet_path, ray_a, tmp_path / "ref.db"),
-                   log=tmp_path / "ref.log", leftovers=ray_a, timeout=600):
-        proc = subprocess.Popen(cmd, env=dict(os.environ), start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+    with alongside(
+        curate(raw, f"s3://{BUCKET}/ref", centernet_path, ray_a, tmp_path / "ref.db"),
+        log=tmp_path / "ref.log",
+        leftovers=ray_a,
+        timeout=600,
+    ):
+        proc = subprocess.Popen(
+            cmd, env=dict(os.environ), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         kill_when(proc, lambda: len(staged()) >= 2, timeout=300, leftovers=ray_b)
         assert s3.get_file_info(f"{BUCKET}/out/_SUCCESS").type == pafs.FileType.NotFound
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -88,8 +111,10 @@ def test_s3_in_and_out_with_a_kill_and_resume(tmp_path, s3, centernet_path):
     assert manifest and all(r["source"].startswith(f"s3://{BUCKET}/raw/") for r in manifest)
     assert {r["status"] for r in manifest} >= {"kept", "dropped", "error"}
     client = mlflow.MlflowClient(f"sqlite:///{db}")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              filter_string=f"tags.`curation.output` = 's3://{BUCKET}/out'")
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`curation.output` = 's3://{BUCKET}/out'",
+    )
     assert len(runs) == 1 and runs[0].data.tags["dataset.uri"] == f"s3://{BUCKET}/out"
     shards = client.download_artifacts(runs[0].info.run_id, "shards.txt", str(tmp_path)).strip()
     assert all(line.startswith(f"s3://{BUCKET}/out/shards/") for line in Path(shards).read_text().splitlines())

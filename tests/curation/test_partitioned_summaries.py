@@ -1,5 +1,6 @@
 """Stats and the dataset version id from per-part summaries equal those of the whole manifest, and
 the version id depends on content and partitioning only, not on the order parts are read in."""
+
 import numpy as np
 import pyarrow as pa
 
@@ -14,24 +15,36 @@ def manifest(n: int = 500, seed: int = 0) -> pa.Table:
     rng = np.random.default_rng(seed)
     reason = rng.choice(np.array([None, None, None, "too_small", "exact_duplicate", "decode_failed"], dtype=object), n)
     status = [schema.ERROR if r == "decode_failed" else schema.DROPPED if r else schema.KEPT for r in reason]
-    return pa.table({"key": [f"k{i:05d}" for i in rng.permutation(n)],
-                     "sha256": [f"{int(x):064x}" for x in rng.integers(0, 2**62, n)],
-                     "status": status, "reason": pa.array(reason.tolist(), pa.string()),
-                     "notes": [["converted"] if rng.random() < 0.1 else None for _ in range(n)],
-                     "partition": [f"p{int(p)}" for p in rng.integers(0, 7, n)]})
+    return pa.table(
+        {
+            "key": [f"k{i:05d}" for i in rng.permutation(n)],
+            "sha256": [f"{int(x):064x}" for x in rng.integers(0, 2**62, n)],
+            "status": status,
+            "reason": pa.array(reason.tolist(), pa.string()),
+            "notes": [["converted"] if rng.random() < 0.1 else None for _ in range(n)],
+            "partition": [f"p{int(p)}" for p in rng.integers(0, 7, n)],
+        }
+    )
 
 
 def parts_of(table: pa.Table) -> dict[str, pa.Table]:
-    return {pid: table.filter(pa.compute.equal(table.column("partition"), pid))
-            for pid in sorted(set(table.column("partition").to_pylist()))}
+    return {
+        pid: table.filter(pa.compute.equal(table.column("partition"), pid))
+        for pid in sorted(set(table.column("partition").to_pylist()))
+    }
 
 
 def test_stats_from_part_counts_equal_the_whole_manifest_stats():
     table = manifest()
     kept = table.column("status").to_pylist().count(schema.KEPT)
     whole = compute_stats(table, FUNNEL, samples_in_shards=kept, shards=3, stages=[])
-    summed = stats_from_counts(merge_counts(manifest_counts(p) for p in parts_of(table).values()), FUNNEL,
-                               samples_in_shards=kept, shards=3, stages=[])
+    summed = stats_from_counts(
+        merge_counts(manifest_counts(p) for p in parts_of(table).values()),
+        FUNNEL,
+        samples_in_shards=kept,
+        shards=3,
+        stages=[],
+    )
     assert summed == whole
     assert whole["reconciled"] and whole["dropped_by_reason"]["too_small"] > 0 and whole["decode_notes"]
 

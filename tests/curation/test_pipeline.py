@@ -1,7 +1,7 @@
 """End to end on the demo corpus with the real CenterNet detector, on a local Ray cluster."""
+
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 from pathlib import Path
@@ -12,10 +12,10 @@ import pytest
 from curation.config import InputConfig
 from curation.filters.geometry import GeometryConfig
 from curation.filters.person import DetectorConfig
+from curation.pipeline import job_digest, run_curation
 from curation.recipe import CurationConfig, weightless_content_filters
 from infra.tracking import TrackingConfig
 from pipelines.demo_corpus import build_demo_corpus
-from curation.pipeline import job_digest, run_curation
 
 
 def demo_config(raw: Path, out: Path, centernet: Path, **overrides) -> CurationConfig:
@@ -23,8 +23,14 @@ def demo_config(raw: Path, out: Path, centernet: Path, **overrides) -> CurationC
         input=InputConfig(uri=str(raw), images_per_partition=8),
         output_dir=str(out),
         geometry=GeometryConfig(min_short_side=256),
-        detector=DetectorConfig(backend="centernet_onnx", weights=str(centernet), score_threshold=0.3,
-                                min_box_size=200, batch_size=4, num_cpus=0.5),
+        detector=DetectorConfig(
+            backend="centernet_onnx",
+            weights=str(centernet),
+            score_threshold=0.3,
+            min_box_size=200,
+            batch_size=4,
+            num_cpus=0.5,
+        ),
         content=weightless_content_filters(),
         tracking=TrackingConfig(uri=f"sqlite:///{out.parent / 'mlflow.db'}", experiment="test-curation"),
         **overrides,
@@ -59,7 +65,10 @@ def test_every_input_gets_its_expected_status_and_reason(curated):
     bus = by_source["people/bus.jpg"]["key"]
     for rel in ("reposts/bus_repost.jpg", "reposts/bus_small.jpg", "reposts/bus_mirror_small.jpg"):
         assert by_source[rel]["duplicate_of"] == bus, rel  # exact copy, resized copy, mirrored copy
-    assert by_source["reposts/bus_small.jpg"]["duplicate_group"] == by_source["reposts/bus_mirror_small.jpg"]["duplicate_group"]
+    assert (
+        by_source["reposts/bus_small.jpg"]["duplicate_group"]
+        == by_source["reposts/bus_mirror_small.jpg"]["duplicate_group"]
+    )
     # dedup runs before the models: a family is decided by its representative, here the captioned meme
     hopper, meme = by_source["people/grace_hopper.jpg"], by_source["web/hopper_meme.jpg"]
     assert hopper["duplicate_of"] == meme["key"] and meme["reason"] == "text"

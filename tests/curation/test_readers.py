@@ -1,4 +1,5 @@
 """Readers: folders, WebDataset tars (hostile ones too) and Parquet, with deterministic partitions."""
+
 from __future__ import annotations
 
 import io
@@ -13,10 +14,10 @@ from PIL import Image
 
 from curation import schema
 from curation.config import DecodeConfig, InputConfig
-from curation.recipe import CurationConfig, weightless_content_filters
-from infra.tracking import TrackingConfig
 from curation.pipeline import run_curation
 from curation.readers import plan_partitions, read_partition
+from curation.recipe import CurationConfig, weightless_content_filters
+from infra.tracking import TrackingConfig
 from pipelines.demo_corpus import jpeg_bytes
 
 
@@ -55,10 +56,10 @@ def test_webdataset_tar_groups_members_and_survives_hostile_names(tmp_path):
         _add(tar, "000001.jpg", _img())
         _add(tar, "000002.png", _img((1, 2, 3)))
         _add(tar, "000001.json", json.dumps({"url": "http://example.com/1.jpg", "caption": "a person"}).encode())
-        _add(tar, "../../escape.jpg", _img())                  # path traversal: read as bytes, never extracted
+        _add(tar, "../../escape.jpg", _img())  # path traversal: read as bytes, never extracted
         _add(tar, "/abs/path.jpg", _img())
         _add(tar, "link.jpg", b"", kind=tarfile.SYMTYPE, link="/etc/passwd")  # not a file: ignored
-        _add(tar, "000003.json", b"{}")                          # no image: img2dataset's failed download
+        _add(tar, "000003.json", b"{}")  # no image: img2dataset's failed download
     cfg = InputConfig(uri=str(tmp_path))
     rows = rows_of(cfg)
     by_src = {r["source"].split("#", 1)[1]: r for r in rows}
@@ -111,8 +112,9 @@ def test_parquet_with_bytes_column_and_with_path_column(tmp_path):
     pq.write_table(pa.table({"key": ["x1", "x2"], "jpg": [_img(), b"garbage"]}), tmp_path / "pq" / "bytes.parquet")
     rows = rows_of(InputConfig(uri=str(tmp_path / "pq" / "bytes.parquet")))
     assert [r["source"].rsplit("#", 1)[1] for r in rows] == ["row=0", "row=1"] and rows[0]["key"].startswith("x1-")
-    pq.write_table(pa.table({"url": paths + [str(tmp_path / "missing.jpg")]}), tmp_path / "paths.parquet",
-                   row_group_size=2)
+    pq.write_table(
+        pa.table({"url": paths + [str(tmp_path / "missing.jpg")]}), tmp_path / "paths.parquet", row_group_size=2
+    )
     cfg = InputConfig(uri=str(tmp_path / "paths.parquet"), images_per_partition=2)
     assert len(plan_partitions(cfg)) == 2
     rows = rows_of(cfg)
@@ -127,9 +129,13 @@ def test_tar_input_through_the_whole_pipeline(tmp_path, ray_local):
         _add(tar, "a.json", b'{"caption": "x"}')
         _add(tar, "b.jpg", b"\xff\xd8 not really")
         _add(tar, "c.jpg", _img((10, 200, 10), (400, 300)))
-    cfg = CurationConfig(input=InputConfig(uri=str(tmp_path / "in.tar")), output_dir=str(tmp_path / "out"),
-                         decode=DecodeConfig(), tracking=TrackingConfig(enabled=False),
-                         content=weightless_content_filters(text=False))
+    cfg = CurationConfig(
+        input=InputConfig(uri=str(tmp_path / "in.tar")),
+        output_dir=str(tmp_path / "out"),
+        decode=DecodeConfig(),
+        tracking=TrackingConfig(enabled=False),
+        content=weightless_content_filters(text=False),
+    )
     cfg.detector.backend = "none"
     result = run_curation(cfg)
     assert (result.stats["inputs"], result.stats["kept"], result.stats["errors"]) == (3, 1, 1)
@@ -145,9 +151,16 @@ def test_the_per_folder_resolver_equals_storage_resolve(tmp_path):
 
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "x.jpg").write_bytes(b"1")
-    (tmp_path / "link").symlink_to(tmp_path / "a")                      # a linked folder
+    (tmp_path / "link").symlink_to(tmp_path / "a")  # a linked folder
     (tmp_path / "a" / "y.jpg").symlink_to(tmp_path / "a" / "b" / "x.jpg")  # a linked file
     resolve = _Resolver()
-    for uri in [tmp_path / "a" / "b" / "x.jpg", tmp_path / "link" / "b" / "x.jpg", tmp_path / "a" / "y.jpg",
-                tmp_path / "link" / "y.jpg", f"{tmp_path}/a/../a/y.jpg", "relative/x.jpg", tmp_path / "missing.jpg"]:
+    for uri in [
+        tmp_path / "a" / "b" / "x.jpg",
+        tmp_path / "link" / "b" / "x.jpg",
+        tmp_path / "a" / "y.jpg",
+        tmp_path / "link" / "y.jpg",
+        f"{tmp_path}/a/../a/y.jpg",
+        "relative/x.jpg",
+        tmp_path / "missing.jpg",
+    ]:
         assert resolve(str(uri))[1] == storage.resolve(str(uri))[1], uri

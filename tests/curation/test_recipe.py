@@ -1,5 +1,6 @@
 """The recipe: one list of steps from which the config, the funnel, the stage descriptions and the
 dedup columns derive. A filter added as one file + one recipe line shows up everywhere."""
+
 from __future__ import annotations
 
 import json
@@ -19,22 +20,44 @@ WITH_BRIGHTNESS = Recipe([*HUMANS1B.steps[:10], BrightnessFilter, *HUMANS1B.step
 
 def test_the_shipped_recipe_is_in_order():
     names = [s.name for s in HUMANS1B.steps]
-    assert names == ["read", "decode", "geometry", "exact_dedup", "near_dedup", "person_detection", "clip_embedding",
-                     "artistic_filter", "watermark_filter", "text_filter", "semantic_dedup", "write_shards"]
+    assert names == [
+        "read",
+        "decode",
+        "geometry",
+        "exact_dedup",
+        "near_dedup",
+        "person_detection",
+        "clip_embedding",
+        "artistic_filter",
+        "watermark_filter",
+        "text_filter",
+        "semantic_dedup",
+        "write_shards",
+    ]
 
 
 def _config(recipe: Recipe, *overrides: str):
-    return load_config(recipe.config_class(), overrides=["input.uri=x", "output_dir=y", "detector.backend=none",
-                                                         "content.artistic.enabled=false",
-                                                         "content.watermark.enabled=false", *overrides])
+    return load_config(
+        recipe.config_class(),
+        overrides=[
+            "input.uri=x",
+            "output_dir=y",
+            "detector.backend=none",
+            "content.artistic.enabled=false",
+            "content.watermark.enabled=false",
+            *overrides,
+        ],
+    )
 
 
 def test_the_global_steps_are_the_pass_boundaries():
     cfg = _config(HUMANS1B, "dedup.semantic.enabled=true")  # (CLIP weights not needed: the steps are not checked)
     passes = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
     names = [([s.name for s in p.stages], [s.name for s in p.global_steps]) for p in passes]
-    assert names == [(["decode", "geometry"], ["exact_dedup", "near_dedup"]),
-                     (["clip_embedding", "text_filter"], ["semantic_dedup"])]  # (detector.backend=none)
+    assert names == [
+        (["decode", "geometry"], ["exact_dedup", "near_dedup"]),
+        (["clip_embedding", "text_filter"], ["semantic_dedup"]),
+    ]  # (detector.backend=none)
     # a disabled global step is no boundary: without any dedup, one pass
     cfg = _config(HUMANS1B, "dedup.exact.enabled=false", "dedup.near.enabled=false")
     flat = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
@@ -45,8 +68,11 @@ def test_a_model_stage_before_the_first_dedup_is_refused():
     steps = list(HUMANS1B.steps)
     person = steps.pop(steps.index(next(s for s in steps if s.name == "person_detection")))
     steps.insert(3, person)  # right after geometry: it would score every duplicate
-    with pytest.raises(ValueError, match=r"model stage 'person_detection' comes before the first global \(dedup\) "
-                                         r"step, so it would score every duplicate"):
+    with pytest.raises(
+        ValueError,
+        match=r"model stage 'person_detection' comes before the first global \(dedup\) "
+        r"step, so it would score every duplicate",
+    ):
         Recipe(steps, job=HUMANS1B.job)
 
 
@@ -54,12 +80,22 @@ def test_a_recipe_in_the_wrong_order_is_refused_naming_step_and_column(tmp_path)
     swapped = list(HUMANS1B.steps)
     swapped[1], swapped[2] = swapped[2], swapped[1]  # geometry before decode
     recipe = Recipe(swapped, job=HUMANS1B.job)
-    cfg = load_config(recipe.config_class(), overrides=["input.uri=x", "output_dir=y", "detector.backend=none",
-                                                        "content.embedding.enabled=false",
-                                                        "content.artistic.enabled=false",
-                                                        "content.watermark.enabled=false"])
-    with pytest.raises(ValueError, match=r"step 'geometry' reads column 'width', which no earlier enabled step "
-                                         r"writes: 'decode' writes it later in the recipe; move 'geometry' after it"):
+    cfg = load_config(
+        recipe.config_class(),
+        overrides=[
+            "input.uri=x",
+            "output_dir=y",
+            "detector.backend=none",
+            "content.embedding.enabled=false",
+            "content.artistic.enabled=false",
+            "content.watermark.enabled=false",
+        ],
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"step 'geometry' reads column 'width', which no earlier enabled step "
+        r"writes: 'decode' writes it later in the recipe; move 'geometry' after it",
+    ):
         recipe.build(cfg)
 
 
@@ -81,10 +117,19 @@ def test_a_filter_added_in_one_file_and_one_line_runs_everywhere(tmp_path, ray_l
 
     build_demo_corpus(tmp_path / "raw")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = load_config(WITH_BRIGHTNESS.config_class(), Path(__file__).parents[2] / "configs" / "curate_demo.yaml",
-                      [f"input.uri={tmp_path / 'raw'}", f"output_dir={tmp_path / 'out'}",
-                       f"detector.weights={centernet_path}", f"tracking.uri={uri}", "content.text.enabled=false",
-                       "content.brightness.threshold=100", "content.brightness.num_cpus=0.25"])
+    cfg = load_config(
+        WITH_BRIGHTNESS.config_class(),
+        Path(__file__).parents[2] / "configs" / "curate_demo.yaml",
+        [
+            f"input.uri={tmp_path / 'raw'}",
+            f"output_dir={tmp_path / 'out'}",
+            f"detector.weights={centernet_path}",
+            f"tracking.uri={uri}",
+            "content.text.enabled=false",
+            "content.brightness.threshold=100",
+            "content.brightness.num_cpus=0.25",
+        ],
+    )
     result = run_curation(cfg, recipe=WITH_BRIGHTNESS)
     funnel = {step["stage"]: step for step in result.stats["funnel"]}
     assert list(funnel).index("brightness_filter") == list(funnel).index("person_detection") + 1
@@ -112,10 +157,23 @@ def test_an_output_dir_that_cannot_be_created_is_one_line_and_exit_2(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
     repo = Path(__file__).parents[2]
-    proc = subprocess.run([sys.executable, str(repo / "pipelines" / "curate.py"), f"input.uri={tmp_path}",
-                           f"output_dir={blocker / 'out'}", "detector.backend=none", "content.embedding.enabled=false",
-                           "content.artistic.enabled=false", "content.watermark.enabled=false", "tracking.enabled=false"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(repo / "pipelines" / "curate.py"),
+            f"input.uri={tmp_path}",
+            f"output_dir={blocker / 'out'}",
+            "detector.backend=none",
+            "content.embedding.enabled=false",
+            "content.artistic.enabled=false",
+            "content.watermark.enabled=false",
+            "tracking.enabled=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "output_dir=" in errors[0] and "cannot be created" in errors[0]

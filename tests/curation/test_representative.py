@@ -1,5 +1,6 @@
 """A duplicate family keeps its best-quality copy: originals over conversions, then resolution,
 then bytes per pixel, then the smallest key (one real photo saved in several encodings)."""
+
 from __future__ import annotations
 
 import io
@@ -48,8 +49,10 @@ def encodings(raw_jpeg: bytes) -> dict[str, bytes]:
 def decoded_candidates(files: dict[str, bytes]) -> tuple[pa.Table, list]:
     """Decode as the pipeline does, then keep the columns the recipe's dedup steps read."""
     stage = DecodeStage(DecodeConfig())
-    rows = [stage.decode_row({"partition": "p", "key": k, "source": k, "raw": v, "reason": None,
-                              "input_bytes": len(v)}) for k, v in files.items()]
+    rows = [
+        stage.decode_row({"partition": "p", "key": k, "source": k, "raw": v, "reason": None, "input_bytes": len(v)})
+        for k, v in files.items()
+    ]
     assert all(r["decode_ok"] for r in rows), [r["error_message"] for r in rows]
     table = pa.Table.from_pylist(rows, schema=pa.schema(schema.BASE_FIELDS))
     cfg = CurationConfig()

@@ -1,4 +1,5 @@
 """A curation job killed mid-run (SIGKILL, no clean-up) resumes to byte-identical outputs."""
+
 from __future__ import annotations
 
 import os
@@ -17,14 +18,27 @@ pytestmark = pytest.mark.slow
 
 
 def curate_cmd(raw: Path, out: Path, centernet: Path, ray_tmp: str) -> list[str]:
-    return [sys.executable, str(REPO / "pipelines" / "curate.py"), "--config", str(REPO / "configs" / "curate_demo.yaml"),
-            f"input.uri={raw}", f"output_dir={out}", f"detector.weights={centernet}", "input.images_per_partition=2",
-            f"ray.temp_dir={ray_tmp}", "ray.progress_bars=off", f"tracking.uri=sqlite:///{out.parent / 'mlflow.db'}"]
+    return [
+        sys.executable,
+        str(REPO / "pipelines" / "curate.py"),
+        "--config",
+        str(REPO / "configs" / "curate_demo.yaml"),
+        f"input.uri={raw}",
+        f"output_dir={out}",
+        f"detector.weights={centernet}",
+        "input.images_per_partition=2",
+        f"ray.temp_dir={ray_tmp}",
+        "ray.progress_bars=off",
+        f"tracking.uri=sqlite:///{out.parent / 'mlflow.db'}",
+    ]
 
 
 def output_files(out: Path) -> dict[str, bytes]:
-    return {p.relative_to(out).as_posix(): p.read_bytes()
-            for p in sorted(out.rglob("*")) if p.is_file() and p.parts[len(out.parts)] in ("shards", "manifest")}
+    return {
+        p.relative_to(out).as_posix(): p.read_bytes()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.parts[len(out.parts)] in ("shards", "manifest")
+    }
 
 
 def _killed(cmd: list[str], ready, ray_tmp: str, log: Path) -> str:
@@ -54,8 +68,9 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
     ref.parent.mkdir()
     out = tmp_path / "out"
     cmd = curate_cmd(raw, out, centernet_path, ray_b)
-    with alongside(curate_cmd(raw, ref, centernet_path, ray_a), log=ref.parent / "stderr.log", leftovers=ray_a,
-                   timeout=600):
+    with alongside(
+        curate_cmd(raw, ref, centernet_path, ray_a), log=ref.parent / "stderr.log", leftovers=ray_a, timeout=600
+    ):
         pass1 = lambda: list((out / "_staging").glob("*/part-*.parquet"))  # noqa: E731
         pass2 = lambda: list((out / "_staging" / "pass2" / "_staging").glob("*/part-*.parquet"))  # noqa: E731
         _killed(cmd, lambda: len(pass1()) >= 3, ray_b, tmp_path / "run1.log")
@@ -72,8 +87,8 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "_SUCCESS").exists()
-    assert output_files(out) == output_files(ref)          # byte-identical shards, sidecars and manifest
-    assert output_files(ref)                                # (and there is something to compare)
+    assert output_files(out) == output_files(ref)  # byte-identical shards, sidecars and manifest
+    assert output_files(ref)  # (and there is something to compare)
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     # Parse the numbers: a substring test for "0 already done" would also reject "10 already done".
     assert _done(done.stderr, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1

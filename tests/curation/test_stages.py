@@ -1,5 +1,6 @@
 """Model stages' actor pools: ``ray.actor_pools=fixed`` really starts num_actors actors, and a
 local cluster refuses, before any work, fixed pools that would leave no room for the reads."""
+
 from __future__ import annotations
 
 import os

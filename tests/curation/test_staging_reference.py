@@ -1,4 +1,5 @@
 """Image bytes staged by reference: kept JPEGs are read again from the input, never copied into staging."""
+
 from __future__ import annotations
 
 import gzip
@@ -30,8 +31,11 @@ def _png(color) -> bytes:
 
 def _decoded(uri: str) -> list:
     cfg = InputConfig(uri=uri)
-    return [run_stages_locally(t, [DecodeStage(DecodeConfig())]) for p in plan_partitions(cfg)
-            for t in read_partition(p, cfg, 2**26)]
+    return [
+        run_stages_locally(t, [DecodeStage(DecodeConfig())])
+        for p in plan_partitions(cfg)
+        for t in read_partition(p, cfg, 2**26)
+    ]
 
 
 def _staged(tmp_path, tables) -> tuple:
@@ -83,8 +87,11 @@ def _tar(members: dict[str, bytes]) -> bytes:
 
 def test_uncompressed_tar_members_are_referenced_by_offset_compressed_ones_are_staged(tmp_path):
     long_name = "x" * 120  # a GNU/PAX long-name header before the member moves its data offset
-    members = {"000001.jpg": _jpeg((200, 10, 10)), f"{long_name}.jpg": _jpeg((10, 10, 200)),
-               "000001.json": b'{"caption": "red"}'}
+    members = {
+        "000001.jpg": _jpeg((200, 10, 10)),
+        f"{long_name}.jpg": _jpeg((10, 10, 200)),
+        "000001.json": b'{"caption": "red"}',
+    }
     plain, packed = tmp_path / "plain", tmp_path / "packed"
     plain.mkdir()
     packed.mkdir()
@@ -94,7 +101,8 @@ def test_uncompressed_tar_members_are_referenced_by_offset_compressed_ones_are_s
     _, _, rows = _staged(tmp_path / "p", _decoded(str(plain)))
     assert rows.num_rows == 2 and rows.column("image").null_count == 2
     assert [storage.resolve(u)[1] for u in set(rows.column("bytes_uri").to_pylist())] == [
-        storage.resolve(str(plain / "shard.tar"))[1]]
+        storage.resolve(str(plain / "shard.tar"))[1]
+    ]
     loaded = staging.load_image_bytes(rows, [True, True])
     wanted = {hashlib.sha256(members[n]).hexdigest(): members[n] for n in ("000001.jpg", f"{long_name}.jpg")}
     for sha, data in zip(loaded.column("sha256").to_pylist(), loaded.column("image").to_pylist()):

@@ -1,6 +1,7 @@
 """Dedup before the models: on a corpus with 20% exact duplicates the detector and the text filter
 score 20% fewer rows than the single pass did (every row past geometry), and the kept set is the
 one the single pass kept (of identical bytes, the smallest key)."""
+
 from __future__ import annotations
 
 import shutil
@@ -15,8 +16,18 @@ from tests.curation.test_pipeline import demo_config
 
 pytestmark = pytest.mark.slow
 
-GEOMETRY_AND_ERRORS = {"too_small", "aspect_ratio", "read_failed", "empty_file", "file_too_large", "not_an_image",
-                       "decompression_bomb", "truncated", "decode_failed", "unsupported_mode"}
+GEOMETRY_AND_ERRORS = {
+    "too_small",
+    "aspect_ratio",
+    "read_failed",
+    "empty_file",
+    "file_too_large",
+    "not_an_image",
+    "decompression_bomb",
+    "truncated",
+    "decode_failed",
+    "unsupported_mode",
+}
 
 
 def corpus(folder: Path, copies: int) -> Path:
@@ -24,7 +35,9 @@ def corpus(folder: Path, copies: int) -> Path:
     import ultralytics
 
     folder.mkdir(parents=True)
-    photos = sorted(IMAGES.iterdir()) + [Path(ultralytics.__file__).parent / "assets" / n for n in ("bus.jpg", "zidane.jpg")]
+    photos = sorted(IMAGES.iterdir()) + [
+        Path(ultralytics.__file__).parent / "assets" / n for n in ("bus.jpg", "zidane.jpg")
+    ]
     for src in photos:
         shutil.copyfile(src, folder / src.name)
     for src in photos[:copies]:
@@ -43,10 +56,20 @@ def scored(rows: list[dict], column: str) -> int:
 
 
 def test_models_see_no_duplicate_and_the_kept_set_is_unchanged(tmp_path, ray_local, centernet_path):
-    unique = manifest(Path(run_curation(demo_config(corpus(tmp_path / "unique", 0), tmp_path / "u", centernet_path,
-                                                    name="unique")).output_dir))
-    dups = manifest(Path(run_curation(demo_config(corpus(tmp_path / "dups", 2), tmp_path / "d", centernet_path,
-                                                  name="dups")).output_dir))
+    unique = manifest(
+        Path(
+            run_curation(
+                demo_config(corpus(tmp_path / "unique", 0), tmp_path / "u", centernet_path, name="unique")
+            ).output_dir
+        )
+    )
+    dups = manifest(
+        Path(
+            run_curation(
+                demo_config(corpus(tmp_path / "dups", 2), tmp_path / "d", centernet_path, name="dups")
+            ).output_dir
+        )
+    )
     assert len(unique) == 8 and len(dups) == 10  # 2 of 10 inputs are duplicates: 20%
     # The single pass scored every row that decoded and passed geometry; two passes score the survivors.
     single_pass = sum(r["reason"] not in GEOMETRY_AND_ERRORS for r in dups)

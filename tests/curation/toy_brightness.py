@@ -1,5 +1,6 @@
 """A toy content filter, written the way a new filter is added: this one file (its settings,
 its step) plus one line in a recipe. It drops images whose mean brightness is under a threshold."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ DARK = "too_dark"
 @dataclasses.dataclass(kw_only=True)
 class BrightnessConfig(Placement):
     enabled: bool = True
-    threshold: float                   # required: mean grey level (0..255) an image needs to be kept
+    threshold: float  # required: mean grey level (0..255) an image needs to be kept
 
 
 class BrightnessFilter(ModelStage):

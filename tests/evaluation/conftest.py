@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny synthetic probe set (64 x 48) and tiny backbones, made once."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,5 +32,8 @@ def pretrain_checkpoint(tmp_path_factory):
     torch.manual_seed(1)
     backbone = build_backbone("sapiens2_tiny")
     ssl_warmup(backbone, synthetic_stream(8, HW, seed=9)["images"], steps=2, batch_size=4)
-    return save_state_dict_file(backbone, tmp_path_factory.mktemp("ckpt") / "student.safetensors",
-                                metadata={"objective": "mae-warmup", "steps": 2})
+    return save_state_dict_file(
+        backbone,
+        tmp_path_factory.mktemp("ckpt") / "student.safetensors",
+        metadata={"objective": "mae-warmup", "steps": 2},
+    )

@@ -1,4 +1,5 @@
 """Probe configuration, and the user errors caught before any Ray work starts."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,12 +29,15 @@ def test_shipped_configs_load_and_validate():
     assert cfg.backbone.checkpoint == "" and cfg.seg.feature_blocks == [-1]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["seg.stepz=3"], "unknown setting 'seg.stepz'; did you mean 'steps'"),
-    (["tasks=[pose,depth]"], r"'depth' is not one of"),
-    (["pose.image_size=[128]"], r"image_size must be \[H, W\]"),
-    (["seg.feature_blocks=[]"], "feature_blocks must name at least one block"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["seg.stepz=3"], "unknown setting 'seg.stepz'; did you mean 'steps'"),
+        (["tasks=[pose,depth]"], r"'depth' is not one of"),
+        (["pose.image_size=[128]"], r"image_size must be \[H, W\]"),
+        (["seg.feature_blocks=[]"], "feature_blocks must name at least one block"),
+    ],
+)
 def test_bad_settings(overrides, message):
     with pytest.raises(ValueError, match=message):
         _cfg(*overrides)
@@ -47,23 +51,48 @@ def test_probing_ray_and_tracking_sections():
         assert load_config(ProbeConfig, path).ray.max_failures == 0, path.name  # a failed probe fails the suite
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["output_dir="], "output_dir is required"),
-    (["output_dir=/tmp/x", "ray.num_workers=2"], r"runs in one Ray Train worker.*set ray.num_workers=1"),
-    (["output_dir=/tmp/x", "tasks=[seg,seg]"], "tasks lists a task twice"),
-    (["output_dir=/tmp/x", "seg.train.images=/data/img"], "set both seg.train.images and seg.val.images, or neither"),
-    (["output_dir=/tmp/x", "normal.train.images=/a", "normal.val.images=/b"], "normal.train.labels and normal.val.labels are required"),
-    (["output_dir=/tmp/x", "seg.train.images=/a", "seg.val.images=/b", "seg.train.labels=/c", "seg.val.labels=/d"],
-     r"seg.num_classes is required \(>= 2\)"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["output_dir="], "output_dir is required"),
+        (["output_dir=/tmp/x", "ray.num_workers=2"], r"runs in one Ray Train worker.*set ray.num_workers=1"),
+        (["output_dir=/tmp/x", "tasks=[seg,seg]"], "tasks lists a task twice"),
+        (
+            ["output_dir=/tmp/x", "seg.train.images=/data/img"],
+            "set both seg.train.images and seg.val.images, or neither",
+        ),
+        (
+            ["output_dir=/tmp/x", "normal.train.images=/a", "normal.val.images=/b"],
+            "normal.train.labels and normal.val.labels are required",
+        ),
+        (
+            [
+                "output_dir=/tmp/x",
+                "seg.train.images=/a",
+                "seg.val.images=/b",
+                "seg.train.labels=/c",
+                "seg.val.labels=/d",
+            ],
+            r"seg.num_classes is required \(>= 2\)",
+        ),
+    ],
+)
 def test_validate(overrides, message):
     with pytest.raises(ValueError, match=message):
         _cfg(*overrides).validate()
 
 
 def _small(tmp_path, *overrides):
-    cfg = _cfg(f"output_dir={tmp_path / 'out'}", "synthetic.train_images=2", "synthetic.val_images=1",
-               "synthetic.height=64", "synthetic.width=48", "tasks=[seg]", "seg.image_size=[64,48]", *overrides)
+    cfg = _cfg(
+        f"output_dir={tmp_path / 'out'}",
+        "synthetic.train_images=2",
+        "synthetic.val_images=1",
+        "synthetic.height=64",
+        "synthetic.width=48",
+        "tasks=[seg]",
+        "seg.image_size=[64,48]",
+        *overrides,
+    )
     return cfg, resolve_data(cfg, tmp_path / "out")
 
 
@@ -72,12 +101,19 @@ def test_inputs_checked_before_ray(tmp_path):
     check_inputs(cfg, data)  # fine as it is
     assert data["seg"].num_classes == 7 and data["seg"].train.labels.endswith("train/seg")
     cfg, data = _small(tmp_path, "seg.image_size=[60,48]")
-    with pytest.raises(ValueError, match=r"seg.image_size \[60, 48\] must be a multiple of the backbone.s feature stride 16, e.g. \[64, 48\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"seg.image_size \[60, 48\] must be a multiple of the backbone.s feature stride 16, e.g. \[64, 48\]",
+    ):
         check_inputs(cfg, data)
-    wrong = save_state_dict_file(build_backbone("sapiens2_small", device="meta").to_empty(device="cpu"),
-                                 tmp_path / "small.safetensors")
+    wrong = save_state_dict_file(
+        build_backbone("sapiens2_small", device="meta").to_empty(device="cpu"), tmp_path / "small.safetensors"
+    )
     cfg, data = _small(tmp_path, f"backbone.checkpoint={wrong}")
     # Another size of the same family: one line naming the file, what it is and what was expected.
-    with pytest.raises(WeightsFamilyError, match=r"small.safetensors look like sapiens2_small \(key storage_tokens / "
-                                                 r"embed dim 256, 12 blocks\), expected sapiens2_tiny \(embed dim 64"):
+    with pytest.raises(
+        WeightsFamilyError,
+        match=r"small.safetensors look like sapiens2_small \(key storage_tokens / "
+        r"embed dim 256, 12 blocks\), expected sapiens2_tiny \(embed dim 64",
+    ):
         check_inputs(cfg, data)

@@ -1,5 +1,6 @@
 """Probe data sets: the formats they read, what they give, and the exact error for each
 kind of malformed input."""
+
 from __future__ import annotations
 
 import copy
@@ -35,10 +36,13 @@ def _coco(K=17, **ann_changes):
         kps += [20.0 + i % 5, 20.0 + i, 2]
     ann = {"id": 7, "image_id": 1, "category_id": 1, "bbox": [15.0, 15.0, 20.0, 40.0], "keypoints": kps}
     ann.update(ann_changes)
-    return {"images": [{"id": 1, "file_name": "a.png", "height": 80, "width": 60}],
-            "annotations": [ann, dict(ann, id=8, iscrowd=1), dict(ann, id=9, keypoints=[0] * (3 * K), num_keypoints=0)],
-            "categories": [{"id": 1, "name": "person", "keypoints": [f"k{i}" for i in range(K)],
-                            "skeleton": [[1, 2], [2, 3]]}]}
+    return {
+        "images": [{"id": 1, "file_name": "a.png", "height": 80, "width": 60}],
+        "annotations": [ann, dict(ann, id=8, iscrowd=1), dict(ann, id=9, keypoints=[0] * (3 * K), num_keypoints=0)],
+        "categories": [
+            {"id": 1, "name": "person", "keypoints": [f"k{i}" for i in range(K)], "skeleton": [[1, 2], [2, 3]]}
+        ],
+    }
 
 
 def _write_json(path, data):
@@ -58,7 +62,9 @@ def test_coco_file_is_read_and_completed(tmp_path):
 
 
 def test_sigmas_by_keypoint_count_config_or_file(tmp_path):
-    assert np.array_equal(load_coco_keypoints(_write_json(tmp_path / "w.json", _coco(K=133))).sigmas, WHOLEBODY133_SIGMAS)
+    assert np.array_equal(
+        load_coco_keypoints(_write_json(tmp_path / "w.json", _coco(K=133))).sigmas, WHOLEBODY133_SIGMAS
+    )
     with pytest.raises(ValueError, match="5 keypoints has no standard OKS sigmas; set pose.sigmas"):
         load_coco_keypoints(_write_json(tmp_path / "five.json", _coco(K=5)))
     assert load_coco_keypoints(tmp_path / "five.json", sigmas=[0.1] * 5).sigmas.tolist() == [0.1] * 5
@@ -69,13 +75,16 @@ def test_sigmas_by_keypoint_count_config_or_file(tmp_path):
         load_coco_keypoints(tmp_path / "five.json", sigmas=[0.1] * 4)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"keypoints": [1.0, 2.0, 2]}, "annotation 7: 'keypoints' must be 51 numbers"),
-    ({"keypoints": [10.0, 10.0, 3] * 17}, "annotation 7: keypoint visibility must be 0, 1 or 2"),
-    ({"bbox": [0, 0, 0, 10]}, r"annotation 7: 'bbox' must be \[x, y, w, h\] with w, h > 0"),
-    ({"bbox": None}, r"annotation 7: 'bbox' must be"),
-    ({"image_id": 99}, "annotation 7: 'image_id' missing or not among the images"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"keypoints": [1.0, 2.0, 2]}, "annotation 7: 'keypoints' must be 51 numbers"),
+        ({"keypoints": [10.0, 10.0, 3] * 17}, "annotation 7: keypoint visibility must be 0, 1 or 2"),
+        ({"bbox": [0, 0, 0, 10]}, r"annotation 7: 'bbox' must be \[x, y, w, h\] with w, h > 0"),
+        ({"bbox": None}, r"annotation 7: 'bbox' must be"),
+        ({"image_id": 99}, "annotation 7: 'image_id' missing or not among the images"),
+    ],
+)
 def test_malformed_annotations_name_the_annotation(tmp_path, change, message):
     data = _coco(**change)
     data["annotations"] = data["annotations"][:1]
@@ -105,7 +114,9 @@ def test_malformed_files(tmp_path):
 
 def test_top_down_crops_and_targets(tmp_path):
     _image(tmp_path / "img" / "a.png")
-    ds = CocoKeypointDataset(tmp_path / "img", _write_json(tmp_path / "k.json", _coco()), image_size=HW, heatmap_sigma=1.0)
+    ds = CocoKeypointDataset(
+        tmp_path / "img", _write_json(tmp_path / "k.json", _coco()), image_size=HW, heatmap_sigma=1.0
+    )
     assert len(ds) == 1  # the crowd and the unlabelled person are not pose instances
     item = ds[0]
     assert item["image"].shape == (3, *HW) and item["heatmaps"].shape == (17, 16, 12)
@@ -122,15 +133,28 @@ def test_top_down_crops_and_targets(tmp_path):
 
 def test_detector_boxes_replace_ground_truth_boxes(tmp_path):
     _image(tmp_path / "img" / "a.png")
-    boxes = _write_json(tmp_path / "dets.json", [
-        {"image_id": 1, "category_id": 1, "bbox": [10, 10, 30, 50], "score": 0.9},
-        {"image_id": 1, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.2}])
-    ds = CocoKeypointDataset(tmp_path / "img", _write_json(tmp_path / "k.json", _coco()), image_size=HW,
-                             person_boxes=boxes, box_score_threshold=0.5)
+    boxes = _write_json(
+        tmp_path / "dets.json",
+        [
+            {"image_id": 1, "category_id": 1, "bbox": [10, 10, 30, 50], "score": 0.9},
+            {"image_id": 1, "category_id": 1, "bbox": [0, 0, 5, 5], "score": 0.2},
+        ],
+    )
+    ds = CocoKeypointDataset(
+        tmp_path / "img",
+        _write_json(tmp_path / "k.json", _coco()),
+        image_size=HW,
+        person_boxes=boxes,
+        box_score_threshold=0.5,
+    )
     assert len(ds) == 1 and ds.instances[0].score == 0.9 and ds[0]["weights"].sum() == 0
     with pytest.raises(ValueError, match="entry 0: needs an 'image_id' of the annotation file"):
-        CocoKeypointDataset(tmp_path / "img", tmp_path / "k.json", image_size=HW,
-                            person_boxes=_write_json(tmp_path / "bad.json", [{"image_id": 5, "bbox": [0, 0, 1, 1]}]))
+        CocoKeypointDataset(
+            tmp_path / "img",
+            tmp_path / "k.json",
+            image_size=HW,
+            person_boxes=_write_json(tmp_path / "bad.json", [{"image_id": 5, "bbox": [0, 0, 1, 1]}]),
+        )
 
 
 # ---------------------------------------------------------------- segmentation masks
@@ -191,10 +215,10 @@ def _dense_set(root, target, mask=None, suffix=".npy"):
 def test_float_maps_with_masks_nan_and_zero_normals(tmp_path):
     target = np.zeros((64, 48, 3), np.float32)
     target[..., 2] = -1.0
-    target[0, 0] = np.nan          # not finite: invalid
-    target[0, 1] = 0.0             # zero-length normal: invalid
+    target[0, 0] = np.nan  # not finite: invalid
+    target[0, 1] = 0.0  # zero-length normal: invalid
     mask = np.ones((64, 48), bool)
-    mask[10:, :] = False           # outside the mask file: invalid
+    mask[10:, :] = False  # outside the mask file: invalid
     _dense_set(tmp_path, target, mask)
     item = DenseMapDataset(tmp_path / "images", tmp_path / "maps", tmp_path / "masks", image_size=HW, kind="normal")[0]
     assert item["target"].shape == (3, *HW) and item["mask"].shape == HW
@@ -208,12 +232,16 @@ def test_depth_is_the_relative_depth_of_the_person_from_a_depth_map_or_a_pointma
     z = np.linspace(2.0, 4.0, 64 * 48, dtype=np.float32).reshape(64, 48)  # grows down the image
     z[0, 0] = np.nan
     mask = np.zeros((64, 48), bool)
-    mask[:32] = True                                    # the person: the top half (z 2 .. ~3)
+    mask[:32] = True  # the person: the top half (z 2 .. ~3)
     _dense_set(tmp_path / "map", z[..., None], mask)
     points = np.stack([np.zeros_like(z), np.zeros_like(z), z], axis=2)
     _dense_set(tmp_path / "points", points, mask)
-    items = [DenseMapDataset(tmp_path / d / "images", tmp_path / d / "maps", tmp_path / d / "masks", image_size=HW,
-                             kind="depth")[0] for d in ("map", "points")]
+    items = [
+        DenseMapDataset(
+            tmp_path / d / "images", tmp_path / d / "maps", tmp_path / d / "masks", image_size=HW, kind="depth"
+        )[0]
+        for d in ("map", "points")
+    ]
     assert torch.equal(items[0]["target"], items[1]["target"]) and torch.equal(items[0]["mask"], items[1]["mask"])
     t, m = items[0]["target"][0].numpy(), items[0]["mask"].numpy()
     assert t.shape == HW and (t[32:] == -1).all() and t[0, 0] == -1  # background and NaN: -1
@@ -257,12 +285,15 @@ def test_class_folders_and_csv_labels(tmp_path):
     assert [label for _, label in by_csv.items] == [1, 0]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("file,label\na.png,x\n", "needs a header with 'path' and 'label' columns"),
-    ("path,label\nmissing.png,x\n", r"line 2: image .*missing.png does not exist"),
-    ("path,label\na.png,\n", "line 2: empty path or label"),
-    ("path,label\na.png,zebra\n", r"labels \['zebra'\] .* are not among the training classes"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("file,label\na.png,x\n", "needs a header with 'path' and 'label' columns"),
+        ("path,label\nmissing.png,x\n", r"line 2: image .*missing.png does not exist"),
+        ("path,label\na.png,\n", "line 2: empty path or label"),
+        ("path,label\na.png,zebra\n", r"labels \['zebra'\] .* are not among the training classes"),
+    ],
+)
 def test_label_csv_errors(tmp_path, text, message):
     _image(tmp_path / "a.png")
     (tmp_path / "l.csv").write_text(text)

@@ -1,5 +1,6 @@
 """The Sapiens v1 depth target (``evaluation.depth``): per-image min-max normalised foreground
 depth, 0 nearest / 1 farthest, -1 background; only pixels with target > eps count."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,10 +12,8 @@ from evaluation.metrics import DepthMetrics
 
 
 def test_min_max_over_the_foreground_with_background_minus_one():
-    depth = np.array([[2.0, 3.0, 4.0],
-                      [6.0, 100.0, np.nan]])
-    valid = np.array([[True, True, True],
-                      [True, False, True]])  # 100 is background, NaN is not a depth
+    depth = np.array([[2.0, 3.0, 4.0], [6.0, 100.0, np.nan]])
+    valid = np.array([[True, True, True], [True, False, True]])  # 100 is background, NaN is not a depth
     target, counted = relative_depth_target(depth, valid)
     assert target.dtype == np.float32
     np.testing.assert_allclose(target, [[0.0, 0.25, 0.5], [1.0, -1.0, -1.0]])

@@ -1,5 +1,6 @@
 """The whole suite through Ray Train and MLflow: on a pretraining-stage checkpoint (an
 official-layout .safetensors, found in MLflow by its digest) and on a random backbone."""
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,21 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "probe_tiny.yaml"
 TASKS = ["pose", "seg", "pointmap", "normal", "albedo", "knn"]
-SMALL = ["synthetic.train_images=12", "synthetic.val_images=6", "synthetic.height=64", "synthetic.width=48", "knn.k=[3]"]
+SMALL = [
+    "synthetic.train_images=12",
+    "synthetic.val_images=6",
+    "synthetic.height=64",
+    "synthetic.width=48",
+    "knn.k=[3]",
+]
 for _t in TASKS:
-    SMALL += [f"{_t}.steps=3", f"{_t}.batch_size=4", f"{_t}.image_size=[64,48]", f"{_t}.head_hidden_dim=16",
-              f"{_t}.num_visuals=2"]
+    SMALL += [
+        f"{_t}.steps=3",
+        f"{_t}.batch_size=4",
+        f"{_t}.image_size=[64,48]",
+        f"{_t}.head_hidden_dim=16",
+        f"{_t}.num_visuals=2",
+    ]
 HEADLINE = {"pose": "AP", "seg": "mIoU", "pointmap": "l2", "normal": "mean_angle", "albedo": "mae", "knn": "top1_k3"}
 
 
@@ -30,8 +42,13 @@ def _record_pretraining_run(uri: str, checkpoint: Path) -> str:
 
     mlflow.set_tracking_uri(uri)
     exp = tracking.get_experiment_id("pretraining", uri)
-    tags = {"humanvision.stage": "pretrain", "dataset.id": "humans-test-v1", "dataset.uri": "/data/humans-test-v1",
-            "checkpoint.student": str(checkpoint), "checkpoint.digest": sha256_file(checkpoint)}
+    tags = {
+        "humanvision.stage": "pretrain",
+        "dataset.id": "humans-test-v1",
+        "dataset.uri": "/data/humans-test-v1",
+        "checkpoint.student": str(checkpoint),
+        "checkpoint.digest": sha256_file(checkpoint),
+    }
     with mlflow.start_run(experiment_id=exp, tags=tags) as run:
         return run.info.run_id
 
@@ -56,22 +73,32 @@ def test_suite_on_a_pretraining_checkpoint(trained_run):
     for task in TASKS[:-1]:
         assert (out / task / "head.safetensors").is_file() and len(list((out / task / "overlays").glob("*.png"))) == 2
     saved = json.loads((out / "results.json").read_text())
-    assert all(saved["metrics"][t] == pytest.approx(result.metrics[t]) for t in TASKS) and (out / "config.yaml").is_file()
+    assert (
+        all(saved["metrics"][t] == pytest.approx(result.metrics[t]) for t in TASKS) and (out / "config.yaml").is_file()
+    )
 
     # Lineage: the checkpoint's digest led to the pretraining run and its dataset.
     digest = sha256_file(ckpt)
     assert (result.lineage.pretrain_run_id, result.lineage.source) == (pretrain_id, "digest")
     client = mlflow.MlflowClient()
     parent = client.get_run(result.parent_run_id)
-    expected_tags = {"humanvision.stage": "probe", "lineage.checkpoint_path": str(Path(ckpt).resolve()),
-                     "lineage.checkpoint_digest": digest, "lineage.pretrain_run_id": pretrain_id,
-                     "lineage.dataset_id": "humans-test-v1", "lineage.dataset_uri": "/data/humans-test-v1"}
+    expected_tags = {
+        "humanvision.stage": "probe",
+        "lineage.checkpoint_path": str(Path(ckpt).resolve()),
+        "lineage.checkpoint_digest": digest,
+        "lineage.pretrain_run_id": pretrain_id,
+        "lineage.dataset_id": "humans-test-v1",
+        "lineage.dataset_uri": "/data/humans-test-v1",
+    }
     assert expected_tags.items() <= parent.data.tags.items()
     assert parent.data.metrics["seg.mIoU"] == pytest.approx(result.metrics["seg"]["mIoU"])
 
     # One child run per probe: metrics, settings, loss curve, overlays, data versions.
-    children = mlflow.search_runs([parent.info.experiment_id], output_format="list",
-                                  filter_string=f"tags.`mlflow.parentRunId` = '{result.parent_run_id}'")
+    children = mlflow.search_runs(
+        [parent.info.experiment_id],
+        output_format="list",
+        filter_string=f"tags.`mlflow.parentRunId` = '{result.parent_run_id}'",
+    )
     assert sorted(r.data.tags["probe.task"] for r in children) == sorted(TASKS)
     assert {r.info.run_id for r in children} == set(result.child_run_ids.values())
     for run in children:
@@ -104,5 +131,7 @@ def test_cli_reports_user_errors(tmp_path, capsys):
 
     assert main(["--config", str(TINY), "seg.stepz=3"]) == 2
     assert "did you mean 'steps'" in capsys.readouterr().err
-    assert main(["--config", str(TINY), f"output_dir={tmp_path / 'o'}", "backbone.checkpoint=/no/such.safetensors"]) == 2
+    assert (
+        main(["--config", str(TINY), f"output_dir={tmp_path / 'o'}", "backbone.checkpoint=/no/such.safetensors"]) == 2
+    )
     assert "does not exist" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """Top-down geometry: box crops, UDP heatmap encoding and its decoding."""
+
 from __future__ import annotations
 
 import numpy as np

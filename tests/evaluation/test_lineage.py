@@ -1,4 +1,5 @@
 """Checkpoint lineage: digest, and the pretraining run found by id or by digest."""
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,15 @@ def _pretrain_run(uri: str, digest: str, dataset_id: str = "humans-v3") -> str:
 
     mlflow.set_tracking_uri(uri)
     exp = mlflow.create_experiment(f"pretraining-{dataset_id}")
-    with mlflow.start_run(experiment_id=exp, tags={"humanvision.stage": "pretrain", "checkpoint.digest": digest,
-                                                   "dataset.id": dataset_id, "dataset.uri": f"s3://b/{dataset_id}/"}) as run:
+    with mlflow.start_run(
+        experiment_id=exp,
+        tags={
+            "humanvision.stage": "pretrain",
+            "checkpoint.digest": digest,
+            "dataset.id": dataset_id,
+            "dataset.uri": f"s3://b/{dataset_id}/",
+        },
+    ) as run:
         return run.info.run_id
 
 

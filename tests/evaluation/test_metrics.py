@@ -1,4 +1,5 @@
 """Every probe metric against values worked out by hand (the arithmetic is in the comments)."""
+
 from __future__ import annotations
 
 import math
@@ -59,18 +60,36 @@ def _at_oks(gt: np.ndarray, target: float) -> np.ndarray:
 def _coco_set():
     gts = {1: _person(100, 100), 2: _person(300, 300), 3: _person(200, 200)}
     image_of = {1: 1, 2: 1, 3: 2}
-    gt = {"images": [{"id": 1, "file_name": "a.png", "height": 400, "width": 400},
-                     {"id": 2, "file_name": "b.png", "height": 400, "width": 400}],
-          "annotations": [{"id": a, "image_id": image_of[a], "category_id": 1, "iscrowd": 0, "area": AREA,
-                           "num_keypoints": 17, "bbox": [k[:, 0].min(), k[:, 1].min(), 60, 80],
-                           "keypoints": k.ravel().tolist()} for a, k in gts.items()],
-          "categories": [{"id": 1, "name": "person", "keypoints": [f"k{i}" for i in range(17)], "skeleton": []}]}
+    gt = {
+        "images": [
+            {"id": 1, "file_name": "a.png", "height": 400, "width": 400},
+            {"id": 2, "file_name": "b.png", "height": 400, "width": 400},
+        ],
+        "annotations": [
+            {
+                "id": a,
+                "image_id": image_of[a],
+                "category_id": 1,
+                "iscrowd": 0,
+                "area": AREA,
+                "num_keypoints": 17,
+                "bbox": [k[:, 0].min(), k[:, 1].min(), 60, 80],
+                "keypoints": k.ravel().tolist(),
+            }
+            for a, k in gts.items()
+        ],
+        "categories": [{"id": 1, "name": "person", "keypoints": [f"k{i}" for i in range(17)], "skeleton": []}],
+    }
     return gt, gts
 
 
 def _result(image_id: int, xy: np.ndarray, score: float) -> dict:
-    return {"image_id": image_id, "category_id": 1, "score": score,
-            "keypoints": np.concatenate([xy, np.ones((17, 1))], axis=1).ravel().tolist()}
+    return {
+        "image_id": image_id,
+        "category_id": 1,
+        "score": score,
+        "keypoints": np.concatenate([xy, np.ones((17, 1))], axis=1).ravel().tolist(),
+    }
 
 
 def test_oks_of_constructed_predictions():
@@ -92,10 +111,12 @@ def test_coco_keypoint_ap_matches_hand_computation():
     AR = (3 * 1 + 3 * 2/3 + 4 * 1/3) / 10 = 19/30.
     """
     gt, gts = _coco_set()
-    results = [_result(2, gts[3][:, :2] + 150, 0.95),  # far from everyone: OKS ~ 0
-               _result(1, gts[1][:, :2], 0.9),
-               _result(1, _at_oks(gts[2], 0.78), 0.8),
-               _result(2, _at_oks(gts[3], 0.62), 0.7)]
+    results = [
+        _result(2, gts[3][:, :2] + 150, 0.95),  # far from everyone: OKS ~ 0
+        _result(1, gts[1][:, :2], 0.9),
+        _result(1, _at_oks(gts[2], 0.78), 0.8),
+        _result(2, _at_oks(gts[3], 0.62), 0.7),
+    ]
     stats = coco_keypoint_ap(gt, results, SIGMAS)
     assert stats["AP"] == pytest.approx(0.425, abs=1e-9)
     assert stats["AP50"] == pytest.approx(0.75, abs=1e-9)
@@ -109,8 +130,11 @@ def test_coco_keypoint_ap_uses_the_given_sigmas():
     """Doubling every sigma turns OKS 0.62 into 0.62^(1/4) = 0.887 (e scales with 1/sigma^2),
     and 0.78 into 0.940: now every person is found up to t = 0.85."""
     gt, gts = _coco_set()
-    results = [_result(1, gts[1][:, :2], 0.9), _result(1, _at_oks(gts[2], 0.78), 0.8),
-               _result(2, _at_oks(gts[3], 0.62), 0.7)]
+    results = [
+        _result(1, gts[1][:, :2], 0.9),
+        _result(1, _at_oks(gts[2], 0.78), 0.8),
+        _result(2, _at_oks(gts[3], 0.62), 0.7),
+    ]
     base = coco_keypoint_ap(gt, results, SIGMAS)
     wide = coco_keypoint_ap(gt, results, 2 * SIGMAS)
     # base: all 3 found for t <= .60 (3 thresholds), 2 for .65-.75, 1 for .80-.95 -> AR 19/30

@@ -1,4 +1,5 @@
 """One probe at a time, without Ray: outputs, feature caching, and the evaluators' plumbing."""
+
 from __future__ import annotations
 
 import json
@@ -10,31 +11,46 @@ from torch.utils.data import DataLoader
 
 from evaluation.config import KnnSettings, PoseSettings, SegSettings, TaskSettings
 from evaluation.features import FrozenBackbone
+from evaluation.probe_trainer import run_probe, warmup_cosine
 from evaluation.synthetic import PART_CLASSES, split_paths
 from evaluation.tasks import TASKS, TaskData
-from evaluation.probe_trainer import run_probe, warmup_cosine
 from models import build_task_head
 from models.io import load_weights
 
 HW = [64, 48]
-SETTINGS = {"pose": PoseSettings, "seg": SegSettings, "pointmap": TaskSettings, "normal": TaskSettings,
-            "albedo": TaskSettings, "knn": KnnSettings}
+SETTINGS = {
+    "pose": PoseSettings,
+    "seg": SegSettings,
+    "pointmap": TaskSettings,
+    "normal": TaskSettings,
+    "albedo": TaskSettings,
+    "knn": KnnSettings,
+}
 
 
 def _settings(task: str, **kw):
-    return SETTINGS[task](steps=4, batch_size=4, eval_batch_size=4, image_size=HW, head_hidden_dim=16, warmup_steps=1,
-                          num_visuals=2, **kw)
+    return SETTINGS[task](
+        steps=4, batch_size=4, eval_batch_size=4, image_size=HW, head_hidden_dim=16, warmup_steps=1, num_visuals=2, **kw
+    )
 
 
 def _data(root, task: str) -> TaskData:
-    return TaskData(train=split_paths(root, task, "train"), val=split_paths(root, task, "val"),
-                    num_classes=len(PART_CLASSES) if task == "seg" else 0,
-                    class_names=list(PART_CLASSES) if task == "seg" else [])
+    return TaskData(
+        train=split_paths(root, task, "train"),
+        val=split_paths(root, task, "val"),
+        num_classes=len(PART_CLASSES) if task == "seg" else 0,
+        class_names=list(PART_CLASSES) if task == "seg" else [],
+    )
 
 
-EXPECTED = {"pose": {"AP", "AP50", "AR"}, "seg": {"mIoU", "mAcc", "aAcc", "iou.background"},
-            "pointmap": {"l2", "rmse"}, "normal": {"mean_angle", "median_angle", "within_11.25", "within_22.5", "within_30"},
-            "albedo": {"mae", "psnr"}, "knn": {"top1_k10", "top1_k20"}}
+EXPECTED = {
+    "pose": {"AP", "AP50", "AR"},
+    "seg": {"mIoU", "mAcc", "aAcc", "iou.background"},
+    "pointmap": {"l2", "rmse"},
+    "normal": {"mean_angle", "median_angle", "within_11.25", "within_22.5", "within_30"},
+    "albedo": {"mae", "psnr"},
+    "knn": {"top1_k10", "top1_k20"},
+}
 
 
 @pytest.mark.parametrize("task", ["pose", "seg", "pointmap", "normal", "albedo"])
@@ -53,8 +69,9 @@ def test_dense_probe_outputs(task, synthetic_root, random_backbone, tmp_path):
 
 
 def test_knn_probe(synthetic_root, random_backbone, tmp_path):
-    metrics = run_probe("knn", _settings("knn", k=[1, 3]), _data(synthetic_root, "knn"), FrozenBackbone(random_backbone, [-1]),
-                        tmp_path)
+    metrics = run_probe(
+        "knn", _settings("knn", k=[1, 3]), _data(synthetic_root, "knn"), FrozenBackbone(random_backbone, [-1]), tmp_path
+    )
     assert set(metrics) == {"top1_k1", "top1_k3", "seconds"} and 0 <= metrics["top1_k1"] <= 1
 
 
@@ -63,8 +80,9 @@ def test_cached_and_on_the_fly_features_agree(synthetic_root, random_backbone, t
     extractor = FrozenBackbone(random_backbone, [-2, -1])
     data = _data(synthetic_root, "normal")
     cache_id = {"backbone": "tiny", "weights": "random-init:seed=0"}
-    cached = run_probe("normal", _settings("normal"), data, extractor, tmp_path / "a", cache_dir=tmp_path / "cache",
-                       cache_id=cache_id)
+    cached = run_probe(
+        "normal", _settings("normal"), data, extractor, tmp_path / "a", cache_dir=tmp_path / "cache", cache_id=cache_id
+    )
     live = run_probe("normal", _settings("normal", cache_features=False), data, extractor, tmp_path / "b")
     # Measured (issue 16) at 1, 2 and 4 torch threads, twice each: the two paths' continuous
     # metrics differ by at most 5e-6 relative (other batches, other float summation order), on
@@ -76,8 +94,15 @@ def test_cached_and_on_the_fly_features_agree(synthetic_root, random_backbone, t
     assert cached["median_angle"] == pytest.approx(live["median_angle"], abs=0.0101)
     # seg and normal read the same images at the same size: they share one cache file per split.
     files = sorted(p.name for p in (tmp_path / "cache").iterdir())
-    run_probe("seg", _settings("seg"), _data(synthetic_root, "seg"), extractor, tmp_path / "c",
-              cache_dir=tmp_path / "cache", cache_id=cache_id)
+    run_probe(
+        "seg",
+        _settings("seg"),
+        _data(synthetic_root, "seg"),
+        extractor,
+        tmp_path / "c",
+        cache_dir=tmp_path / "cache",
+        cache_id=cache_id,
+    )
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == files and len(files) == 2
     maps = torch.load(tmp_path / "cache" / files[0], weights_only=True)["maps"]
     assert maps.shape[1:] == (2 * 64, 4, 3)  # two blocks concatenated, on the 64/16 x 48/16 grid

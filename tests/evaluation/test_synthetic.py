@@ -1,4 +1,5 @@
 """The synthetic probe set: its labels agree with each other and with the analytic figure."""
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,20 @@ def test_layout_and_formats(synthetic_root):
     for split, n in (("train", 12), ("val", 6)):
         base = synthetic_root / split
         assert len(list((base / "images").glob("*.png"))) == n
-        for sub, suffix in (("seg", ".png"), ("masks", ".png"), ("normal", ".npy"), ("albedo", ".npy"), ("pointmap", ".npy")):
+        for sub, suffix in (
+            ("seg", ".png"),
+            ("masks", ".png"),
+            ("normal", ".npy"),
+            ("albedo", ".npy"),
+            ("pointmap", ".npy"),
+        ):
             assert len(list((base / sub).glob(f"*{suffix}"))) == n
         coco = json.loads((base / "person_keypoints.json").read_text())
         assert len(coco["annotations"]) == n and len(coco["categories"][0]["keypoints"]) == 17
         rows = (base / "labels.csv").read_text().splitlines()
-        assert rows[0] == "path,label" and len(rows) == n + 1 and all(r.split(",")[1] in POSE_CATEGORIES for r in rows[1:])
+        assert (
+            rows[0] == "path,label" and len(rows) == n + 1 and all(r.split(",")[1] in POSE_CATEGORIES for r in rows[1:])
+        )
 
 
 def test_labels_are_consistent():

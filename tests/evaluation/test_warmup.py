@@ -1,5 +1,6 @@
 """The trained stand-ins: they change the backbone, leave it frozen, and use only the
 synthetic stream (not the probe splits)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,10 @@ def test_stream_is_apart_from_the_probe_splits(synthetic_root):
 
 def test_both_standins_train_the_backbone_and_freeze_it():
     stream = synthetic_stream(4, (64, 48), seed=5)
-    for train in (lambda bb: ssl_warmup(bb, stream["images"], steps=2, batch_size=2),
-                  lambda bb: supervised_warmup(bb, stream, steps=2, batch_size=2)):
+    for train in (
+        lambda bb: ssl_warmup(bb, stream["images"], steps=2, batch_size=2),
+        lambda bb: supervised_warmup(bb, stream, steps=2, batch_size=2),
+    ):
         torch.manual_seed(0)
         backbone = build_backbone("sapiens2_tiny")
         before = {k: v.clone() for k, v in backbone.state_dict().items()}

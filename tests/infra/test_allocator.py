@@ -41,8 +41,14 @@ glibc_only = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallo
 
 
 def _rounds(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", WORKLOAD, mode], cwd=REPO, capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", WORKLOAD, mode],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -2,6 +2,7 @@
 2.60's own validator (``ray.autoscaler._private.util.validate_config``: the JSON schema
 ``ray/autoscaler/ray-schema.json`` shipped in the ray wheel, plus its cross-field checks), and
 its start commands parsed by Ray's own `ray start` command."""
+
 from __future__ import annotations
 
 import copy
@@ -36,16 +37,25 @@ def test_config_passes_rays_validation(config):
     validate_config(config)
 
 
-@pytest.mark.parametrize("mutate, error", [
-    (lambda c: c.__setitem__("max_worker", c.pop("max_workers")), jsonschema.ValidationError),   # typo
-    (lambda c: c["available_node_types"]["gpu-train"].__setitem__("min_workers", "0"), jsonschema.ValidationError),
-    (lambda c: c["available_node_types"]["gpu-train"]["resources"].__setitem__("GPU", 0.5), jsonschema.ValidationError),
-    (lambda c: c["available_node_types"]["cpu-curation"].pop("node_config"), jsonschema.ValidationError),
-    (lambda c: c["docker"].__setitem__("gpus", "all"), jsonschema.ValidationError),
-    (lambda c: c.__setitem__("head_node_type", "ray.head.default"), ValueError),  # not a declared node type
-    (lambda c: c["available_node_types"]["cpu-curation"].__setitem__("min_workers", 90), ValueError),  # > max_workers
-    (lambda c: c.pop("cluster_synced_files"), RuntimeError),
-])
+@pytest.mark.parametrize(
+    "mutate, error",
+    [
+        (lambda c: c.__setitem__("max_worker", c.pop("max_workers")), jsonschema.ValidationError),  # typo
+        (lambda c: c["available_node_types"]["gpu-train"].__setitem__("min_workers", "0"), jsonschema.ValidationError),
+        (
+            lambda c: c["available_node_types"]["gpu-train"]["resources"].__setitem__("GPU", 0.5),
+            jsonschema.ValidationError,
+        ),
+        (lambda c: c["available_node_types"]["cpu-curation"].pop("node_config"), jsonschema.ValidationError),
+        (lambda c: c["docker"].__setitem__("gpus", "all"), jsonschema.ValidationError),
+        (lambda c: c.__setitem__("head_node_type", "ray.head.default"), ValueError),  # not a declared node type
+        (
+            lambda c: c["available_node_types"]["cpu-curation"].__setitem__("min_workers", 90),
+            ValueError,
+        ),  # > max_workers
+        (lambda c: c.pop("cluster_synced_files"), RuntimeError),
+    ],
+)
 def test_rays_validation_rejects_a_broken_config(config, mutate, error):
     config = copy.deepcopy(config)
     mutate(config)

@@ -1,4 +1,5 @@
 """Shared sections (``tracking``, ``ray``) keep each stage's own defaults when a config gives only some keys."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -4,6 +4,7 @@ what the cluster depends on: a pinned CUDA base matching torch's CUDA build, Pyt
 project installed with pip from pyproject.toml under pins that agree with the project's and
 with the Ray the tests run, a non-root user, /app and /models, offline settings, and build
 context files that exist and are not excluded by the image's .dockerignore."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -116,15 +117,21 @@ def test_common_checks_catch_a_broken_dockerfile(tmp_path):
     (tmp_path / "present.txt").write_text("x")
     (tmp_path / "ignored.txt").write_text("x")
     broken = tmp_path / "Dockerfile"
-    broken.write_text("FROM nvidia/cuda AS a\nFROM python:latest\nCOPY present.txt missing.txt ignored.txt /app/\n"
-                      "USER root\n")
+    broken.write_text(
+        "FROM nvidia/cuda AS a\nFROM python:latest\nCOPY present.txt missing.txt ignored.txt /app/\nUSER root\n"
+    )
     (tmp_path / "Dockerfile.dockerignore").write_text("ignored.txt\n")
     assert problems(broken, context=tmp_path) == [
-        "base image not pinned: nvidia/cuda", "base image not pinned: python:latest", "final stage runs as root",
-        "COPY source missing: missing.txt", "COPY source excluded by Dockerfile.dockerignore: ignored.txt"]
+        "base image not pinned: nvidia/cuda",
+        "base image not pinned: python:latest",
+        "final stage runs as root",
+        "COPY source missing: missing.txt",
+        "COPY source excluded by Dockerfile.dockerignore: ignored.txt",
+    ]
 
 
 # --- the platform image --------------------------------------------------------------------
+
 
 def test_base_is_a_pinned_cuda_runtime_matching_torchs_cuda_build():
     df = parse(PLATFORM)
@@ -172,9 +179,15 @@ def test_runtime_stage_is_non_root_in_app_with_models_and_offline_settings():
     assert "export PATH=/opt/venv/bin:$PATH' > /etc/profile.d/" in runs  # login shells (KubeRay: bash -lc)
     assert re.search(r"useradd --uid \"\$\{APP_UID\}\"", runs) and df.args["APP_UID"] != "0"
     env = df.envs  # of the last stage
-    for key, value in {"HF_HUB_OFFLINE": "1", "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0",
-                       "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0",
-                       "HV_MODELS_DIR": "/models", "VIRTUAL_ENV": "/opt/venv"}.items():
+    for key, value in {
+        "HF_HUB_OFFLINE": "1",
+        "YOLO_OFFLINE": "1",
+        "YOLO_AUTOINSTALL": "0",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "HV_MODELS_DIR": "/models",
+        "VIRTUAL_ENV": "/opt/venv",
+    }.items():
         assert env[key] == value, key
     # What KubeRay's probes (wget) and the cluster launcher (ssh, rsync) run inside the container.
     for package in ("wget", "openssh-client", "rsync", "libgl1"):
@@ -208,6 +221,7 @@ def test_dockerignore_check_sees_an_excluded_source(tmp_path):
 
 
 # --- the MLflow server image -------------------------------------------------------------------
+
 
 def test_mlflow_image_is_small_pinned_and_non_root():
     df = parse(MLFLOW_IMAGE)

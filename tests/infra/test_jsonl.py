@@ -1,4 +1,5 @@
 """JSON-lines logs appended across sessions, one of them killed mid-line."""
+
 from __future__ import annotations
 
 from infra import jsonl
@@ -12,8 +13,12 @@ def test_a_torn_last_line_is_closed_and_skipped(tmp_path):
         f.write('{"step": 2, "lo')
     jsonl.append(path, {"session_start": 1})
     jsonl.append(path, {"step": 2, "loss": 0.25})
-    assert jsonl.read(path) == [{"session_start": 0}, {"step": 1, "loss": 0.5}, {"session_start": 1},
-                                {"step": 2, "loss": 0.25}]
+    assert jsonl.read(path) == [
+        {"session_start": 0},
+        {"step": 1, "loss": 0.5},
+        {"session_start": 1},
+        {"step": 2, "loss": 0.25},
+    ]
     assert path.read_text().splitlines()[2] == '{"step": 2, "lo'  # the torn line stays, on a line of its own
 
 

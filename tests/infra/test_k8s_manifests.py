@@ -5,6 +5,7 @@ newest supported minor); RayCluster/RayJob against our partial KubeRay schema, t
 templates against Kubernetes' PodTemplateSpec, and the cluster spec through Ray's own KubeRay
 autoscaler code. Every validator is also shown to reject a broken manifest.
 """
+
 from __future__ import annotations
 
 import copy
@@ -57,14 +58,23 @@ def _doc(name: str) -> dict:
 
 def test_the_expected_manifests_are_there():
     kinds = {(d["kind"], d["metadata"]["name"]) for _p, d in MANIFESTS}
-    assert {("RayCluster", "hv-ray"), ("RayJob", "hv-curate-humans1b"), ("RayJob", "hv-dag"),
-            ("Deployment", "mlflow"), ("Service", "mlflow"), ("StatefulSet", "mlflow-postgres"),
-            ("Service", "mlflow-postgres"), ("Secret", "mlflow-backend"), ("Secret", "hv-object-store"),
-            ("PersistentVolumeClaim", "hv-models")} <= kinds
+    assert {
+        ("RayCluster", "hv-ray"),
+        ("RayJob", "hv-curate-humans1b"),
+        ("RayJob", "hv-dag"),
+        ("Deployment", "mlflow"),
+        ("Service", "mlflow"),
+        ("StatefulSet", "mlflow-postgres"),
+        ("Service", "mlflow-postgres"),
+        ("Secret", "mlflow-backend"),
+        ("Secret", "hv-object-store"),
+        ("PersistentVolumeClaim", "hv-models"),
+    } <= kinds
     assert VERSIONS[0] == "1.30" and len(VERSIONS) == 2
 
 
 # --- built-in kinds: Kubernetes' schemas -------------------------------------------------------
+
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("item", BUILTIN, ids=_id)
@@ -73,13 +83,18 @@ def test_builtin_manifest_matches_kubernetes_schema(item, version):
     validate_builtin(doc, version)
 
 
-@pytest.mark.parametrize("mutate, where", [
-    (lambda d: d["spec"].__setitem__("replicas", "one"), "replicas"),                      # wrong type
-    (lambda d: d["spec"]["template"]["spec"]["containers"][0].__setitem__("resource", {}), "resource"),  # typo
-    (lambda d: d["spec"]["template"]["spec"]["containers"][0].pop("name"), "name"),      # required field
-    (lambda d: d["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["httpGet"].__setitem__("path", 5),
-     "path"),
-])
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda d: d["spec"].__setitem__("replicas", "one"), "replicas"),  # wrong type
+        (lambda d: d["spec"]["template"]["spec"]["containers"][0].__setitem__("resource", {}), "resource"),  # typo
+        (lambda d: d["spec"]["template"]["spec"]["containers"][0].pop("name"), "name"),  # required field
+        (
+            lambda d: d["spec"]["template"]["spec"]["containers"][0]["startupProbe"]["httpGet"].__setitem__("path", 5),
+            "path",
+        ),
+    ],
+)
 def test_kubernetes_schema_rejects_a_broken_deployment(mutate, where):
     doc = copy.deepcopy(next(d for _p, d in BUILTIN if d["kind"] == "Deployment"))
     mutate(doc)
@@ -96,6 +111,7 @@ def test_an_unknown_kind_has_no_schema():
 
 
 # --- KubeRay kinds: our partial schema, Kubernetes' PodTemplateSpec, Ray's own reading ------------
+
 
 @pytest.mark.parametrize("item", RAY_DOCS, ids=_id)
 def test_ray_manifest_matches_kuberay_schema(item):
@@ -117,16 +133,19 @@ def _group(doc, name):
     return dict(groups(doc))[name]
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: d["spec"].__setitem__("workerGroupSpec", d["spec"].pop("workerGroupSpecs")), "workerGroupSpec"),
-    (lambda d: _group(d, "cpu-curation")["rayStartParams"].__setitem__("num-cpus", 0), "0 is not of type 'string'"),
-    (lambda d: _group(d, "gpu-train").pop("groupName"), "groupName"),
-    (lambda d: _group(d, "gpu-train").__setitem__("maxReplicas", -1), "-1"),
-    (lambda d: d["spec"]["autoscalerOptions"].__setitem__("upscalingMode", "Fast"), "Fast"),
-    (lambda d: d["spec"].__setitem__("rayVersion", 2.6), "2.6"),
-    (lambda d: d.__setitem__("apiVersion", "ray.io/v1alpha1"), "ray.io/v1"),
-    (lambda d: d["metadata"].__setitem__("name", "HV_ray"), "HV_ray"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["spec"].__setitem__("workerGroupSpec", d["spec"].pop("workerGroupSpecs")), "workerGroupSpec"),
+        (lambda d: _group(d, "cpu-curation")["rayStartParams"].__setitem__("num-cpus", 0), "0 is not of type 'string'"),
+        (lambda d: _group(d, "gpu-train").pop("groupName"), "groupName"),
+        (lambda d: _group(d, "gpu-train").__setitem__("maxReplicas", -1), "-1"),
+        (lambda d: d["spec"]["autoscalerOptions"].__setitem__("upscalingMode", "Fast"), "Fast"),
+        (lambda d: d["spec"].__setitem__("rayVersion", 2.6), "2.6"),
+        (lambda d: d.__setitem__("apiVersion", "ray.io/v1alpha1"), "ray.io/v1"),
+        (lambda d: d["metadata"].__setitem__("name", "HV_ray"), "HV_ray"),
+    ],
+)
 def test_kuberay_schema_rejects_a_broken_raycluster(mutate, message):
     doc = copy.deepcopy(_doc("hv-ray"))
     mutate(doc)
@@ -135,12 +154,15 @@ def test_kuberay_schema_rejects_a_broken_raycluster(mutate, message):
     assert message in str(err.value.message)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda s: s.__setitem__("submissionMode", "K8sMode"), "K8sMode"),
-    (lambda s: s.pop("entrypoint"), "entrypoint"),
-    (lambda s: s.pop("rayClusterSpec"), "not valid under any of the given schemas"),  # nor clusterSelector
-    (lambda s: s.__setitem__("shutdownAfterJobFinishes", "yes"), "yes"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda s: s.__setitem__("submissionMode", "K8sMode"), "K8sMode"),
+        (lambda s: s.pop("entrypoint"), "entrypoint"),
+        (lambda s: s.pop("rayClusterSpec"), "not valid under any of the given schemas"),  # nor clusterSelector
+        (lambda s: s.__setitem__("shutdownAfterJobFinishes", "yes"), "yes"),
+    ],
+)
 def test_kuberay_schema_rejects_a_broken_rayjob(mutate, message):
     doc = copy.deepcopy(_doc("hv-curate-humans1b"))
     mutate(doc["spec"])
@@ -183,7 +205,7 @@ def test_ray_reads_the_cluster_spec_as_intended(item):
 def test_ray_rejects_a_cluster_spec_it_cannot_autoscale():
     doc = copy.deepcopy(_doc("hv-ray"))
     _group(doc, "gpu-train")["maxReplicas"] = "sixteen"
-    with pytest.raises(Exception):
+    with pytest.raises(TypeError):
         derive_autoscaling_config(doc)
 
 
@@ -227,6 +249,7 @@ def test_ray_start_check_rejects_an_unknown_flag():
 
 # --- what the pods share ----------------------------------------------------------------------------
 
+
 def _ray_containers():
     for _path, doc in RAY_DOCS:
         for name, group in groups(doc):
@@ -240,8 +263,13 @@ def test_every_ray_pod_runs_the_platform_image():
 
 def test_images_are_pinned():
     for path, doc in MANIFESTS:
-        for _where, template in (pod_templates(doc) if doc["kind"] in RAY_KINDS else
-                                 [("template", doc["spec"]["template"])] if "template" in doc.get("spec", {}) else []):
+        for _where, template in (
+            pod_templates(doc)
+            if doc["kind"] in RAY_KINDS
+            else [("template", doc["spec"]["template"])]
+            if "template" in doc.get("spec", {})
+            else []
+        ):
             for container in template["spec"]["containers"]:
                 image = container["image"]
                 assert re.fullmatch(r"[\w.\-/]+:[\w.\-]+", image), (path.name, image)
@@ -250,8 +278,11 @@ def test_images_are_pinned():
 
 def test_ray_pods_get_tracking_uri_credentials_and_models():
     secrets = example_secrets()
-    pvcs = {(d["metadata"]["namespace"], d["metadata"]["name"]) for _p, d in MANIFESTS
-            if d["kind"] == "PersistentVolumeClaim"}
+    pvcs = {
+        (d["metadata"]["namespace"], d["metadata"]["name"])
+        for _p, d in MANIFESTS
+        if d["kind"] == "PersistentVolumeClaim"
+    }
     for doc, name, group, container in _ray_containers():
         where = (doc["metadata"]["name"], name)
         namespace = doc["metadata"]["namespace"]
@@ -281,6 +312,7 @@ def test_gpu_groups_tolerate_the_gpu_taint_and_cpu_groups_ask_for_no_gpu():
 
 
 # --- the RayJobs: what they run ------------------------------------------------------------------
+
 
 def _entrypoint(doc):
     argv = shlex.split(doc["spec"]["entrypoint"])
@@ -317,6 +349,7 @@ def test_curate_job_config_fits_the_cluster():
                 yield from weights(v, k)
         elif key.endswith("weights") and isinstance(node, str) and node:
             yield node
+
     assert all(w.startswith("/models/") for w in weights(config_to_dict(cfg)))
 
     det = cfg.detector

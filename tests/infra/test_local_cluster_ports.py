@@ -1,4 +1,5 @@
 """The ports a local Ray head is given: distinct, free, one per flag `ray start --head` opens."""
+
 from __future__ import annotations
 
 import socket

@@ -1,5 +1,6 @@
 """``infra.ray_runtime.map_tasks`` on a real local Ray: results in input order, the bound on
 pending tasks, a task's exception raised on the driver, a task whose worker dies retried."""
+
 from __future__ import annotations
 
 import os

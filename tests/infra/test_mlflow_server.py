@@ -2,6 +2,7 @@
 CLI parses it, its Host allow-list as MLflow's own middleware checks it, and its wiring to
 PostgreSQL, the object store and the Ray pods. (Schema validation of these manifests is in
 test_k8s_manifests.py.)"""
+
 from __future__ import annotations
 
 import os
@@ -95,7 +96,10 @@ def test_backend_uri_points_at_the_postgres_service():
     host, port = _service_url(POSTGRES["Service"], "postgres")
     assert (uri.scheme, uri.hostname, uri.port) == ("postgresql", host, port)
     assert (uri.username, uri.password, uri.path) == (
-        backend["POSTGRES_USER"], backend["POSTGRES_PASSWORD"], "/" + backend["POSTGRES_DB"])
+        backend["POSTGRES_USER"],
+        backend["POSTGRES_PASSWORD"],
+        "/" + backend["POSTGRES_DB"],
+    )
     assert POSTGRES["Service"]["spec"]["clusterIP"] == "None"
     assert POSTGRES["StatefulSet"]["spec"]["serviceName"] == POSTGRES["Service"]["metadata"]["name"]
     pg = POSTGRES["StatefulSet"]["spec"]["template"]["spec"]["containers"][0]
@@ -116,7 +120,10 @@ def test_only_the_server_reaches_postgres_and_only_ray_reaches_the_server():
     policy = POSTGRES["NetworkPolicy"]["spec"]
     assert policy["podSelector"]["matchLabels"] == POSTGRES["StatefulSet"]["spec"]["selector"]["matchLabels"]
     assert policy["ingress"][0]["from"] == [
-        {"podSelector": {"matchLabels": MLFLOW["Deployment"]["spec"]["selector"]["matchLabels"]}}]
-    sources = {f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
-               for f in MLFLOW["NetworkPolicy"]["spec"]["ingress"][0]["from"]}
+        {"podSelector": {"matchLabels": MLFLOW["Deployment"]["spec"]["selector"]["matchLabels"]}}
+    ]
+    sources = {
+        f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for f in MLFLOW["NetworkPolicy"]["spec"]["ingress"][0]["from"]
+    }
     assert sources == {"humanvision", "mlflow"}

@@ -1,5 +1,6 @@
 """infra.native: C kernels built once per content and machine, cached, loaded with ctypes; and what
 the model does on a machine without a C compiler (the eager layers, with one warning)."""
+
 from __future__ import annotations
 
 import os
@@ -89,11 +90,16 @@ os.environ[kernels.ENV_SWITCH] = "0"
 ref = model(x).tokens
 print("LIB", kernels._library("qk_norm_rope"), kernels._library("swiglu_backward"), "EQUAL", torch.equal(out, ref))
 """
-    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "HUMANVISION_NATIVE_CACHE": str(tmp_path / "cache"),
-           "PYTHONPATH": str(REPO)}
+    env = {
+        **os.environ,
+        "CC": str(tmp_path / "no-such-cc"),
+        "HUMANVISION_NATIVE_CACHE": str(tmp_path / "cache"),
+        "PYTHONPATH": str(REPO),
+    }
     env.pop("HUMANVISION_NATIVE_KERNELS", None)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LIB None None EQUAL True" in done.stdout
     assert done.stderr.count("unavailable, the eager layers run instead") == 2  # once per kernel, not per call

@@ -1,5 +1,6 @@
 """A local cluster started by ``init_ray`` runs a Ray Train job without the State API
 warning flood (no dashboard locally), and its workers run the setup hook."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,5 +1,6 @@
 """docs/scale_plan.md: the figures it computes are recomputed here, so the page cannot drift from
 its own formulas or from the model's FLOP counts."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,11 @@ from tests.infra.validation import REPO
 DOC = (REPO / "docs" / "scale_plan.md").read_text()
 
 # Forward FLOPs of Sapiens2-5B per view, in TFLOP (checked against count_flops in the slow test).
-VIEWS = {"full": ((1024, 768), 36.38042068992), "masked": ((512, 384), 8.199535939584),
-         "local": ((256, 192), 2.05801949184)}
+VIEWS = {
+    "full": ((1024, 768), 36.38042068992),
+    "masked": ((512, 384), 8.199535939584),
+    "local": ((256, 192), 2.05801949184),
+}
 DECODER = 0.313013846016  # 8 x 512 transformer blocks over 3,081 tokens + the 512 -> 16*16*3 pixel head
 ITERATIONS, BATCH, PEAK = 500_000, 4096, 989e12
 
@@ -22,8 +26,12 @@ ITERATIONS, BATCH, PEAK = 500_000, 4096, 989e12
 def per_sample() -> dict[str, float]:
     student_fwd = 2 * VIEWS["masked"][1] + 4 * VIEWS["local"][1] + 2 * DECODER
     teacher = 2 * VIEWS["full"][1]
-    return {"student_fwd": student_fwd, "student": 3 * student_fwd, "teacher": teacher,
-            "total": 3 * student_fwd + teacher}
+    return {
+        "student_fwd": student_fwd,
+        "student": 3 * student_fwd,
+        "teacher": teacher,
+        "total": 3 * student_fwd + teacher,
+    }
 
 
 def test_tokens_per_image():
@@ -54,7 +62,7 @@ def test_gpu_hours_table_in_the_doc():
     for mfu in (0.25, 0.33, 0.39):
         gpu_hours = total / (PEAK * mfu) / 3600
         per_gpu = PEAK * mfu / (per_sample()["total"] * 1e12)
-        row = (f"| {per_gpu:.2f} | {gpu_hours:,.0f} | {gpu_hours / 8:,.0f} | {gpu_hours / 1024 / 24:.1f} |")
+        row = f"| {per_gpu:.2f} | {gpu_hours:,.0f} | {gpu_hours / 8:,.0f} | {gpu_hours / 1024 / 24:.1f} |"
         assert row in DOC, row
     half = ITERATIONS * 2048 * per_sample()["total"] * 1e12 / (PEAK * 0.33) / 3600
     assert f"{half:,.0f} GPU-hours at 33% MFU" in DOC

@@ -11,13 +11,15 @@ Sources of truth, all on disk (nothing is fetched):
   read by Ray's own KubeRay autoscaler code (``_derive_autoscaling_config_from_ray_cr``).
 - Command lines: MLflow's and Ray's own click commands parse the flags we pass.
 """
+
 from __future__ import annotations
 
 import copy
 import json
 import shlex
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import yaml
@@ -73,8 +75,7 @@ def validate_builtin(doc: dict, version: str) -> None:
 
 def validate_pod_template(template: dict, version: str) -> None:
     """A ``PodTemplateSpec`` validated by wrapping it in a core/v1 ``PodTemplate``."""
-    wrapper = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "embedded"},
-               "template": template}
+    wrapper = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "embedded"}, "template": template}
     validate_builtin(wrapper, version)
 
 
@@ -124,8 +125,10 @@ def derive_autoscaling_config(doc: dict) -> dict:
     """What Ray's KubeRay autoscaler makes of the cluster spec (it also runs Ray's validate_config)."""
     from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
 
-    cr = {"metadata": {"name": doc["metadata"]["name"], "namespace": doc["metadata"]["namespace"]},
-          "spec": copy.deepcopy(cluster_spec(doc))}
+    cr = {
+        "metadata": {"name": doc["metadata"]["name"], "namespace": doc["metadata"]["namespace"]},
+        "spec": copy.deepcopy(cluster_spec(doc)),
+    }
     return _derive_autoscaling_config_from_ray_cr(cr)
 
 

@@ -8,6 +8,7 @@ order, so its gradients agree to float32 rounding (a few ulp: max |diff| / max |
 added in place) equals ``F.linear`` bit for bit for K <= 384 and to 1 ulp beyond. The packed
 q/k/v projection must give the same q, k, v as three ``nn.Linear`` calls.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,16 +35,22 @@ def assert_same(fast, reference, inputs, grad_rel: float = 0.0):
         assert (a - b).abs().max() <= grad_rel * b.abs().max(), (a - b).abs().max() / b.abs().max()
 
 
-@pytest.mark.parametrize(("shape", "transposed"),
-                         [((3, 7, 4, 64), False), ((3, 7, 4, 64), True), ((2, 201, 256), False), ((2, 50, 1024), False)])
+@pytest.mark.parametrize(
+    ("shape", "transposed"),
+    [((3, 7, 4, 64), False), ((3, 7, 4, 64), True), ((2, 201, 256), False), ((2, 50, 1024), False)],
+)
 def test_rmsnorm_matches_f_rms_norm(shape, transposed):
     torch.manual_seed(0)
     x = torch.randn(*shape) * 3
     if transposed:  # the QK-norm case: a (B, H, N, K) view of a (B, N, H, K) tensor
         x = x.transpose(1, 2)
     w = torch.randn(shape[-1])
-    assert_same(lambda x, w: L._RMSNormCPU.apply(x, w, 1e-6), lambda x, w: F.rms_norm(x, (shape[-1],), w, 1e-6),
-                [x, w], grad_rel=1e-5)
+    assert_same(
+        lambda x, w: L._RMSNormCPU.apply(x, w, 1e-6),
+        lambda x, w: F.rms_norm(x, (shape[-1],), w, 1e-6),
+        [x, w],
+        grad_rel=1e-5,
+    )
     norm = L.RMSNorm(shape[-1], eps=1e-6)
     with torch.no_grad():
         norm.weight.copy_(w)

@@ -7,6 +7,7 @@ another order, so its gradients agree to float32 rounding (measured: max |diff| 
 exp (a polynomial), so it agrees to a few ulp (measured max |diff| 4e-6 on gradients up to
 ~30). Every comparison runs the same model or layer with ``HUMANVISION_NATIVE_KERNELS`` on and off.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -18,14 +19,17 @@ from models import layers as L
 from models.registry import build_backbone
 from models.rope import RopePositionEmbedding
 
-pytestmark = pytest.mark.skipif(kernels._library("qk_norm_rope") is None or kernels._library("swiglu_backward") is None,
-                                reason="no C compiler: the eager layers run (tests/infra/test_native.py covers that)")
+pytestmark = pytest.mark.skipif(
+    kernels._library("qk_norm_rope") is None or kernels._library("swiglu_backward") is None,
+    reason="no C compiler: the eager layers run (tests/infra/test_native.py covers that)",
+)
 
 
 @pytest.fixture
 def native(monkeypatch):
     def switch(on: bool) -> None:
         monkeypatch.setenv(kernels.ENV_SWITCH, "1" if on else "0")
+
     return switch
 
 
@@ -52,12 +56,12 @@ def test_qk_norm_rope_matches_the_eager_layers(prefix, per_sample, threads, nati
     g = torch.randn(B, H, N, K)
 
     def fused(qkv, w):
-        q = qkv[..., :H * K].view(B, N, H, K).transpose(1, 2)
+        q = qkv[..., : H * K].view(B, N, H, K).transpose(1, 2)
         assert kernels.qk_norm_rope_usable(q, w, (sin, cos))
         return kernels.qk_norm_rope(q, w, 1e-6, sin, cos)
 
     def eager(qkv, w):
-        q = qkv[..., :H * K].view(B, N, H, K).transpose(1, 2)
+        q = qkv[..., : H * K].view(B, N, H, K).transpose(1, 2)
         return L.apply_rope(L._RMSNormCPU.apply(q, w, 1e-6), (sin, cos))  # RMSNorm's CPU path
 
     saved = torch.get_num_threads()
@@ -72,7 +76,7 @@ def test_qk_norm_rope_matches_the_eager_layers(prefix, per_sample, threads, nati
     for a, b in ((dx_f, dx_e), (dw_f, dw_e)):
         assert (a - b).abs().max() <= 1e-5 * b.abs().max(), ((a - b).abs().max() / b.abs().max()).item()
     native(False)  # the switch: the eager path (Attention checks qk_norm_rope_usable first)
-    assert not kernels.qk_norm_rope_usable(qkv[..., :H * K].view(B, N, H, K).transpose(1, 2), weight, (sin, cos))
+    assert not kernels.qk_norm_rope_usable(qkv[..., : H * K].view(B, N, H, K).transpose(1, 2), weight, (sin, cos))
 
 
 def test_qk_norm_rope_refuses_what_it_does_not_cover():
@@ -84,12 +88,19 @@ def test_qk_norm_rope_refuses_what_it_does_not_cover():
     assert not kernels.qk_norm_rope_usable(x.bfloat16(), w, (sin, cos))  # bf16 activations (autocast): eager
     assert not kernels.qk_norm_rope_usable(x, w, (sin.float(), cos.float()))  # fp32 tables (rope_dtype float32): eager
     assert not kernels.qk_norm_rope_usable(x[..., :8, :], w, (sin, cos))  # fewer tokens than the table
-    assert not kernels.qk_norm_rope_usable(torch.randn(2, 4, 12, 36), torch.ones(36), RopePositionEmbedding(36)(4, 3))  # K % 8
+    assert not kernels.qk_norm_rope_usable(
+        torch.randn(2, 4, 12, 36), torch.ones(36), RopePositionEmbedding(36)(4, 3)
+    )  # K % 8
     with pytest.raises(ValueError, match="rope covers"):
         kernels.qk_norm_rope(x[..., :8, :], w, 1e-6, sin, cos)
     with pytest.raises(ValueError, match="per-sample RoPE tables for 3 samples"):
-        kernels.qk_norm_rope(x, w, 1e-6, sin[None, None].expand(3, 1, -1, -1).contiguous(),
-                             cos[None, None].expand(3, 1, -1, -1).contiguous())
+        kernels.qk_norm_rope(
+            x,
+            w,
+            1e-6,
+            sin[None, None].expand(3, 1, -1, -1).contiguous(),
+            cos[None, None].expand(3, 1, -1, -1).contiguous(),
+        )
 
 
 @pytest.mark.parametrize("threads", [1, 2])

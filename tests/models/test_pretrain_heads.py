@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from models import DINOHead, MAEDecoder, MAEDecoderConfig, build_backbone, normalized_pixel_targets, patchify, unpatchify
+from models import (
+    DINOHead,
+    MAEDecoder,
+    MAEDecoderConfig,
+    build_backbone,
+    normalized_pixel_targets,
+    patchify,
+    unpatchify,
+)
 
 SMALL_DECODER = MAEDecoderConfig(embed_dim=32, depth=2, num_heads=2)
 

@@ -65,7 +65,10 @@ def _sapiens2_file(tmp_path, name="sapiens2_tiny"):
 
 def test_sapiens2_weights_into_a_v1_model_name_both(tmp_path):
     path = _sapiens2_file(tmp_path)
-    for call in (lambda: build_backbone("sapiens_tiny", weights=path), lambda: check_weights_file("sapiens_tiny", path)):
+    for call in (
+        lambda: build_backbone("sapiens_tiny", weights=path),
+        lambda: check_weights_file("sapiens_tiny", path),
+    ):
         with pytest.raises(WeightsFamilyError) as err:
             call()
         message = str(err.value)
@@ -76,7 +79,9 @@ def test_sapiens2_weights_into_a_v1_model_name_both(tmp_path):
 
 def test_v1_weights_into_a_sapiens2_model(tmp_path):
     path = save_state_dict_file(_pretrain_model(), tmp_path / "v1.safetensors")
-    with pytest.raises(WeightsFamilyError, match=r"look like sapiens_small \(key layers.0.attn.qkv.weight .*expected sapiens2_small"):
+    with pytest.raises(
+        WeightsFamilyError, match=r"look like sapiens_small \(key layers.0.attn.qkv.weight .*expected sapiens2_small"
+    ):
         build_backbone("sapiens2_small", weights=path)
 
 
@@ -85,8 +90,10 @@ def test_wrong_v1_size_names_the_size(tmp_path):
     path = save_state_dict_file(build_backbone("sapiens_tiny"), tmp_path / "tiny.safetensors")
     with pytest.raises(WeightsFamilyError) as err:
         check_weights_file("sapiens_small", path)
-    assert str(err.value) == (f"weights {path} look like sapiens_tiny (key layers.0.attn.qkv.weight / embed dim 64, "
-                              f"4 blocks), expected sapiens_small (embed dim 256, 12 blocks)")
+    assert str(err.value) == (
+        f"weights {path} look like sapiens_tiny (key layers.0.attn.qkv.weight / embed dim 64, "
+        f"4 blocks), expected sapiens_small (embed dim 256, 12 blocks)"
+    )
 
 
 def test_same_size_with_a_missing_key_lists_it(tmp_path):

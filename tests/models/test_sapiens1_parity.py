@@ -20,7 +20,7 @@ def parity() -> dict:
 
 
 def _weights(parity):
-    return {k[len("model/"):]: v for k, v in parity.items() if k.startswith("model/")}
+    return {k[len("model/") :]: v for k, v in parity.items() if k.startswith("model/")}
 
 
 def test_pretrain_style_outputs(parity):

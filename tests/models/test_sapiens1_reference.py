@@ -65,8 +65,10 @@ def test_forward_flops_at_1024x768(name, reference):
 @pytest.mark.parametrize("name", ["sapiens_0.3b", "sapiens_2b"])
 def test_pretrain_module_flops_square_and_resized(name, reference):
     model = build_backbone(get_config(name).as_pretrain(), device="meta")
-    for hw, key in (((1024, 1024), "flops_fwd_pretrain_backbone_1x1024x1024_nomask"),
-                    ((1024, 768), "flops_fwd_pretrain_backbone_1x1024x768_nomask")):
+    for hw, key in (
+        ((1024, 1024), "flops_fwd_pretrain_backbone_1x1024x1024_nomask"),
+        ((1024, 768), "flops_fwd_pretrain_backbone_1x1024x768_nomask"),
+    ):
         want = reference[name][key]
         assert abs(count_flops(model, hw=hw) - want) / want < 0.02, (hw, want)
 
@@ -89,8 +91,15 @@ def test_sincos_table_follows_the_stated_formula():
     omega = 10000.0 ** (-i / q)
     row = table[r * w + c]
     expected = [row[i], row[q + i], row[2 * q + i], row[3 * q + i]]
-    for got, want in zip(expected, [torch.sin(torch.tensor(r * omega)), torch.cos(torch.tensor(r * omega)),
-                                     torch.sin(torch.tensor(c * omega)), torch.cos(torch.tensor(c * omega))]):
+    for got, want in zip(
+        expected,
+        [
+            torch.sin(torch.tensor(r * omega)),
+            torch.cos(torch.tensor(r * omega)),
+            torch.sin(torch.tensor(c * omega)),
+            torch.cos(torch.tensor(c * omega)),
+        ],
+    ):
         assert abs(float(got) - float(want)) < 1e-6
 
 

@@ -1,4 +1,5 @@
 """The vocabulary files: consistent with themselves, with the reference facts, and shipped in the wheel."""
+
 from __future__ import annotations
 
 import json
@@ -67,7 +68,21 @@ def test_wheel_ships_the_vocabulary_files(tmp_path):
         shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )
     names = zipfile.ZipFile(next((tmp_path / "dist").glob("humanvision-*.whl"))).namelist()
     assert {f"models/vocab/{n}.json" for n in list_vocabs()} <= set(names)

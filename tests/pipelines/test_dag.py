@@ -1,5 +1,6 @@
 """The staged DAG: reuse what did not change, re-run what did, resume what was killed,
 record parent/child runs with lineage in MLflow, and run stages as real Ray jobs."""
+
 from __future__ import annotations
 
 import os
@@ -14,15 +15,34 @@ from pipelines.demo_corpus import build_demo_corpus
 from pipelines.staged import DagConfig, run_dag
 from tests.conftest import CENTERNET, REPO, kill_when
 
-FAST = ["stages=[curate, pretrain, probe]", "pretrain.steps=4", "pretrain.checkpoint.every=2", "pretrain.metrics.log_every=1",
-        "pretrain.metrics.images_every=4", "probe.tasks=[seg, knn]", "probe.seg.steps=10",
-        "probe.synthetic.train_images=24", "probe.synthetic.val_images=8", "probe.ray.num_cpus=null"]
+FAST = [
+    "stages=[curate, pretrain, probe]",
+    "pretrain.steps=4",
+    "pretrain.checkpoint.every=2",
+    "pretrain.metrics.log_every=1",
+    "pretrain.metrics.images_every=4",
+    "probe.tasks=[seg, knn]",
+    "probe.seg.steps=10",
+    "probe.synthetic.train_images=24",
+    "probe.synthetic.val_images=8",
+    "probe.ray.num_cpus=null",
+]
 
 
 def dag_config(raw: Path, workspace: Path, *overrides: str) -> DagConfig:
-    return load_config(DagConfig, REPO / "configs" / "dag_demo.yaml",
-                       [f"curate.input.uri={raw}", f"workspace={workspace}", f"curate.detector.weights={CENTERNET}",
-                        "curate.ray.num_cpus=null", "curate.ray.progress_bars=off", *FAST, *overrides])
+    return load_config(
+        DagConfig,
+        REPO / "configs" / "dag_demo.yaml",
+        [
+            f"curate.input.uri={raw}",
+            f"workspace={workspace}",
+            f"curate.detector.weights={CENTERNET}",
+            "curate.ray.num_cpus=null",
+            "curate.ray.progress_bars=off",
+            *FAST,
+            *overrides,
+        ],
+    )
 
 
 def stage_runs(uri: str, stage: str) -> list:
@@ -72,15 +92,22 @@ def test_second_run_with_nothing_changed_reruns_nothing(first):
     assert [o.reused for o in again.outcomes] == [True, True, True]
     assert [o.identity for o in again.outcomes] == [o.identity for o in result.outcomes]
     from mlflow import MlflowClient
+
     client = MlflowClient(result.tracking_uri)
     for o, prev in zip(again.outcomes, result.outcomes):
         assert o.run_id == prev.run_id  # the result's run is the one that produced it
-    reused = [r for s in ("curate", "pretrain", "probe") for r in stage_runs(result.tracking_uri, s)
-              if r.data.tags.get("dag.reused") == "true"]
+    reused = [
+        r
+        for s in ("curate", "pretrain", "probe")
+        for r in stage_runs(result.tracking_uri, s)
+        if r.data.tags.get("dag.reused") == "true"
+    ]
     assert len(reused) == 3 and all(r.data.tags["mlflow.parentRunId"] == again.parent_run_id for r in reused)
     assert {r.data.tags["dag.reused_run_id"] for r in reused} == {o.run_id for o in result.outcomes}
-    after = {s: len([r for r in stage_runs(result.tracking_uri, s) if r.data.tags.get("dag.reused") != "true"])
-             for s in ("curate", "pretrain", "probe")}
+    after = {
+        s: len([r for r in stage_runs(result.tracking_uri, s) if r.data.tags.get("dag.reused") != "true"])
+        for s in ("curate", "pretrain", "probe")
+    }
     assert after == before
     assert client.get_run(again.parent_run_id).data.tags["dag.curate.reused"] == "true"
 
@@ -111,13 +138,31 @@ def test_bad_stage_lists_are_refused():
 def test_a_stage_killed_mid_run_resumes(tmp_path):
     raw, ws = tmp_path / "raw", tmp_path / "ws"
     build_demo_corpus(raw)
-    args = [f"curate.input.uri={raw}", f"workspace={ws}", f"curate.detector.weights={CENTERNET}",
-            "curate.ray.progress_bars=off", *FAST, "pretrain.steps=10", "pretrain.checkpoint.every=2",
-            f"curate.ray.temp_dir=/tmp/hvdag-{os.getpid()}"]
-    cmd = [sys.executable, str(REPO / "pipelines" / "dag.py"), "--config", str(REPO / "configs" / "dag_demo.yaml"), *args]
+    args = [
+        f"curate.input.uri={raw}",
+        f"workspace={ws}",
+        f"curate.detector.weights={CENTERNET}",
+        "curate.ray.progress_bars=off",
+        *FAST,
+        "pretrain.steps=10",
+        "pretrain.checkpoint.every=2",
+        f"curate.ray.temp_dir=/tmp/hvdag-{os.getpid()}",
+    ]
+    cmd = [
+        sys.executable,
+        str(REPO / "pipelines" / "dag.py"),
+        "--config",
+        str(REPO / "configs" / "dag_demo.yaml"),
+        *args,
+    ]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    kill_when(proc, lambda: bool(list((ws / "pretrain").glob("*/checkpoint_*"))), timeout=600, poll=0.5,
-              leftovers=f"/tmp/hvdag-{os.getpid()}")
+    kill_when(
+        proc,
+        lambda: bool(list((ws / "pretrain").glob("*/checkpoint_*"))),
+        timeout=600,
+        poll=0.5,
+        leftovers=f"/tmp/hvdag-{os.getpid()}",
+    )
     killed_checkpoints = sorted(p.name for p in (ws / "pretrain").glob("*/checkpoint_*"))
     assert killed_checkpoints and not list((ws / "pretrain").glob("*/DONE.json"))
     result = run_dag(dag_config(raw, ws, "pretrain.steps=10", "pretrain.checkpoint.every=2"))
@@ -125,6 +170,7 @@ def test_a_stage_killed_mid_run_resumes(tmp_path):
     pretrain = result.outcomes[1]
     assert pretrain.result["final_step"] == 10
     from mlflow import MlflowClient
+
     history = MlflowClient(result.tracking_uri).get_metric_history(pretrain.run_id, "loss")
     assert sorted({m.step for m in history}) == list(range(1, 11))  # one MLflow run across both sessions
 
@@ -139,13 +185,26 @@ def test_stages_run_as_ray_jobs_against_a_head(tmp_path):
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     with LocalRayHead(num_cpus=2, env=env) as head:
         # The DAG driver runs as its own process with this head's token (Ray caches a process's token).
-        cmd = [sys.executable, str(REPO / "pipelines" / "dag.py"), "--config", str(REPO / "configs" / "dag_demo.yaml"),
-               f"curate.input.uri={raw}", f"workspace={ws}", f"curate.detector.weights={CENTERNET}", *FAST,
-               "submit=ray_job", f"job_address={head.dashboard_url}"]
+        cmd = [
+            sys.executable,
+            str(REPO / "pipelines" / "dag.py"),
+            "--config",
+            str(REPO / "configs" / "dag_demo.yaml"),
+            f"curate.input.uri={raw}",
+            f"workspace={ws}",
+            f"curate.detector.weights={CENTERNET}",
+            *FAST,
+            "submit=ray_job",
+            f"job_address={head.dashboard_url}",
+        ]
         done = subprocess.run(cmd, env=head.client_env(env), capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-        listing = subprocess.run([str(Path(sys.executable).with_name("ray")), "job", "list", "--address",
-                                  head.dashboard_url], env=head.client_env(env), capture_output=True, text=True).stdout
+        listing = subprocess.run(
+            [str(Path(sys.executable).with_name("ray")), "job", "list", "--address", head.dashboard_url],
+            env=head.client_env(env),
+            capture_output=True,
+            text=True,
+        ).stdout
     assert listing.count("SUCCEEDED") >= 3
     for script in ("pipelines/curate.py", "pipelines/pretrain.py", "pipelines/probe.py"):
         assert script in listing, script
@@ -166,12 +225,22 @@ def test_the_finetune_stage_runs_between_pretraining_and_probing_with_lineage(fi
     from models.io import load_state_dict_file
 
     root, _, result = first
-    ft = ["stages=[curate, pretrain, finetune, probe]", "finetune.tasks=[seg]", "finetune.steps=4",
-          "finetune.checkpoint.every=2", "finetune.synthetic.train_images=24", "finetune.synthetic.val_images=8",
-          "finetune.ray.num_cpus=null"]
+    ft = [
+        "stages=[curate, pretrain, finetune, probe]",
+        "finetune.tasks=[seg]",
+        "finetune.steps=4",
+        "finetune.checkpoint.every=2",
+        "finetune.synthetic.train_images=24",
+        "finetune.synthetic.val_images=8",
+        "finetune.ray.num_cpus=null",
+    ]
     out = run_dag(dag_config(root / "raw", root / "ws", *ft))
-    assert [(o.stage, o.reused) for o in out.outcomes] == [("curate", True), ("pretrain", True), ("finetune", False),
-                                                           ("probe", True)]
+    assert [(o.stage, o.reused) for o in out.outcomes] == [
+        ("curate", True),
+        ("pretrain", True),
+        ("finetune", False),
+        ("probe", True),
+    ]
     curate, pretrain = result.outcomes[0], result.outcomes[1]
     fine = out.outcomes[2]
     tags = MlflowClient(out.tracking_uri).get_run(fine.run_id).data.tags

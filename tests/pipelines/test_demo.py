@@ -1,5 +1,6 @@
 """`make demo`'s terminal: one line per stage and a closing table; everything Ray, MLflow and
 the stages print goes to the log file (checked on a real, shortened demo run)."""
+
 from __future__ import annotations
 
 import os
@@ -41,38 +42,72 @@ def test_console_sends_every_writer_to_the_log_and_keeps_the_terminal_for_the_de
 
 
 def test_probe_table_puts_the_random_init_baseline_beside_each_metric():
-    rows = probe_rows({"pose": {"AP": 0.12, "AR": 0.2}, "normal": {"mean_angle": 31.5}},
-                      {"pose": {"AP": 0.01}, "normal": {"mean_angle": 44.0}}, {"normal": {"mean_angle": 20.25}})
+    rows = probe_rows(
+        {"pose": {"AP": 0.12, "AR": 0.2}, "normal": {"mean_angle": 31.5}},
+        {"pose": {"AP": 0.01}, "normal": {"mean_angle": 44.0}},
+        {"normal": {"mean_angle": 20.25}},
+    )
     assert re.search(r"pose\s+AP\s+0\.1200\s+0\.0100\s+-\s+\(higher is better\)", rows[1])
     assert re.search(r"normal\s+mean_angle\s+31\.5000\s+44\.0000\s+20\.2500\s+\(lower is better\)", rows[2])
     assert "fine-tuned" in rows[0]
 
 
 def test_loss_line_reads_the_pretraining_window_means():
-    o = StageOutcome("pretrain", "id", "/f", False, "run", {
-        "loss_trend": "4.3904 (mean of the first 10 steps) -> 4.2963 (last 10)", "final_step": 40})
+    o = StageOutcome(
+        "pretrain",
+        "id",
+        "/f",
+        False,
+        "run",
+        {"loss_trend": "4.3904 (mean of the first 10 steps) -> 4.2963 (last 10)", "final_step": 40},
+    )
     assert "4.3904 -> 4.2963" in loss_line(o) and "40 steps" in loss_line(o)
 
 
 @pytest.mark.slow
 def test_a_demo_run_prints_stages_and_the_closing_table_only(tmp_path):
-    fast = ["pretrain.steps=4", "pretrain.checkpoint.every=2", "pretrain.metrics.log_every=1",
-            "pretrain.metrics.images_every=4", "probe.tasks=[pose, seg, knn]", "probe.pose.steps=20",
-            "probe.seg.steps=10", "probe.synthetic.train_images=24", "probe.synthetic.val_images=8",
-            f"curate.detector.weights={CENTERNET}", "curate.ray.num_cpus=null", "probe.ray.num_cpus=null",
-            "finetune.tasks=[seg]", "finetune.steps=4", "finetune.checkpoint.every=2",
-            "finetune.synthetic.train_images=24", "finetune.synthetic.val_images=8", "finetune.ray.num_cpus=null"]
+    fast = [
+        "pretrain.steps=4",
+        "pretrain.checkpoint.every=2",
+        "pretrain.metrics.log_every=1",
+        "pretrain.metrics.images_every=4",
+        "probe.tasks=[pose, seg, knn]",
+        "probe.pose.steps=20",
+        "probe.seg.steps=10",
+        "probe.synthetic.train_images=24",
+        "probe.synthetic.val_images=8",
+        f"curate.detector.weights={CENTERNET}",
+        "curate.ray.num_cpus=null",
+        "probe.ray.num_cpus=null",
+        "finetune.tasks=[seg]",
+        "finetune.steps=4",
+        "finetune.checkpoint.every=2",
+        "finetune.synthetic.train_images=24",
+        "finetune.synthetic.val_images=8",
+        "finetune.ray.num_cpus=null",
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    done = subprocess.run([sys.executable, "pipelines/demo.py", "--corpus", str(tmp_path / "raw"),
-                           f"workspace={tmp_path / 'ws'}", *fast], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=1500)
+    done = subprocess.run(
+        [sys.executable, "pipelines/demo.py", "--corpus", str(tmp_path / "raw"), f"workspace={tmp_path / 'ws'}", *fast],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     out = done.stdout
     assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
     assert done.stderr == ""
     for stage in ("curate", "pretrain", "finetune", "probe", "baseline", "audit"):
         assert re.search(rf"^{stage}\s+(ran|reused|wrote|ready)", out, re.M), (stage, out)
-    for noise in ("TrainingReport", "Checkpoint successfully created", "PreemptionWatcher", "core_worker",
-                  "INFO", "WARNING"):
+    for noise in (
+        "TrainingReport",
+        "Checkpoint successfully created",
+        "PreemptionWatcher",
+        "core_worker",
+        "INFO",
+        "WARNING",
+    ):
         assert noise not in out, (noise, out)
     assert "curation funnel" in out and re.search(r"kept \(in shards\)\s+\d+", out)
     assert re.search(r"total loss [\d.]+ -> [\d.]+", out)

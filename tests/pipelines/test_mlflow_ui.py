@@ -13,6 +13,7 @@ Markers (MLflow 3.17.2): the training view's side navigation is Runs, Models, Tr
 Overview, Traces, Sessions, Judges, Review, ... (``/overview``, ``/chat-sessions``, ``/judges``)
 with no runs link. The server is a real `mlflow ui` on 127.0.0.1 on a free port, ended by PID.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,9 +57,13 @@ def server(store):
     port = free_port()
     mlflow_cli = str(Path(sys.executable).with_name("mlflow"))
     log = open(root / "server.log", "w")
-    proc = subprocess.Popen([mlflow_cli, "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+    proc = subprocess.Popen(
+        [mlflow_cli, "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"},
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + LOAD_S
@@ -122,8 +127,9 @@ def browser():
 
 def side_links(page, exp_id: str) -> dict[str, str]:
     """The experiment's side navigation: tab path (``runs``, ``traces``...) -> label."""
-    hrefs = page.eval_on_selector_all(f"a[href*='/experiments/{exp_id}/']",
-                                      "els => els.map(e => [e.getAttribute('href'), e.textContent.trim()])")
+    hrefs = page.eval_on_selector_all(
+        f"a[href*='/experiments/{exp_id}/']", "els => els.map(e => [e.getAttribute('href'), e.textContent.trim()])"
+    )
     return {href.split(f"/experiments/{exp_id}/")[1].split("?")[0]: text for href, text in hrefs}
 
 
@@ -137,8 +143,9 @@ def open_experiment(browser, url: str, exp_id: str, marker: str) -> tuple[dict[s
         page.wait_for_selector(f"a[href*='/experiments/{exp_id}/{marker}']", timeout=LOAD_S * 1000)
         page.wait_for_function("n => document.body.innerText.includes(n)", arg="ui-check", timeout=LOAD_S * 1000)
         if marker == "runs":
-            page.wait_for_function("n => document.body.innerText.includes(n)", arg="pretrain-ui-check",
-                                   timeout=LOAD_S * 1000)
+            page.wait_for_function(
+                "n => document.body.innerText.includes(n)", arg="pretrain-ui-check", timeout=LOAD_S * 1000
+            )
         return side_links(page, exp_id), page.inner_text("body"), page.url
     finally:
         context.close()

@@ -8,6 +8,7 @@ corpus). Activating the venv, the token mode, the head's own temp dir, the submi
 stop by PID run as written. Whatever the lines leave behind is ended by PID afterwards, and
 the test fails if there was anything.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,15 +61,23 @@ def test_readme_ray_job_submit_lines_work_as_written(tmp_path):
     expected = build_demo_corpus(runs / "demo" / "raw")
     script = tmp_path / "readme_lines.sh"
     said = tmp_path / "ray_tmp.txt"  # where the lines' RAY_TMP is reported, however they end
-    script.write_text(f"set -euo pipefail\ntrap 'echo \"${{RAY_TMP:-}}\" > {said}' EXIT\n"
-                      + _own_ports(readme_lines(), runs))
+    script.write_text(
+        f"set -euo pipefail\ntrap 'echo \"${{RAY_TMP:-}}\" > {said}' EXIT\n" + _own_ports(readme_lines(), runs)
+    )
     leftovers: list[int] = []
     head = ""
     try:
         # A clean environment, as a new shell has it: no venv on PATH, no Ray variables.
-        env = {"HOME": str(Path.home()), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
-               "HF_HUB_OFFLINE": "1", "YOLO_OFFLINE": "1", "YOLO_AUTOINSTALL": "0",
-               "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {
+            "HOME": str(Path.home()),
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HF_HUB_OFFLINE": "1",
+            "YOLO_OFFLINE": "1",
+            "YOLO_AUTOINSTALL": "0",
+            "MLFLOW_DISABLE_TELEMETRY": "true",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
         done = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     finally:
         head = said.read_text().strip() if said.is_file() else ""
@@ -78,7 +87,9 @@ def test_readme_ray_job_submit_lines_work_as_written(tmp_path):
                 time.sleep(2)
             kill_pids(leftovers)
             shutil.rmtree(head, ignore_errors=True)
-    assert done.returncode == 0, f"{script.read_text()}\n--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, (
+        f"{script.read_text()}\n--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
+    )
     assert "succeeded" in done.stdout
     assert head.startswith("/tmp/ray-"), f"the lines' head has no temp dir of its own: {head!r}"
     assert not leftovers, f"processes of the head still ran a minute after the README's kill line: {leftovers}"

@@ -1,5 +1,6 @@
 """Stage identities (what decides reuse) through the stage facades, the DAG's config checks and
 its choice of MLflow store: fast, no Ray."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -92,17 +93,33 @@ def test_finetuning_identity_is_its_settings_the_checkpoint_digest_and_the_data(
     (images / "a.png").write_bytes(b"x" * 10)
     labels = tmp_path / "seg"
     labels.mkdir()
-    real = dataclasses.replace(cfg, tasks=["seg"], seg=dataclasses.replace(
-        cfg.seg, train=SplitPaths(images=str(images), labels=str(labels)), val=SplitPaths(images=str(images), labels=str(labels))))
+    real = dataclasses.replace(
+        cfg,
+        tasks=["seg"],
+        seg=dataclasses.replace(
+            cfg.seg,
+            train=SplitPaths(images=str(images), labels=str(labels)),
+            val=SplitPaths(images=str(images), labels=str(labels)),
+        ),
+    )
     before = stage.identity(real, "digest-1")
     (images / "b.png").write_bytes(b"y" * 10)  # the data changed: a new identity
     assert stage.identity(real, "digest-1") != before
 
 
-@pytest.mark.parametrize("stages, ok", [
-    (["curate", "pretrain", "probe"], True), (["curate", "pretrain", "finetune", "probe"], True),
-    (["pretrain", "finetune"], True), (["finetune", "probe"], True), (["finetune"], True),
-    (["curate", "finetune"], False), (["probe", "finetune"], False), (["curate", "probe"], False)])
+@pytest.mark.parametrize(
+    "stages, ok",
+    [
+        (["curate", "pretrain", "probe"], True),
+        (["curate", "pretrain", "finetune", "probe"], True),
+        (["pretrain", "finetune"], True),
+        (["finetune", "probe"], True),
+        (["finetune"], True),
+        (["curate", "finetune"], False),
+        (["probe", "finetune"], False),
+        (["curate", "probe"], False),
+    ],
+)
 def test_the_finetune_stage_sits_between_pretraining_and_probing_and_may_be_left_out(stages, ok):
     cfg = load_config(DagConfig, None, [f"stages=[{', '.join(stages)}]", "inputs.dataset=x"])
     if ok:

@@ -1,5 +1,6 @@
 """Fixtures for the pretraining tests: small WebDataset shards written here (fast unit
 tests) and real curated demo shards (session-scoped, for the Ray Train runs)."""
+
 from __future__ import annotations
 
 import io
@@ -73,6 +74,7 @@ def curated_demo(tmp_path_factory, ray_local, centernet_path):
 
     from curation.pipeline import run_curation
     from pipelines.demo_corpus import build_demo_corpus
+
     # The curation tests' settings, with their helper for weightless content filters (wherever
     # curation keeps it).
     from tests.curation import test_pipeline as curation_tests

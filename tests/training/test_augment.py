@@ -1,4 +1,5 @@
 """Multi-crop views: shapes, no colour change on global views, box rules, determinism."""
+
 import io
 
 import numpy as np
@@ -34,8 +35,14 @@ def test_views_have_the_configured_shapes_and_normalisation():
 
 
 def test_global_views_carry_no_colour_jitter_and_local_views_do():
-    cfg = CropConfig(global_size=(96, 64), local_size=(48, 32), local_jitter_prob=1.0, local_grayscale_prob=0.0,
-                     local_blur_prob=0.0, brightness=0.4)
+    cfg = CropConfig(
+        global_size=(96, 64),
+        local_size=(48, 32),
+        local_jitter_prob=1.0,
+        local_grayscale_prob=0.0,
+        local_blur_prob=0.0,
+        brightness=0.4,
+    )
     crop = MultiCrop(cfg)
     globals_, locals_ = crop.plan(np.random.default_rng(0), 200, 300)
     assert all(p.color is None for p in globals_)
@@ -52,8 +59,9 @@ def test_global_views_carry_no_colour_jitter_and_local_views_do():
 
 
 def test_local_grayscale_gives_equal_channels():
-    cfg = CropConfig(global_size=(96, 64), local_size=(48, 32), local_jitter_prob=0.0, local_grayscale_prob=1.0,
-                     local_blur_prob=0.0)
+    cfg = CropConfig(
+        global_size=(96, 64), local_size=(48, 32), local_jitter_prob=0.0, local_grayscale_prob=1.0, local_blur_prob=0.0
+    )
     _, l_ = MultiCrop(cfg)(photo(), np.random.default_rng(3))
     pixels = l_ * torch.tensor(STD).view(1, 3, 1, 1) + torch.tensor(MEAN).view(1, 3, 1, 1)
     torch.testing.assert_close(pixels[:, 0], pixels[:, 1], rtol=0, atol=1e-5)

@@ -1,4 +1,5 @@
 """Configurations, run identity and the command line."""
+
 import dataclasses
 from pathlib import Path
 
@@ -6,14 +7,16 @@ import pytest
 
 from infra.config import load_config
 from models.registry import get_config
+from tests.training.conftest import tiny_config
 from training.config import PretrainConfig, default_run_name, identity_digest
 from training.flops import step_cost, tokens_per_step
 
-from tests.training.conftest import tiny_config
-
 # The Sapiens2 recipe's configs; the v1 recipe's (pretrain_v1_*) are checked in test_v1_pretrain.py.
-CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[2] / "configs").glob("pretrain_*.yaml")
-                 if not p.stem.startswith("pretrain_v1_"))
+CONFIGS = sorted(
+    p
+    for p in (Path(__file__).resolve().parents[2] / "configs").glob("pretrain_*.yaml")
+    if not p.stem.startswith("pretrain_v1_")
+)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
@@ -47,14 +50,24 @@ def test_invalid_settings_name_the_setting():
 
 def test_identity_ignores_session_settings_only():
     base = tiny_config()
-    same = tiny_config("max_steps_this_session=3", "metrics.log_every=1", "checkpoint.keep=9", "ray.max_failures=5",
-                       "tracking.uri=http://elsewhere:5000", "tracking.experiment=x", "ray.address=auto",
-                       "ray.num_cpus=64", "ray.temp_dir=/tmp/r", "data.tracking_uri=sqlite:///x.db")
+    same = tiny_config(
+        "max_steps_this_session=3",
+        "metrics.log_every=1",
+        "checkpoint.keep=9",
+        "ray.max_failures=5",
+        "tracking.uri=http://elsewhere:5000",
+        "tracking.experiment=x",
+        "ray.address=auto",
+        "ray.num_cpus=64",
+        "ray.temp_dir=/tmp/r",
+        "data.tracking_uri=sqlite:///x.db",
+    )
     other = tiny_config("optim.lr=0.5")
     assert identity_digest(base) == identity_digest(same) != identity_digest(other)
     assert default_run_name(base) == default_run_name(same) != default_run_name(other)
-    assert default_run_name(base) != default_run_name(dataclasses.replace(base, data=dataclasses.replace(
-        base.data, dataset="another")))
+    assert default_run_name(base) != default_run_name(
+        dataclasses.replace(base, data=dataclasses.replace(base.data, dataset="another"))
+    )
     assert default_run_name(base).startswith("pretrain-sapiens2_tiny-")
 
 
@@ -62,9 +75,11 @@ def test_identity_ignores_session_settings_only():
 # stages: a re-run of the same command must keep finding (and resuming) those runs. The tiny
 # config's DINO temperatures changed on purpose (student 0.2, teacher 0.04; see its comment), so
 # its digest is the new recipe's: a tiny run of the old recipe is not resumed under the new one.
-RECORDED = {"pretrain_tiny": ("c3782a58091c1881", "pretrain-sapiens2_tiny-7fd4de03c3"),
-            "pretrain_0.4b": ("76a9b046cfff22ce", "pretrain-sapiens2_04b-70f758ba4c"),
-            "pretrain_5b": ("1bcaa778c101bca4", "pretrain-sapiens2_5b-cba690c335")}
+RECORDED = {
+    "pretrain_tiny": ("c3782a58091c1881", "pretrain-sapiens2_tiny-7fd4de03c3"),
+    "pretrain_0.4b": ("76a9b046cfff22ce", "pretrain-sapiens2_04b-70f758ba4c"),
+    "pretrain_5b": ("1bcaa778c101bca4", "pretrain-sapiens2_5b-cba690c335"),
+}
 
 
 @pytest.mark.parametrize("stem", sorted(RECORDED))
@@ -104,8 +119,17 @@ def test_cli_reports_config_errors_with_exit_code_2(capsys, tmp_path):
 
     assert main(["--config", "configs/pretrain_tiny.yaml", "bogus.key=1"]) == 2
     assert "unknown setting 'bogus'" in capsys.readouterr().err
-    assert main(["--config", "configs/pretrain_tiny.yaml", f"storage_path={tmp_path}",
-                 f"data.dataset={tmp_path}/nonexistent"]) == 2
+    assert (
+        main(
+            [
+                "--config",
+                "configs/pretrain_tiny.yaml",
+                f"storage_path={tmp_path}",
+                f"data.dataset={tmp_path}/nonexistent",
+            ]
+        )
+        == 2
+    )
     assert "does not exist" in capsys.readouterr().err
 
 

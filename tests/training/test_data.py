@@ -1,14 +1,14 @@
 """The shard stream: split across ranks and loader workers, shuffled, and resumable to
 the exact batch."""
+
 import logging
 
 import pytest
 import torch
 
+from tests.training.conftest import write_shards
 from training.config import CropConfig, DataConfig, MaskingConfig
 from training.data import RankSpec, ResumableLoader, ShardStream, SlotState, fresh_states
-
-from tests.training.conftest import write_shards
 
 CROPS = CropConfig(global_size=(32, 32), local_size=(16, 16), num_global=2, num_local=2)
 MASKING = MaskingConfig()

@@ -1,14 +1,14 @@
 """The EMA teacher update and the per-step schedules."""
+
 import math
 
 import pytest
 import torch
 from torch import nn
 
+from tests.training.conftest import tiny_config
 from training.ema import copy_params, update_ema
 from training.schedules import cosine, values_at, warmup_cosine
-
-from tests.training.conftest import tiny_config
 
 
 def test_ema_update_is_m_teacher_plus_one_minus_m_student():
@@ -63,5 +63,7 @@ def test_teacher_temperature_warms_up():
     assert values_at(cfg, 0).teacher_temp == pytest.approx(0.04)
     assert values_at(cfg, 5).teacher_temp == pytest.approx(0.055)
     assert values_at(cfg, 10).teacher_temp == pytest.approx(0.07)
-    assert values_at(cfg, 0).freeze_last_layer and not values_at(cfg, cfg.loss.freeze_last_layer_steps).freeze_last_layer
+    assert (
+        values_at(cfg, 0).freeze_last_layer and not values_at(cfg, cfg.loss.freeze_last_layer_steps).freeze_last_layer
+    )
     assert math.isfinite(values_at(cfg, 10**6).lr)

@@ -1,4 +1,5 @@
 """Each loss against values worked out by hand on small tensors."""
+
 import math
 
 import pytest
@@ -8,8 +9,8 @@ import torch.nn.functional as F
 from models.pretrain_heads import normalized_pixel_targets
 from training.losses import DINOLoss, KoLeoLoss, MAELoss
 
-
 # ----------------------------------------------------------------------------- MAE
+
 
 def test_mae_loss_of_a_zero_prediction_is_one_per_masked_patch():
     images = torch.rand(2, 3, 32, 32)
@@ -25,8 +26,8 @@ def test_mae_loss_counts_masked_patches_only():
     targets = normalized_pixel_targets(images, 16)
     masked = torch.tensor([[True, False, False, True]])
     pred = targets.clone()
-    pred[0, 0] += 1.0   # masked: error 1 per pixel value
-    pred[0, 3] += 2.0   # masked: error 4 per pixel value
+    pred[0, 0] += 1.0  # masked: error 1 per pixel value
+    pred[0, 3] += 2.0  # masked: error 4 per pixel value
     pred[0, 1] += 100.0  # visible: must not count
     loss = MAELoss(16)(pred, images, masked)
     torch.testing.assert_close(loss, torch.tensor((1.0 + 4.0) / 2), rtol=0, atol=1e-5)
@@ -41,6 +42,7 @@ def test_mae_loss_without_norm_pix_uses_raw_pixels():
 
 
 # ----------------------------------------------------------------------------- KoLeo
+
 
 def test_koleo_of_orthonormal_points():
     # Each of 3 orthonormal vectors has its nearest neighbour at distance sqrt(2).
@@ -63,6 +65,7 @@ def test_koleo_pushes_close_points_apart():
 
 
 # ----------------------------------------------------------------------------- DINO
+
 
 def test_dino_loss_pairs_each_teacher_view_with_every_other_student_view():
     K = 4

@@ -1,4 +1,5 @@
 """The MAE mask generator: exact ratio, block shapes, the block/patch mix, determinism."""
+
 import math
 
 import numpy as np

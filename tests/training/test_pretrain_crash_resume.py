@@ -14,6 +14,7 @@ starts step ``k + 1`` only after its ``checkpoint_<k>`` report returned, so "eve
 recorded a step past the newest checkpoint" means that checkpoint is on disk and a later
 step is running. However slow the machine, the kill lands between two checkpoints.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,11 +40,24 @@ STEPS, EVERY, WORKERS = 12, 4, 2  # checkpoints at 4, 8, 12: a kill after step 5
 
 
 def pretrain_cmd(dataset_id: str, root: Path, storage: Path, run_name: str, ray_tmp: str) -> list[str]:
-    return [sys.executable, str(REPO / "pipelines" / "pretrain.py"), "--config", str(REPO / "configs" / "pretrain_tiny.yaml"),
-            f"data.dataset={dataset_id}", f"tracking.uri=sqlite:///{root / 'mlflow.db'}", f"storage_path={storage}",
-            f"run_name={run_name}", f"steps={STEPS}", f"checkpoint.every={EVERY}", "record_batch_keys=true",
-            "metrics.images_every=0", "metrics.log_every=1", f"ray.num_workers={WORKERS}", f"ray.temp_dir={ray_tmp}",
-            "ray.progress_bars=off"]
+    return [
+        sys.executable,
+        str(REPO / "pipelines" / "pretrain.py"),
+        "--config",
+        str(REPO / "configs" / "pretrain_tiny.yaml"),
+        f"data.dataset={dataset_id}",
+        f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
+        f"storage_path={storage}",
+        f"run_name={run_name}",
+        f"steps={STEPS}",
+        f"checkpoint.every={EVERY}",
+        "record_batch_keys=true",
+        "metrics.images_every=0",
+        "metrics.log_every=1",
+        f"ray.num_workers={WORKERS}",
+        f"ray.temp_dir={ray_tmp}",
+        "ray.progress_bars=off",
+    ]
 
 
 def records(run_dir: Path) -> dict[int, list[dict]]:
@@ -68,8 +82,12 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 
 def past_a_checkpoint(run_dir: Path) -> bool:
     steps, ckpts = recorded_steps(run_dir), checkpoint_steps(run_dir)
-    return (len(steps) == WORKERS and bool(ckpts) and all(s for s in steps.values())
-            and min(s[-1] for s in steps.values()) > ckpts[-1])
+    return (
+        len(steps) == WORKERS
+        and bool(ckpts)
+        and all(s for s in steps.values())
+        and min(s[-1] for s in steps.values()) > ckpts[-1]
+    )
 
 
 def outcome(run_dir: Path) -> tuple[dict[int, dict[str, float]], dict[str, torch.Tensor]]:
@@ -93,13 +111,18 @@ def test_sigkilled_pretraining_resumes_to_the_uninterrupted_result(curated_demo,
     ref_store = tmp_path / "ref-store"
     ref_store.mkdir()
     shutil.copyfile(root / "mlflow.db", ref_store / "mlflow.db")
-    with alongside(pretrain_cmd(curated.dataset_id, ref_store, storage, "reference", ray_a),
-                   log=ref_store / "stderr.log", leftovers=ray_a, env=env):
+    with alongside(
+        pretrain_cmd(curated.dataset_id, ref_store, storage, "reference", ray_a),
+        log=ref_store / "stderr.log",
+        leftovers=ray_a,
+        env=env,
+    ):
         # The same run, SIGKILLed (whole process group) while a step after a checkpoint runs.
         run_dir = storage / "crashed"
         cmd = pretrain_cmd(curated.dataset_id, root, storage, "crashed", ray_b)
-        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         kill_when(proc, lambda: past_a_checkpoint(run_dir), timeout=1200, leftovers=ray_b)
         at_kill = recorded_steps(run_dir)
         ckpts_at_kill = checkpoint_steps(run_dir)

@@ -5,6 +5,7 @@ settings, stopped after 4 steps by ``max_steps_this_session`` and resumed by re-
 with the same run name). With deterministic CPU kernels the resumed run must reproduce the
 uninterrupted one exactly: same batches, same losses, same exported weights.
 """
+
 import hashlib
 import json
 from pathlib import Path
@@ -14,9 +15,8 @@ import torch
 
 from infra import jsonl
 from models.registry import build_backbone
-from training.run import run_pretraining
-
 from tests.training.conftest import tiny_config
+from training.run import run_pretraining
 
 pytestmark = pytest.mark.slow
 STEPS, EVERY, STOP = 10, 5, 4
@@ -26,15 +26,29 @@ STEPS, EVERY, STOP = 10, 5, 4
 def runs(curated_demo, tmp_path_factory):
     root, curated = curated_demo
     storage = tmp_path_factory.mktemp("pretrain-runs")
-    common = [f"data.dataset={curated.dataset_id}", f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
-              f"storage_path={storage}", f"steps={STEPS}", f"checkpoint.every={EVERY}", "record_batch_keys=true",
-              f"metrics.images_every={EVERY}", "metrics.log_every=3"]
+    common = [
+        f"data.dataset={curated.dataset_id}",
+        f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
+        f"storage_path={storage}",
+        f"steps={STEPS}",
+        f"checkpoint.every={EVERY}",
+        "record_batch_keys=true",
+        f"metrics.images_every={EVERY}",
+        "metrics.log_every=3",
+    ]
     full = run_pretraining(tiny_config(*common, "run_name=full"))
     part1 = run_pretraining(tiny_config(*common, "run_name=split", f"max_steps_this_session={STOP}"))
     part2 = run_pretraining(tiny_config(*common, "run_name=split"))
     print(f"run seconds: full {full.seconds}, split {part1.seconds} + {part2.seconds}")
-    return {"full": full, "part1": part1, "part2": part2, "storage": storage, "root": root, "curated": curated,
-            "common": common}
+    return {
+        "full": full,
+        "part1": part1,
+        "part2": part2,
+        "storage": storage,
+        "root": root,
+        "curated": curated,
+        "common": common,
+    }
 
 
 def batch_keys(run_dir: str) -> dict[tuple[int, int], list[str]]:
@@ -72,7 +86,9 @@ def test_a_stopped_and_resumed_run_repeats_the_uninterrupted_one_exactly(runs):
     assert part2.completed and part2.final_step == STEPS
     assert part2.losses == full.losses  # bit-identical floats, steps 1..10 (5..10 after the resume)
     for key in ("loss_mae", "loss_cl", "loss_koleo", "lr", "momentum", "grad_norm"):
-        assert [part2.history[s][key] for s in range(1, STEPS + 1)] == [full.history[s][key] for s in range(1, STEPS + 1)]
+        assert [part2.history[s][key] for s in range(1, STEPS + 1)] == [
+            full.history[s][key] for s in range(1, STEPS + 1)
+        ]
     assert batch_keys(part2.run_dir) == batch_keys(full.run_dir)  # same batches, per step and rank
     # identical exported weights (the files differ only in their metadata: the run name)
     from models.io import load_state_dict_file
@@ -119,8 +135,19 @@ def test_mlflow_ties_the_run_to_its_dataset_version_and_checkpoints(runs):
     assert tags["checkpoint.latest"].endswith("checkpoint_00000010")
     (inp,) = run.inputs.dataset_inputs
     assert inp.dataset.digest == curated.dataset_id and inp.tags[0].value == "training"
-    for key in ("loss", "loss_mae", "loss_cl", "loss_koleo", "lr", "momentum", "teacher_temp", "grad_norm",
-                "images_per_s", "tokens_per_s", "data_wait_s"):
+    for key in (
+        "loss",
+        "loss_mae",
+        "loss_cl",
+        "loss_koleo",
+        "lr",
+        "momentum",
+        "teacher_temp",
+        "grad_norm",
+        "images_per_s",
+        "tokens_per_s",
+        "data_wait_s",
+    ):
         assert len(client.get_metric_history(full.mlflow_run_id, key)) == STEPS, key
     assert run.data.params["model"] == "sapiens2_tiny" and run.data.params["loss.cl_weight"] == "0.4"
     artifacts = {a.path for a in client.list_artifacts(full.mlflow_run_id)}

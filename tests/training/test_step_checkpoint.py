@@ -1,5 +1,6 @@
 """One training step in a single process: the NaN guard, activation checkpointing,
 DCP checkpoint round trip, exports, and the FSDP2 wrapping (one-rank gloo group)."""
+
 import copy
 import dataclasses
 
@@ -9,6 +10,7 @@ import torch.distributed as dist
 
 from infra.local_cluster import free_port
 from models.registry import build_backbone
+from tests.training.conftest import tiny_config
 from training import checkpoint
 from training.data import RankSpec, ResumableLoader
 from training.loop import build
@@ -17,8 +19,6 @@ from training.optim import build_optimizer
 from training.parallelize import parallelize
 from training.schedules import values_at
 from training.step import NonFiniteLossError, train_step
-
-from tests.training.conftest import tiny_config
 
 CFG = tiny_config("parallel.precision=fp32", "parallel.activation_checkpointing=false")
 
@@ -40,8 +40,12 @@ def fresh(cfg=CFG, ac=False):
 
 
 def run(arch, opt, batches, first_step=0):
-    return [train_step(arch, opt, b, values_at(CFG, first_step + i), step=first_step + i + 1,
-                       clip_grad=CFG.optim.clip_grad).values for i, b in enumerate(batches)]
+    return [
+        train_step(
+            arch, opt, b, values_at(CFG, first_step + i), step=first_step + i + 1, clip_grad=CFG.optim.clip_grad
+        ).values
+        for i, b in enumerate(batches)
+    ]
 
 
 def never_stepped(opt):
@@ -83,8 +87,10 @@ def test_a_step_updates_student_teacher_and_centre(batches):
     after = snapshot(arch)
     assert set(values) >= {"loss", "loss_mae", "loss_cl", "loss_koleo", "grad_norm", "lr", "momentum"}
     w = CFG.loss
-    assert values["loss"] == pytest.approx(w.mae_weight * values["loss_mae"] + w.cl_weight * values["loss_cl"]
-                                           + w.koleo_weight * values["loss_koleo"], rel=1e-5)
+    assert values["loss"] == pytest.approx(
+        w.mae_weight * values["loss_mae"] + w.cl_weight * values["loss_cl"] + w.koleo_weight * values["loss_koleo"],
+        rel=1e-5,
+    )
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert any(k.startswith("student.backbone.blocks") for k in changed)
     assert any(k.startswith("teacher.backbone.blocks") for k in changed)  # EMA moved it (momentum < 1)
@@ -144,8 +150,10 @@ def test_fsdp2_wrapping_in_a_one_rank_group_trains_in_bf16_with_checkpointing(ba
         assert all(torch.equal(t.to_local(), s.to_local()) for t, s in zip(teacher, student))  # teacher = student
         keys = set(checkpoint.get_state_dict(arch, opt)[0])
         assert keys == set(SSLMetaArch(cfg).state_dict())  # no FSDP / checkpoint-wrapper names in checkpoints
-        values = [train_step(arch, opt, b, values_at(cfg, i), step=i + 1, clip_grad=3.0).values
-                  for i, b in enumerate(batches[:2])]
+        values = [
+            train_step(arch, opt, b, values_at(cfg, i), step=i + 1, clip_grad=3.0).values
+            for i, b in enumerate(batches[:2])
+        ]
         assert all(torch.isfinite(torch.tensor(v["loss"])) for v in values)
     finally:
         dist.destroy_process_group()

@@ -1,12 +1,13 @@
 """Rank 0's MLflow logging: the reconstruction grid, and outages that must not stop training."""
+
 import logging
 
 import numpy as np
 import torch
 
+from infra.tracking import MetricsLogger
 from models.pretrain_heads import normalized_pixel_targets
 from training.augment import MEAN, STD
-from infra.tracking import MetricsLogger
 from training.visualize import reconstruction_grid
 
 
@@ -40,12 +41,26 @@ def test_loss_trend_averages_the_first_and_last_windows_of_each_loss():
 
     history = {s: {"loss": float(10 - s), "loss_mae": 1.0, "lr": 0.1} for s in range(1, 9)}
     history[9] = {"lr": 0.1}  # a step with no loss logged does not count
-    result = PretrainResult(run_name="r", run_dir="d", checkpoint_uri=None, student_weights=None, teacher_weights=None,
-                            checkpoint_digest="", final_step=9, completed=True, losses=[], mlflow_run_id="m",
-                            tracking_uri="t", dataset_id="x", dataset_uri="u", config_digest="c", seconds=0.0,
-                            history=history)
+    result = PretrainResult(
+        run_name="r",
+        run_dir="d",
+        checkpoint_uri=None,
+        student_weights=None,
+        teacher_weights=None,
+        checkpoint_digest="",
+        final_step=9,
+        completed=True,
+        losses=[],
+        mlflow_run_id="m",
+        tracking_uri="t",
+        dataset_id="x",
+        dataset_uri="u",
+        config_digest="c",
+        seconds=0.0,
+        history=history,
+    )
     trend = result.loss_trend(window=3)
-    assert trend["loss"] == (8.0, 3.0, 3)            # mean(9, 8, 7) -> mean(4, 3, 2)
+    assert trend["loss"] == (8.0, 3.0, 3)  # mean(9, 8, 7) -> mean(4, 3, 2)
     assert trend["loss_mae"] == (1.0, 1.0, 3) and "lr" not in trend and "loss_cl" not in trend
     assert result.loss_trend(window=10)["loss"] == (7.5, 3.5, 4)  # the window shrinks to half the steps
     assert "mean of the first 3 steps" not in result.summary() and "(last 4)" in result.summary()

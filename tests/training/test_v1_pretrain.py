@@ -1,6 +1,7 @@
 """The Sapiens v1 pretraining recipe as a config of the pretraining stage, without Ray:
 the recipe's settings against the reference, the MAE-only meta-architecture through the
 real data pipeline and training step, and the step's FLOPs against the analytic count."""
+
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ from infra.config import load_config
 from models import get_config
 from models.pretrain_heads import patchify
 from models.sapiens1 import sincos_pos_embed
+from tests.models.test_sapiens1_reference import reference_dir
 from training.config import DataConfig, PretrainConfig
 from training.data import RankSpec, ResumableLoader
 from training.flops import step_cost
@@ -20,7 +22,6 @@ from training.meta_arch import MAEMetaArch, build_meta_arch
 from training.optim import build_optimizer
 from training.schedules import values_at
 from training.step import train_step
-from tests.models.test_sapiens1_reference import reference_dir
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE, TINY = REPO / "configs/pretrain_v1_0.3b.yaml", REPO / "configs/pretrain_v1_tiny.yaml"
@@ -44,7 +45,10 @@ def test_recipe_follows_the_released_mae_config(mae_reference):
     assert cfg.masking.ratio == ref["mask_ratio"] and cfg.masking.block_prob == 0.0  # per-sample uniform random
     dec = ref["decoder"]
     assert (cfg.decoder.embed_dim, cfg.decoder.depth, cfg.decoder.num_heads) == (
-        dec["decoder_embed_dim"], dec["decoder_depth"], dec["decoder_num_heads"])
+        dec["decoder_embed_dim"],
+        dec["decoder_depth"],
+        dec["decoder_num_heads"],
+    )
     assert cfg.loss.norm_pix == ref["head"]["norm_pix"]
     opt = ref["optimizer"]
     assert list(cfg.optim.betas) == opt["betas"] and cfg.optim.weight_decay == opt["weight_decay"]
@@ -62,7 +66,9 @@ def test_recipe_builds_the_released_pretrain_and_neck_layouts(mae_reference):
         arch = build_meta_arch(cfg)
     assert isinstance(arch, MAEMetaArch) and len(arch.teacher) == 0
     ref = mae_reference["sapiens_0.3b"]
-    assert {k: list(v.shape) for k, v in arch.student["backbone"].state_dict().items()} == ref["state_dict_pretrain_clean"]
+    assert {k: list(v.shape) for k, v in arch.student["backbone"].state_dict().items()} == ref[
+        "state_dict_pretrain_clean"
+    ]
     neck = {f"neck.{k}": list(v.shape) for k, v in arch.student["mae_decoder"].state_dict().items()}
     assert neck == ref["state_dict_pretrain_full_extra_neck"]
 
@@ -126,8 +132,10 @@ def test_mae_step_trains_the_masked_reconstruction_only(tiny_batch):
     target = (patches - patches.mean(-1, keepdim=True)) / (patches.var(-1, keepdim=True) + 1e-6).sqrt()
     by_hand = ((pred - target).square().mean(-1) * batch.masks).sum() / batch.masks.sum()
     assert out.loss.item() == pytest.approx(by_hand.item(), rel=1e-5) and set(out.parts) == {"mae"}
-    losses = [train_step(arch, optimizer, batch, values_at(cfg, s), step=s + 1, clip_grad=cfg.optim.clip_grad)
-              .values for s in range(20)]
+    losses = [
+        train_step(arch, optimizer, batch, values_at(cfg, s), step=s + 1, clip_grad=cfg.optim.clip_grad).values
+        for s in range(20)
+    ]
     assert set(losses[0]) == {"loss", "loss_mae", "grad_norm", "lr"}  # no teacher, CLS or KoLeo values
     # Measured on this batch: 1.15 -> 0.93 over 20 steps (40-step schedule, lr 1.5e-3).
     assert losses[-1]["loss_mae"] < 0.85 * losses[0]["loss_mae"]

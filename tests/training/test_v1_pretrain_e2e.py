@@ -4,6 +4,7 @@ only; the export is the released pretrain ``*_clean`` layout. A second run stopp
 4 steps and resumed must repeat the uninterrupted one exactly (the frozen tables are in
 the DCP checkpoint but not in the optimiser), and the probe suite takes the export with
 its lineage to the v1 run."""
+
 import hashlib
 import json
 from pathlib import Path
@@ -30,10 +31,22 @@ def v1_runs(curated_demo, tmp_path_factory):
     storage = tmp_path_factory.mktemp("pretrain-v1-runs")
 
     def run(*extra):
-        return run_pretraining(load_config(PretrainConfig, TINY_V1, [
-            f"data.dataset={curated.dataset_id}", f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
-            f"storage_path={storage}", f"steps={STEPS}", f"checkpoint.every={EVERY}", "metrics.log_every=3",
-            f"metrics.images_every={EVERY}", *extra]))
+        return run_pretraining(
+            load_config(
+                PretrainConfig,
+                TINY_V1,
+                [
+                    f"data.dataset={curated.dataset_id}",
+                    f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
+                    f"storage_path={storage}",
+                    f"steps={STEPS}",
+                    f"checkpoint.every={EVERY}",
+                    "metrics.log_every=3",
+                    f"metrics.images_every={EVERY}",
+                    *extra,
+                ],
+            )
+        )
 
     full = run("run_name=v1")
     part1 = run("run_name=v1-split", f"max_steps_this_session={STOP}")
@@ -79,7 +92,9 @@ def test_mlflow_records_the_student_only(v1_run):
     from mlflow import MlflowClient
 
     tags = MlflowClient(v1_run.tracking_uri).get_run(v1_run.mlflow_run_id).data.tags
-    assert tags["checkpoint.student"] == v1_run.student_weights and tags["checkpoint.digest"] == v1_run.checkpoint_digest
+    assert (
+        tags["checkpoint.student"] == v1_run.student_weights and tags["checkpoint.digest"] == v1_run.checkpoint_digest
+    )
     assert "checkpoint.teacher" not in tags and tags["training.state"] == "completed"
 
 
@@ -88,7 +103,8 @@ def test_a_stopped_and_resumed_v1_run_repeats_the_uninterrupted_one(v1_runs):
     assert not part1.completed and part1.losses == full.losses[:STOP]
     assert part2.completed and part2.losses == full.losses  # bit-identical, steps 1..10 (5..10 after the resume)
     assert [part2.history[s]["grad_norm"] for s in range(1, STEPS + 1)] == [
-        full.history[s]["grad_norm"] for s in range(1, STEPS + 1)]
+        full.history[s]["grad_norm"] for s in range(1, STEPS + 1)
+    ]
     a, b = load_state_dict_file(part2.student_weights), load_state_dict_file(full.student_weights)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -98,12 +114,31 @@ def test_probe_suite_takes_the_v1_export_with_its_lineage(v1_run, tmp_path):
 
     from evaluation import ProbeConfig, run_probes
 
-    small = ["tasks=[seg,knn]", "synthetic.train_images=8", "synthetic.val_images=4", "synthetic.height=64",
-             "synthetic.width=48", "knn.k=[3]", "seg.steps=3", "seg.batch_size=4", "seg.image_size=[64,48]",
-             "seg.head_hidden_dim=16", "seg.num_visuals=1", "knn.image_size=[64,48]"]
-    cfg = load_config(ProbeConfig, PROBE_TINY, [f"output_dir={tmp_path / 'probe'}", "backbone.name=sapiens_tiny",
-                                                f"backbone.checkpoint={v1_run.student_weights}",
-                                                f"tracking.uri={v1_run.tracking_uri}", *small])
+    small = [
+        "tasks=[seg,knn]",
+        "synthetic.train_images=8",
+        "synthetic.val_images=4",
+        "synthetic.height=64",
+        "synthetic.width=48",
+        "knn.k=[3]",
+        "seg.steps=3",
+        "seg.batch_size=4",
+        "seg.image_size=[64,48]",
+        "seg.head_hidden_dim=16",
+        "seg.num_visuals=1",
+        "knn.image_size=[64,48]",
+    ]
+    cfg = load_config(
+        ProbeConfig,
+        PROBE_TINY,
+        [
+            f"output_dir={tmp_path / 'probe'}",
+            "backbone.name=sapiens_tiny",
+            f"backbone.checkpoint={v1_run.student_weights}",
+            f"tracking.uri={v1_run.tracking_uri}",
+            *small,
+        ],
+    )
     result = run_probes(cfg)
     assert set(result.metrics) == {"seg", "knn"} and "mIoU" in result.metrics["seg"]
     assert result.lineage.pretrain_run_id == v1_run.mlflow_run_id and result.lineage.source == "digest"

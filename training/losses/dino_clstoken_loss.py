@@ -13,6 +13,7 @@ c <- m c + (1 - m) mean(t). ``update_center`` is called after the loss of a step
 
 Shape legend: B samples per view, K prototypes.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,8 +53,12 @@ class DINOLoss(nn.Module):
     @torch.no_grad()
     def update_center(self, teacher_logits_BK: torch.Tensor) -> None:
         # One collective: the logit sums and the sample count travel together.
-        packed = torch.cat((teacher_logits_BK.float().sum(dim=0),
-                            torch.tensor([float(teacher_logits_BK.shape[0])], device=teacher_logits_BK.device)))
+        packed = torch.cat(
+            (
+                teacher_logits_BK.float().sum(dim=0),
+                torch.tensor([float(teacher_logits_BK.shape[0])], device=teacher_logits_BK.device),
+            )
+        )
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(packed)
         mean_1K = (packed[:-1] / packed[-1])[None]

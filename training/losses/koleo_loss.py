@@ -7,6 +7,7 @@ argmax); the distance does.
 
 Shape legend: B samples, D features.
 """
+
 from __future__ import annotations
 
 import torch

@@ -7,6 +7,7 @@ averaged over its X pixel values (so the loss is ~1 for a prediction of zeros an
 
 Shape legend: B batch, C channels, P grid patches, X pixels per patch (stride^2 * C).
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -21,8 +22,15 @@ class MAELoss(nn.Module):
     """``unbiased_var``: normalise each patch by its unbiased variance (Sapiens v1's released
     recipe, ``torch.var``'s default) rather than the population variance."""
 
-    def __init__(self, stride: int, *, norm_pix: bool = True, pixel_reduction: Literal["mean", "sum"] = "mean",
-                 eps: float = 1e-6, unbiased_var: bool = False) -> None:
+    def __init__(
+        self,
+        stride: int,
+        *,
+        norm_pix: bool = True,
+        pixel_reduction: Literal["mean", "sum"] = "mean",
+        eps: float = 1e-6,
+        unbiased_var: bool = False,
+    ) -> None:
         super().__init__()
         self.stride, self.norm_pix, self.pixel_reduction, self.eps = stride, norm_pix, pixel_reduction, eps
         self.unbiased_var = unbiased_var

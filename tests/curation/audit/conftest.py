@@ -4,6 +4,7 @@ Three runs of the same corpus: A, B (A's configuration into another folder) and 
 ``geometry.min_short_side`` raised), all logged to one MLflow store. The browser is Debian's
 chromium driven by playwright (never a downloaded one).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,15 @@ from curation.recipe import CurationConfig, weightless_content_filters
 from infra.tracking import TrackingConfig
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 MIN_SHORT_SIDE_A, MIN_SHORT_SIDE_C = 256, 500
 
 
@@ -40,8 +48,14 @@ def audit_config(raw: Path, out: Path, centernet: Path, min_short_side: int) -> 
         input=InputConfig(uri=str(raw), images_per_partition=8),
         output_dir=str(out),
         geometry=GeometryConfig(min_short_side=min_short_side),
-        detector=DetectorConfig(backend="centernet_onnx", weights=str(centernet), score_threshold=0.3,
-                                min_box_size=200, batch_size=4, num_cpus=0.5),
+        detector=DetectorConfig(
+            backend="centernet_onnx",
+            weights=str(centernet),
+            score_threshold=0.3,
+            min_box_size=200,
+            batch_size=4,
+            num_cpus=0.5,
+        ),
         content=weightless_content_filters(),
         tracking=TrackingConfig(uri=f"sqlite:///{out.parent / 'mlflow.db'}", experiment="test-audit"),
     )
@@ -78,8 +92,10 @@ def runs_abc(audit_root, run_a, centernet_path) -> tuple[Run, Run, Run]:
 def chromium():
     """Headless Debian chromium through playwright; fails (never skips) when it is not installed."""
     if not CHROMIUM.is_file() or not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: the audit report is tested in a real browser. Install Debian's "
-                    "chromium first: apt-get update && apt-get install -y chromium")
+        pytest.fail(
+            f"{CHROMIUM} is missing: the audit report is tested in a real browser. Install Debian's "
+            "chromium first: apt-get update && apt-get install -y chromium"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -93,8 +109,8 @@ class Loaded:
     """A page opened in the browser, with what went wrong while loading it."""
 
     page: object
-    errors: list[str]      # console errors, page errors, failed loads
-    requests: list[str]    # every URL the page asked for, other than the page itself and data: URIs
+    errors: list[str]  # console errors, page errors, failed loads
+    requests: list[str]  # every URL the page asked for, other than the page itself and data: URIs
 
     def images(self) -> dict:
         """How many <img> the page has, how many loaded (complete, naturalWidth > 0), which did not."""
@@ -126,8 +142,14 @@ def open_html(chromium):
         page.on("console", lambda m: loaded.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
         page.on("pageerror", lambda e: loaded.errors.append(f"page error: {e}"))
         page.on("requestfailed", lambda r: loaded.errors.append(f"failed: {r.url[:120]} {r.failure}"))
-        page.on("request", lambda r: loaded.requests.append(r.url[:120])
-                if r.url != path.as_uri() and not r.url.startswith("data:") else None)
+        page.on(
+            "request",
+            lambda r: (
+                loaded.requests.append(r.url[:120])
+                if r.url != path.as_uri() and not r.url.startswith("data:")
+                else None
+            ),
+        )
         page.goto(path.as_uri(), wait_until="load")
         return loaded
 

@@ -3,6 +3,7 @@
 Counts are read back from the rendered page's DOM and compared with the manifest counted
 here, independently of the audit code.
 """
+
 from __future__ import annotations
 
 import json
@@ -69,7 +70,9 @@ def test_report_renders_in_chromium_and_its_counts_equal_the_manifest(run_a, ope
 
     # Real charts: one per applied filter score, with the threshold marked, plus people charts.
     charts = {c["score"]: c for c in loaded.rows("img.chart[data-score]")}
-    assert {"short_side", "aspect_ratio", "person_score_max", "text_coverage", "person_count", "box_size"} <= set(charts)
+    assert {"short_side", "aspect_ratio", "person_score_max", "text_coverage", "person_count", "box_size"} <= set(
+        charts
+    )
     assert float(charts["short_side"]["threshold"]) == run_a.cfg.geometry.min_short_side
     assert float(charts["person_score_max"]["threshold"]) == run_a.cfg.detector.threshold
 
@@ -118,8 +121,21 @@ def test_terminal_summary_gives_counts_by_stage_and_reason(run_a, capsys):
 
 def test_a_version_id_alone_finds_the_output(run_a, capsys, tmp_path):
     out = tmp_path / "by-id.html"
-    assert audit_main(run_a.result.dataset_id, "--tracking-uri", run_a.cfg.tracking.uri, "--out", str(out),
-                      "--no-mlflow", "--samples", "2", "--kept-samples", "2") == 0
+    assert (
+        audit_main(
+            run_a.result.dataset_id,
+            "--tracking-uri",
+            run_a.cfg.tracking.uri,
+            "--out",
+            str(out),
+            "--no-mlflow",
+            "--samples",
+            "2",
+            "--kept-samples",
+            "2",
+        )
+        == 0
+    )
     assert f"dataset version {run_a.result.dataset_id}" in capsys.readouterr().out and out.stat().st_size > 10_000
     assert audit_main("0000000000000000", "--tracking-uri", run_a.cfg.tracking.uri, "--summary") == 2
     assert "dataset version with id or name '0000000000000000'" in capsys.readouterr().err
@@ -128,9 +144,11 @@ def test_a_version_id_alone_finds_the_output(run_a, capsys, tmp_path):
 def test_the_browser_check_catches_broken_pages(open_html, tmp_path):
     """The checks above are not vacuous: a broken image, a console error and an outside URL are all caught."""
     bad = tmp_path / "bad.html"
-    bad.write_text('<!DOCTYPE html><html><head><link rel="icon" href="data:,"></head><body>'
-                   '<img alt="broken" src="data:image/png;base64,AAAA"><img alt="remote" src="http://127.0.0.1:9/x.png">'
-                   '<script>console.error("boom")</script></body></html>')
+    bad.write_text(
+        '<!DOCTYPE html><html><head><link rel="icon" href="data:,"></head><body>'
+        '<img alt="broken" src="data:image/png;base64,AAAA"><img alt="remote" src="http://127.0.0.1:9/x.png">'
+        '<script>console.error("boom")</script></body></html>'
+    )
     loaded = open_html(bad)
     assert set(loaded.images()["bad"]) == {"broken", "remote"}
     assert any("boom" in e for e in loaded.errors) and any("127.0.0.1:9" in e for e in loaded.errors)

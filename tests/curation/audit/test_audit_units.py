@@ -1,4 +1,5 @@
 """The audit's pieces on tiny handmade inputs (no Ray, no browser)."""
+
 from __future__ import annotations
 
 import copy
@@ -44,8 +45,9 @@ def test_fetch_returns_the_bytes_the_readers_read_from_files_tars_and_parquet(tm
         assert len(read) in (1, 2, 3)
         got = images.fetch({k: source for k, (source, _) in read.items()}, InputConfig(), 1 << 30)
         assert got == {k: raw for k, (_, raw) in read.items()}, uri
-    missing = images.fetch({"gone": str(tmp_path / "nope.jpg"), "gone-member": f"{tmp_path / 'shard.tar'}#zz.jpg"},
-                           InputConfig(), 1 << 30)
+    missing = images.fetch(
+        {"gone": str(tmp_path / "nope.jpg"), "gone-member": f"{tmp_path / 'shard.tar'}#zz.jpg"}, InputConfig(), 1 << 30
+    )
     assert missing["gone"].startswith("source unavailable") and "not found" in missing["gone-member"]
 
 
@@ -53,15 +55,35 @@ def test_tiles_never_show_a_broken_image(tmp_path):
     (tmp_path / "good.jpg").write_bytes(jpeg("red", (640, 480)))
     (tmp_path / "junk.jpg").write_bytes(b"not an image at all" * 10)
     rows = [
-        {"key": "good", "status": "dropped", "reason": "no_salient_person", "source": str(tmp_path / "good.jpg"),
-         "person_boxes": [[10.0, 10.0, 200.0, 400.0]], "person_scores": [0.9]},
+        {
+            "key": "good",
+            "status": "dropped",
+            "reason": "no_salient_person",
+            "source": str(tmp_path / "good.jpg"),
+            "person_boxes": [[10.0, 10.0, 200.0, 400.0]],
+            "person_scores": [0.9],
+        },
         {"key": "junk", "status": "dropped", "reason": "too_small", "source": str(tmp_path / "junk.jpg")},
-        {"key": "err", "status": "error", "reason": "truncated", "error_message": "image file is truncated",
-         "source": str(tmp_path / "good.jpg")},
+        {
+            "key": "err",
+            "status": "error",
+            "reason": "truncated",
+            "error_message": "image file is truncated",
+            "source": str(tmp_path / "good.jpg"),
+        },
         {"key": "moved", "status": "dropped", "reason": "text", "source": str(tmp_path / "moved.jpg")},
     ]
-    stats = {"stages": [{"name": "person_detection", "applied": True, "score_threshold": 0.5, "min_box_size": 300,
-                         "box_size_measure": "height"}]}
+    stats = {
+        "stages": [
+            {
+                "name": "person_detection",
+                "applied": True,
+                "score_threshold": 0.5,
+                "min_box_size": 300,
+                "box_size_measure": "height",
+            }
+        ]
+    }
     tiles = {t.key: t for t in images.tiles(rows, lambda r: [r["reason"]], config={}, stats=stats)}
     with Image.open(io.BytesIO(tiles["good"].jpeg)) as im:
         assert max(im.size) == images.THUMB_SIDE and im.format == "JPEG"
@@ -93,17 +115,26 @@ def test_sources_are_grouped_by_folder_tar_or_parquet_file():
 
 
 def test_config_changes_name_the_settings_that_explain_each_reason():
-    old = {"name": "x", "output_dir": "/a", "geometry": {"min_short_side": 256, "max_aspect_ratio": 3.0},
-           "detector": {"score_threshold": 0.3, "weights": "/m.onnx"}, "content": {"text": {"enabled": True}},
-           "tracking": {"uri": "sqlite:///a.db"}}
+    old = {
+        "name": "x",
+        "output_dir": "/a",
+        "geometry": {"min_short_side": 256, "max_aspect_ratio": 3.0},
+        "detector": {"score_threshold": 0.3, "weights": "/m.onnx"},
+        "content": {"text": {"enabled": True}},
+        "tracking": {"uri": "sqlite:///a.db"},
+    }
     new = copy.deepcopy(old)
     new["output_dir"], new["geometry"]["min_short_side"], new["detector"]["score_threshold"] = "/b", 500, 0.5
     new["tracking"]["uri"] = "sqlite:///b.db"
     new["dedup"] = {"exact": False}
     changes = settings.config_changes(old, new)
-    assert [str(c) for c in changes] == ["dedup.exact: <absent> -> false", "detector.score_threshold: 0.3 -> 0.5",
-                                         "geometry.min_short_side: 256 -> 500", 'output_dir: "/a" -> "/b"',
-                                         'tracking.uri: "sqlite:///a.db" -> "sqlite:///b.db"']
+    assert [str(c) for c in changes] == [
+        "dedup.exact: <absent> -> false",
+        "detector.score_threshold: 0.3 -> 0.5",
+        "geometry.min_short_side: 256 -> 500",
+        'output_dir: "/a" -> "/b"',
+        'tracking.uri: "sqlite:///a.db" -> "sqlite:///b.db"',
+    ]
     assert [c.key for c in changes if c.bookkeeping] == ["output_dir", "tracking.uri"]
     assert settings.explaining("too_small", changes) == ["geometry.min_short_side"]
     assert settings.explaining("aspect_ratio", changes) == []
@@ -112,5 +143,7 @@ def test_config_changes_name_the_settings_that_explain_each_reason():
     assert settings.explaining("near_duplicate", changes) == ["dedup.exact"]  # a dedup reason this code never saw
     stages = ["read", "decode", "geometry", "person_detection", "text_filter", "exact_dedup"]
     assert settings.explain("text", "text_filter", stages, changes) == [
-        "upstream detector.score_threshold", "upstream geometry.min_short_side"]
+        "upstream detector.score_threshold",
+        "upstream geometry.min_short_side",
+    ]
     assert settings.explain("aspect_ratio", "geometry", stages, changes) == ["upstream geometry.min_short_side"]

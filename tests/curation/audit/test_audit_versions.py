@@ -3,6 +3,7 @@
 Runs A and B curate the demo corpus with one configuration into two folders; C raises
 ``geometry.min_short_side`` from 256 to 500 (conftest).
 """
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,11 @@ def test_a_threshold_change_changes_the_digest_and_the_diff_explains_it(runs_abc
     d = diff_versions(load_version(a.output), load_version(c.output))
     assert d.added == [] and {x.key for x in d.removed} == expected
     for x in d.removed:
-        assert (x.other_status, x.other_reason, x.explained_by) == ("dropped", "too_small", ("geometry.min_short_side",))
+        assert (x.other_status, x.other_reason, x.explained_by) == (
+            "dropped",
+            "too_small",
+            ("geometry.min_short_side",),
+        )
     content = [(ch.key, ch.old, ch.new) for ch in d.config_changes if not ch.bookkeeping]
     old, new = a.cfg.geometry.min_short_side, c.cfg.geometry.min_short_side
     assert content == [("geometry.min_short_side", old, new)]
@@ -91,8 +96,12 @@ def test_diff_page_renders_in_chromium_and_names_the_change(runs_abc, open_html,
     assert {(r["reason"], r["explainedBy"]) for r in removed.values()} == {("too_small", "geometry.min_short_side")}
     changes = {r["key"]: r for r in loaded.rows("#config-changes tbody tr")}
     assert (changes["geometry.min_short_side"]["old"], changes["geometry.min_short_side"]["new"]) == (
-        str(a.cfg.geometry.min_short_side), str(c.cfg.geometry.min_short_side))
-    assert changes["geometry.min_short_side"]["bookkeeping"] == "false" and changes["output_dir"]["bookkeeping"] == "true"
+        str(a.cfg.geometry.min_short_side),
+        str(c.cfg.geometry.min_short_side),
+    )
+    assert (
+        changes["geometry.min_short_side"]["bookkeeping"] == "false" and changes["output_dir"]["bookkeeping"] == "true"
+    )
     tiles = loaded.rows("#removed figure.tile")
     assert {t["key"] for t in tiles} == expected and not any("placeholder" in t for t in tiles)
     assert loaded.rows("#diff-totals .card[data-name=added]")[0]["value"] == "0"
@@ -126,8 +135,10 @@ def test_a_training_run_finds_the_shards_by_version_id_alone(runs_abc):
     # A training run records the version it read (as an input and a tag); the version still
     # resolves to the curation run's shards, and the audit lists the training run as a user.
     mlflow.set_tracking_uri(uri)
-    with mlflow.start_run(experiment_id=get_experiment_id("test-audit-training", uri),
-                          tags={"humanvision.stage": "pretrain", "dataset.id": version.id}) as run:
+    with mlflow.start_run(
+        experiment_id=get_experiment_id("test-audit-training", uri),
+        tags={"humanvision.stage": "pretrain", "dataset.id": version.id},
+    ) as run:
         mlflow.log_input(make_dataset(version.name, version.id, version.uri), context="training")
     again = resolve_dataset(c.result.dataset_id, tracking_uri=uri)
     assert again.shards == version.shards and again.run_id == c.result.mlflow_run_id

@@ -8,6 +8,7 @@ photos are distinct from each other. ``pair_metrics`` scores predicted groups ag
 ground truth on image pairs (a pair is positive when both images are in one group), which
 treats a dedup method's groups and imagededup's per-image duplicate lists alike.
 """
+
 from __future__ import annotations
 
 import io
@@ -16,8 +17,7 @@ from collections.abc import Iterable
 
 from PIL import Image, ImageOps
 
-VARIANTS = ("original", "jpeg_q50", "resize_0.5", "crop_5pct", "crop_10pct", "mirror",
-            "frame_1", "frame_2", "frame_3")
+VARIANTS = ("original", "jpeg_q50", "resize_0.5", "crop_5pct", "crop_10pct", "mirror", "frame_1", "frame_2", "frame_3")
 
 
 def _jpeg(img: Image.Image, quality: int) -> Image.Image:
@@ -44,8 +44,10 @@ def near_duplicate_variants(img: Image.Image) -> dict[str, Image.Image]:
     img = img.convert("RGB")
     w, h = img.size
     cw, ch = round(w * 0.9), round(h * 0.9)
-    frames = {f"frame_{i}": img.crop((round(w * 0.01 * i), round(h * 0.05), round(w * 0.01 * i) + cw,
-                                      round(h * 0.05) + ch)) for i in (1, 2, 3)}
+    frames = {
+        f"frame_{i}": img.crop((round(w * 0.01 * i), round(h * 0.05), round(w * 0.01 * i) + cw, round(h * 0.05) + ch))
+        for i in (1, 2, 3)
+    }
     return {
         "original": img,
         "jpeg_q50": _jpeg(img, 50),
@@ -76,8 +78,13 @@ def pair_metrics(predicted: set[tuple[str, str]], truth: set[tuple[str, str]]) -
     precision = tp / len(predicted) if predicted else 1.0
     recall = tp / len(truth) if truth else 1.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1, "predicted_pairs": len(predicted),
-            "true_pairs": len(truth)}
+    return {
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "predicted_pairs": len(predicted),
+        "true_pairs": len(truth),
+    }
 
 
 def groups_from_decisions(keys: Iterable[str], decisions) -> list[list[str]]:
@@ -92,12 +99,15 @@ def groups_from_decisions(keys: Iterable[str], decisions) -> list[list[str]]:
 def quadrant_tiles(img: Image.Image) -> dict[str, Image.Image]:
     """The four quarter-size tiles of a photo: distinct images (hard negatives) of the same scene."""
     w, h = img.size
-    return {f"tile_{i}": img.crop((x, y, x + w // 2, y + h // 2))
-            for i, (x, y) in enumerate([(0, 0), (w // 2, 0), (0, h // 2), (w // 2, h // 2)])}
+    return {
+        f"tile_{i}": img.crop((x, y, x + w // 2, y + h // 2))
+        for i, (x, y) in enumerate([(0, 0), (w // 2, 0), (0, h // 2), (w // 2, h // 2)])
+    }
 
 
-def compare_with_imagededup(photos: dict[str, Image.Image], max_distances: Iterable[int],
-                            match_mirrored: bool = True) -> list[dict]:
+def compare_with_imagededup(
+    photos: dict[str, Image.Image], max_distances: Iterable[int], match_mirrored: bool = True
+) -> list[dict]:
     """Pairwise precision/recall of our near-dup groups and of imagededup's ``find_duplicates``.
 
     Builds ``near_duplicate_variants`` of every photo, hashes each once, and for each
@@ -120,16 +130,42 @@ def compare_with_imagededup(photos: dict[str, Image.Image], max_distances: Itera
             h, m = phash_hex_pair(img)
             key = f"{name}__{variant}"
             keys.append(key)
-            rows.append({"key": key, "phash": h, "phash_mirror": m, "width": img.width, "height": img.height,
-                         "person_score_max": None})
+            rows.append(
+                {
+                    "key": key,
+                    "phash": h,
+                    "phash_mirror": m,
+                    "width": img.width,
+                    "height": img.height,
+                    "person_score_max": None,
+                }
+            )
         truth_groups.append(keys)
         for tile, img in quadrant_tiles(photo).items():
             h, m = phash_hex_pair(img)
-            rows.append({"key": f"{name}__{tile}", "phash": h, "phash_mirror": m, "width": img.width,
-                         "height": img.height, "person_score_max": None})
-    table = pa.Table.from_pylist(rows, schema=pa.schema([
-        ("key", pa.string()), ("phash", pa.string()), ("phash_mirror", pa.string()),
-        ("width", pa.int32()), ("height", pa.int32()), ("person_score_max", pa.float32())]))
+            rows.append(
+                {
+                    "key": f"{name}__{tile}",
+                    "phash": h,
+                    "phash_mirror": m,
+                    "width": img.width,
+                    "height": img.height,
+                    "person_score_max": None,
+                }
+            )
+    table = pa.Table.from_pylist(
+        rows,
+        schema=pa.schema(
+            [
+                ("key", pa.string()),
+                ("phash", pa.string()),
+                ("phash_mirror", pa.string()),
+                ("width", pa.int32()),
+                ("height", pa.int32()),
+                ("person_score_max", pa.float32()),
+            ]
+        ),
+    )
     truth = pairs_of_groups(truth_groups)
     encoding_map = {r["key"]: r["phash"] for r in rows}
     keys = [r["key"] for r in rows]
@@ -137,11 +173,17 @@ def compare_with_imagededup(photos: dict[str, Image.Image], max_distances: Itera
     for t in max_distances:
         cfg = NearDupConfig(max_distance=t, match_mirrored=match_mirrored)
         ours = pairs_of_groups(groups_from_decisions(keys, near_duplicate_decisions(table, cfg)))
-        theirs = pairs_of_lists(PHash(verbose=False).find_duplicates(
-            encoding_map=encoding_map, max_distance_threshold=t, num_dist_workers=0))
+        theirs = pairs_of_lists(
+            PHash(verbose=False).find_duplicates(
+                encoding_map=encoding_map, max_distance_threshold=t, num_dist_workers=0
+            )
+        )
         for method, pred in (("ours", ours), ("imagededup", theirs)):
-            per_variant = {v: sum((tuple(sorted((f"{n}__original", f"{n}__{v}"))) in pred) for n in photos)
-                           / len(photos) for v in VARIANTS[1:]}
-            results.append({"method": method, "max_distance": t, **pair_metrics(pred, truth),
-                            "recall_by_variant": per_variant})
+            per_variant = {
+                v: sum((tuple(sorted((f"{n}__original", f"{n}__{v}"))) in pred) for n in photos) / len(photos)
+                for v in VARIANTS[1:]
+            }
+            results.append(
+                {"method": method, "max_distance": t, **pair_metrics(pred, truth), "recall_by_variant": per_variant}
+            )
     return results

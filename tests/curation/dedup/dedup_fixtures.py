@@ -2,6 +2,7 @@
 
 Not a conftest: the Ray fixture is the test-wide ``ray_local`` of ``tests/conftest.py``.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,10 +14,16 @@ from PIL import Image
 from curation.dedup.hashing import uint64_to_hex
 from tests.conftest import IMAGES
 
-CANDIDATE_SCHEMA = pa.schema([
-    ("key", pa.string()), ("phash", pa.string()), ("phash_mirror", pa.string()),
-    ("width", pa.int32()), ("height", pa.int32()), ("person_score_max", pa.float32()),
-])
+CANDIDATE_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("phash", pa.string()),
+        ("phash_mirror", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("person_score_max", pa.float32()),
+    ]
+)
 
 
 def flip_bits(value: int, bits) -> int:
@@ -25,8 +32,9 @@ def flip_bits(value: int, bits) -> int:
     return value
 
 
-def planted_table(n: int, seed: int = 0, dup_fraction: float = 0.3, max_flips: int = 4,
-                  key_prefix: str = "k") -> pa.Table:
+def planted_table(
+    n: int, seed: int = 0, dup_fraction: float = 0.3, max_flips: int = 4, key_prefix: str = "k"
+) -> pa.Table:
     """n random 64-bit hashes; a fraction are copies of an earlier row with 0..max_flips bits
     flipped, some of them in the mirror hash (a flipped copy)."""
     rng = np.random.default_rng(seed)
@@ -41,14 +49,17 @@ def planted_table(n: int, seed: int = 0, dup_fraction: float = 0.3, max_flips: i
             else:
                 hashes[i] = flipped
     scores = [None if rng.random() < 0.2 else float(np.float32(rng.random())) for _ in range(n)]
-    return pa.table({
-        "key": [f"{key_prefix}{i:06d}" for i in range(n)],
-        "phash": uint64_to_hex(np.array(hashes, dtype=np.uint64)),
-        "phash_mirror": uint64_to_hex(np.array(mirrors, dtype=np.uint64)),
-        "width": rng.choice([320, 640, 640, 1024], n).astype(np.int32),
-        "height": np.full(n, 480, dtype=np.int32),
-        "person_score_max": pa.array(scores, pa.float32()),
-    }, schema=CANDIDATE_SCHEMA)
+    return pa.table(
+        {
+            "key": [f"{key_prefix}{i:06d}" for i in range(n)],
+            "phash": uint64_to_hex(np.array(hashes, dtype=np.uint64)),
+            "phash_mirror": uint64_to_hex(np.array(mirrors, dtype=np.uint64)),
+            "width": rng.choice([320, 640, 640, 1024], n).astype(np.int32),
+            "height": np.full(n, 480, dtype=np.int32),
+            "person_score_max": pa.array(scores, pa.float32()),
+        },
+        schema=CANDIDATE_SCHEMA,
+    )
 
 
 def shuffled(table: pa.Table, seed: int) -> pa.Table:
@@ -63,8 +74,16 @@ def rows(*specs):
     out = []
     for i, (key, h, w, ht, score, *mirror) in enumerate(specs):
         m = mirror[0] if mirror else (h ^ (0x5555_5555_5555_5555 + i))  # far from everything
-        out.append({"key": key, "phash": f"{h:016x}", "phash_mirror": f"{m:016x}", "width": w, "height": ht,
-                    "person_score_max": score})
+        out.append(
+            {
+                "key": key,
+                "phash": f"{h:016x}",
+                "phash_mirror": f"{m:016x}",
+                "width": w,
+                "height": ht,
+                "person_score_max": score,
+            }
+        )
     return pa.Table.from_pylist(out, schema=CANDIDATE_SCHEMA)
 
 
@@ -79,13 +98,15 @@ def embedding_table(n: int = 800, dim: int = 32, seed: int = 0, dup_fraction: fl
         if rng.random() < dup_fraction:
             src = x[rng.integers(0, i)]
             x[i] = src + rng.normal(scale=0.01, size=dim) * np.linalg.norm(src) / np.sqrt(dim)
-    return pa.table({
-        "key": [f"s{i:05d}" for i in range(n)],
-        "width": rng.choice([256, 512], n).astype(np.int32),
-        "height": np.full(n, 512, dtype=np.int32),
-        "person_score_max": pa.array(rng.random(n), pa.float32()),
-        "clip_embedding": pa.array(list(x.astype(np.float32)), EMB),
-    })
+    return pa.table(
+        {
+            "key": [f"s{i:05d}" for i in range(n)],
+            "width": rng.choice([256, 512], n).astype(np.int32),
+            "height": np.full(n, 512, dtype=np.int32),
+            "person_score_max": pa.array(rng.random(n), pa.float32()),
+            "clip_embedding": pa.array(list(x.astype(np.float32)), EMB),
+        }
+    )
 
 
 def real_photos() -> dict[str, Image.Image]:
@@ -98,8 +119,14 @@ def real_photos() -> dict[str, Image.Image]:
     photos = {f.rsplit(".", 1)[0]: Image.open(IMAGES / f).convert("RGB") for f in sorted(os.listdir(IMAGES))}
     bundled = os.path.join(importlib.util.find_spec("ultralytics").submodule_search_locations[0], "assets")
     photos.update({f[:-4]: Image.open(os.path.join(bundled, f)).convert("RGB") for f in ("bus.jpg", "zidane.jpg")})
-    photos.update({n: Image.fromarray(getattr(skimage.data, n)()).convert("RGB")
-                   for n in ("astronaut", "camera", "coffee", "chelsea", "rocket")})
-    photos["grace_hopper"] = Image.open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)).convert("RGB")
+    photos.update(
+        {
+            n: Image.fromarray(getattr(skimage.data, n)()).convert("RGB")
+            for n in ("astronaut", "camera", "coffee", "chelsea", "rocket")
+        }
+    )
+    photos["grace_hopper"] = Image.open(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)).convert(
+        "RGB"
+    )
     photos.update({f"sklearn_{i}": Image.fromarray(a) for i, a in enumerate(load_sample_images().images)})
     return photos

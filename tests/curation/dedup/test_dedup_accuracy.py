@@ -12,6 +12,7 @@ Ours is ahead at equal t because groups are connected components (a crop joins t
 through the photo it is close to) and because mirror hashes match flipped copies. Larger
 crops (10%) and moving frames need t >= 8-10; see NearDupConfig for why the default is 4.
 """
+
 import numpy as np
 import pytest
 from dedup_accuracy import compare_with_imagededup, near_duplicate_variants, quadrant_tiles
@@ -31,8 +32,10 @@ def results(photos):
     print("\nmethod      t   precision  recall   f1     | recall by variant")
     for r in rows:
         by_variant = " ".join(f"{k}={v:.2f}" for k, v in r["recall_by_variant"].items())
-        print(f"{r['method']:10s} {r['max_distance']:2d}   {r['precision']:.3f}     {r['recall']:.3f}   "
-              f"{r['f1']:.3f}  | {by_variant}")
+        print(
+            f"{r['method']:10s} {r['max_distance']:2d}   {r['precision']:.3f}     {r['recall']:.3f}   "
+            f"{r['f1']:.3f}  | {by_variant}"
+        )
     return {(r["method"], r["max_distance"]): r for r in rows}
 
 
@@ -41,7 +44,7 @@ def test_default_threshold_catches_re_encodes_resizes_and_mirrors(results):
     assert ours["precision"] == 1.0
     for variant in ("jpeg_q50", "resize_0.5", "mirror"):
         assert ours["recall_by_variant"][variant] == 1.0
-    assert ours["recall"] >= 0.30                     # measured 0.316
+    assert ours["recall"] >= 0.30  # measured 0.316
     assert results[("imagededup", 4)]["recall_by_variant"]["mirror"] == 0.0  # PHash alone misses mirrors
 
 
@@ -66,8 +69,10 @@ def test_unrelated_photos_are_as_far_apart_as_random_balanced_hashes(photos):
     i, j = np.triu_indices(len(keys), 1)
     cross = np.array([keys[a] != keys[b] for a, b in zip(i, j)])
     distances = d[i, j][cross]
-    print(f"\n{len(distances)} pairs of different images: mean {distances.mean():.2f}, sd {distances.std():.2f}, "
-          f"min {distances.min()}")
+    print(
+        f"\n{len(distances)} pairs of different images: mean {distances.mean():.2f}, sd {distances.std():.2f}, "
+        f"min {distances.min()}"
+    )
     assert abs(distances.mean() - 31.5) < 1.0 and abs(distances.std() - 4.0) < 0.5
     assert distances.min() > 10
     assert (distances % 2 == 0).all()  # PHash distances are even: every hash has 33 bits set

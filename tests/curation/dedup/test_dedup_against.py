@@ -1,6 +1,7 @@
 """Incremental dedup against an earlier version read part by part (``curation.dedup.earlier``):
 exact and semantic decisions equal the whole-version reference (the earlier version loaded on
 the driver), with the local engine and in Ray Data."""
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,10 +44,13 @@ def test_exact_against_an_earlier_version_equals_the_whole_version_reference(ray
     new = pa.concat_tables([read_candidates(inp, i) for i in range(len(inp.pids))])
     rng = np.random.default_rng(11)
     shas = new.column("sha256").to_pylist()
-    old_sha = [shas[int(i)] if rng.random() < 0.4 else f"{int(x):064x}"
-               for i, x in zip(rng.integers(0, len(shas), 500), rng.integers(0, 2**62, 500))]
-    earlier = earlier_output(tmp_path / "v1", pa.table({"key": [f"old{i:04d}" for i in range(500)],
-                                                         "sha256": old_sha}), parts=5, seed=11)
+    old_sha = [
+        shas[int(i)] if rng.random() < 0.4 else f"{int(x):064x}"
+        for i, x in zip(rng.integers(0, len(shas), 500), rng.integers(0, 2**62, 500))
+    ]
+    earlier = earlier_output(
+        tmp_path / "v1", pa.table({"key": [f"old{i:04d}" for i in range(500)], "sha256": old_sha}), parts=5, seed=11
+    )
     dropped = run_global_dedup([ExactDedup(ExactDupConfig())], inp, DedupContext(engine=engine, earlier=earlier))
     got = all_decisions(inp)
     against = exact_against(new, whole_kept(earlier, ["key", "sha256"]))
@@ -54,12 +58,20 @@ def test_exact_against_an_earlier_version_equals_the_whole_version_reference(ray
     want = pa.concat_tables([against, within]).sort_by("key")
     assert against.num_rows > 40 and within.num_rows > 10
     assert dropped["exact_dedup"] == want.num_rows and got.equals(want)
-    assert set(against.column("duplicate_of").to_pylist()) <= set(whole_kept(earlier, ["key"]).column("key").to_pylist())
+    assert set(against.column("duplicate_of").to_pylist()) <= set(
+        whole_kept(earlier, ["key"]).column("key").to_pylist()
+    )
 
 
 def embedding_table(keys: list[str], x: np.ndarray) -> pa.Table:
-    return pa.table({"key": keys, "width": np.full(len(keys), 640, np.int32), "height": np.full(len(keys), 480, np.int32),
-                     "clip_embedding": pa.array(list(x.astype(np.float32)), pa.list_(pa.float32()))})
+    return pa.table(
+        {
+            "key": keys,
+            "width": np.full(len(keys), 640, np.int32),
+            "height": np.full(len(keys), 480, np.int32),
+            "clip_embedding": pa.array(list(x.astype(np.float32)), pa.list_(pa.float32())),
+        }
+    )
 
 
 def brute_force_against(new: pa.Table, kept: pa.Table, threshold: float) -> pa.Table:
@@ -71,10 +83,18 @@ def brute_force_against(new: pa.Table, kept: pa.Table, threshold: float) -> pa.T
     rows = []
     for i, k in enumerate(new.column("key").to_pylist()):
         sims = [float(np.dot(xn[i], xo[j])) for j in range(len(keys))]
-        best = min((j for j in range(len(keys)) if sims[j] >= threshold), key=lambda j: (-sims[j], keys[j]), default=None)
+        best = min(
+            (j for j in range(len(keys)) if sims[j] >= threshold), key=lambda j: (-sims[j], keys[j]), default=None
+        )
         if best is not None:
-            rows.append({"key": k, "reason": schema.SEMANTIC_DUPLICATE, "duplicate_of": keys[best],
-                         "duplicate_group": f"semantic:{keys[best]}"})
+            rows.append(
+                {
+                    "key": k,
+                    "reason": schema.SEMANTIC_DUPLICATE,
+                    "duplicate_of": keys[best],
+                    "duplicate_group": f"semantic:{keys[best]}",
+                }
+            )
     from curation.dedup import DECISION_SCHEMA
 
     return pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
@@ -89,8 +109,8 @@ def test_semantic_against_an_earlier_version_equals_brute_force(ray_local, tmp_p
     earlier = earlier_output(tmp_path / "v1", embedding_table([f"old{i:04d}" for i in range(300)], old), 4, seed=5)
     copies = rng.integers(0, 300, 60)
     new = rng.normal(size=(200, 16))
-    new[:60] = old[copies] + rng.normal(scale=0.02, size=(60, 16))      # copies of earlier rows (kept or dropped)
-    new[60:80] = new[80:100] + rng.normal(scale=0.02, size=(20, 16))   # copies within the batch
+    new[:60] = old[copies] + rng.normal(scale=0.02, size=(60, 16))  # copies of earlier rows (kept or dropped)
+    new[60:80] = new[80:100] + rng.normal(scale=0.02, size=(20, 16))  # copies within the batch
     new_table = embedding_table([f"new{i:04d}" for i in range(200)], new)
     cfg = SemanticDupConfig(enabled=True, threshold=0.98, n_clusters=2, use_faiss="never")
     against = semantic_against(new_table, earlier, cfg, engine)

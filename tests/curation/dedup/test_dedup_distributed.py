@@ -1,6 +1,7 @@
 """The distributed global dedup (Ray Data shuffles, connected components by star rounds, decisions
 written per partition) gives exactly the in-process decisions, which equal brute force
 (``test_dedup_near``), on staged candidates spread over several partitions."""
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -24,12 +25,15 @@ def staged_run(root, n: int, partitions: int, seed: int) -> GlobalDedupInput:
     table = planted_table(n, seed=seed, max_flips=7)
     sha = [f"{int(x):064x}" for x in rng.integers(0, 2**62, n)]
     for i in rng.choice(n, n // 10, replace=False):
-        sha[i] = sha[int(rng.integers(0, n))]                     # exact copies (same bytes)
+        sha[i] = sha[int(rng.integers(0, n))]  # exact copies (same bytes)
     reasons = [None if rng.random() > 0.05 else "too_small" for _ in range(n)]
     pids = [f"p{i:03d}" for i in range(partitions)]
-    table = table.append_column("sha256", pa.array(sha)).append_column(
-        "partition", pa.array([pids[i] for i in rng.integers(0, partitions, n)])).append_column(
-        "decode_ok", pa.array(rng.random(n) > 0.03)).append_column("reason", pa.array(reasons, pa.string()))
+    table = (
+        table.append_column("sha256", pa.array(sha))
+        .append_column("partition", pa.array([pids[i] for i in rng.integers(0, partitions, n)]))
+        .append_column("decode_ok", pa.array(rng.random(n) > 0.03))
+        .append_column("reason", pa.array(reasons, pa.string()))
+    )
     fs, path = storage.resolve(str(root))
     staging.write_parts(fs, path, table)
     columns = ("key", "partition", "sha256", "width", "height", "phash", "phash_mirror")
@@ -51,8 +55,10 @@ def test_distributed_exact_and_near_equal_the_in_process_decisions(ray_local, tm
     distributed = run_global_dedup(steps, inp, DedupContext(engine="ray"))
     assert distributed == local
     assert all_decisions(inp).equals(expected)
-    files = sorted(p.name for p in (tmp_path / "out" / output.DEDUP_DIR / output.DECISIONS_DIR / "near_dedup").iterdir())
-    assert files == [f"{pid}.parquet" for pid in inp.pids]   # one file per partition with drops
+    files = sorted(
+        p.name for p in (tmp_path / "out" / output.DEDUP_DIR / output.DECISIONS_DIR / "near_dedup").iterdir()
+    )
+    assert files == [f"{pid}.parquet" for pid in inp.pids]  # one file per partition with drops
 
 
 def test_star_rounds_give_the_components_of_a_chain_and_a_random_graph(ray_local):
@@ -60,7 +66,7 @@ def test_star_rounds_give_the_components_of_a_chain_and_a_random_graph(ray_local
 
     rng = np.random.default_rng(1)
     n = 300
-    a = np.r_[rng.integers(0, n, 150), np.arange(100, 130)]   # a 31-node path needs several rounds
+    a = np.r_[rng.integers(0, n, 150), np.arange(100, 130)]  # a 31-node path needs several rounds
     b = np.r_[rng.integers(0, n, 150), np.arange(101, 131)]
     ids = np.sort(rng.choice(2**40, n, replace=False)).astype(np.int64)
     ds = ray.data.from_arrow(pa.table({"a": ids[b], "b": ids[a]})).repartition(3)

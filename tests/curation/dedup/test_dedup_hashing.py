@@ -61,5 +61,7 @@ def test_the_pipelines_pair_hash_equals_two_scipy_dcts():
     thumbs = [rng.integers(0, 256, (32, 32), dtype=np.uint8) for _ in range(300)]
     thumbs += [(rng.normal(128, 40, (32, 32)).cumsum(0).cumsum(1) % 256).astype(np.uint8) for _ in range(300)]
     for t in thumbs:
-        assert phash_pair_of_thumbnail(t) == (_phash_of_thumbnail(t),
-                                              _phash_of_thumbnail(np.ascontiguousarray(t[:, ::-1])))
+        assert phash_pair_of_thumbnail(t) == (
+            _phash_of_thumbnail(t),
+            _phash_of_thumbnail(np.ascontiguousarray(t[:, ::-1])),
+        )

@@ -63,8 +63,9 @@ def test_index_save_load_and_extension(tmp_path):
     extension.write(fs, str(tmp_path / "v2"))
     v2 = PartitionedNearIndex.open(fs, str(tmp_path / "v2"))
     assert len(v2.header["parts"]) == 2
-    scratch = NearDupIndex.build(pa.concat_tables([v1, b1]), cfg,
-                                 pa.concat_tables([near_duplicate_decisions(v1, cfg), d1]))
+    scratch = NearDupIndex.build(
+        pa.concat_tables([v1, b1]), cfg, pa.concat_tables([near_duplicate_decisions(v1, cfg), d1])
+    )
     assert v2.load().rows.equals(scratch.rows)
     assert v2.decisions(b2, cfg).equals(incremental_decisions(b2, scratch, cfg))
 
@@ -83,7 +84,7 @@ def test_index_settings_must_match():
 
 
 def test_a_new_row_bridging_two_old_groups_joins_the_better_one():
-    o1, o2 = BASE, flip_bits(BASE, [0, 1, 2, 3, 4, 5, 6, 7])       # 8 bits apart: two old groups
+    o1, o2 = BASE, flip_bits(BASE, [0, 1, 2, 3, 4, 5, 6, 7])  # 8 bits apart: two old groups
     old = rows(("o1", o1, 100, 100, None), ("o2", o2, 300, 300, None), ("o1b", flip_bits(o1, [60]), 50, 50, None))
     new = rows(("n", flip_bits(BASE, [0, 1, 2, 3]), 999, 999, 0.9), ("m", BASE ^ 0xFFFF_FFFF, 10, 10, None))
     cfg = NearDupConfig()
@@ -110,11 +111,19 @@ def test_an_earlier_version_without_a_saved_index_is_indexed_from_its_manifest(t
     dup_of = dict(zip(near.column("key").to_pylist(), near.column("duplicate_of").to_pylist()))
     keys = old.column("key").to_pylist()
     ended = {k for k in keys[::50] if k not in dup_of and k not in set(dup_of.values())}  # ended before dedup
-    manifest = old.append_column("status", pa.array(
-        [schema.DROPPED if k in dup_of or k in ended else schema.KEPT for k in keys])).append_column(
-        "reason", pa.array([schema.NEAR_DUPLICATE if k in dup_of else "too_small" if k in ended else None
-                            for k in keys], pa.string())).append_column(
-        "duplicate_of", pa.array([dup_of.get(k) for k in keys], pa.string()))
+    manifest = (
+        old.append_column(
+            "status", pa.array([schema.DROPPED if k in dup_of or k in ended else schema.KEPT for k in keys])
+        )
+        .append_column(
+            "reason",
+            pa.array(
+                [schema.NEAR_DUPLICATE if k in dup_of else "too_small" if k in ended else None for k in keys],
+                pa.string(),
+            ),
+        )
+        .append_column("duplicate_of", pa.array([dup_of.get(k) for k in keys], pa.string()))
+    )
     (tmp_path / output.MANIFEST).mkdir()
     pq.write_table(manifest, tmp_path / output.MANIFEST / "p0.parquet")
     index = earlier_index(output.CuratedOutput.at(str(tmp_path)), cfg)

@@ -2,6 +2,7 @@
 partitioned index from Ray tasks, and an incremental run against it opens that index (not the
 manifest fallback) and decides as against a local-engine output; a copied output keeps working
 (the index names its own parts relative to its folder)."""
+
 import shutil
 
 import numpy as np
@@ -40,7 +41,9 @@ def curated(out, engine: str):
     dropped = all_decisions(inp).column("key")
     status = pc.if_else(pc.is_in(candidates.column("key"), value_set=dropped), schema.DROPPED, schema.KEPT)
     (out / output.MANIFEST).mkdir()
-    pq.write_table(candidates.select(["key", "sha256"]).append_column("status", status), out / output.MANIFEST / "p.parquet")
+    pq.write_table(
+        candidates.select(["key", "sha256"]).append_column("status", status), out / output.MANIFEST / "p.parquet"
+    )
     (out / output.SUCCESS_FILE).write_text("{}")
     return candidates
 
@@ -50,11 +53,22 @@ def new_batch(candidates: pa.Table, seed: int) -> pa.Table:
     rng = np.random.default_rng(seed)
     src = rng.integers(0, candidates.num_rows, 300)
     old = hex_to_uint64(candidates.column("phash"))[src]
-    values = [flip_bits(int(v), rng.choice(64, int(rng.integers(0, 4)), replace=False)) if i < 200
-              else int(rng.integers(0, 2**63)) for i, v in enumerate(old)]
+    values = [
+        flip_bits(int(v), rng.choice(64, int(rng.integers(0, 4)), replace=False))
+        if i < 200
+        else int(rng.integers(0, 2**63))
+        for i, v in enumerate(old)
+    ]
     hashes = uint64_to_hex(np.array(values, dtype=np.uint64))
-    return pa.table({"key": [f"new{i:04d}" for i in range(300)], "phash": hashes, "phash_mirror": hashes,
-                     "width": pa.array(np.full(300, 320, np.int32)), "height": pa.array(np.full(300, 480, np.int32))})
+    return pa.table(
+        {
+            "key": [f"new{i:04d}" for i in range(300)],
+            "phash": hashes,
+            "phash_mirror": hashes,
+            "width": pa.array(np.full(300, 320, np.int32)),
+            "height": pa.array(np.full(300, 480, np.int32)),
+        }
+    )
 
 
 def decide_against(against, batch: pa.Table) -> tuple[object, pa.Table]:
@@ -75,11 +89,13 @@ def test_a_ray_engine_run_saves_the_partitioned_index_and_incremental_runs_use_i
     shutil.copytree(ray_output[0], tmp_path / "ray")
     local, ray_ = (PartitionedNearIndex.open(*storage.resolve(index_dir(tmp_path / e))) for e in ("local", "ray"))
     assert [is_relative(p["uri"]) for p in ray_.header["parts"]] == [True]
-    assert ray_.load().rows.equals(local.load().rows)             # every candidate, the same representatives
-    assert ray_.header["parts"][0]["id"] == local.header["parts"][0]["id"]   # identity by content
+    assert ray_.load().rows.equals(local.load().rows)  # every candidate, the same representatives
+    assert ray_.header["parts"][0]["id"] == local.header["parts"][0]["id"]  # identity by content
     # the same band plan (the index's own, from the same postings count) and postings written
-    assert (ray_.header["masks"], ray_.header["parts"][0]["postings"]) == (local.header["masks"],
-                                                                          local.header["parts"][0]["postings"])
+    assert (ray_.header["masks"], ray_.header["parts"][0]["postings"]) == (
+        local.header["masks"],
+        local.header["parts"][0]["postings"],
+    )
     batch = new_batch(candidates, seed=1)
     index_l, want = decide_against(tmp_path / "local", batch)
     index_r, got = decide_against(tmp_path / "ray", batch)

@@ -1,6 +1,7 @@
 """The near-dup index's own band plan (``incremental.index_blocks``): chosen for storage and a
 later batch's query cost, apart from the in-run search's; any plan keeps the index search exact,
 and an index appended to keeps the plan its header records."""
+
 import math
 
 import numpy as np
@@ -19,8 +20,8 @@ from curation.dedup.near import NearDupConfig, near_duplicate_decisions, plan_bl
 def test_the_index_plan_grows_with_the_index_and_stays_bounded():
     sizes = [10**k for k in range(3, 12)]
     blocks = [index_blocks(n, 4) for n in sizes]
-    assert blocks == sorted(blocks)                                   # monotone in the index size
-    assert all(math.comb(b, 4) <= 210 for b in blocks)               # bounded: <= C(10, 4) bands up to 1e11
+    assert blocks == sorted(blocks)  # monotone in the index size
+    assert all(math.comb(b, 4) <= 210 for b in blocks)  # bounded: <= C(10, 4) bands up to 1e11
     assert blocks[0] == 6 and index_blocks(2 * 10**7, 4) == 6 and index_blocks(2 * 10**9, 4) == 7
     # fewer postings than the search's plan where the search steps up (1e7 and 1e9 images with mirrors)
     for n in (2 * 10**7, 2 * 10**9):
@@ -31,11 +32,14 @@ def test_the_index_plan_grows_with_the_index_and_stays_bounded():
         assert index_cost(b, 4, batch) <= min(index_cost(k, 4, batch) for k in (b - 1, b + 1) if k > 4)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_distance": 4, "index_num_blocks": 4}, "index_num_blocks"),
-    ({"max_distance": 8, "index_num_blocks": 40}, "bands"),
-    ({"index_num_blocks": 6.0}, "index_num_blocks"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_distance": 4, "index_num_blocks": 4}, "index_num_blocks"),
+        ({"max_distance": 8, "index_num_blocks": 40}, "bands"),
+        ({"index_num_blocks": 6.0}, "index_num_blocks"),
+    ],
+)
 def test_invalid_index_plans_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NearDupConfig(**kwargs)
@@ -50,13 +54,14 @@ def test_decisions_through_an_index_with_a_non_default_plan_equal_brute_force(tm
     table = planted_table(900, seed=31, max_flips=5)
     part = np.random.default_rng(31).integers(0, 3, table.num_rows)
     v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))
-    v1, b1 = with_width(v1, 4000), with_width(b1, 2000)      # older rows larger: the rule keeps them
+    v1, b1 = with_width(v1, 4000), with_width(b1, 2000)  # older rows larger: the rule keeps them
     memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
     header = save_index(memory, fs, str(tmp_path / "v1"), num_buckets=8)
     assert header["num_blocks"] == blocks and len(header["masks"]) == math.comb(blocks, 4)
-    assert header["parts"][0]["postings"] == math.comb(blocks, 4) * len(set(
-        zip(v1.column("key").to_pylist(), v1.column("phash").to_pylist())) | set(
-        zip(v1.column("key").to_pylist(), v1.column("phash_mirror").to_pylist())))
+    assert header["parts"][0]["postings"] == math.comb(blocks, 4) * len(
+        set(zip(v1.column("key").to_pylist(), v1.column("phash").to_pylist()))
+        | set(zip(v1.column("key").to_pylist(), v1.column("phash_mirror").to_pylist()))
+    )
     other = NearDupConfig(max_distance=4, index_num_blocks=6 if blocks != 6 else 7)
     d1, ext = decide_against(b1, PartitionedNearIndex.open(fs, str(tmp_path / "v1")), other)
     v2 = ext.write(fs, str(tmp_path / "v2"))

@@ -3,6 +3,7 @@ earlier part by its owner (dataset version id), its path in the owner's index fo
 hints (relative to the header's folder, absolute); an open resolves each part through the
 locations passed now (``dedup.against``, ``dedup.near.index_locations``), then the hints, and
 fails in one line naming the missing version."""
+
 import json
 import shutil
 
@@ -37,9 +38,16 @@ def run(batch: pa.Table, out, against=None, cfg: NearDupConfig = CFG, version: s
         dropped = set(got.column("key").to_pylist())
         keys = batch.column("key").to_pylist()
         (out / output.MANIFEST).mkdir(parents=True)
-        pq.write_table(pa.table({"key": keys, "sha256": [f"sha-{k}" for k in keys],
-                                 "status": [schema.DROPPED if k in dropped else schema.KEPT for k in keys]}),
-                       out / output.MANIFEST / "p0.parquet")
+        pq.write_table(
+            pa.table(
+                {
+                    "key": keys,
+                    "sha256": [f"sha-{k}" for k in keys],
+                    "status": [schema.DROPPED if k in dropped else schema.KEPT for k in keys],
+                }
+            ),
+            out / output.MANIFEST / "p0.parquet",
+        )
         (out / output.SUCCESS_FILE).write_text(json.dumps({"dataset_id": version}))
     return got, ctx.against_index
 
@@ -87,8 +95,9 @@ def test_a_moved_earlier_output_is_named_when_missing_and_found_where_it_is_pass
     assert first["relative"] == f"../../../elsewhere/_dedup/near_index/parts/{first['id']}"
     # v4 itself moved: its own part relative, the others by the hints it recorded
     shutil.move(tmp_path / "v4", tmp_path / "later" / "v4")
-    assert PartitionedNearIndex.open(pafs.LocalFileSystem(), index_dir(tmp_path / "later" / "v4")).load().rows.num_rows \
-        == sum(p["rows"] for p in v4.header["parts"])
+    assert PartitionedNearIndex.open(
+        pafs.LocalFileSystem(), index_dir(tmp_path / "later" / "v4")
+    ).load().rows.num_rows == sum(p["rows"] for p in v4.header["parts"])
 
 
 def test_index_locations_must_be_a_list_of_places():

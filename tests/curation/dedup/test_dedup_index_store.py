@@ -1,5 +1,6 @@
 """The partitioned near-dup index: decisions equal the in-memory index and a brute-force reference
 across a chain of versions, and a small batch reads only the buckets its band keys fall into."""
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -7,15 +8,16 @@ import pyarrow.fs as pafs
 from dedup_fixtures import planted_table
 from test_dedup_near import reference_decisions
 
-from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index, value_buckets
 from curation.dedup.incremental import NearDupIndex
+from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index, value_buckets
 from curation.dedup.near import NearDupConfig, near_duplicate_decisions, row_values
 from tests.curation.test_object_store import BUCKET, s3  # noqa: F401  (the moto S3 fixture)
 
 
 def with_width(table: pa.Table, width: int) -> pa.Table:
-    return table.set_column(table.schema.get_field_index("width"), "width",
-                            pa.array(np.full(table.num_rows, width, np.int32)))
+    return table.set_column(
+        table.schema.get_field_index("width"), "width", pa.array(np.full(table.num_rows, width, np.int32))
+    )
 
 
 def only(decisions, keys: pa.Table) -> list[dict]:
@@ -54,16 +56,20 @@ def test_a_small_batch_opens_only_the_buckets_its_band_keys_fall_into(tmp_path):
     copies = near_duplicate_decisions(table, cfg).column("key").to_pylist()[-3:]  # planted copies, late keys
     is_new = pc.is_in(table.column("key"), value_set=pa.array(copies))
     old, new = table.filter(pc.invert(is_new)), table.filter(is_new)
-    save_index(NearDupIndex.build(old, cfg, near_duplicate_decisions(old, cfg)), fs, str(tmp_path / "v1"),
-               num_buckets=64)
+    save_index(
+        NearDupIndex.build(old, cfg, near_duplicate_decisions(old, cfg)), fs, str(tmp_path / "v1"), num_buckets=64
+    )
     index = PartitionedNearIndex.open(fs, str(tmp_path / "v1"))
     got = index.decisions(new, cfg)
     assert got.num_rows >= 1
     assert got.equals(decide_against(new, PartitionedNearIndex.open(fs, str(tmp_path / "v1")).load(), cfg)[0])
     _, values = row_values(new, cfg)
     band_files = {p for p in index.opened if "/bands/" in p}
-    allowed = {f"{j:04d}/{b:05d}" for j, m in enumerate(index.masks)
-               for b in value_buckets(np.unique(values), int(m), 64).tolist()}
+    allowed = {
+        f"{j:04d}/{b:05d}"
+        for j, m in enumerate(index.masks)
+        for b in value_buckets(np.unique(values), int(m), 64).tolist()
+    }
     assert {"/".join(p.rsplit("/", 2)[-2:]).removesuffix(".parquet") for p in band_files} <= allowed
     assert len(set(index.opened)) < index.num_files / 4, (len(set(index.opened)), index.num_files)
 
@@ -77,9 +83,16 @@ def finished_output(root, table: pa.Table, decisions: pa.Table) -> None:
     dropped = set(decisions.column("key").to_pylist())
     keys = table.column("key").to_pylist()
     (root / output.MANIFEST).mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"key": keys, "sha256": [f"sha-{k}" for k in keys],
-                             "status": [schema.DROPPED if k in dropped else schema.KEPT for k in keys]}),
-                   root / output.MANIFEST / "p0.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "key": keys,
+                "sha256": [f"sha-{k}" for k in keys],
+                "status": [schema.DROPPED if k in dropped else schema.KEPT for k in keys],
+            }
+        ),
+        root / output.MANIFEST / "p0.parquet",
+    )
     (root / output.SUCCESS_FILE).write_text("{}")
 
 
@@ -103,8 +116,11 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
         assert (ctx.against_index is None) == (i == 0)
         assert i == 0 or isinstance(ctx.against_index, PartitionedNearIndex)
         got = NearDedup(cfg, settings).decide(batch, ctx)
-        want, memory = (decide_against(batch, memory, cfg) if memory is not None
-                        else (near_duplicate_decisions(batch, cfg), NearDupIndex.build(batch, cfg, got)))
+        want, memory = (
+            decide_against(batch, memory, cfg)
+            if memory is not None
+            else (near_duplicate_decisions(batch, cfg), NearDupIndex.build(batch, cfg, got))
+        )
         assert got.equals(want)
         decided.append(got.num_rows)
         out = tmp_path / f"v{i}"
@@ -116,7 +132,7 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
     assert len(last.header["parts"]) == 3 and last.load().rows.equals(memory.rows)
 
 
-def test_the_index_lives_on_s3(s3):
+def test_the_index_lives_on_s3(s3):  # noqa: F811  (the imported fixture)
     """Written to and searched on S3 (moto's server through pyarrow); the earlier version's part named by
     its s3:// URI, the index's own part relative to its folder."""
     cfg = NearDupConfig()

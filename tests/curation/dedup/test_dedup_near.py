@@ -9,21 +9,27 @@ from curation.dedup import DECISION_SCHEMA
 from curation.dedup.hashing import hamming, hex_to_uint64
 from curation.dedup.near import NearDupConfig, band_masks, near_duplicate_decisions, plan_blocks, value_edges
 
+
 def decisions(table, **cfg):
     return near_duplicate_decisions(table, NearDupConfig(**cfg)).to_pylist()
 
 
 def test_representative_rule_resolution_then_key():
-    t = rows(("a", BASE, 100, 100, 0.9),
-             ("b", flip_bits(BASE, [3]), 200, 100, 0.1),          # largest: kept
-             ("c", flip_bits(BASE, [5, 9]), 200, 100, None),
-             ("x", BASE ^ 0xFFFF_0000_FFFF_0000, 300, 300, 0.5))  # 32 bits away: alone
+    t = rows(
+        ("a", BASE, 100, 100, 0.9),
+        ("b", flip_bits(BASE, [3]), 200, 100, 0.1),  # largest: kept
+        ("c", flip_bits(BASE, [5, 9]), 200, 100, None),
+        ("x", BASE ^ 0xFFFF_0000_FFFF_0000, 300, 300, 0.5),
+    )  # 32 bits away: alone
     assert decisions(t) == [
         {"key": "a", "reason": "near_duplicate", "duplicate_of": "b", "duplicate_group": "phash:b"},
         {"key": "c", "reason": "near_duplicate", "duplicate_of": "b", "duplicate_group": "phash:b"},
     ]
-    t = rows(("a", BASE, 200, 100, 0.2), ("b", flip_bits(BASE, [1]), 100, 200, 0.7),
-             ("c", flip_bits(BASE, [2]), 100, 200, None))
+    t = rows(
+        ("a", BASE, 200, 100, 0.2),
+        ("b", flip_bits(BASE, [1]), 100, 200, 0.7),
+        ("c", flip_bits(BASE, [2]), 100, 200, None),
+    )
     # same pixels: a person score does not decide (the representative is chosen before detection)
     assert [(d["key"], d["duplicate_of"]) for d in decisions(t)] == [("b", "a"), ("c", "a")]
     t = rows(("b", BASE, 100, 100, None), ("a", flip_bits(BASE, [1]), 100, 100, None))
@@ -34,27 +40,40 @@ def test_groups_are_connected_components():
     # a~b and b~c within 4 bits, a and c 8 bits apart: one group, one representative.
     b = flip_bits(BASE, [0, 1, 2, 3])
     c = flip_bits(b, [10, 11, 12, 13])
-    t = rows(("a", BASE, 100, 100, None), ("b", b, 10, 10, None), ("c", c, 101, 100, 0.5),
-             ("d", BASE ^ 0x0F0F_F0F0_0F0F_F0F0, 500, 500, None))
+    t = rows(
+        ("a", BASE, 100, 100, None),
+        ("b", b, 10, 10, None),
+        ("c", c, 101, 100, 0.5),
+        ("d", BASE ^ 0x0F0F_F0F0_0F0F_F0F0, 500, 500, None),
+    )
     assert hamming(*hex_to_uint64([f"{BASE:016x}", f"{c:016x}"])) == 8
     out = decisions(t)
     assert [(d["key"], d["duplicate_of"], d["duplicate_group"]) for d in out] == [
-        ("a", "c", "phash:c"), ("b", "c", "phash:c")]  # b (smallest) is dropped and represents nothing
+        ("a", "c", "phash:c"),
+        ("b", "c", "phash:c"),
+    ]  # b (smallest) is dropped and represents nothing
 
 
 def test_distance_threshold_is_inclusive_and_exact_copies_group():
-    t = rows(("a", BASE, 10, 10, None), ("b", flip_bits(BASE, [1, 2, 3, 4]), 10, 10, None),
-             ("c", flip_bits(BASE, [20, 21, 22, 23, 24, 25]), 10, 10, None), ("d", BASE, 10, 10, None))
+    t = rows(
+        ("a", BASE, 10, 10, None),
+        ("b", flip_bits(BASE, [1, 2, 3, 4]), 10, 10, None),
+        ("c", flip_bits(BASE, [20, 21, 22, 23, 24, 25]), 10, 10, None),
+        ("d", BASE, 10, 10, None),
+    )
     assert [d["key"] for d in decisions(t, max_distance=4)] == ["b", "d"]
     assert [d["key"] for d in decisions(t, max_distance=6)] == ["b", "c", "d"]
-    assert decisions(t, max_distance=0) == [{"key": "d", "reason": "near_duplicate", "duplicate_of": "a",
-                                             "duplicate_group": "phash:a"}]
+    assert decisions(t, max_distance=0) == [
+        {"key": "d", "reason": "near_duplicate", "duplicate_of": "a", "duplicate_group": "phash:a"}
+    ]
 
 
 def test_mirror_hash_matches_flipped_copies_only_when_enabled():
     flipped_copy = flip_bits(BASE, [7])
-    t = rows(("orig", BASE, 100, 100, None, 0x1234_5678_9ABC_DEF0),
-             ("flip", 0x0F0F_0F0F_0F0F_0F0F, 50, 50, None, flipped_copy))
+    t = rows(
+        ("orig", BASE, 100, 100, None, 0x1234_5678_9ABC_DEF0),
+        ("flip", 0x0F0F_0F0F_0F0F_0F0F, 50, 50, None, flipped_copy),
+    )
     assert [(d["key"], d["duplicate_of"]) for d in decisions(t)] == [("flip", "orig")]
     assert decisions(t, match_mirrored=False) == []
     with pytest.raises(ValueError, match="phash_mirror"):
@@ -110,14 +129,17 @@ def test_disabled_and_empty():
     assert near_duplicate_decisions(t.slice(0, 0), NearDupConfig()).num_rows == 0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_distance": 40}, "0..16"),
-    ({"max_distance": -1}, "0..16"),
-    ({"max_distance": 4, "num_blocks": 4}, "num_blocks"),
-    ({"max_distance": 8, "num_blocks": 40}, "bands"),
-    ({"hash": "ahash"}, "phash"),
-    ({"num_partitions": 0}, "num_partitions"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_distance": 40}, "0..16"),
+        ({"max_distance": -1}, "0..16"),
+        ({"max_distance": 4, "num_blocks": 4}, "num_blocks"),
+        ({"max_distance": 8, "num_blocks": 40}, "bands"),
+        ({"hash": "ahash"}, "phash"),
+        ({"num_partitions": 0}, "num_partitions"),
+    ],
+)
 def test_invalid_settings_say_what_to_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NearDupConfig(**kwargs)
@@ -191,7 +213,8 @@ def test_candidate_pair_count_equals_the_pairs_sharing_a_band_key():
     rng = np.random.default_rng(3)
     values = np.unique(rng.integers(0, 2**12, 600, dtype=np.uint64) * np.uint64(0x1000100010001))  # few keys: many ties
     masks = interleaved(6, 4).masks()
-    expected = sum(int((values[i] & m) == (values[j] & m))
-                   for m in masks for i, j in itertools.combinations(range(len(values)), 2))
+    expected = sum(
+        int((values[i] & m) == (values[j] & m)) for m in masks for i, j in itertools.combinations(range(len(values)), 2)
+    )
     assert expected > 1000
     assert sample_pairs(values, masks) == expected

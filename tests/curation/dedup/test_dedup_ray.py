@@ -1,6 +1,6 @@
 """Ray Data variants give exactly the local decisions, whatever the partitioning."""
+
 import pyarrow as pa
-import pytest
 from dedup_fixtures import embedding_table, planted_table, shuffled
 
 from curation.dedup.near import NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray

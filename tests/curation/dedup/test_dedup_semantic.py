@@ -6,6 +6,7 @@ from dedup_fixtures import EMB, embedding_table, shuffled
 from curation.dedup.components import component_labels, decisions_from_labels
 from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
 
+
 def brute_force(table: pa.Table, threshold: float) -> pa.Table:
     table = table.sort_by("key")
     x = np.stack(table.column("clip_embedding").to_numpy(zero_copy_only=False)).astype(np.float64)
@@ -15,10 +16,15 @@ def brute_force(table: pa.Table, threshold: float) -> pa.Table:
 
 
 def test_exact_outcome_on_a_tiny_set():
-    t = pa.table({"key": ["a", "b", "c", "d"], "width": pa.array([10, 20, 20, 5], pa.int32()),
-                  "height": pa.array([10, 10, 10, 5], pa.int32()),
-                  "input_bytes": pa.array([100, 300, 900, 50], pa.int64()),  # same pixels: c has more bytes per pixel
-                  "clip_embedding": pa.array([[1, 0, 0], [0.999, 0.03, 0], [2, 0.02, 0.01], [0, 1, 0]], EMB)})
+    t = pa.table(
+        {
+            "key": ["a", "b", "c", "d"],
+            "width": pa.array([10, 20, 20, 5], pa.int32()),
+            "height": pa.array([10, 10, 10, 5], pa.int32()),
+            "input_bytes": pa.array([100, 300, 900, 50], pa.int64()),  # same pixels: c has more bytes per pixel
+            "clip_embedding": pa.array([[1, 0, 0], [0.999, 0.03, 0], [2, 0.02, 0.01], [0, 1, 0]], EMB),
+        }
+    )
     out = semantic_duplicate_decisions(t, SemanticDupConfig(enabled=True, n_clusters=2)).to_pylist()
     assert out == [
         {"key": "a", "reason": "semantic_duplicate", "duplicate_of": "c", "duplicate_group": "semantic:c"},
@@ -43,10 +49,16 @@ def test_disabled_by_default_and_needs_embeddings():
         semantic_duplicate_decisions(table.drop_columns(["clip_embedding"]), SemanticDupConfig(enabled=True))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"threshold": 1.5}, "cosine"), ({"threshold": 0}, "cosine"), ({"n_clusters": 0}, "n_clusters"),
-    ({"target_cluster_size": 1}, "target_cluster_size"), ({"use_faiss": "yes"}, "use_faiss"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"threshold": 1.5}, "cosine"),
+        ({"threshold": 0}, "cosine"),
+        ({"n_clusters": 0}, "n_clusters"),
+        ({"target_cluster_size": 1}, "target_cluster_size"),
+        ({"use_faiss": "yes"}, "use_faiss"),
+    ],
+)
 def test_invalid_settings_say_what_to_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SemanticDupConfig(**kwargs)
@@ -55,6 +67,7 @@ def test_invalid_settings_say_what_to_fix(kwargs, message):
 def test_faiss_always_without_faiss_says_how_to_install():
     try:
         import faiss  # noqa: F401
+
         pytest.skip("faiss is installed")
     except ImportError:
         pass

@@ -1,4 +1,5 @@
 """Artistic filter: zero-shot decisions on injected embeddings, linear heads, and the real CLIP path."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,10 +7,16 @@ import pyarrow as pa
 import pytest
 import torch
 
-from curation.filters.artistic import (ARTISTIC, ArtisticFilterConfig, ArtisticFilter, PromptSet,
-                                       class_embeddings, zero_shot)
+from curation.filters.artistic import (
+    ARTISTIC,
+    ArtisticFilter,
+    ArtisticFilterConfig,
+    PromptSet,
+    class_embeddings,
+    zero_shot,
+)
+from curation.filters.clip_embedding import ClipEmbedding, ClipEmbeddingConfig
 from curation.filters.model import LinearHead
-from curation.filters.clip_embedding import ClipEmbeddingConfig, ClipEmbedding
 from curation.schema import BASE_FIELDS
 from curation.stages import run_stages_locally
 
@@ -27,7 +34,7 @@ def unit(v) -> np.ndarray:
 def e(*weights) -> np.ndarray:
     """A unit embedding with the given weights on the first axes."""
     v = np.zeros(D, np.float32)
-    v[:len(weights)] = weights
+    v[: len(weights)] = weights
     return unit(v)
 
 
@@ -75,7 +82,7 @@ def test_zero_shot_decisions_on_injected_embeddings(prompts):
 
 def test_zero_shot_score_is_the_non_natural_softmax_mass():
     classes = np.stack([e(1), e(0, 1)])  # photo, painting
-    image = e(0.8, 0.6)                  # cos 0.8 to photo, 0.6 to painting
+    image = e(0.8, 0.6)  # cos 0.8 to photo, 0.6 to painting
     score, best = zero_shot(image[None], classes, [False, True], logit_scale=10.0)
     want = np.exp(6.0) / (np.exp(8.0) + np.exp(6.0))
     assert score[0] == pytest.approx(want, rel=1e-5)
@@ -87,10 +94,21 @@ def test_zero_shot_score_is_the_non_natural_softmax_mass():
 
 
 def _embedded_batch(embeddings: dict[str, np.ndarray | None], not_pending: dict[str, str]) -> pa.Table:
-    rows = [{"partition": "p0", "key": k, "source": k, "decode_ok": True, "reason": None,
-             "clip_embedding": None if v is None else v.tolist()} for k, v in embeddings.items()]
-    rows += [{"partition": "p0", "key": k, "source": k, "decode_ok": True, "reason": r,
-              "clip_embedding": e(0, 1).tolist()} for k, r in not_pending.items()]
+    rows = [
+        {
+            "partition": "p0",
+            "key": k,
+            "source": k,
+            "decode_ok": True,
+            "reason": None,
+            "clip_embedding": None if v is None else v.tolist(),
+        }
+        for k, v in embeddings.items()
+    ]
+    rows += [
+        {"partition": "p0", "key": k, "source": k, "decode_ok": True, "reason": r, "clip_embedding": e(0, 1).tolist()}
+        for k, r in not_pending.items()
+    ]
     schema = pa.schema([*BASE_FIELDS, pa.field("clip_embedding", pa.list_(pa.float32()))])
     return pa.Table.from_pylist(rows, schema=schema)
 
@@ -98,12 +116,19 @@ def _embedded_batch(embeddings: dict[str, np.ndarray | None], not_pending: dict[
 def test_stage_annotates_pending_rows_only(prompts):
     cfg = ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, threshold=0.5)
     stage = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
-    batch = _embedded_batch({"photo": e(1), "painting": e(0, 1), "cartoon": e(0, 0, 1), "no_embedding": None},
-                            not_pending={"ended": "too_small"})
+    batch = _embedded_batch(
+        {"photo": e(1), "painting": e(0, 1), "cartoon": e(0, 0, 1), "no_embedding": None},
+        not_pending={"ended": "too_small"},
+    )
     out = run_stages_locally(batch, [stage])
     rows = {r["key"]: r for r in out.to_pylist()}
     assert {k: r["reason"] for k, r in rows.items()} == {
-        "photo": None, "painting": ARTISTIC, "cartoon": ARTISTIC, "no_embedding": None, "ended": "too_small"}
+        "photo": None,
+        "painting": ARTISTIC,
+        "cartoon": ARTISTIC,
+        "no_embedding": None,
+        "ended": "too_small",
+    }
     assert rows["photo"]["artistic_label"] == "photo" and rows["cartoon"]["artistic_label"] == "cartoon"
     assert rows["ended"]["artistic_score"] is None and rows["ended"]["artistic_label"] is None
     assert rows["no_embedding"]["artistic_score"] is None
@@ -112,10 +137,14 @@ def test_stage_annotates_pending_rows_only(prompts):
 
 
 def test_stage_needs_the_embedding_column(prompts):
-    stage = ArtisticFilter(ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL),
-                                ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
-    batch = pa.Table.from_pylist([{"partition": "p", "key": "k", "source": "s", "decode_ok": True}],
-                                 schema=pa.schema(BASE_FIELDS))
+    stage = ArtisticFilter(
+        ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL),
+        ClipEmbeddingConfig(),
+        prompt_embeddings=prompt_embeddings(prompts),
+    )
+    batch = pa.Table.from_pylist(
+        [{"partition": "p", "key": "k", "source": "s", "decode_ok": True}], schema=pa.schema(BASE_FIELDS)
+    )
     with pytest.raises(ValueError, match="reads the .clip_embedding. column"):
         run_stages_locally(batch, [stage])
 
@@ -131,9 +160,11 @@ def test_linear_head_file_replaces_the_score(tmp_path, prompts, suffix):
         torch.save(state, path)
     else:
         from safetensors.torch import save_file
+
         save_file(state, str(path))
-    cfg = ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, head_weights=str(path),
-                               threshold=0.9)
+    cfg = ArtisticFilterConfig(
+        natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, head_weights=str(path), threshold=0.9
+    )
     stage = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     out = run_stages_locally(_embedded_batch({"a": e(1), "b": e(0, 1), "c": e(1, 1)}, {}), [stage])
     scores = out.column("artistic_score").to_pylist()
@@ -151,8 +182,15 @@ def test_two_logit_head_and_bad_heads(tmp_path):
     torch.save({"weight": torch.zeros(3, D), "bias": torch.zeros(3)}, tmp_path / "three.pt")
     with pytest.raises(ValueError, match=r"weight \[1\|2, D\]"):
         LinearHead.load(tmp_path / "three.pt")
-    torch.save({"0.weight": torch.zeros(4, D), "0.bias": torch.zeros(4), "2.weight": torch.zeros(1, 4),
-                "2.bias": torch.zeros(1)}, tmp_path / "mlp.pt")
+    torch.save(
+        {
+            "0.weight": torch.zeros(4, D),
+            "0.bias": torch.zeros(4),
+            "2.weight": torch.zeros(1, 4),
+            "2.bias": torch.zeros(1),
+        },
+        tmp_path / "mlp.pt",
+    )
     with pytest.raises(ValueError, match="exactly one weight and one bias"):
         LinearHead.load(tmp_path / "mlp.pt")
 

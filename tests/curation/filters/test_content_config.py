@@ -1,4 +1,5 @@
 """Content filters in the recipe: start-up validation, order, the applied/disabled report, resources."""
+
 from __future__ import annotations
 
 import pickle
@@ -19,8 +20,9 @@ NO_WEIGHTS = {"embedding": {"enabled": False}, "artistic": {"enabled": False}, "
 
 def build(content: dict | ContentFiltersConfig, **sections):
     """The recipe's content steps (enabled or not), built from a config with this content section."""
-    cfg = from_dict(CurationConfig, {"input": {"uri": "in"}, "output_dir": "out", "detector": {"backend": "none"},
-                                     **sections})
+    cfg = from_dict(
+        CurationConfig, {"input": {"uri": "in"}, "output_dir": "out", "detector": {"backend": "none"}, **sections}
+    )
     cfg.content = content if isinstance(content, ContentFiltersConfig) else from_dict(ContentFiltersConfig, content)
     return [s for s in HUMANS1B.build(cfg).steps if s.section.startswith("content.")]
 
@@ -37,10 +39,15 @@ def test_shipped_defaults_demand_weights():
 
 
 def test_missing_watermark_weights_name_the_setting(tiny_clip_dir, tmp_path):
-    content = {"embedding": {"model": f"local-dir:{tiny_clip_dir}"},
-               "watermark": {"weights": str(tmp_path / "watermark_model_v1.pt")}}
-    with pytest.raises(WeightsUnavailableError, match=r"content\.watermark\.weights=.*no such file.*"
-                                                      r"content\.watermark\.enabled=false"):
+    content = {
+        "embedding": {"model": f"local-dir:{tiny_clip_dir}"},
+        "watermark": {"weights": str(tmp_path / "watermark_model_v1.pt")},
+    }
+    with pytest.raises(
+        WeightsUnavailableError,
+        match=r"content\.watermark\.weights=.*no such file.*"
+        r"content\.watermark\.enabled=false",
+    ):
         build(content)
     content["watermark"] = {"enabled": False}
     content["artistic"] = {"head_weights": str(tmp_path / "head.pt")}
@@ -54,7 +61,11 @@ def test_disabled_filters_stay_in_the_recipe_and_report_not_applied():
     assert [s.enabled for s in steps] == [False, False, False, True]
     report = {s.section: s.describe() for s in steps}
     assert {k: v["applied"] for k, v in report.items()} == {
-        "content.embedding": False, "content.artistic": False, "content.watermark": False, "content.text": True}
+        "content.embedding": False,
+        "content.artistic": False,
+        "content.watermark": False,
+        "content.text": True,
+    }
     assert report["content.watermark"]["disabled_by"] == "content.watermark.enabled=false"
     assert "not checked for watermarks" in report["content.watermark"]["note"]
     assert report["content.text"]["min_confidence"] == ContentFiltersConfig().text.min_confidence
@@ -67,8 +78,12 @@ def test_all_filters_in_order(tiny_clip_dir, tmp_path):
 
     weights = tmp_path / "wm.pt"
     torch.save(build_classifier("mobilenetv3_small_050", (625, 256)).state_dict(), weights)
-    steps = build({"embedding": {"model": f"local-dir:{tiny_clip_dir}"},
-                   "watermark": {"weights": str(weights), "backbone": "mobilenetv3_small_050"}})
+    steps = build(
+        {
+            "embedding": {"model": f"local-dir:{tiny_clip_dir}"},
+            "watermark": {"weights": str(weights), "backbone": "mobilenetv3_small_050"},
+        }
+    )
     assert [type(s) for s in steps] == [ClipEmbedding, ArtisticFilter, WatermarkFilter, TextFilter]
     assert all(s.uses_model and s.enabled for s in steps)
     assert [r for s in steps for r in s.reasons] == [ARTISTIC, WATERMARK, TEXT, WATERMARK_TEXT]
@@ -76,27 +91,49 @@ def test_all_filters_in_order(tiny_clip_dir, tmp_path):
     for stage in steps:
         assert len(pickle.dumps(stage)) < 20_000
     assert {c for s in steps for c in s.columns_written()} == {
-        "clip_embedding", "artistic_score", "artistic_label", "watermark_score", "text_coverage",
-        "text_box_count", "text_watermark"}
+        "clip_embedding",
+        "artistic_score",
+        "artistic_label",
+        "watermark_score",
+        "text_coverage",
+        "text_box_count",
+        "text_watermark",
+    }
 
 
 def test_a_step_reading_a_disabled_steps_column_is_refused():
-    with pytest.raises(ValueError, match=r"step 'artistic_filter' reads column 'clip_embedding', which no earlier "
-                                         r"enabled step writes: 'clip_embedding' writes it but is disabled; enable "
-                                         r"content\.embedding or disable content\.artistic"):
+    with pytest.raises(
+        ValueError,
+        match=r"step 'artistic_filter' reads column 'clip_embedding', which no earlier "
+        r"enabled step writes: 'clip_embedding' writes it but is disabled; enable "
+        r"content\.embedding or disable content\.artistic",
+    ):
         build({"embedding": {"enabled": False}})
     with pytest.raises(ValueError, match=r"step 'watermark_filter' reads column 'clip_embedding'"):
-        build({"embedding": {"enabled": False}, "artistic": {"enabled": False},
-               "watermark": {"clip_head_weights": "head.pt"}})
+        build(
+            {
+                "embedding": {"enabled": False},
+                "artistic": {"enabled": False},
+                "watermark": {"clip_head_weights": "head.pt"},
+            }
+        )
     with pytest.raises(ValueError, match=r"step 'semantic_dedup' reads column 'clip_embedding'"):
         build(NO_WEIGHTS, dedup={"semantic": {"enabled": True}})
 
 
 def test_gpu_resources_from_settings(tiny_clip_dir):
-    content = {"embedding": {"model": f"local-dir:{tiny_clip_dir}", "num_gpus": 0.25, "batch_size": 256,
-                             "num_actors": 4, "device": "cuda"},
-               "artistic": {"enabled": False}, "watermark": {"enabled": False},
-               "text": {"num_cpus": 2, "batch_size": 8, "num_actors": 3}}
+    content = {
+        "embedding": {
+            "model": f"local-dir:{tiny_clip_dir}",
+            "num_gpus": 0.25,
+            "batch_size": 256,
+            "num_actors": 4,
+            "device": "cuda",
+        },
+        "artistic": {"enabled": False},
+        "watermark": {"enabled": False},
+        "text": {"num_cpus": 2, "batch_size": 8, "num_actors": 3},
+    }
     embedding, _, _, text = build(content)
     assert embedding.resources() == Resources(num_cpus=1.0, num_gpus=0.25, batch_size=256, num_actors=4)
     assert text.resources() == Resources(num_cpus=2.0, num_gpus=0.0, batch_size=8, num_actors=3)
@@ -107,9 +144,18 @@ def test_gpu_resources_from_settings(tiny_clip_dir):
 
 
 def test_overrides_and_bad_values():
-    cfg = from_dict(ContentFiltersConfig, parse_overrides(
-        ["embedding.enabled=false", "artistic.enabled=false", "watermark.enabled=false", "text.max_side=640",
-         "text.coverage_threshold=0.1"]))
+    cfg = from_dict(
+        ContentFiltersConfig,
+        parse_overrides(
+            [
+                "embedding.enabled=false",
+                "artistic.enabled=false",
+                "watermark.enabled=false",
+                "text.max_side=640",
+                "text.coverage_threshold=0.1",
+            ]
+        ),
+    )
     assert cfg.text.max_side == 640 and cfg.text.coverage_threshold == 0.1
     with pytest.raises(ValueError, match="did you mean 'coverage_threshold'"):
         from_dict(ContentFiltersConfig, {"text": {"coverage_treshold": 0.1}})

@@ -1,13 +1,19 @@
 """CLIP embedding stage: real checkpoint files (random weights) loaded through the stage's code."""
+
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from curation.filters.clip_embedding import (
+    ClipEmbedding,
+    ClipEmbeddingConfig,
+    ClipModel,
+    check_clip_config,
+    encode_prompts,
+)
 from curation.filters.model import WeightsUnavailableError
-from curation.filters.clip_embedding import (ClipEmbeddingConfig, ClipEmbedding, ClipModel, check_clip_config,
-                                        encode_prompts)
 from curation.stages import run_stages_locally
 
 PHOTOS = ["obama", "franz_kafka", "messi5", "starry_night", "bus", "zidane", "astronaut"]
@@ -45,7 +51,7 @@ def test_local_dir_checkpoint_batched(tiny_clip_dir, photos, batch_of, column_by
     # scaling, so compare against open_clip on the same decoded JPEGs at tolerance
     from curation.filters.model import decode_rgb
 
-    decoded = [decode_rgb(b, min_side=64) for b in batch.column("image").to_pylist()[:len(PHOTOS)]]
+    decoded = [decode_rgb(b, min_side=64) for b in batch.column("image").to_pylist()[: len(PHOTOS)]]
     want = _expected(f"local-dir:{tiny_clip_dir}", None, decoded)
     np.testing.assert_allclose(got, want, atol=1e-4)
     assert out.column("reason").to_pylist() == batch.column("reason").to_pylist()
@@ -73,8 +79,11 @@ def test_prompt_embeddings(tiny_clip_dir):
 
 def test_missing_or_unset_weights_are_startup_errors(tmp_path, tiny_clip_named):
     name, _ = tiny_clip_named
-    with pytest.raises(WeightsUnavailableError, match=r"content\.embedding\.weights is not set.*"
-                                                      r"content\.embedding\.enabled=false"):
+    with pytest.raises(
+        WeightsUnavailableError,
+        match=r"content\.embedding\.weights is not set.*"
+        r"content\.embedding\.enabled=false",
+    ):
         check_clip_config(ClipEmbeddingConfig(model="ViT-B-32"))
     with pytest.raises(FileNotFoundError, match="no such file"):
         check_clip_config(ClipEmbeddingConfig(model=name, weights=str(tmp_path / "missing.pt")))

@@ -1,4 +1,5 @@
 """The content stages as Ray Data actors (``apply_stage``): same rows out as in-process."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,12 +21,16 @@ def test_stages_run_as_ray_actors(tiny_clip_dir, real_images, batch_of, render):
     ray_data = pytest.importorskip("ray.data")
 
     # Half a CPU each so that three actor pools fit on a 2-CPU test cluster.
-    cfg = from_dict(ContentFiltersConfig, {
-        "embedding": {"model": f"local-dir:{tiny_clip_dir}", "num_cpus": 0.5, "batch_size": 4},
-        # a random CLIP decides nothing meaningful: score with a soft temperature, never drop
-        "artistic": {"num_cpus": 0.5, "logit_scale": 1.0, "threshold": 1.0},
-        "watermark": {"enabled": False},
-        "text": {"num_cpus": 0.5, "batch_size": 4}})
+    cfg = from_dict(
+        ContentFiltersConfig,
+        {
+            "embedding": {"model": f"local-dir:{tiny_clip_dir}", "num_cpus": 0.5, "batch_size": 4},
+            # a random CLIP decides nothing meaningful: score with a soft temperature, never drop
+            "artistic": {"num_cpus": 0.5, "logit_scale": 1.0, "threshold": 1.0},
+            "watermark": {"enabled": False},
+            "text": {"num_cpus": 0.5, "batch_size": 4},
+        },
+    )
     images = {k: real_images[k] for k in ("obama", "messi5", "zidane", "starry_night")}
     images["caption_obama"] = render.meme_caption(real_images["obama"])
     batch = batch_of(images, not_pending={"ended": "too_small"})
@@ -53,7 +58,12 @@ def test_stages_run_as_ray_actors(tiny_clip_dir, real_images, batch_of, render):
         else:
             assert rows[key]["clip_embedding"] == pytest.approx(row["clip_embedding"], abs=1e-5)
     assert {k: r["reason"] for k, r in rows.items()} == {
-        "obama": None, "messi5": "watermark_text", "zidane": None, "starry_night": None,
-        "caption_obama": "text", "ended": "too_small"}
+        "obama": None,
+        "messi5": "watermark_text",
+        "zidane": None,
+        "starry_night": None,
+        "caption_obama": "text",
+        "ended": "too_small",
+    }
     assert rows["ended"]["clip_embedding"] is None and rows["ended"]["artistic_score"] is None
     assert len(rows["obama"]["clip_embedding"]) == 32

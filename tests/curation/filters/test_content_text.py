@@ -1,19 +1,27 @@
 """Text filter: real OCR (rapidocr's bundled models) on real photos and on text rendered onto them."""
+
 from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from curation.filters.text import (TEXT, WATERMARK_TEXT, TextFilterConfig, TextFilter, TextMeasures,
-                                   classify_box, measure_text, text_reason)
+from curation.filters.text import (
+    TEXT,
+    WATERMARK_TEXT,
+    TextFilter,
+    TextFilterConfig,
+    TextMeasures,
+    classify_box,
+    measure_text,
+    text_reason,
+)
 from curation.schema import DECODE_FAILED, pending_mask
 from curation.stages import run_stages_locally
 
 # Real photos with no overlaid text; bus.jpg has real scene text (signs, ads on the bus) and
 # starry_night is a painting without text: all must pass the text filter.
-CLEAN = ["obama", "obama2", "franz_kafka", "basketball1", "zidane", "grace_hopper", "astronaut", "bus",
-         "starry_night"]
+CLEAN = ["obama", "obama2", "franz_kafka", "basketball1", "zidane", "grace_hopper", "astronaut", "bus", "starry_night"]
 
 
 @pytest.fixture(scope="module")
@@ -22,21 +30,23 @@ def ocr_result(real_images, render, batch_of):
     plus a row another stage already dropped and a row whose decode failed."""
     r, im = render, real_images
     cases = {name: im[name] for name in CLEAN + ["messi5"]}
-    cases.update({
-        "caption_obama": r.meme_caption(im["obama"]),
-        "caption_franz_kafka": r.meme_caption(im["franz_kafka"]),
-        "caption_zidane": r.meme_caption(im["zidane"]),
-        "newsbar_grace_hopper": r.news_bar(im["grace_hopper"]),
-        "newsbar_astronaut": r.news_bar(im["astronaut"]),
-        "corner_obama": r.corner_mark(im["obama"]),
-        "corner_astronaut": r.corner_mark(im["astronaut"]),
-        "corner_tl_zidane": r.corner_mark(im["zidane"], "GettyImages", corner="tl"),
-        "corner_tl_franz_kafka": r.corner_mark(im["franz_kafka"], "GettyImages", corner="tl"),
-        "diagonal_obama": r.diagonal_mark(im["obama"], "\u00a9 PHOTOSTOCK", angle=40, scale=9),
-        "diagonal_grace_hopper": r.diagonal_mark(im["grace_hopper"], "\u00a9 PHOTOSTOCK", angle=40, scale=9),
-        "diagonal_zidane": r.diagonal_mark(im["zidane"]),
-        "diagonal_franz_kafka": r.diagonal_mark(im["franz_kafka"]),
-    })
+    cases.update(
+        {
+            "caption_obama": r.meme_caption(im["obama"]),
+            "caption_franz_kafka": r.meme_caption(im["franz_kafka"]),
+            "caption_zidane": r.meme_caption(im["zidane"]),
+            "newsbar_grace_hopper": r.news_bar(im["grace_hopper"]),
+            "newsbar_astronaut": r.news_bar(im["astronaut"]),
+            "corner_obama": r.corner_mark(im["obama"]),
+            "corner_astronaut": r.corner_mark(im["astronaut"]),
+            "corner_tl_zidane": r.corner_mark(im["zidane"], "GettyImages", corner="tl"),
+            "corner_tl_franz_kafka": r.corner_mark(im["franz_kafka"], "GettyImages", corner="tl"),
+            "diagonal_obama": r.diagonal_mark(im["obama"], "\u00a9 PHOTOSTOCK", angle=40, scale=9),
+            "diagonal_grace_hopper": r.diagonal_mark(im["grace_hopper"], "\u00a9 PHOTOSTOCK", angle=40, scale=9),
+            "diagonal_zidane": r.diagonal_mark(im["zidane"]),
+            "diagonal_franz_kafka": r.diagonal_mark(im["franz_kafka"]),
+        }
+    )
     batch = batch_of(cases, not_pending={"already_dropped": "no_salient_person"}, undecodable=("broken",))
     stage = TextFilter(TextFilterConfig())
     return batch, run_stages_locally(batch, [stage])
@@ -63,12 +73,19 @@ def test_rendered_text_is_dropped_with_its_reason(ocr_result, column_by_key):
     reason = column_by_key(out, "reason")
     got = {k: v for k, v in reason.items() if k.startswith(("caption", "newsbar", "corner", "diagonal"))}
     assert got == {
-        "caption_obama": TEXT, "caption_franz_kafka": TEXT, "caption_zidane": TEXT,
-        "newsbar_grace_hopper": TEXT, "newsbar_astronaut": TEXT,
-        "corner_obama": WATERMARK_TEXT, "corner_astronaut": WATERMARK_TEXT,
-        "corner_tl_zidane": WATERMARK_TEXT, "corner_tl_franz_kafka": WATERMARK_TEXT,
-        "diagonal_obama": WATERMARK_TEXT, "diagonal_grace_hopper": WATERMARK_TEXT,
-        "diagonal_zidane": WATERMARK_TEXT, "diagonal_franz_kafka": WATERMARK_TEXT,
+        "caption_obama": TEXT,
+        "caption_franz_kafka": TEXT,
+        "caption_zidane": TEXT,
+        "newsbar_grace_hopper": TEXT,
+        "newsbar_astronaut": TEXT,
+        "corner_obama": WATERMARK_TEXT,
+        "corner_astronaut": WATERMARK_TEXT,
+        "corner_tl_zidane": WATERMARK_TEXT,
+        "corner_tl_franz_kafka": WATERMARK_TEXT,
+        "diagonal_obama": WATERMARK_TEXT,
+        "diagonal_grace_hopper": WATERMARK_TEXT,
+        "diagonal_zidane": WATERMARK_TEXT,
+        "diagonal_franz_kafka": WATERMARK_TEXT,
     }
     marks = column_by_key(out, "text_watermark")
     assert all(marks[k] for k in got if k.startswith(("corner", "diagonal")))
@@ -114,19 +131,22 @@ def _box(x0, y0, x1, y1, angle=0.0):
     return (pts - c) @ rot.T + c
 
 
-@pytest.mark.parametrize("box, kind", [
-    (_box(800, 760, 990, 790), "edge_mark"),      # small text in the bottom-right corner
-    (_box(10, 10, 200, 40), "edge_mark"),         # top-left corner
-    (_box(400, 760, 600, 790), "edge_mark"),      # small credit centred on the bottom edge
-    (_box(965, 300, 990, 500), "edge_mark"),      # vertical text along the right edge
-    (_box(400, 380, 600, 410), None),             # small text in the middle: scene text
-    (_box(10, 300, 200, 330), None),              # near the left edge, mid-height: a sign
-    (_box(800, 700, 990, 790), None),             # in the corner but large (90 px tall)
-    (_box(50, 700, 950, 760), "caption"),         # one line across 90% of the width
-    (_box(300, 300, 700, 400, angle=-35), "diagonal"),
-    (_box(450, 390, 530, 410, angle=-35), None),  # tilted but short
-    (_box(300, 300, 700, 360, angle=-8), None),   # slightly tilted scene text
-])
+@pytest.mark.parametrize(
+    "box, kind",
+    [
+        (_box(800, 760, 990, 790), "edge_mark"),  # small text in the bottom-right corner
+        (_box(10, 10, 200, 40), "edge_mark"),  # top-left corner
+        (_box(400, 760, 600, 790), "edge_mark"),  # small credit centred on the bottom edge
+        (_box(965, 300, 990, 500), "edge_mark"),  # vertical text along the right edge
+        (_box(400, 380, 600, 410), None),  # small text in the middle: scene text
+        (_box(10, 300, 200, 330), None),  # near the left edge, mid-height: a sign
+        (_box(800, 700, 990, 790), None),  # in the corner but large (90 px tall)
+        (_box(50, 700, 950, 760), "caption"),  # one line across 90% of the width
+        (_box(300, 300, 700, 400, angle=-35), "diagonal"),
+        (_box(450, 390, 530, 410, angle=-35), None),  # tilted but short
+        (_box(300, 300, 700, 360, angle=-8), None),  # slightly tilted scene text
+    ],
+)
 def test_box_kinds(box, kind):
     assert classify_box(box, W, H, TextFilterConfig()) == kind
 

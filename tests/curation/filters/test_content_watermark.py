@@ -1,4 +1,5 @@
 """Watermark filter: the LAION-layout classifier loaded from a saved file, and the CLIP head."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from curation.filters.model import WeightsUnavailableError
-from curation.filters.watermark import (WATERMARK, WatermarkFilterConfig, WatermarkFilter, build_classifier)
+from curation.filters.watermark import WATERMARK, WatermarkFilter, WatermarkFilterConfig, build_classifier
 from curation.stages import run_stages_locally
 
 PHOTOS = ["obama", "messi5", "starry_night"]
@@ -36,38 +37,48 @@ def small_weights(tmp_path_factory):
 def test_head_has_the_laion_layout(laion_layout_weights):
     model, _ = laion_layout_weights
     head = {k: tuple(v.shape) for k, v in model.state_dict().items() if k.startswith("classifier.")}
-    assert head == {"classifier.0.weight": (625, 1536), "classifier.0.bias": (625,),
-                    "classifier.3.weight": (256, 625), "classifier.3.bias": (256,),
-                    "classifier.5.weight": (2, 256), "classifier.5.bias": (2,)}
+    assert head == {
+        "classifier.0.weight": (625, 1536),
+        "classifier.0.bias": (625,),
+        "classifier.3.weight": (256, 625),
+        "classifier.3.bias": (256,),
+        "classifier.5.weight": (2, 256),
+        "classifier.5.bias": (2,),
+    }
 
 
 def test_classifier_checkpoint_scores_real_images_batched(laion_layout_weights, real_images, batch_of):
     model, path = laion_layout_weights
     cfg = WatermarkFilterConfig(weights=str(path), batch_size=2)  # 3 images: batches of 2 and 1
     WatermarkFilter(cfg).check()
-    batch = batch_of({k: real_images[k] for k in PHOTOS}, not_pending={"ended": "too_small"},
-                     undecodable=("broken",))
+    batch = batch_of({k: real_images[k] for k in PHOTOS}, not_pending={"ended": "too_small"}, undecodable=("broken",))
     out = run_stages_locally(batch, [WatermarkFilter(cfg)])
     assert out.schema.field("watermark_score").type == pa.float32()
     scores = out.column("watermark_score").to_pylist()
-    assert scores[len(PHOTOS):] == [None, None]
-    got = np.array(scores[:len(PHOTOS)], np.float32)
+    assert scores[len(PHOTOS) :] == [None, None]
+    got = np.array(scores[: len(PHOTOS)], np.float32)
     assert got.shape == (len(PHOTOS),) and np.all((got > 0) & (got < 1))
 
     # the file's weights were loaded: the model in memory gives the same P(watermark)
     from PIL import Image
 
     from curation.filters.model import decode_rgb
+
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
-    ims = [decode_rgb(b, min_side=256).resize((256, 256), Image.Resampling.BILINEAR)
-           for b in batch.column("image").to_pylist()[:len(PHOTOS)]]
-    x = torch.tensor(np.stack([(np.asarray(im) / 255.0 - mean) / std for im in ims]).transpose(0, 3, 1, 2),
-                     dtype=torch.float32)
+    ims = [
+        decode_rgb(b, min_side=256).resize((256, 256), Image.Resampling.BILINEAR)
+        for b in batch.column("image").to_pylist()[: len(PHOTOS)]
+    ]
+    x = torch.tensor(
+        np.stack([(np.asarray(im) / 255.0 - mean) / std for im in ims]).transpose(0, 3, 1, 2), dtype=torch.float32
+    )
     with torch.no_grad():
         want = torch.softmax(model(x), dim=1)[:, 0].numpy()
     np.testing.assert_allclose(got, want, atol=1e-4)
-    assert out.column("reason").to_pylist() == [WATERMARK if s >= 0.8 else None for s in got] + \
-        ["too_small", "truncated"]
+    assert out.column("reason").to_pylist() == [WATERMARK if s >= 0.8 else None for s in got] + [
+        "too_small",
+        "truncated",
+    ]
 
 
 def test_threshold_decides(tmp_path, small_weights, real_images, batch_of):
@@ -89,8 +100,10 @@ def test_clip_head_alone_and_combined(tmp_path, small_weights, real_images, batc
     head = tmp_path / "wm_head.pt"
     torch.save({"weight": torch.tensor([[6.0, 0.0, 0.0, 0.0]]), "bias": torch.tensor([-3.0])}, head)
     batch = batch_of({"marked": real_images["obama"], "clean": real_images["zidane"]})
-    batch = batch.append_column(pa.field("clip_embedding", pa.list_(pa.float32())),
-                                pa.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0]], pa.list_(pa.float32())))
+    batch = batch.append_column(
+        pa.field("clip_embedding", pa.list_(pa.float32())),
+        pa.array([[1.0, 0, 0, 0], [0, 1.0, 0, 0]], pa.list_(pa.float32())),
+    )
     sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
 
     out = run_stages_locally(batch, [WatermarkFilter(WatermarkFilterConfig(clip_head_weights=str(head)))])
@@ -110,8 +123,11 @@ def test_mismatched_weights_and_missing_files_are_clear_errors(tmp_path, laion_l
     stage = WatermarkFilter(WatermarkFilterConfig(weights=str(path), backbone="resnet18"))
     with pytest.raises(ValueError, match=r"does not fit content\.watermark\.backbone='resnet18'"):
         stage.setup()
-    with pytest.raises(WeightsUnavailableError, match=r"content\.watermark\.weights is not set.*"
-                                                      r"content\.watermark\.enabled=false"):
+    with pytest.raises(
+        WeightsUnavailableError,
+        match=r"content\.watermark\.weights is not set.*"
+        r"content\.watermark\.enabled=false",
+    ):
         WatermarkFilter(WatermarkFilterConfig()).check()
     with pytest.raises(FileNotFoundError, match=r"content\.watermark\.weights='.*nope\.pt': no such file"):
         WatermarkFilter(WatermarkFilterConfig(weights=str(tmp_path / "nope.pt"))).check()

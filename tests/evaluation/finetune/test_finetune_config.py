@@ -1,5 +1,6 @@
 """Fine-tune configs: the shipped YAML files load and validate; bad settings are one-line
 ValueErrors naming the setting."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,9 +17,16 @@ def test_shipped_finetune_configs_load_and_validate(path):
     assert cfg.optim.weight_decay == 0.1 and 0 < cfg.optim.layer_decay <= 1 and cfg.optim.clip_grad == 1.0
 
 
-@pytest.mark.parametrize("override, match", [
-    ("tasks=[pose, knn]", "tasks"), ("optim.layer_decay=1.5", "optim.layer_decay"), ("steps=0", "steps"),
-    ("optim.schedule=linear", "optim.schedule"), ("output_dir=", "output_dir")])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("tasks=[pose, knn]", "tasks"),
+        ("optim.layer_decay=1.5", "optim.layer_decay"),
+        ("steps=0", "steps"),
+        ("optim.schedule=linear", "optim.schedule"),
+        ("output_dir=", "output_dir"),
+    ],
+)
 def test_bad_settings_name_the_setting(override, match):
     with pytest.raises(ValueError, match=match):
         load_config(FinetuneConfig, REPO / "configs" / "finetune_tiny.yaml", [override]).validate()

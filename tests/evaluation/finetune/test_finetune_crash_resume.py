@@ -7,6 +7,7 @@ run's per-step losses (``history.jsonl``, replayed steps keeping their latest va
 exported weights: the batches are a function of the step (no loader state), the model and
 AdamW state come back from the DCP checkpoint.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,11 +28,28 @@ STEPS, EVERY = 20, 5
 
 
 def cmd(out: Path, root: Path, ray_tmp: str) -> list[str]:
-    return [sys.executable, str(REPO / "pipelines" / "finetune.py"), "--config", str(REPO / "configs" / "finetune_tiny.yaml"),
-            f"output_dir={out}", "tasks=[seg]", f"steps={STEPS}", f"checkpoint.every={EVERY}", "checkpoint.keep=2",
-            "batch_size_per_worker=2", "synthetic.train_images=16", "synthetic.val_images=4", "synthetic.height=64",
-            "synthetic.width=48", "seg.image_size=[64, 48]", "deterministic=true", "ray.num_workers=2",
-            "ray.cpus_per_worker=0.5", f"ray.temp_dir={ray_tmp}", f"tracking.uri=sqlite:///{root / 'mlflow.db'}"]
+    return [
+        sys.executable,
+        str(REPO / "pipelines" / "finetune.py"),
+        "--config",
+        str(REPO / "configs" / "finetune_tiny.yaml"),
+        f"output_dir={out}",
+        "tasks=[seg]",
+        f"steps={STEPS}",
+        f"checkpoint.every={EVERY}",
+        "checkpoint.keep=2",
+        "batch_size_per_worker=2",
+        "synthetic.train_images=16",
+        "synthetic.val_images=4",
+        "synthetic.height=64",
+        "synthetic.width=48",
+        "seg.image_size=[64, 48]",
+        "deterministic=true",
+        "ray.num_workers=2",
+        "ray.cpus_per_worker=0.5",
+        f"ray.temp_dir={ray_tmp}",
+        f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
+    ]
 
 
 def history(task_dir: Path) -> list[dict]:
@@ -64,18 +82,30 @@ def test_sigkilled_finetune_resumes_to_the_uninterrupted_result(tmp_path):
     # two never share a SQLite file. Neither depends on the other's timing: the kill waits on
     # files, the numbers are a function of the step.
     (tmp_path / "ref-store").mkdir()
-    with alongside(cmd(tmp_path / "reference", tmp_path / "ref-store", ray_a), log=tmp_path / "ref-store" / "stderr.log",
-                   leftovers=ray_a, env=env):
+    with alongside(
+        cmd(tmp_path / "reference", tmp_path / "ref-store", ray_a),
+        log=tmp_path / "ref-store" / "stderr.log",
+        leftovers=ray_a,
+        env=env,
+    ):
         task_dir = tmp_path / "crashed" / "seg"
-        proc = subprocess.Popen(cmd(tmp_path / "crashed", tmp_path, ray_b), env=env, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd(tmp_path / "crashed", tmp_path, ray_b),
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         kill_when(proc, lambda: past_a_checkpoint(task_dir), timeout=1200, leftovers=ray_b)
         killed_at, ckpts = history(task_dir)[-1]["step"], checkpoints(task_dir)
-        assert killed_at < STEPS and not (task_dir / "export" / "export.json").exists(), "the run finished before the kill"
+        assert killed_at < STEPS and not (task_dir / "export" / "export.json").exists(), (
+            "the run finished before the kill"
+        )
         assert not pids_naming(ray_b), "a process of the killed job survived"
 
-        done = subprocess.run(cmd(tmp_path / "crashed", tmp_path, ray_b), env=env, capture_output=True, text=True,
-                              timeout=1200)
+        done = subprocess.run(
+            cmd(tmp_path / "crashed", tmp_path, ray_b), env=env, capture_output=True, text=True, timeout=1200
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     starts = session_starts(task_dir)
     print(f"killed after step {killed_at} (checkpoints {ckpts}); sessions started at {starts}")

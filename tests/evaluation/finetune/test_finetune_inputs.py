@@ -1,5 +1,6 @@
 """Before any training: label files that do not fit their vocabulary fail with one line naming
 the file and what was expected; the augmentations keep labels and pixels in step."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,15 @@ from evaluation.heatmaps import decode_heatmaps
 from models.vocab import keypoint_vocab, seg_vocab
 from tests.evaluation.conftest import HW
 
-NO_AUG = AugmentSettings(enabled=True, scale=(1.0, 1.0), rotation_prob=0.0, flip_prob=0.0, half_body_prob=0.0,
-                         photometric_prob=0.0, background_prob=0.0)
+NO_AUG = AugmentSettings(
+    enabled=True,
+    scale=(1.0, 1.0),
+    rotation_prob=0.0,
+    flip_prob=0.0,
+    half_body_prob=0.0,
+    photometric_prob=0.0,
+    background_prob=0.0,
+)
 
 
 def config(tmp_path, **sections) -> FinetuneConfig:
@@ -40,12 +48,17 @@ def copy_split(root, split: str, sub: str, dest):
 
 def test_a_keypoint_file_of_another_keypoint_count_is_refused_before_training(synthetic_root, tmp_path):
     train, val = (copy_split(synthetic_root, s, "person_keypoints.json", tmp_path / "d") for s in ("train", "val"))
-    pose = dataclasses.replace(FinetuneConfig().pose,
-                               train=SplitPaths(images=str(train / "images"), labels=str(train / "person_keypoints.json")),
-                               val=SplitPaths(images=str(val / "images"), labels=str(val / "person_keypoints.json")))
+    pose = dataclasses.replace(
+        FinetuneConfig().pose,
+        train=SplitPaths(images=str(train / "images"), labels=str(train / "person_keypoints.json")),
+        val=SplitPaths(images=str(val / "images"), labels=str(val / "person_keypoints.json")),
+    )
     cfg = config(tmp_path, tasks=["pose"], pose=pose, vocab="coco_wholebody_133")
-    with pytest.raises(ValueError, match=r"^pose labels .*train/person_keypoints.json: 17 keypoints per person, "
-                                         r"expected 133 \(vocabulary coco_wholebody_133\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^pose labels .*train/person_keypoints.json: 17 keypoints per person, "
+        r"expected 133 \(vocabulary coco_wholebody_133\)$",
+    ):
         check_inputs(cfg, resolve_inputs(cfg, tmp_path / "out"))
     # one annotation with a keypoint missing: named by file and annotation
     data = json.loads((val / "person_keypoints.json").read_text())
@@ -62,19 +75,34 @@ def test_a_mask_with_class_ids_outside_the_vocabulary_is_refused_before_training
     mask = np.array(Image.open(bad))
     mask[0, :3] = [7, 9, 9]
     Image.fromarray(mask).save(bad)
-    seg = dataclasses.replace(FinetuneConfig().seg, train=SplitPaths(images=str(train / "images"), labels=str(train / "seg")),
-                              val=SplitPaths(images=str(val / "images"), labels=str(val / "seg")))
+    seg = dataclasses.replace(
+        FinetuneConfig().seg,
+        train=SplitPaths(images=str(train / "images"), labels=str(train / "seg")),
+        val=SplitPaths(images=str(val / "images"), labels=str(val / "seg")),
+    )
     cfg = config(tmp_path, tasks=["seg"], seg=seg, vocab="seg_synthetic_7")
-    with pytest.raises(ValueError, match=r"^seg labels .*val/seg/000004.png: class ids \[7, 9\] outside the "
-                                         r"vocabulary seg_synthetic_7 \(0..6, ignore 255\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^seg labels .*val/seg/000004.png: class ids \[7, 9\] outside the "
+        r"vocabulary seg_synthetic_7 \(0..6, ignore 255\)$",
+    ):
         check_inputs(cfg, resolve_inputs(cfg, tmp_path / "out"))
-    assert check_inputs(dataclasses.replace(cfg, vocab="seg_goliath_28"),
-                        resolve_inputs(dataclasses.replace(cfg, vocab="seg_goliath_28"), tmp_path / "out")) is None
+    assert (
+        check_inputs(
+            dataclasses.replace(cfg, vocab="seg_goliath_28"),
+            resolve_inputs(dataclasses.replace(cfg, vocab="seg_goliath_28"), tmp_path / "out"),
+        )
+        is None
+    )
 
 
 def test_pose_flip_moves_each_keypoint_to_its_mirror_and_swaps_left_and_right(synthetic_root):
-    base = CocoKeypointDataset(synthetic_root / "train" / "images", synthetic_root / "train" / "person_keypoints.json",
-                               image_size=HW, heatmap_sigma=1.0)
+    base = CocoKeypointDataset(
+        synthetic_root / "train" / "images",
+        synthetic_root / "train" / "person_keypoints.json",
+        image_size=HW,
+        heatmap_sigma=1.0,
+    )
     vocab = keypoint_vocab("coco_17")
     plain = augment.pose_item(base, 0, np.random.default_rng(0), NO_AUG, vocab)
     flipped = augment.pose_item(base, 0, np.random.default_rng(0), dataclasses.replace(NO_AUG, flip_prob=1.0), vocab)
@@ -88,17 +116,24 @@ def test_pose_flip_moves_each_keypoint_to_its_mirror_and_swaps_left_and_right(sy
 
 
 def test_seg_and_normal_augmentations_transform_labels_with_the_pixels(synthetic_root):
-    seg = SegmentationDataset(synthetic_root / "val" / "images", synthetic_root / "val" / "seg", image_size=HW,
-                              num_classes=7)
+    seg = SegmentationDataset(
+        synthetic_root / "val" / "images", synthetic_root / "val" / "seg", image_size=HW, num_classes=7
+    )
     seg.with_image = False
     vocab = seg_vocab("seg_synthetic_7")
     plain = augment.seg_item(seg, 1, np.random.default_rng(0), NO_AUG, vocab, augment.Backgrounds(""))
-    flipped = augment.seg_item(seg, 1, np.random.default_rng(0), dataclasses.replace(NO_AUG, flip_prob=1.0), vocab,
-                               augment.Backgrounds(""))
+    flipped = augment.seg_item(
+        seg, 1, np.random.default_rng(0), dataclasses.replace(NO_AUG, flip_prob=1.0), vocab, augment.Backgrounds("")
+    )
     expect = np.asarray(vocab.flip_map())[plain["labels"].numpy()[:, ::-1]]
     assert np.array_equal(flipped["labels"].numpy(), expect) and (expect == vocab.classes.index("left_arm")).any()
-    normal = DenseMapDataset(synthetic_root / "val" / "images", synthetic_root / "val" / "normal",
-                             synthetic_root / "val" / "masks", image_size=HW, kind="normal")
+    normal = DenseMapDataset(
+        synthetic_root / "val" / "images",
+        synthetic_root / "val" / "normal",
+        synthetic_root / "val" / "masks",
+        image_size=HW,
+        kind="normal",
+    )
     normal.with_image = False
     aug = dataclasses.replace(NO_AUG, flip_prob=1.0, rotation_prob=1.0, rotation_deg=90.0)
     out = augment.dense_item(normal, 1, np.random.default_rng(5), aug, augment.Backgrounds(""))
@@ -140,15 +175,18 @@ def test_both_families_fine_tune_in_process_and_export_the_released_layout(name,
     from models import build_backbone
     from models.io import load_state_dict_file
 
-    cfg = dataclasses.replace(config(tmp_path, tasks=["seg"], steps=3, batch_size_per_worker=2),
-                              backbone=dataclasses.replace(FinetuneConfig().backbone, name=name))
+    cfg = dataclasses.replace(
+        config(tmp_path, tasks=["seg"], steps=3, batch_size_per_worker=2),
+        backbone=dataclasses.replace(FinetuneConfig().backbone, name=name),
+    )
     cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, precision="fp32"))
     data = synthetic_data("seg", synthetic_root)
     data.num_classes, data.class_names = 7, list(seg_vocab("seg_synthetic_7").classes)
     ft = build_finetuner(cfg, "seg", TaskInputs(data, seg_vocab("seg_synthetic_7")), device=torch.device("cpu"))
     before = {k: v.clone() for k, v in ft.model.backbone.state_dict().items()}
-    for step, batch in enumerate(train_loader(ft.train_set, global_batch=2, seed=0, start=0, stop=3, rank=0, world=1,
-                                              workers=0)):
+    for step, batch in enumerate(
+        train_loader(ft.train_set, global_batch=2, seed=0, start=0, stop=3, rank=0, world=1, workers=0)
+    ):
         assert np.isfinite(train_step(ft, batch, step)["loss"])
     assert "mIoU" in evaluate(ft).compute()
     assert any(not torch.equal(before[k], v) for k, v in ft.model.backbone.state_dict().items())

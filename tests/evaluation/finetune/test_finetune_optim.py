@@ -1,6 +1,7 @@
 """Layer-wise learning-rate decay: every parameter's learning rate equals the reference's
 closed form, lr = base * rate ** (L + 1 - layer_id), for every block; weight decay as the
 reference says; the schedule's warm-up and decay."""
+
 from __future__ import annotations
 
 import pytest
@@ -54,7 +55,7 @@ def test_every_parameter_gets_the_closed_form_learning_rate(name, rate):
     blocks = "blocks" if name.startswith("sapiens2") else "layers"
     first_block = next(n for n in named if n.startswith(f"backbone.{blocks}.0.") and n.endswith("weight"))
     last_block = first_block.replace(f".{blocks}.0.", f".{blocks}.{L - 1}.")
-    assert lrs[id(named[first_block])] == pytest.approx(1e-3 * rate ** L)
+    assert lrs[id(named[first_block])] == pytest.approx(1e-3 * rate**L)
     assert lrs[id(named[last_block])] == pytest.approx(1e-3 * rate)
     assert lrs[id(named["backbone.patch_embed.projection.weight"])] == pytest.approx(1e-3 * rate ** (L + 1))
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))

@@ -1,5 +1,6 @@
 """Top-down pose evaluation pieces: flip test, the common-keypoint protocol (a 308-keypoint
 model scored on 133-keypoint labels) and person boxes from a curation manifest."""
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,18 @@ def _wholebody_gt(rng, n: int = 3) -> dict:
     for i in range(n):
         kps = np.concatenate([rng.uniform(20, 180, size=(133, 2)), np.full((133, 1), 2.0)], axis=1)
         images.append({"id": i + 1, "file_name": f"{i}.png", "height": 200, "width": 200})
-        anns.append({"id": i + 1, "image_id": i + 1, "category_id": 1, "iscrowd": 0, "bbox": [10, 10, 180, 180],
-                     "area": 180.0 * 180.0, "keypoints": kps.ravel().tolist(), "num_keypoints": 133})
+        anns.append(
+            {
+                "id": i + 1,
+                "image_id": i + 1,
+                "category_id": 1,
+                "iscrowd": 0,
+                "bbox": [10, 10, 180, 180],
+                "area": 180.0 * 180.0,
+                "keypoints": kps.ravel().tolist(),
+                "num_keypoints": 133,
+            }
+        )
     names = list(keypoint_vocab("coco_wholebody_133").keypoint_names)
     return {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "person", "keypoints": names}]}
 
@@ -51,7 +62,9 @@ def test_a_308_keypoint_model_is_scored_on_133_keypoint_labels_over_the_shared_k
             pred = np.concatenate([rng.uniform(0, 200, size=(308, 2)), np.ones((308, 1))], axis=1)  # junk elsewhere
             for m, lab in pairs:
                 pred[m, :2] = truth[lab, :2] + rng.normal(0, noise, 2)
-            out.append({"image_id": ann["image_id"], "category_id": 1, "keypoints": pred.ravel().tolist(), "score": 1.0})
+            out.append(
+                {"image_id": ann["image_id"], "category_id": 1, "keypoints": pred.ravel().tolist(), "score": 1.0}
+            )
         return out
 
     exact = common_keypoint_ap(gt, predictions(0.0), g, w)
@@ -62,12 +75,18 @@ def test_a_308_keypoint_model_is_scored_on_133_keypoint_labels_over_the_shared_k
 def test_person_boxes_from_a_curation_manifest_feed_top_down_evaluation(synthetic_root, tmp_path):
     labels = synthetic_root / "val" / "person_keypoints.json"
     images = json.loads(labels.read_text())["images"]
-    rows = [{"source": str(synthetic_root / "val" / "images" / images[0]["file_name"]),
-             "person_boxes": [[5.0, 6.0, 30.0, 50.0], [1.0, 1.0, 2.0, 2.0]], "person_scores": [0.9, 0.1]},
-            {"source": "/elsewhere/not_in_the_labels.png", "person_boxes": [[0, 0, 9, 9]], "person_scores": [0.99]}]
+    rows = [
+        {
+            "source": str(synthetic_root / "val" / "images" / images[0]["file_name"]),
+            "person_boxes": [[5.0, 6.0, 30.0, 50.0], [1.0, 1.0, 2.0, 2.0]],
+            "person_scores": [0.9, 0.1],
+        },
+        {"source": "/elsewhere/not_in_the_labels.png", "person_boxes": [[0, 0, 9, 9]], "person_scores": [0.99]},
+    ]
     dets = detections_from_manifest(rows, images, min_score=0.5)
-    assert dets == [{"image_id": images[0]["id"], "category_id": 1, "score": pytest.approx(0.9),
-                     "bbox": [5.0, 6.0, 25.0, 44.0]}]
+    assert dets == [
+        {"image_id": images[0]["id"], "category_id": 1, "score": pytest.approx(0.9), "bbox": [5.0, 6.0, 25.0, 44.0]}
+    ]
     path = tmp_path / "dets.json"
     path.write_text(json.dumps(dets))
     ds = CocoKeypointDataset(synthetic_root / "val" / "images", labels, image_size=HW, person_boxes=path)
