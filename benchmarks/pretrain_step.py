@@ -173,7 +173,7 @@ def step_worker(rank: int, world: int, args, port: int) -> None:
     from training.config import PretrainConfig
     from training.data import Batch
     from training.flops import peak_tflops, step_cost
-    from training.loop import build, prepare_process
+    from training.loop import build, set_determinism
     from training.masking import MaskGenerator
     from training.schedules import values_at
     from training.step import train_step
@@ -196,7 +196,7 @@ def step_worker(rank: int, world: int, args, port: int) -> None:
         overrides.append(f"batch_size_per_worker={args.batch}")
     default = "pretrain_0.4b.yaml" if cuda else "pretrain_tiny.yaml"
     cfg = load_config(PretrainConfig, args.config or REPO / "configs" / default, overrides)
-    prepare_process(cfg, device)
+    set_determinism(cfg, device)
     arch, optimizer = build(cfg, device, world)
     B, G, L = cfg.batch_size_per_worker, cfg.crops.num_global, cfg.crops.num_local
     (H, W), (h, w) = cfg.crops.global_size, cfg.crops.local_size

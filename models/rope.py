@@ -5,7 +5,8 @@ A head of K channels uses K/4 periods: the angles are [row x periods, column x p
 [-1, 1] separately on each axis, so any grid size works and no position table is learnt.
 
 The official module holds ``periods`` in bf16 and computes the sin/cos tables in bf16;
-``table_dtype`` reproduces that (parity needs it: fp32 tables differ by ~3e-3).
+``table_dtype`` reproduces that; parity needs it (``tests/models/test_sapiens2_parity.py``
+checks that fp32 tables miss the reference outputs).
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ import torch.distributed as dist
 
 import training.checkpoint as checkpoint
 from infra import jsonl, storage
-from infra.allocator import retain_freed_memory
 from infra.config import from_dict
 from infra.tracking import MetricsLogger
 from training.config import PretrainConfig
@@ -40,14 +39,13 @@ EXPORT_DIR = "export"
 EXPORT_MANIFEST = "export.json"
 
 
-def prepare_process(cfg: PretrainConfig, device: torch.device) -> None:
-    """This rank's process before anything is built: the seed, determinism flags and, on
-    CPU, the thread count and an allocator that re-uses the previous step's pages."""
+def set_determinism(cfg: PretrainConfig, device: torch.device) -> None:
+    """Before anything is built on this rank: the seed, on CPU the thread count, and with
+    ``cfg.deterministic`` the deterministic-algorithm flags."""
     torch.manual_seed(cfg.seed)
     if device.type == "cpu":
         # Results on CPU depend on the thread count: pin it to the worker's share.
         torch.set_num_threads(max(1, int(cfg.ray.cpus_per_worker)))
-        retain_freed_memory()  # glibc trims the heap after every backward otherwise (infra.allocator)
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -142,7 +140,7 @@ def _start(cfg: PretrainConfig, payload: dict) -> Session:
     device = torch.device("cuda", ctx.get_local_rank()) if cfg.ray.use_gpu else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    prepare_process(cfg, device)
+    set_determinism(cfg, device)
     arch, optimizer = build(cfg, device, world)
     step, data_state = _restore(arch, optimizer, rank, payload["dataset"]["id"])
     spec = RankSpec.of(cfg, rank=rank, world_size=world, patch_stride=arch.stride, pin_memory=device.type == "cuda")

@@ -30,7 +30,7 @@ from evaluation.visualize import save_png
 from infra import jsonl
 from infra.config import from_dict
 from infra.tracking import MetricsLogger
-from training.loop import prepare_process
+from training.loop import set_determinism
 
 log = logging.getLogger("evaluation.finetune")
 HISTORY = "history.jsonl"
@@ -74,7 +74,7 @@ def finetune_worker(payload: dict) -> None:
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     cfg = from_dict(FinetuneConfig, payload["config"])
     rank, world, device, mesh = _context(cfg)
-    prepare_process(cfg, device)
+    set_determinism(cfg, device)
     inputs = TaskInputs(task_data(payload["data"]), _vocab(payload))
     ft = build_finetuner(cfg, payload["task"], inputs, device=device, mesh=mesh)
     step = _restore(ft, rank)

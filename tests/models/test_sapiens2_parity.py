@@ -1,10 +1,7 @@
 """Numerical parity with the official module on the reference test vectors.
 
 The official module computes its RoPE tables in bf16 and rotates q/k in bf16; doing the
-same reproduces ``output_raw`` (max abs error 7.2e-7, 3.7e-5 with the 4K tokenizer, on
-this machine). The asserted
-tolerance, 5e-3 absolute, is bf16-level (outputs reach ~4.5) and leaves room for other
-BLAS kernels flipping a bf16 rounding. With fp32 tables the error is ~2-3e-3.
+same reproduces ``output_raw``, and fp32 tables measurably miss it (the last test).
 """
 
 import json
@@ -18,7 +15,11 @@ from safetensors.torch import load_file
 
 from models import build_backbone, load_weights
 
-ATOL = 5e-3
+# Max abs error measured with the plain layers (2-core x86_64 CPU, shared; torch 2.14.1, fp32,
+# 1 and 2 threads): 0 for both groups (outputs up to 4.45 / 2.83). Commit f373227 recorded
+# 7.2e-7 (plain) and 3.7e-5 (tokenizer4k) on an earlier machine of that class; 1e-4 covers that
+# spread and is 27x below the 2.7e-3 that fp32 RoPE tables give.
+ATOL = 1e-4
 
 
 def _parity_file() -> Path:
@@ -59,4 +60,5 @@ def test_rope_tables_dtype_is_what_gives_parity():
     """Sanity check of the test itself: fp32 RoPE tables measurably miss the reference."""
     out_bf16, ref = _run("plain")
     out_fp32, _ = _run("plain", rope_dtype="float32")
-    assert (out_fp32 - ref).abs().max() > 1e-3 > (out_bf16 - ref).abs().max()
+    assert (out_fp32 - ref).abs().max() > 1e-3
+    assert (out_bf16 - ref).abs().max() <= ATOL
