@@ -24,6 +24,8 @@ Inputs are real photos cycled to ``--images`` rows. Not a test: it prints figure
 
     python benchmarks/content_filters_throughput.py --threads 1     # ~10 min on 2 quiet cores
     python benchmarks/content_filters_throughput.py --quick         # 8 images, batch 8, OCR at 640
+
+Results: docs/results/content_filters.md.
 """
 
 from __future__ import annotations
@@ -32,13 +34,11 @@ import argparse
 import dataclasses
 import io
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402

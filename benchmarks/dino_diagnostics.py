@@ -13,69 +13,12 @@ overrides ``configs/pretrain_tiny.yaml`` (``infra.config.load_config``); the scr
 fp32, no activation checkpointing, ``batch_size_per_worker=--batch`` (8 = the tiny run's 2
 workers x 4) and ``steps=--steps`` (so the lr / momentum cosines span this run).
 
-Every ``--every`` steps (and at step 1) it prints one row, values of THAT step's batch:
-
-    mae, cl, koleo   the loss parts train_step returned (cl is in nats; ln K is printed in the header)
-    H_t              mean over the batch of the teacher's entropy H(p_t), p_t = softmax((t - c) / T_t)
-                     with the centre c as the loss used it (ln K = a uniform teacher)
-    H_s              mean over the batch of the student's entropy H(softmax(s / T_s)) (all views)
-    H_mean_t         entropy of the batch-mean teacher distribution (ln K = prototypes used evenly;
-                     low = every sample on the same few prototypes)
-    pmax_t           mean over the batch of the teacher's largest probability
-    cls_std          std over the batch of the L2-normalised teacher CLS (backbone output), mean over
-                     dimensions, times sqrt(D): ~1 = spread like random directions, -> 0 = one constant CLS
-    logit_sd         std over the batch of the teacher's head logits (cosines), mean over prototypes:
-                     what survives centring (sharpened by 1 / T_t)
-    |c|              L2 norm of the DINO centre
-    z_mean           norm of the batch mean of the teacher's L2-normalised bottleneck vectors (1 = every sample
-                     maps to the same point before the prototypes)
-    proto_mean       norm of the mean of the student's L2-normalised prototypes (~1/sqrt(bottleneck) at init;
-                     1 = all prototypes one direction, so every logit is the same and q is uniform)
-    g_head, g_bb     gradient norms (before clipping) of the student's dino_head and backbone
-    gcl_bb, gmae_bb  (``--per-loss-grads``) backbone gradient norm of the weighted CL term alone and of
-                     the MAE term alone (one extra forward/backward on the same batch, no update)
-
-At the end: the mean over the last ``--every`` steps for mae and cl, the wall time, and
-(``--json``) every row written as JSON. ``--head-init-std``, ``--head-frozen-bias`` and
-``--layerscale`` are experiments on the modules (not settings of any config).
-
-Measured (2026-12-01, 2-core shared CPU, seed 0, batch 8, 512 figures; "cl" = mean of the last
-25-50 steps, ln K = 8.318 for K = 4096, 5.545 for K = 256), all on the tiny config as it was
-before this study (T_s 0.1, T_t 0.04 -> 0.07 over 20 steps), with the settings named changed:
-
-    as it was, 500 steps                               cl 8.316   mae 0.672 (a 300-step repeat: cl 8.288)
-      (step 1: H_t 7.04 but cls_std 1.7e-4 -> centre catches up, H_t 8.313 at step 25;
-       cls_std 0.8 by step 125 thanks to KoLeo, yet z_mean 0.99-1.00 and H_t 8.30 to the end)
-    loss.koleo_weight=0 (300)                          cl 8.318   (cls_std 0.004: the CLS never varies)
-    loss.mae_weight=0 (250)                            cl 8.318
-    loss.num_prototypes=256 (300)                      cl 5.545 / 5.545
-    loss.teacher_temp=0.04 (250)                       cl 8.317
-    loss.teacher_temp_warmup_steps=300 (300)           cl 8.312
-    teacher.momentum=0.95 (250)                        cl 8.318
-    masking.ratio=0.25 (250)                           cl 8.318
-    optim.lr=0.0001 (250)                              cl 8.319
-    loss.head_layers=1 (250)                           cl 8.316
-    loss.koleo_weight=0.4 + freeze_last_layer_steps=100 cl 8.317
-    loss.teacher_temp=0.04 + koleo_weight=0.4 (300)    cl 8.312
-    --head-init-std 0.1 / --head-frozen-bias (300)     cl 8.317 / 8.317
-    --layerscale 1.0 (image-dependent CLS at init)     cl 8.210 (250), 8.212 (400), 8.179 with lr 1e-4
-    --layerscale 1.0 + loss.teacher_temp=0.04 (300)    cl 7.52    mae 0.697 (H_t 6.9-7.5)
-    --layerscale 1.0 + loss.num_prototypes=256 (300)   cl 5.43 / 5.545
-  800 steps (mean of the last 100):
-    as it was (T_s 0.1, T_t 0.04 -> 0.07 / 20 steps)   cl 8.318   mae 0.657
-    loss.teacher_temp=0.04                             cl 8.198   mae 0.662 (slowly leaving from step ~200)
-    loss.teacher_temp=0.04 loss.student_temp=0.2       cl 6.759   mae 0.658 (leaves ln K after ~300 steps;
-                                                       seed=1: cl 6.653, mae 0.668) -> configs/pretrain_tiny.yaml
-
-Reading: no code defect found (view pairing, centre input, EMA pairing, last-layer freeze read
-and consistent with DINOv2). The CLS is image-independent at initialisation (LayerScale 1e-4 on
-attention only; the FFN is per token), so the centred teacher is uniform within ~20 steps; the
-student's head, trained on a uniform target, becomes input-independent (z_mean -> 1) before KoLeo
-spreads the CLS, and stays so after (uniform fixed point). No setting of the tiny config above
-leaves it within 250-500 steps; an image-dependent CLS at initialisation plus a sharper teacher
-(T_t 0.04) does, and so, on the shipped model, does a sharpening ratio T_s / T_t of 5 (0.2 / 0.04)
-after ~300 steps: the tiny config's temperatures since then (``--set loss.student_temp=0.1 --set
-loss.teacher_temp=0.07 --set loss.teacher_temp_warmup_steps=20`` gives back the old behaviour).
+Every ``--every`` steps (and at step 1) it prints one row of THAT step's batch: the loss parts,
+the teacher's and student's entropies, the spread of the teacher CLS, collapse indicators and
+gradient norms (``LEGEND``, also in ``--help``). At the end: the mean over the last ``--every``
+steps for mae and cl against ln K, the wall time, and (``--json``) every row written as JSON.
+``--head-init-std``, ``--head-frozen-bias`` and ``--layerscale`` are experiments on the modules
+(not settings of any config). Results: docs/results/dino_diagnostics.md.
 """
 
 from __future__ import annotations
@@ -84,17 +27,36 @@ import argparse
 import io
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+# What each printed column is (values of the reported step's batch).
+LEGEND = {
+    "mae, cl, koleo": "the loss parts train_step returned (cl is in nats; ln K is printed in the header)",
+    "H_t": "mean over the batch of the teacher's entropy H(p_t), p_t = softmax((t - c) / T_t) with the "
+    "centre c as the loss used it (ln K = a uniform teacher)",
+    "H_s": "mean over the batch of the student's entropy H(softmax(s / T_s)) (all views)",
+    "H_mean_t": "entropy of the batch-mean teacher distribution (ln K = prototypes used evenly; low = every "
+    "sample on the same few prototypes)",
+    "pmax_t": "mean over the batch of the teacher's largest probability",
+    "cls_std": "std over the batch of the L2-normalised teacher CLS (backbone output), mean over dimensions, "
+    "times sqrt(D): ~1 = spread like random directions, -> 0 = one constant CLS",
+    "logit_sd": "std over the batch of the teacher's head logits (cosines), mean over prototypes: what "
+    "survives centring (sharpened by 1 / T_t)",
+    "|c|": "L2 norm of the DINO centre",
+    "z_mean": "norm of the batch mean of the teacher's L2-normalised bottleneck vectors (1 = every sample "
+    "maps to the same point before the prototypes)",
+    "proto_mean": "norm of the mean of the student's L2-normalised prototypes (~1/sqrt(bottleneck) at init; "
+    "1 = all prototypes one direction, so every logit is the same and q is uniform)",
+    "g_head, g_bb": "gradient norms (before clipping) of the student's dino_head and backbone",
+    "gcl_bb, gmae_bb": "(--per-loss-grads) backbone gradient norm of the weighted CL term alone and of the "
+    "MAE term alone (one extra forward/backward on the same batch, no update)",
+}
 
 
 def write_figure_shards(folder: Path, count: int, hw: tuple[int, int], per_shard: int = 128) -> list[str]:
@@ -166,7 +128,11 @@ def per_loss_backbone_grads(arch, batch, teacher_temp: float) -> tuple[float, fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="columns:\n" + "\n".join(f"  {k:16s} {v}" for k, v in LEGEND.items()),
+    )
     ap.add_argument("--config", default=str(REPO / "configs" / "pretrain_tiny.yaml"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--steps", type=int, default=400)

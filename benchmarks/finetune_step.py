@@ -9,8 +9,9 @@ ratio says what training the whole backbone costs.
 
 GPU mode (bf16 autocast, one device): also the model FLOPs per step (3 x the forward's,
 counted with ``FlopCounterMode`` on the meta device: the backward counted as twice the forward)
-and MFU against the device's bf16 peak (``training.flops.peak_tflops``). Not run here: no GPU
-is lent to this machine. Timings are the median of ``--steps`` after ``--warmup`` steps.
+and MFU against the device's bf16 peak (``training.flops.peak_tflops``). Timings are the median
+of ``--steps`` after ``--warmup`` steps, wall and CPU time of this process (the latter swings
+less with a shared machine's load). Results: docs/results/pretraining.md.
 """
 
 from __future__ import annotations
@@ -19,19 +20,15 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
-import torch  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
-
-from evaluation.finetune.config import FinetuneOptim  # noqa: E402
-from evaluation.finetune.optim import build_optimizer, set_step_lr  # noqa: E402
-from evaluation.finetune.tasks import FinetuneModel  # noqa: E402
-from models import build_backbone, build_task_head  # noqa: E402
-from training.step import clip_gradients  # noqa: E402
+from evaluation.finetune.config import FinetuneOptim
+from evaluation.finetune.optim import build_optimizer, set_step_lr
+from evaluation.finetune.tasks import FinetuneModel
+from models import build_backbone, build_task_head
+from training.step import clip_gradients
 
 HEAD_KW = {"pose": {"num_keypoints": 308}, "seg": {"num_classes": 28}, "normal": {}, "depth": {}}
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of the platform in one prepared run (< 8 minutes on one GPU):
+# The GPU figures of the platform in one prepared run (its budget: 8 minutes on one GPU):
 #   1. sapiens2_1b forward+backward at 1024x768, bf16 autocast: TFLOP/s and MFU, eager and compiled
 #      (benchmarks/backbone_step.py, sapiens2 only: the plain baseline is the CPU benchmark's business)
 #   2. one pretraining step of configs/pretrain_0.4b.yaml under FSDP2 on one GPU, fed by its data
@@ -82,7 +82,6 @@ import sys, time
 import numpy as np
 import onnxruntime as ort
 from PIL import Image
-sys.path.insert(0, ".")
 from curation.filters.person import CenterNetOnnx, DetectorConfig
 if "CUDAExecutionProvider" not in ort.get_available_providers():
     print(f"detector: NOT MEASURED: ONNX Runtime {ort.__version__} has no CUDA provider "

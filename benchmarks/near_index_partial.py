@@ -7,25 +7,24 @@ the whole index into memory first. Prints files, bytes and rows read (what the d
 and wall time of each, and checks the decisions are equal.
 
     .venv/bin/python benchmarks/near_index_partial.py --n 200000 --batches 100 10000
+
+Results: docs/results/near_index.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from dedup_scaling import synthetic_table  # this script's folder is first on sys.path
 
-sys.path.insert(0, os.path.dirname(__file__))
-from dedup_scaling import synthetic_table  # noqa: E402
-
-from curation.dedup.incremental import NearDupIndex, incremental_decisions  # noqa: E402
-from curation.dedup.index_store import PartitionedNearIndex, save_index  # noqa: E402
-from curation.dedup.near import NearDupConfig, near_duplicate_decisions  # noqa: E402
+from curation.dedup.incremental import NearDupIndex, incremental_decisions
+from curation.dedup.index_store import PartitionedNearIndex, save_index
+from curation.dedup.near import NearDupConfig, near_duplicate_decisions
 
 
 def measured(fn):

@@ -16,6 +16,8 @@ time, images/s, tokens/s, achieved TFLOP/s per GPU and MFU (FLOPs counted by
     python benchmarks/pretrain_step.py --step-only --gpus 2             # the same step-only code on CPU/gloo (tiny)
     python benchmarks/pretrain_step.py --device cuda --config configs/pretrain_5b.yaml --batch 4 --compile
     python benchmarks/pretrain_step.py --device cuda --config configs/pretrain_v1_0.3b.yaml --batch 64  # v1 MAE
+
+Results: docs/results/pretraining.md.
 """
 
 from __future__ import annotations
@@ -25,14 +27,12 @@ import io
 import json
 import os
 import statistics
-import sys
 import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -120,13 +120,12 @@ def map_tasks(
 
     For work that is one independent task per item with nothing streamed between operators
     (a partition's read + cheap stages + staging write, a partition's shard, a manifest part's
-    summary). Ray Data's streaming executor, measured here on 2 CPUs with 16 tasks of 0.6 s CPU
-    (``docs/scale_plan.md``, "pass 1 as Ray tasks"): runs the first tasks one
-    at a time for ~1.5 s, then leaves 0.1-0.2 s between one task's end and the next one's start
-    (it notices completions every 0.1 s and leases a worker per task); 7.2 s against 4.8 s ideal.
-    Tasks queued at Ray start as soon as a CPU frees (the lease is reused): 16 such tasks ran with
-    no gap. At most ``in_flight_per_cpu`` x the cluster's CPUs / ``num_cpus`` tasks are pending at
-    once, so the driver holds refs in proportion to the cluster, not to ``items``.
+    summary). Ray Data's streaming executor starts such tasks slowly and leaves a gap between
+    one task's end and the next one's start (it polls for completions and leases a worker per
+    task); tasks queued at Ray start as soon as a CPU frees, the lease reused (the timeline:
+    ``docs/scale_plan.md``, "pass 1 as Ray tasks"). At most ``in_flight_per_cpu`` x the cluster's
+    CPUs / ``num_cpus`` tasks are pending at once, so the driver holds refs in proportion to the
+    cluster, not to ``items``.
 
     A task whose worker dies is retried by Ray (``max_retries``), so ``fn`` must be idempotent;
     an exception raised by ``fn`` ends the map with that exception.
