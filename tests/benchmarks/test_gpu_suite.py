@@ -1,0 +1,22 @@
+"""``benchmarks/gpu_suite.sh --dry-run`` prints its plan on a machine without a GPU."""
+
+import re
+
+SECTIONS = {"backbone": 75, "backbone_compiled": 190, "pretrain": 145, "detector": 40}
+
+
+def test_dry_run_prints_every_section_with_its_limit(bench):
+    out = bench("gpu_suite.sh", "--dry-run")
+    assert out.startswith("gpu_suite: sections backbone,backbone_compiled,pretrain,detector; python ")
+    for name, limit in SECTIONS.items():
+        assert re.search(rf"^=== {name} \(limit {limit}s\): \S+", out, re.M), out
+    assert "benchmarks/backbone_step.py --device cuda --model sapiens2_1b --hw 1024 768" in out
+    assert re.search(r"benchmarks/backbone_step.py .* --compile$", out, re.M)
+    assert "benchmarks/pretrain_step.py --config" in out and "configs/pretrain_0.4b.yaml" in out
+    assert sum(SECTIONS.values()) <= 8 * 60
+    assert out.rstrip().endswith("dry run: nothing was run")
+
+
+def test_dry_run_of_some_sections(bench):
+    out = bench("gpu_suite.sh", "--dry-run", "--only", "detector,pretrain")
+    assert re.findall(r"^=== (\w+) \(limit", out, re.M) == ["detector", "pretrain"]
