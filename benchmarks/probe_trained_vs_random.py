@@ -31,6 +31,7 @@ Built-in advantage (not the headline; only with ``--standins``): the stand-ins o
 printed apart and says so. ``--checkpoint`` adds any official-layout file to the headline.
 
 Writes ``table.md`` and ``bench.json`` under ``--out``; every run is in ``<out>/mlflow.db``.
+Results: docs/results/pretraining.md.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 for _key, _value in {
     "MLFLOW_DISABLE_TELEMETRY": "true",
