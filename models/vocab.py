@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 VOCAB_DIR = Path(__file__).resolve().parent / "vocab"
@@ -29,6 +29,7 @@ class KeypointVocab:
     skeleton: tuple[tuple[int, int], ...]  # 0-based pairs
     sigmas: tuple[float, ...]  # OKS sigmas
     common: dict[str, tuple[tuple[int, int], ...]]  # other vocab -> (our index, its index) pairs
+    part_groups: dict[str, tuple[int, ...]] = field(default_factory=dict)  # e.g. body, face, left_hand
 
     @property
     def num_keypoints(self) -> int:
@@ -85,6 +86,7 @@ def keypoint_vocab(name: str) -> KeypointVocab:
         skeleton=tuple(tuple(p) for p in d["skeleton"]),
         sigmas=tuple(d["sigmas"]),
         common=common,
+        part_groups={k: tuple(v) for k, v in d.get("part_groups", {}).items()},
     )
 
 
