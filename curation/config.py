@@ -28,7 +28,7 @@ class InputConfig:
     parquet_image_column: str | None = None  # auto: first of image, jpg, png, webp, bytes
     parquet_path_column: str | None = None  # auto: first of path, uri, url, file
     parquet_key_column: str | None = None  # auto: "key" when present
-    num_cpus: float = 1.0  # per read task; reading is mostly I/O, so 0.25-0.5 leaves cores to the stages
+    num_cpus: float = 1.0  # per read task; reading is mostly I/O, so 0.25-0.5 leaves cores to the row steps
 
     def __post_init__(self) -> None:
         if self.images_per_partition < 1:

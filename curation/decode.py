@@ -16,7 +16,7 @@ What is done on purpose (recorded in ``notes``):
 Errors (``curation.schema``): ``empty_file``, ``not_an_image``, ``decompression_bomb``
 (pixel count from the header, checked before any pixel is decoded), ``truncated`` (only
 a full ``load()`` catches it: ``verify()`` passes truncated JPEGs), ``decode_failed``,
-``unsupported_mode``. A bad file never raises out of the stage.
+``unsupported_mode``. A bad file never raises out of the step.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
 from curation import schema
 from curation.config import DecodeConfig
-from curation.stages import Resources, Stage
+from curation.steps import Resources, RowStep
 
 # Pillow's own bomb guard is a global; ours is the per-run decode.max_pixels, checked first.
 Image.MAX_IMAGE_PIXELS = None
@@ -207,7 +207,7 @@ def encode_output(raw: bytes, rgb: Image.Image, facts: dict, cfg: DecodeConfig) 
     return out.getvalue()
 
 
-class DecodeStage(Stage):
+class DecodeStep(RowStep):
     """Raw rows -> decoded rows (``schema.BASE_FIELDS``); the raw bytes are dropped here."""
 
     name = "decode"
@@ -215,7 +215,7 @@ class DecodeStage(Stage):
     Config = DecodeConfig
     reasons = schema.ERROR_REASONS
     reads = ("raw",)
-    writes = tuple(f.name for f in schema.BASE_FIELDS)
+    fields = schema.BASE_FIELDS
 
     def __init__(self, cfg: DecodeConfig) -> None:
         self.cfg = cfg

@@ -5,14 +5,14 @@
 1. **Prepare**: build the recipe from the config (every start-up check, before any Ray work),
    digest the job, claim the output folder (refusing one that holds another job).
 2. **Plan** the input into partitions with deterministic ids; skip what is already done.
-3. **Pass 1** over every partition not yet complete: read -> the cheap stages (decode: header,
+3. **Pass 1** over every partition not yet complete: read -> the cheap row steps (decode: header,
    size, SHA-256, PHash; geometry) inside each read task, into staging part files.
 4. **Global steps** of the pass (exact + near dedup) on metadata only, across the run.
 5. **Pass 2** over the survivors, read back from pass 1's staging; the survivors' image bytes
    are read from the input by reference where staging holds none (``curation.staging``: a
    file or an uncompressed tar member kept as it is), checked against pass 1's SHA-256, so a
    source that changed or vanished since fails the run instead of making the passes disagree:
-   the model stages on actor pools; rows that ended earlier ride along without their image
+   the model steps on actor pools; rows that ended earlier ride along without their image
    bytes so that every input stays one manifest row. Then its global steps (semantic dedup
    on pass 2's embeddings).
 6. **Write** each partition's shard, sidecar and manifest part (skipping committed ones); kept
@@ -44,7 +44,6 @@ from curation import output, readers, schema, staging
 from curation.dedup.distributed import GlobalDedupInput, decided_steps, partition_decisions
 from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_global_dedup, steps_before
 from curation.recipe import HUMANS1B, CurationConfig
-from curation.stages import BuiltRecipe, Pass, Recipe, apply_stage, check_fits, run_stages_locally, section_of
 from curation.stats import (
     SUMMARY_COLUMNS,
     format_summary,
@@ -53,6 +52,7 @@ from curation.stats import (
     stats_from_counts,
     tracking_record,
 )
+from curation.steps import BuiltRecipe, Pass, Recipe, apply_step, check_fits, run_steps_locally, section_of
 from curation.versions import code_version, combine_digests, partition_digest
 from curation.writer import survivors_only
 from infra import storage
@@ -102,7 +102,7 @@ class Job:
 
 # ---- identity ------------------------------------------------------------------------------------
 
-# Where and how wide a stage runs, never what it decides: a job killed on one cluster shape can
+# Where and how wide a step runs, never what it decides: a job killed on one cluster shape can
 # resume on another (more GPUs, fewer actors) into the same output.
 RESOURCE_KEYS = frozenset({"num_cpus", "num_gpus", "num_actors"})
 NOT_IDENTITY = ("tracking", "ray", "output_dir", "name", "dataset_name")
@@ -141,7 +141,7 @@ def content_digest(path: str) -> dict:
 
 def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
     """Digest of everything that decides the outputs: not where they are logged, how Ray runs,
-    the resources each stage gets, nor where the model weights live (they enter by content)."""
+    the resources each step gets, nor where the model weights live (they enter by content)."""
     d = config_to_dict(cfg)
     for k in NOT_IDENTITY:
         d.pop(k, None)
@@ -255,7 +255,7 @@ def start_ray(job: Job, scoring: bool) -> None:
         import ray
 
         check_fits(
-            split_inline(job.steps.stages)[1],
+            split_inline(job.steps.row_steps)[1],
             job.cfg.input.num_cpus,
             ray.cluster_resources().get("CPU", 0.0),
             autoscale=job.cfg.ray.actor_pools == "autoscaling",
@@ -267,7 +267,7 @@ def _read_and_list(p: readers.Partition, reader: readers.ReadImages, inline: lis
     fs, root = storage.resolve(out_uri)
     staging.write_listing(fs, root, p.id, [k for t in tables for k in t.column("key").to_pylist()])
     for table in tables:
-        yield run_stages_locally(table, inline) if inline else table
+        yield run_steps_locally(table, inline) if inline else table
 
 
 def staging_task_resources(job: Job) -> dict:
@@ -276,32 +276,32 @@ def staging_task_resources(job: Job) -> dict:
     return {"num_cpus": job.cfg.input.num_cpus}
 
 
-def split_inline(stages: list) -> tuple[list, list]:
-    """(the leading cheap stages, the rest). The cheap ones run inside each partition's read task:
+def split_inline(steps: list) -> tuple[list, list]:
+    """(the leading cheap row steps, the rest). The cheap ones run inside each partition's read task:
     as separate Ray Data operators, every image's bytes would cross the object store once more
-    per stage (Ray Data does not fuse them with the read), for work that costs less than the copy."""
-    n = next((i for i, s in enumerate(stages) if s.uses_model), len(stages))
-    return stages[:n], stages[n:]
+    per step (Ray Data does not fuse them with the read), for work that costs less than the copy."""
+    n = next((i for i, s in enumerate(steps) if s.uses_model), len(steps))
+    return steps[:n], steps[n:]
 
 
 def _score_partition(p: readers.Partition, reader: readers.ReadImages, inline: list, out_uri: str) -> int:
-    """One partition through the cheap stages into staging, in one task; rows staged."""
+    """One partition through the cheap row steps into staging, in one task; rows staged."""
     fs, root = storage.resolve(out_uri)
     return sum(staging.write_parts(fs, root, table) for table in _read_and_list(p, reader, inline, out_uri))
 
 
 def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
-    """Pass 1: the partitions through the first pass's stages into staging. Cheap stages only
+    """Pass 1: the partitions through the first pass's row steps into staging. Cheap steps only
     (the two-pass recipe): one Ray task per partition (``infra.ray_runtime.map_tasks``: no
     stream between operators to manage, and none of Ray Data's per-task dispatch gaps); with a
-    model stage in pass 1, a Ray Data stream through its actor pool."""
+    model step in pass 1, a Ray Data stream through its actor pool."""
     import ray.data
 
     from infra.ray_runtime import map_tasks
 
     reader, uri = job.steps.steps[0], job.uri
-    inline, pooled = split_inline(job.steps.passes()[0].stages)
-    if not pooled:  # the task runs the read and every cheap stage: it needs the most any of them asks
+    inline, pooled = split_inline(job.steps.passes()[0].row_steps)
+    if not pooled:  # the task runs the read and every cheap step: it needs the most any of them asks
         cpus = max([job.cfg.input.num_cpus, *(s.resources().num_cpus for s in inline)])
         map_tasks(
             functools.partial(_score_partition, reader=reader, inline=inline, out_uri=uri),
@@ -314,14 +314,14 @@ def score_partitions(job: Job, partitions: list[readers.Partition]) -> None:
         partitions, lambda p: _read_and_list(p, reader, inline, uri), schema=None if inline else readers.RAW_SCHEMA
     )
     ds = ray.data.read_datasource(source, override_num_blocks=len(partitions), num_cpus=job.cfg.input.num_cpus)
-    for stage in pooled:
-        ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
+    for step in pooled:
+        ds = apply_step(ds, step, autoscale=job.cfg.ray.actor_pools == "autoscaling")
     ds.write_datasink(staging.StagingSink(uri), ray_remote_args=staging_task_resources(job))
 
 
 def pass_job(job: Job, p: Pass) -> Job:
     """The job as pass ``p``'s global steps see it: its staging root, the columns written so far
-    and only its own global steps. Pass 1 stages under the output; pass k under
+    and only its own global steps. Pass 1 writes its staging under the output; pass k under
     ``_staging/pass<k>`` (dropped with the rest of staging when the job completes)."""
     root = job.root if p.index == 1 else output.path(job.root, output.STAGING_DIR, f"pass{p.index}")
     return dataclasses.replace(job, steps=job.steps.up_to(p), root=root)
@@ -341,13 +341,13 @@ def _survivors(pid: str, src_uri: str, dst_uri: str, out_uri: str, inline: list,
         rows = staging.load_image_bytes(rows, schema.pending_mask(rows))
     for start in range(0, rows.num_rows, readers.ROWS_PER_BLOCK):
         chunk = rows.slice(start, readers.ROWS_PER_BLOCK)
-        yield run_stages_locally(chunk, inline) if inline else chunk
+        yield run_steps_locally(chunk, inline) if inline else chunk
 
 
-# Rows per staging write after a model stage's actor pool. Its small output blocks, one part
+# Rows per staging write after a model step's actor pool. Its small output blocks, one part
 # file each, cost a write task and a file per batch (125 parts for 1,000 rows at batch 8).
 STAGING_BATCH_ROWS = 256
-# Bytes per block fed to the model stages' actor pools (a block is the unit an actor takes): ~100
+# Bytes per block fed to the model steps' actor pools (a block is the unit an actor takes): ~100
 # web images of ~80 KB.
 POOL_INPUT_BYTES = 8 * 2**20
 
@@ -370,8 +370,8 @@ def score_survivors(job: Job, p: Pass, pids: list[str]) -> None:
         return
     for pid in todo:
         staging.clear_partition(job.fs, dst.root, pid)
-    inline, pooled = split_inline(p.stages)
-    images = any("image" in s.columns_read() for s in p.stages)
+    inline, pooled = split_inline(p.row_steps)
+    images = any("image" in s.columns_read() for s in p.row_steps)
     parts = [readers.Partition(id=pid, kind="staged", uris=(src.uri,)) for pid in todo]
     source = readers.partition_datasource(
         parts, lambda q: _survivors(q.id, src.uri, dst.uri, job.uri, inline, images), schema=None
@@ -389,8 +389,8 @@ def score_survivors(job: Job, p: Pass, pids: list[str]) -> None:
         ds = ray.data.read_datasource(source, override_num_blocks=len(parts), num_cpus=job.cfg.input.num_cpus)
     finally:
         ctx.target_max_block_size = default_block
-    for stage in pooled:
-        ds = apply_stage(ds, stage, autoscale=job.cfg.ray.actor_pools == "autoscaling")
+    for step in pooled:
+        ds = apply_step(ds, step, autoscale=job.cfg.ray.actor_pools == "autoscaling")
     if pooled:  # an actor returns a block per batch (8 rows for the detector): staged in fewer, larger parts
         ds = ds.map_batches(
             _same_rows,
@@ -500,7 +500,7 @@ def finish(job: Job, partitions: int, phases: dict[str, float], t0: float) -> tu
         job.steps.funnel(),
         samples_in_shards=out.samples_in_shards(),
         shards=len(out.shard_files()),
-        stages=job.steps.describe(),
+        descriptions=job.steps.describe(),
     )
     stats.update(partitions=partitions, job_digest=job.digest)
     if not stats["reconciled"]:

@@ -33,8 +33,8 @@ import pyarrow.parquet as pq
 
 from curation.config import InputConfig
 from curation.output import split_member
-from curation.schema import EMPTY_FILE, FILE_TOO_LARGE, RAW_SCHEMA, READ_FAILED
-from curation.stages import Step
+from curation.schema import EMPTY_FILE, FILE_TOO_LARGE, RAW_FIELDS, RAW_SCHEMA, READ_FAILED
+from curation.steps import Step
 from infra import storage
 
 ROWS_PER_BLOCK = 64  # raw rows per yielded table: keeps read tasks streaming
@@ -451,7 +451,7 @@ class ReadImages(Step):
     section = "input"
     Config = InputConfig
     reasons = (READ_FAILED, EMPTY_FILE, FILE_TOO_LARGE)
-    writes = tuple(f.name for f in RAW_SCHEMA)
+    fields = RAW_FIELDS
 
     def __init__(self, cfg: InputConfig, max_bytes: int = 64 * 2**20) -> None:
         super().__init__(cfg)

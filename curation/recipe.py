@@ -6,22 +6,22 @@
     global:                semantic dedup              (on pass 2's CLIP embeddings)
                            -> shards + manifest
 
-The global steps are the pass boundaries (``curation.stages``): the models never see an exact
+The global steps are the pass boundaries (``curation.steps``): the models never see an exact
 or near duplicate, which web corpora hold 10-30% of. A duplicate family's representative is
 chosen before detection, by quality (``curation.dedup.representative_sort_key``).
 
 Each step declares the columns it reads and writes; building the recipe refuses an order in
 which a step reads a column no earlier enabled step writes. A disabled step stays in the list
-and reports itself as not applied. The job's config class, the funnel in stats.json, the stage
-descriptions in stats.json and MLflow and the columns dedup reads all derive from this list.
-Adding a filter: one file with its step class (settings dataclass, ``section``, ``reads``,
-``writes``, ``reasons``) and one line here.
+and reports itself as not applied. The job's config class, the funnel in stats.json, the step
+descriptions in stats.json and MLflow, the columns dedup reads and the audit's score charts all
+derive from this list. Adding a filter: one file with its step class (settings dataclass,
+``section``, ``reads``, ``fields``, ``reasons``, ``scores``) and one line here.
 """
 
 from __future__ import annotations
 
 from curation.config import JobSettings
-from curation.decode import DecodeStage
+from curation.decode import DecodeStep
 from curation.dedup.steps import ExactDedup, NearDedup, SemanticDedup
 from curation.filters.artistic import ArtisticFilter
 from curation.filters.clip_embedding import ClipEmbedding
@@ -30,26 +30,28 @@ from curation.filters.person import PersonFilter
 from curation.filters.text import TextFilter
 from curation.filters.watermark import WatermarkFilter
 from curation.readers import ReadImages
-from curation.stages import Recipe
+from curation.steps import Recipe
 from curation.writer import WriteShards
 
+# fmt: off
 HUMANS1B = Recipe(
     [
-        ReadImages,  # input:              folders, WebDataset tars, Parquet; local or object store
-        DecodeStage,  # decode:             safe decode, EXIF, modes, bombs; SHA-256 and PHash
-        GeometryFilter,  # geometry:           short side, aspect ratio
-        ExactDedup,  # dedup.exact:        identical bytes, across the run          } end of pass 1
-        NearDedup,  # dedup.near:         PHash within t bits, mirror-aware        }
-        PersonFilter,  # detector:           at least one salient person
-        ClipEmbedding,  # content.embedding:  CLIP embedding for the next two and semantic dedup
-        ArtisticFilter,  # content.artistic:   paintings, drawings, renders, screenshots...
+        ReadImages,       # input:              folders, WebDataset tars, Parquet; local or object store
+        DecodeStep,       # decode:             safe decode, EXIF, modes, bombs; SHA-256 and PHash
+        GeometryFilter,   # geometry:           short side, aspect ratio
+        ExactDedup,       # dedup.exact:        identical bytes, across the run          } end of pass 1
+        NearDedup,        # dedup.near:         PHash within t bits, mirror-aware        }
+        PersonFilter,     # detector:           at least one salient person
+        ClipEmbedding,    # content.embedding:  CLIP embedding for the next two and semantic dedup
+        ArtisticFilter,   # content.artistic:   paintings, drawings, renders, screenshots...
         WatermarkFilter,  # content.watermark:  LAION-style watermark classifier
-        TextFilter,  # content.text:       OCR: text-dominated images, captions, text watermarks
-        SemanticDedup,  # dedup.semantic:     CLIP cosine within k-means clusters      } end of pass 2
-        WriteShards,  #                     the one decision point: shards, sidecars, manifest
+        TextFilter,       # content.text:       OCR: text-dominated images, captions, text watermarks
+        SemanticDedup,    # dedup.semantic:     CLIP cosine within k-means clusters      } end of pass 2
+        WriteShards,      #                     the one decision point: shards, sidecars, manifest
     ],
     job=JobSettings,
 )
+# fmt: on
 
 CurationConfig = HUMANS1B.config_class("CurationConfig", __name__)
 ContentFiltersConfig = CurationConfig.sections["content"]

@@ -1,11 +1,11 @@
 """Row layout of the curation pipeline: column names, statuses and reasons, in one place.
 
-Every input image is one row from the reader onwards. Stages add columns and may set
+Every input image is one row from the reader onwards. Row steps add columns and may set
 ``reason`` on a row that is still pending; nothing is removed until the pipeline's single
 decision point (``final_status``), so every input ends in the manifest exactly once with
 status ``kept``, ``dropped`` or ``error`` and, for the last two, its reason.
 
-Row columns written by the reader and the decode stage (the base schema):
+Row columns written by the reader and the decode step (the base schema):
 
 - ``partition``: id of the input partition the row came from (also its output shard's name).
 - ``key``: stable sample key (unique within a run; safe as a WebDataset key: no dots).
@@ -60,7 +60,7 @@ ERROR_REASONS = (
     UNSUPPORTED_MODE,
 )
 
-# Drop reasons owned by the core stages (content filters and dedup add their own).
+# Drop reasons owned by the core steps (content filters and dedup add their own).
 TOO_SMALL = "too_small"
 BAD_ASPECT_RATIO = "aspect_ratio"
 NO_SALIENT_PERSON = "no_salient_person"
@@ -130,7 +130,7 @@ REFERENCE_COLUMNS = ("bytes_uri", "bytes_offset")
 
 
 def pending_mask(table: pa.Table) -> list[bool]:
-    """Rows that decoded and that no stage has ended yet: the ones a stage should score."""
+    """Rows that decoded and that no step has ended yet: the ones a step should score."""
     ok = table.column("decode_ok").to_pylist()
     reasons = table.column("reason").to_pylist()
     return [bool(o) and r is None for o, r in zip(ok, reasons)]

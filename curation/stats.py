@@ -1,8 +1,12 @@
-"""stats.json: counts per stage and reason, derived from the manifest (so they always reconcile).
+"""stats.json: counts per step and reason, derived from the manifest (so they always reconcile).
 
 The pipeline never reads the manifest whole: each part is summarised where it lies
 (``manifest_counts`` over ``SUMMARY_COLUMNS``, never the embeddings), and the small per-part
 counts are summed (``merge_counts``) into ``stats_from_counts``.
+
+Two keys of the file say "stage" where they mean a recipe step: ``stages`` (the steps'
+descriptions) and each funnel entry's ``stage`` (its step's name). They are the on-disk format
+that finished outputs, their audits and version diffs read, so they keep those names.
 """
 
 from __future__ import annotations
@@ -54,21 +58,26 @@ def compute_stats(
     *,
     samples_in_shards: int,
     shards: int,
-    stages: list[dict],
+    descriptions: list[dict],
 ) -> dict:
     """Stats of a whole manifest table (audits; the pipeline sums per-part counts instead)."""
     return stats_from_counts(
-        manifest_counts(manifest), funnel, samples_in_shards=samples_in_shards, shards=shards, stages=stages
+        manifest_counts(manifest), funnel, samples_in_shards=samples_in_shards, shards=shards, descriptions=descriptions
     )
 
 
 def stats_from_counts(
-    counts: dict, funnel: list[tuple[str, tuple[str, ...]]], *, samples_in_shards: int, shards: int, stages: list[dict]
+    counts: dict,
+    funnel: list[tuple[str, tuple[str, ...]]],
+    *,
+    samples_in_shards: int,
+    shards: int,
+    descriptions: list[dict],
 ) -> dict:
-    """Per-stage funnel (in, out, dropped by reason), totals and the accounting check.
+    """Per-step funnel (in, out, dropped by reason), totals and the accounting check.
 
-    ``funnel`` lists (stage name, reasons it may set) in pipeline order; a row ended by a
-    reason leaves the funnel at the stage owning that reason.
+    ``funnel`` lists (step name, reasons it may set) in pipeline order; a row ended by a
+    reason leaves the funnel at the step owning that reason. ``descriptions``: the steps'.
     """
     status, reasons = counts["status"], counts["reasons"]
     inputs = counts["inputs"]
@@ -96,13 +105,13 @@ def stats_from_counts(
         "shards": shards,
         "samples_in_shards": samples_in_shards,
         "reconciled": inputs == kept + dropped + errors and kept == samples_in_shards and remaining == kept,
-        "stages": stages,
+        "stages": descriptions,
     }
 
 
 def format_summary(stats: dict) -> str:
     """Terminal summary: the funnel, then totals."""
-    lines = [f"{'stage':<22}{'in':>10}{'out':>10}  removed"]
+    lines = [f"{'step':<22}{'in':>10}{'out':>10}  removed"]
     for step in stats["funnel"]:
         removed = ", ".join(f"{r}={c}" for r, c in step["removed"].items()) or "-"
         lines.append(f"{step['stage']:<22}{step['in']:>10}{step['out']:>10}  {removed}")
@@ -121,5 +130,5 @@ def tracking_record(stats: dict) -> tuple[dict[str, float], dict[str, str], dict
     metrics.update({f"dropped.{r}": c for r, c in stats["dropped_by_reason"].items()})
     metrics.update({f"errors.{r}": c for r, c in stats["errors_by_reason"].items()})
     metrics.update({f"funnel.{step['stage']}.out": step["out"] for step in stats["funnel"]})
-    tags = {f"filter.{stage['name']}.applied": str(stage["applied"]).lower() for stage in stats["stages"]}
+    tags = {f"filter.{step['name']}.applied": str(step["applied"]).lower() for step in stats["stages"]}
     return metrics, tags, {k: stats[k] for k in totals}

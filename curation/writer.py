@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from curation import schema, staging
 from curation.output import empty_marker_path, manifest_part_path, shard_path, sidecar_path
-from curation.stages import Step
+from curation.steps import Step
 from infra import storage
 
 _NOT_STORED = (*schema.PAYLOAD_COLUMNS, *schema.REFERENCE_COLUMNS)  # in neither the manifest nor the sidecar
@@ -93,7 +93,7 @@ def mark_duplicates(table: pa.Table, decisions: pa.Table) -> pa.Table:
 
 def survivors_only(table: pa.Table, decisions: pa.Table) -> pa.Table:
     """A later pass's input: the earlier decisions marked, image bytes only on rows still pending
-    (rows that ended pass through the stages untouched, for their columns and the manifest)."""
+    (rows that ended pass through the row steps untouched, for their columns and the manifest)."""
     table = mark_duplicates(table, decisions)
     pending = pa.array(schema.pending_mask(table))
     return schema.with_columns(

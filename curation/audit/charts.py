@@ -29,7 +29,7 @@ def _png(fig: Figure) -> bytes:
 
 
 def funnel(steps: list[dict]) -> bytes:
-    """Each stage's input split into what it passed on and what it removed (inputs at the top)."""
+    """Each step's input split into what it passed on and what it removed (inputs at the top)."""
     fig = _figure(0.55 * len(steps) + 1.2)
     ax = fig.add_subplot()
     names = [s["stage"] for s in steps]
@@ -51,7 +51,7 @@ def funnel(steps: list[dict]) -> bytes:
     ax.set_yticks(y, names)
     ax.set_xlim(0, top * 1.25)
     ax.set_xlabel("images")
-    ax.set_title("funnel: inputs -> each stage -> kept")
+    ax.set_title("funnel: inputs -> each step -> kept")
     ax.legend(loc="lower right", fontsize=8)
     return _png(fig)
 
@@ -64,7 +64,7 @@ def removed_by_reason(entries: list[dict]) -> bytes:
     ax.barh(y, [e["count"] for e in entries], color=[COLOURS.get(e["status"], COLOURS["other"]) for e in entries])
     for yi, e in zip(y, entries):
         ax.text(e["count"], yi, f" {e['count']}", va="center", fontsize=8)
-    ax.set_yticks(y, [f"{e['reason']} ({e['stage']})" for e in entries])
+    ax.set_yticks(y, [f"{e['reason']} ({e['step']})" for e in entries])
     ax.set_xlabel("images")
     ax.set_title("removed, by reason (orange: dropped, red: input error)")
     ax.margins(x=0.15)
@@ -130,17 +130,17 @@ def histogram(
     return _png(fig)
 
 
-def compare(stages: list[str], a: list[int | None], b: list[int | None]) -> bytes:
-    """Images each stage passed on in version A and in version B, side by side."""
-    fig = _figure(0.55 * max(1, len(stages)) + 1.2)
+def compare(steps: list[str], a: list[int | None], b: list[int | None]) -> bytes:
+    """Images each step passed on in version A and in version B, side by side."""
+    fig = _figure(0.55 * max(1, len(steps)) + 1.2)
     ax = fig.add_subplot()
-    y = np.arange(len(stages))[::-1]
+    y = np.arange(len(steps))[::-1]
     for offset, values, name, colour in ((0.2, a, "A", COLOURS["other"]), (-0.2, b, "B", COLOURS["flow"])):
         counts = [v or 0 for v in values]
         ax.barh(y + offset, counts, height=0.4, color=colour, label=name)
         for yi, v in zip(y, counts):
             ax.text(v, yi + offset, f" {v}", va="center", fontsize=7)
-    ax.set_yticks(y, stages)
+    ax.set_yticks(y, steps)
     ax.set_xlabel("images passed on")
     ax.set_title("funnel: A vs B")
     ax.legend(loc="lower right", fontsize=8)

@@ -19,7 +19,7 @@ _PARQUET_ROW = "#row="
 
 
 def funnel_spec(stats: dict) -> list[tuple[str, tuple[str, ...]]]:
-    """(stage, reasons it owns) in pipeline order, as the run recorded them."""
+    """(step, reasons it owns) in pipeline order, as the run recorded them."""
     return [(s["stage"], tuple(s["removed"])) for s in stats["funnel"] if s["stage"] != "other"]
 
 
@@ -30,7 +30,7 @@ def recount(v: AuditedVersion) -> dict:
         funnel_spec(v.stats),
         samples_in_shards=CuratedOutput.at(v.uri).samples_in_shards(),
         shards=len(v.version.shards),
-        stages=v.stats.get("stages", []),
+        descriptions=v.stats.get("stages", []),
     )
 
 
@@ -78,17 +78,17 @@ def source_group(source: str, input_root: str) -> str:
     return target or "(top level)"
 
 
-def stage_of_reason(stats: dict) -> dict[str, str]:
+def step_of_reason(stats: dict) -> dict[str, str]:
     return {r: s["stage"] for s in stats["funnel"] for r in s["removed"]}
 
 
 def by_reason(rows: list[dict], stats: dict) -> list[dict]:
-    """One entry per (status, reason) of removed rows: count and the stage that removed them."""
-    stages = stage_of_reason(stats)
+    """One entry per (status, reason) of removed rows: count and the step that removed them."""
+    steps = step_of_reason(stats)
     counts = Counter((r["status"], r["reason"]) for r in rows if r["status"] != schema.KEPT)
     order = {schema.DROPPED: 0, schema.ERROR: 1}
     return [
-        {"status": st, "reason": reason, "count": n, "stage": stages.get(reason, "other")}
+        {"status": st, "reason": reason, "count": n, "step": steps.get(reason, "other")}
         for (st, reason), n in sorted(counts.items(), key=lambda kv: (order.get(kv[0][0], 2), -kv[1], kv[0][1]))
     ]
 
@@ -136,9 +136,9 @@ def summary_text(v: AuditedVersion) -> str:
         lines += [
             "  " + s
             for s in _table(
-                ["status", "reason", "count", "share", "stage"],
+                ["status", "reason", "count", "share", "step"],
                 [
-                    [e["status"], e["reason"], e["count"], f"{100 * e['count'] / total:.1f}%", e["stage"]]
+                    [e["status"], e["reason"], e["count"], f"{100 * e['count'] / total:.1f}%", e["step"]]
                     for e in reasons
                 ],
                 {2, 3},

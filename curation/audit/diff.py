@@ -34,7 +34,7 @@ class Change:
     row: dict  # the manifest row on the side that kept it
     other_status: str  # dropped / error / absent on the other side
     other_reason: str | None
-    other_stage: str | None
+    other_step: str | None
     explained_by: tuple[str, ...]
 
     @property
@@ -65,22 +65,22 @@ def _verdicts(
     for r in other.rows:
         if r.get("sha256"):
             by_sha.setdefault(r["sha256"], r)
-    stages = counts.stage_of_reason(other.stats)
+    steps = counts.step_of_reason(other.stats)
     order = [name for name, _ in counts.funnel_spec(other.stats)]
     out = []
     for k in keys:
         row = kept[k]
         seen = by_key.get(k) or by_sha.get(row.get("sha256") or "")
         status, reason = (seen["status"], seen["reason"]) if seen else (ABSENT, None)
-        stage = stages.get(reason) if reason else None
+        step = steps.get(reason) if reason else None
         owners = (
-            settings.explain(reason, stage, order, changes)
+            settings.explain(reason, step, order, changes)
             if seen
             else [c.key for c in changes if not c.bookkeeping and settings.matches(c.key, ("input.",))]
         )
         if not owners and code_changed:
             owners = ["code version"]
-        out.append(Change(k, row, status, reason, stage, tuple(owners)))
+        out.append(Change(k, row, status, reason, step, tuple(owners)))
     return out
 
 
@@ -123,7 +123,7 @@ def by_reason(items: list[Change]) -> list[dict]:
                 "count": len(members),
                 "members": members,
                 "explained_by": sorted(explained),
-                "stage": members[0].other_stage or "-",
+                "step": members[0].other_step or "-",
             }
         )
     return out
@@ -173,9 +173,9 @@ def diff_summary(d: VersionDiff) -> str:
 def _funnel_rows(d: VersionDiff) -> tuple[list[list], list[dict]]:
     fa = {s["stage"]: s for s in counts.recount(d.a)["funnel"]}
     fb = {s["stage"]: s for s in counts.recount(d.b)["funnel"]}
-    stages = list(fa) + [s for s in fb if s not in fa]
+    steps = list(fa) + [s for s in fb if s not in fa]
     rows, attrs = [], []
-    for s in stages:
+    for s in steps:
         a_out, b_out = fa.get(s, {}).get("out"), fb.get(s, {}).get("out")
         delta = b_out - a_out if a_out is not None and b_out is not None else "-"
         rows.append([s, "-" if a_out is None else a_out, "-" if b_out is None else b_out, delta])
@@ -187,7 +187,7 @@ def reason_shifts(d: VersionDiff) -> list[dict]:
     """Per (status, reason): how many inputs ended there in A and in B, and the changed settings owning it."""
     ca = Counter((r["status"], r["reason"]) for r in d.a.rows if r["status"] != schema.KEPT)
     cb = Counter((r["status"], r["reason"]) for r in d.b.rows if r["status"] != schema.KEPT)
-    stages = {**counts.stage_of_reason(d.a.stats), **counts.stage_of_reason(d.b.stats)}
+    steps = {**counts.step_of_reason(d.a.stats), **counts.step_of_reason(d.b.stats)}
     order = [name for name, _ in counts.funnel_spec(d.b.stats)]
     return [
         {
@@ -195,7 +195,7 @@ def reason_shifts(d: VersionDiff) -> list[dict]:
             "reason": reason,
             "a": ca[(st, reason)],
             "b": cb[(st, reason)],
-            "explained_by": settings.explain(reason, stages.get(reason), order, d.config_changes),
+            "explained_by": settings.explain(reason, steps.get(reason), order, d.config_changes),
         }
         for st, reason in sorted(set(ca) | set(cb))
     ]
@@ -208,8 +208,8 @@ def _change_section(
         return page.section(id_, f"{title}: 0", page.Markup("<p class=note>none</p>"))
     groups = by_reason(items)
     summary = page.table(
-        ["count", f"{verdict_side}'s status", f"{verdict_side}'s reason", "stage", "explained by"],
-        [[e["count"], e["status"], e["reason"], e["stage"], _explained(e)] for e in groups],
+        ["count", f"{verdict_side}'s status", f"{verdict_side}'s reason", "step", "explained by"],
+        [[e["count"], e["status"], e["reason"], e["step"], _explained(e)] for e in groups],
         numeric={0},
         table_attrs={"id": f"{id_}-by-reason"},
         row_attrs=[
@@ -302,7 +302,7 @@ def render_diff(d: VersionDiff, *, per_reason: int = 12) -> str:
             "funnel",
             "Funnel, side by side",
             page.table(
-                ["stage", "A passed on", "B passed on", "B - A"],
+                ["step", "A passed on", "B passed on", "B - A"],
                 funnel_rows,
                 numeric={1, 2, 3},
                 table_attrs={"id": "funnel-compare"},
@@ -314,7 +314,7 @@ def render_diff(d: VersionDiff, *, per_reason: int = 12) -> str:
                     [a.get("data-a-out") for a in funnel_attrs],
                     [a.get("data-b-out") for a in funnel_attrs],
                 ),
-                "passed on per stage, A and B",
+                "passed on per step, A and B",
             ),
         ),
         page.section(

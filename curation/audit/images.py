@@ -78,14 +78,14 @@ def section(config: dict, name: str, cls):
 
 
 def box_rule(config: dict, stats: dict) -> BoxRule | None:
-    stage = next((s for s in stats.get("stages", []) if s["name"] == "person_detection"), None)
-    if not stage or not stage.get("applied"):
+    step = next((s for s in stats.get("stages", []) if s["name"] == "person_detection"), None)
+    if not step or not step.get("applied"):
         return None
     det = section(config, "detector", DetectorConfig)
     return BoxRule(
-        float(stage.get("score_threshold", det.threshold)),
-        float(stage.get("min_box_size", det.min_box_size)),
-        stage.get("box_size_measure", det.box_size_measure),
+        float(step.get("score_threshold", det.threshold)),
+        float(step.get("min_box_size", det.min_box_size)),
+        step.get("box_size_measure", det.box_size_measure),
     )
 
 

@@ -1,15 +1,15 @@
 """The audit report of one dataset version: one self-contained HTML page.
 
-Sections: totals; the funnel (inputs -> each stage -> kept); removals by reason and by
-source; the filters that ran and their settings; score distributions per filter with the
-threshold marked; person counts and box sizes; galleries of removed images per reason and of
+Sections: totals; the funnel (inputs -> each step -> kept); removals by reason and by
+source; the steps that ran and their settings; score distributions per filter with the
+threshold marked (the scores each step of the recipe declares, ``curation.steps.Score``);
+person counts and box sizes; galleries of removed images per reason and of
 kept images (deterministic samples); the MLflow runs that produced and used the version; the
 resolved config. Every count is recomputed from the manifest.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 
@@ -22,69 +22,26 @@ import curation.audit.page as page
 from curation import schema
 from curation.audit.loading import AuditedVersion
 from curation.audit.record import RunRef
-from curation.filters.person import box_size
+from curation.filters.person import PersonFilter, box_size
+from curation.recipe import HUMANS1B
+from curation.steps import Recipe, Score
 
 
-@dataclasses.dataclass(frozen=True)
-class Score:
-    """A per-image value a filter decides on, and the stage setting holding its threshold."""
-
-    name: str
-    stage: str
-    setting: str | None
-    label: str
-    value: Callable[[dict], float | None]
-    integer: bool = False
-
-
-def _column(name: str) -> Callable[[dict], float | None]:
-    return lambda r: r.get(name)
-
-
-def _short_side(r: dict) -> float | None:
-    return min(r["width"], r["height"]) if r.get("width") and r.get("height") else None
-
-
-def _aspect(r: dict) -> float | None:
-    return max(r["width"], r["height"]) / min(r["width"], r["height"]) if r.get("width") and r.get("height") else None
-
-
-SCORES = (
-    Score("short_side", "geometry", "min_short_side", "short side (px)", _short_side),
-    Score("aspect_ratio", "geometry", "max_aspect_ratio", "long side / short side", _aspect),
-    Score("person_score_max", "person_detection", "score_threshold", "best person score", _column("person_score_max")),
-    Score("artistic_score", "artistic_filter", "threshold", "P(non-natural depiction)", _column("artistic_score")),
-    Score("watermark_score", "watermark_filter", "threshold", "P(watermark)", _column("watermark_score")),
-    Score(
-        "text_coverage",
-        "text_filter",
-        "coverage_threshold",
-        "fraction of the image in text boxes",
-        _column("text_coverage"),
-    ),
-    Score(
-        "text_box_count", "text_filter", "box_count_threshold", "text boxes", _column("text_box_count"), integer=True
-    ),
-)
-
-
-def _stage(v: AuditedVersion, name: str) -> dict | None:
+def _step(v: AuditedVersion, name: str) -> dict | None:
+    """The step's description in stats.json (its ``stages`` list)."""
     return next((s for s in v.stats.get("stages", []) if s["name"] == name), None)
 
 
-def scores_of(v: AuditedVersion) -> list[Score]:
-    """The known scores of applied stages present in the manifest, then any other ``*_score`` column."""
+def scores_of(v: AuditedVersion, recipe: Recipe = HUMANS1B) -> list[tuple[str, Score]]:
+    """(step, score) for the scores the recipe's steps declare, of steps the run applied whose
+    columns the manifest holds; then any other ``*_score`` column, with no step or threshold."""
     names = set(v.manifest.column_names)
-    found = []
-    for s in SCORES:
-        stage = _stage(v, s.stage)
-        needed = s.name if s.name not in ("short_side", "aspect_ratio") else "width"
-        if stage and stage.get("applied") and needed in names:
-            found.append(s)
-    known = {s.name for s in SCORES}
+    declared = [(step.name, s) for step in recipe.steps for s in step.scores]
+    found = [(step, s) for step, s in declared if (_step(v, step) or {}).get("applied") and set(s.columns()) <= names]
+    known = {s.column for _, s in declared}
     for f in v.manifest.schema:
         if f.name.endswith("_score") and f.name not in known and str(f.type) in ("float", "double"):
-            found.append(Score(f.name, "", None, f.name, _column(f.name)))
+            found.append(("", Score(f.name, None, f.name)))
     return found
 
 
@@ -97,40 +54,39 @@ def _split(rows: list[dict], value: Callable[[dict], float | None], own: set[str
         (kept if r["status"] == schema.KEPT else mine if r["reason"] in own else other).append(float(x))
     return [
         ("kept", kept, charts.COLOURS["kept"]),
-        ("removed by this stage", mine, charts.COLOURS["dropped"]),
-        ("removed by another stage", other, charts.COLOURS["other"]),
+        ("removed by this step", mine, charts.COLOURS["dropped"]),
+        ("removed by another step", other, charts.COLOURS["other"]),
     ]
 
 
 def score_charts(v: AuditedVersion) -> list[str]:
     owned = {s["stage"]: set(s["removed"]) for s in v.stats["funnel"]}
     out = []
-    for s in scores_of(v):
-        series = _split(v.rows, s.value, owned.get(s.stage, set()))
+    for step, s in scores_of(v):
+        series = _split(v.rows, s.value, owned.get(step, set()))
         if not any(values for _, values, _ in series):
             continue
-        stage = _stage(v, s.stage) or {}
-        threshold = stage.get(s.setting) if s.setting else None
+        threshold = (_step(v, step) or {}).get(s.setting) if s.setting else None
         threshold = float(threshold) if isinstance(threshold, (int, float)) else None
         png = charts.histogram(
             series,
-            title=f"{s.stage or 'score'}: {s.name}",
+            title=f"{step or 'score'}: {s.column}",
             xlabel=s.label,
             threshold=threshold,
             threshold_label=f"{s.setting} = {threshold:g}" if threshold is not None else "",
             integer=s.integer,
         )
-        out.append(page.chart(png, f"{s.name} distribution", **{"data-score": s.name, "data-threshold": threshold}))
+        out.append(page.chart(png, f"{s.column} distribution", **{"data-score": s.column, "data-threshold": threshold}))
     return out
 
 
 def people_charts(v: AuditedVersion) -> list[str]:
-    stage = _stage(v, "person_detection")
-    if not stage or not stage.get("applied") or "person_count" not in v.manifest.column_names:
+    step = _step(v, PersonFilter.name)
+    if not step or not step.get("applied") or "person_count" not in v.manifest.column_names:
         return []
     own = {schema.NO_SALIENT_PERSON}
     counts_png = charts.histogram(
-        _split(v.rows, _column("person_count"), own),
+        _split(v.rows, lambda r: r.get("person_count"), own),
         integer=True,
         xlabel="person_count",
         title="people per image (boxes scoring >= the detector threshold)",
@@ -196,7 +152,7 @@ def galleries(v: AuditedVersion, per_reason: int, kept: int) -> tuple[list[str],
         tiles = images.tiles(chosen, cap, config=v.config, stats=v.stats)
         removed.append(
             f"<h3>{page.esc(e['reason'])} <span class=note>({page.esc(e['status'])} by "
-            f"{page.esc(e['stage'])}; showing {len(chosen)} of {e['count']})</span></h3>"
+            f"{page.esc(e['step'])}; showing {len(chosen)} of {e['count']})</span></h3>"
             + page.gallery(tiles, **{"data-reason": e["reason"], "data-total": e["count"]})
         )
     kept_rows = grouped.get((schema.KEPT, None), [])
@@ -208,8 +164,8 @@ def galleries(v: AuditedVersion, per_reason: int, kept: int) -> tuple[list[str],
     return removed, kept_html
 
 
-def _settings_text(stage: dict) -> str:
-    shown = {k: v for k, v in stage.items() if k not in ("name", "applied")}
+def _settings_text(step: dict) -> str:
+    shown = {k: v for k, v in step.items() if k not in ("name", "applied")}
     text = json.dumps(shown, sort_keys=True)
     return text if len(text) <= 400 else text[:400] + " ..."
 
@@ -283,7 +239,7 @@ def funnel_section(counted: dict) -> str:
         "Funnel",
         page.chart(charts.funnel(steps), "funnel"),
         page.table(
-            ["stage", "in", "out", "removed", "by reason"],
+            ["step", "in", "out", "removed", "by reason"],
             rows,
             numeric={1, 2, 3},
             table_attrs={"id": "funnel-table"},
@@ -299,8 +255,8 @@ def reasons_section(v: AuditedVersion) -> str:
         "Removed, by reason",
         page.chart(charts.removed_by_reason(reasons), "removed by reason") if reasons else "",
         page.table(
-            ["status", "reason", "stage", "count"],
-            [[e["status"], e["reason"], e["stage"], e["count"]] for e in reasons],
+            ["status", "reason", "step", "count"],
+            [[e["status"], e["reason"], e["step"], e["count"]] for e in reasons],
             numeric={3},
             table_attrs={"id": "reasons-table"},
             row_attrs=[
@@ -348,16 +304,16 @@ def sources_section(v: AuditedVersion) -> str:
     )
 
 
-def stages_section(v: AuditedVersion) -> str:
-    stages = v.stats.get("stages", [])
+def steps_section(v: AuditedVersion) -> str:
+    steps = v.stats.get("stages", [])
     return page.section(
         "filters",
-        "Stages and their settings",
+        "Steps and their settings",
         page.table(
-            ["stage", "applied", "settings"],
-            [[s["name"], "yes" if s.get("applied") else "NO", _settings_text(s)] for s in stages],
+            ["step", "applied", "settings"],
+            [[s["name"], "yes" if s.get("applied") else "NO", _settings_text(s)] for s in steps],
             table_attrs={"id": "stages-table"},
-            row_attrs=[{"data-stage": s["name"], "data-applied": str(bool(s.get("applied"))).lower()} for s in stages],
+            row_attrs=[{"data-stage": s["name"], "data-applied": str(bool(s.get("applied"))).lower()} for s in steps],
         ),
     )
 
@@ -373,13 +329,13 @@ def render_report(
         funnel_section(counted),
         reasons_section(v),
         sources_section(v),
-        stages_section(v),
+        steps_section(v),
         page.section(
             "scores",
             "Score distributions per filter",
             page.Markup('<div class="charts">' + "".join(score_charts(v)) + "</div>"),
-            note="each histogram stacks kept images, images this stage removed and images removed by "
-            "another stage; the dashed line is the stage's threshold",
+            note="each histogram stacks kept images, images this step removed and images removed by "
+            "another step; the dashed line is the step's threshold",
         ),
         page.section(
             "people",
@@ -416,5 +372,5 @@ def render_report(
 
 
 def version_summary(v: AuditedVersion) -> str:
-    """The terminal summary of ``v`` (counts by stage, reason and source)."""
+    """The terminal summary of ``v`` (counts by step, reason and source)."""
     return counts.summary_text(v)

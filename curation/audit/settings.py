@@ -7,9 +7,9 @@ keys ``curation.pipeline.job_digest`` leaves out.
 
 ``REASON_SETTINGS`` names, per drop reason, the settings that decide it (a trailing dot means
 a whole section). A removed image is explained by the changed settings that own its reason;
-reasons not listed fall back to the settings of the stage that set them (``STAGE_SETTINGS``).
-When no setting owning the reason changed, a change in an earlier stage (or an earlier check of
-the same stage) may still be why: it changes what reaches the stage. ``explain`` then names
+reasons not listed fall back to the settings of the step that set them (``STEP_SETTINGS``).
+When no setting owning the reason changed, a change in an earlier step (or an earlier check of
+the same step) may still be why: it changes what reaches the step. ``explain`` then names
 those settings, prefixed ``upstream``.
 """
 
@@ -44,7 +44,7 @@ REASON_SETTINGS: dict[str, tuple[str, ...]] = {
     "watermark_text": ("content.text.",),
 }
 
-STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
+STEP_SETTINGS: dict[str, tuple[str, ...]] = {
     "read": ("input.", "decode.max_bytes"),
     "decode": ("decode.",),
     "geometry": ("geometry.",),
@@ -106,29 +106,29 @@ def matches(key: str, patterns: tuple[str, ...]) -> bool:
     return any(key.startswith(p) if p.endswith(".") else key == p for p in patterns)
 
 
-def settings_of(reason: str | None, stage: str | None = None) -> tuple[str, ...]:
-    """The settings that decide ``reason`` (via the stage that set it when the reason is unknown)."""
+def settings_of(reason: str | None, step: str | None = None) -> tuple[str, ...]:
+    """The settings that decide ``reason`` (via the step that set it when the reason is unknown)."""
     if reason in REASON_SETTINGS:
         return REASON_SETTINGS[reason]
-    if stage in STAGE_SETTINGS:
-        return STAGE_SETTINGS[stage]
+    if step in STEP_SETTINGS:
+        return STEP_SETTINGS[step]
     if reason and reason.endswith("duplicate"):
         return ("dedup.",)
     return ()
 
 
-def explaining(reason: str | None, changes: list[Change], stage: str | None = None) -> list[str]:
+def explaining(reason: str | None, changes: list[Change], step: str | None = None) -> list[str]:
     """The changed (non-bookkeeping) settings that own ``reason``."""
-    owners = settings_of(reason, stage)
+    owners = settings_of(reason, step)
     return [c.key for c in changes if not c.bookkeeping and matches(c.key, owners)]
 
 
-def explain(reason: str | None, stage: str | None, funnel_stages: list[str], changes: list[Change]) -> list[str]:
+def explain(reason: str | None, step: str | None, funnel_steps: list[str], changes: list[Change]) -> list[str]:
     """The changed settings owning ``reason``; else ``upstream <key>`` for changed settings of the
-    stages up to ``stage`` in ``funnel_stages`` (pipeline order)."""
-    own = explaining(reason, changes, stage)
-    if own or stage not in funnel_stages:
+    steps up to ``step`` in ``funnel_steps`` (pipeline order)."""
+    own = explaining(reason, changes, step)
+    if own or step not in funnel_steps:
         return own
-    before = funnel_stages[: funnel_stages.index(stage) + 1]
-    owners = tuple(p for s in before for p in STAGE_SETTINGS.get(s, ()))
+    before = funnel_steps[: funnel_steps.index(step) + 1]
+    owners = tuple(p for s in before for p in STEP_SETTINGS.get(s, ()))
     return [f"upstream {c.key}" for c in changes if not c.bookkeeping and matches(c.key, owners)]

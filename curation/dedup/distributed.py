@@ -56,7 +56,7 @@ class GlobalDedupInput:
     uri: str  # the curation output (its _staging holds the candidates)
     pids: tuple[str, ...]  # every partition of the run, in plan order
     columns: tuple[str, ...]  # read from staging
-    absent: tuple[str, ...] = ()  # preferred columns no stage wrote: nulls
+    absent: tuple[str, ...] = ()  # preferred columns no step wrote: nulls
     earlier_steps: tuple[str, ...] = ()  # their decisions remove rows before this step
     decisions_uri: str = ""  # the output whose _dedup holds the decisions (default: ``uri``)
     shuffle_partitions: int | None = None  # groups of every shuffle (None: one per ~2M records)

@@ -1,4 +1,4 @@
-"""Perceptual hashes of decoded images, computed once per image in the decode stage.
+"""Perceptual hashes of decoded images, computed once per image in the decode step.
 
 ``phash_hex`` is imagededup's PHash, bit for bit: it equals
 ``PHash().encode_image(image_file=path)`` for the file the image came from, so hashes in a
@@ -13,12 +13,12 @@ manifest can be checked or recomputed with imagededup alone. What that hash does
   So the DC bit is always 1 and (barring ties) exactly 32 AC bits are set: every Hamming
   distance between two hashes is even, and unrelated photos sit around 32 bits apart;
 - a horizontal mirror moves about 30 of the 64 bits. ``phash_hex_pair`` also returns the
-  hash of the mirrored thumbnail (one more 32x32 DCT, ~0.03 ms); it equalled the hash of
-  the mirrored image itself on every real photo we tried, so near-duplicate search can
-  match flipped copies (``NearDupConfig.match_mirrored``) without re-reading images.
+  hash of the mirrored thumbnail (from the same coefficients); it equalled the hash of the
+  mirrored image itself on every real photo we tried, so near-duplicate search can match
+  flipped copies (``NearDupConfig.match_mirrored``) without re-reading images.
 
-Cost: ~1.8 ms for a 512x512 image and ~5 ms at 1024x768 on one core, almost all of it the
-Lanczos resize of the full image (the DCT is 0.03 ms); 12 MP images take ~60 ms.
+Almost all of the cost is the Lanczos resize of the full image, not the DCT (figures:
+docs/results/curation_design.md).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _phash_of_thumbnail(thumb: np.ndarray) -> str:
     """imagededup's PHash algorithm on a 32x32 uint8 grey thumbnail: 2-D DCT-II (scipy.fftpack,
     unnormalised), top-left 8x8 coefficients, bit = coefficient >= median of the 63 AC ones.
     Written here rather than called in imagededup: importing imagededup.methods imports torch
-    and torchvision (~10 s per fresh worker process on a small machine), to hash 64 bits.
+    and torchvision (seconds of CPU per fresh worker process), to hash 64 bits.
     tests/curation/dedup/test_dedup_hashing.py checks it against imagededup bit for bit."""
     from scipy.fftpack import dct
 
@@ -82,8 +82,8 @@ def phash_hex_pair(img: Image.Image, fast: bool = True) -> tuple[str, str]:
 
     ``fast`` (the pipeline's choice) first shrinks the image by an integer factor with a box
     filter (Pillow's ``reducing_gap=3``), then applies the same Lanczos resize to 32x32: the
-    same algorithm on a pre-reduced image, ~5x faster at 1 MP and ~80x at 8 MP, and within
-    a few bits of imagededup's own hash (exactly equal for images under ~100 px). Hashes in
+    same algorithm on a pre-reduced image, several times faster (more so on larger images),
+    and within a few bits of imagededup's own hash (exactly equal for images under ~100 px). Hashes in
     one manifest are all computed the same way, so distances between them are comparable.
     ``fast=False`` is imagededup's ``PHash`` bit for bit.
     """

@@ -55,9 +55,9 @@ class NearDupConfig:
     ``max_distance`` (t): largest Hamming distance (bits of 64) that counts as a duplicate.
     The default 4 is set by scale, not by the small accuracy set. PHash distances are even,
     and between different real photos they follow the model of random 64-bit strings with 33
-    bits set (measured on 20,952 pairs: mean 31.4, sd 4.0; model 31.5, 4.0). Under that model
-    two unrelated images fall within t bits with probability 2.5e-13 (t=4), 2.5e-11 (t=6),
-    1.3e-9 (t=8), 3.9e-8 (t=10); times the corpus size, that is each image's expected number
+    bits set (docs/results/curation_design.md). Under that model two unrelated images fall
+    within t bits with probability 2.5e-13 (t=4), 2.5e-11 (t=6), 1.3e-9 (t=8), 3.9e-8
+    (t=10); times the corpus size, that is each image's expected number
     of false neighbours: at 1e9 images 0.00025 (t=4), 0.025 (t=6), 1.3 (t=8: past 1 a giant
     false component forms and chains unrelated images together), 39 (t=10). t=4 catches
     re-encodes, resizes, grey copies and (with ``match_mirrored``) mirror images; crops and
@@ -216,7 +216,7 @@ def _check_columns(names: list[str], cfg: NearDupConfig) -> None:
     missing = [c for c in (*META_COLUMNS, *cfg.hash_columns()) if c not in names]
     if cfg.match_mirrored and cfg.mirror_column in missing:
         raise ValueError(
-            f"candidates have no {cfg.mirror_column!r} column: compute it in the decode stage "
+            f"candidates have no {cfg.mirror_column!r} column: compute it in the decode step "
             "with curation.dedup.hashing.phash_hex_pair, or set near_dup.match_mirrored=false"
         )
     if missing:

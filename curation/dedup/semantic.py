@@ -43,7 +43,7 @@ _ROW_BLOCK = 2048  # rows of a cluster's similarity matrix computed at once
 class SemanticDupConfig:
     """Settings of semantic dedup.
 
-    Off by default: embeddings come from the CLIP stage, which may be off. ``threshold``:
+    Off by default: embeddings come from the CLIP embedding step, which may be off. ``threshold``:
     cosine similarity at or above which two images are duplicates; 0.99 is NeMo Curator's
     default (eps 0.01). It was not calibrated here (no real CLIP weights on these machines):
     calibrate it on real embeddings before lowering it to catch crops and burst frames.
@@ -174,7 +174,7 @@ def _check_columns(names, cfg: SemanticDupConfig) -> None:
     if missing:
         raise ValueError(
             f"semantic dedup candidates lack columns {missing}"
-            + (" (the CLIP embedding stage must run first)" if cfg.embedding_column in missing else "")
+            + (" (the CLIP embedding step must run first)" if cfg.embedding_column in missing else "")
         )
 
 

@@ -39,7 +39,7 @@ from curation.dedup.incremental import NearDupIndex
 from curation.dedup.index_store import FORMAT, IndexExtension, PartitionedNearIndex, decide_against, save_any
 from curation.dedup.near import GROUP_PREFIX, NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
 from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions, semantic_duplicate_decisions_ray
-from curation.stages import Step, section_of
+from curation.steps import Step, section_of
 from infra import storage
 
 

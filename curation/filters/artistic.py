@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 from curation.filters.clip_embedding import ClipEmbeddingConfig, encode_prompts
-from curation.filters.model import EMBEDDING_COLUMN, LinearHead, ModelStage, Placement, embeddings_of
-from curation.stages import section_of
+from curation.filters.model import EMBEDDING_COLUMN, LinearHead, ModelStep, Placement, embeddings_of
+from curation.steps import Score, section_of
 
 ARTISTIC = "artistic"
 
@@ -132,7 +132,7 @@ def zero_shot(
     return score_N.astype(np.float32), probs_NC.argmax(axis=1)
 
 
-class ArtisticFilter(ModelStage):
+class ArtisticFilter(ModelStep):
     """Scores pending rows' ``clip_embedding``; sets ``artistic`` where P(non-natural) >= threshold."""
 
     name = "artistic_filter"
@@ -141,7 +141,7 @@ class ArtisticFilter(ModelStage):
     reasons = (ARTISTIC,)
     reads = (EMBEDDING_COLUMN,)
     fields = ARTISTIC_FIELDS
-    writes = tuple(f.name for f in ARTISTIC_FIELDS)
+    scores = (Score("artistic_score", "threshold", "P(non-natural depiction)"),)
     needs_images = False
 
     def __init__(

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from curation.filters.model import (
     EMBEDDING_COLUMN,
-    ModelStage,
+    ModelStep,
     Placement,
     WeightsUnavailableError,
     autocast,
@@ -34,7 +34,7 @@ _SCHEMAS = ("hf-hub:", "local-dir:")
 
 @dataclasses.dataclass(kw_only=True)
 class ClipEmbeddingConfig(Placement):
-    """Settings of the CLIP embedding stage (``content.embedding``)."""
+    """Settings of the CLIP embedding step (``content.embedding``)."""
 
     enabled: bool = True
     # open_clip architecture (``ViT-L-14``, ``ViT-B-32``, ...) or ``local-dir:/folder`` holding
@@ -139,7 +139,7 @@ def _weight_files(cfg: ClipEmbeddingConfig) -> dict[str, str]:
     return {"weights": cfg.weights} if cfg.weights and Path(cfg.weights).expanduser().is_file() else {}
 
 
-class ClipEmbedding(ModelStage):
+class ClipEmbedding(ModelStep):
     """Adds ``clip_embedding`` to every pending row (null elsewhere)."""
 
     name = "clip_embedding"
@@ -147,7 +147,6 @@ class ClipEmbedding(ModelStage):
     Config = ClipEmbeddingConfig
     reads = ("image",)
     fields = EMBEDDING_FIELDS
-    writes = (EMBEDDING_COLUMN,)
 
     def check_settings(self) -> None:
         check_clip_config(self.cfg, self.section)

@@ -7,7 +7,7 @@ import dataclasses
 import pyarrow as pa
 
 from curation import schema
-from curation.stages import Resources, Stage
+from curation.steps import Resources, RowStep, Score
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -33,12 +33,27 @@ def geometry_reason(width: int, height: int, cfg: GeometryConfig) -> str | None:
     return None
 
 
-class GeometryFilter(Stage):
+def short_side(row: dict) -> int | None:
+    """A manifest row's shorter side (None when it did not decode)."""
+    return min(row["width"], row["height"]) if row.get("width") and row.get("height") else None
+
+
+def aspect_ratio(row: dict) -> float | None:
+    """A manifest row's long side / short side (None when it did not decode)."""
+    side = short_side(row)
+    return max(row["width"], row["height"]) / side if side else None
+
+
+class GeometryFilter(RowStep):
     name = "geometry"
     section = "geometry"
     Config = GeometryConfig
     reasons = (schema.TOO_SMALL, schema.BAD_ASPECT_RATIO)
     reads = ("width", "height")
+    scores = (
+        Score("short_side", "min_short_side", "short side (px)", derive=short_side, needs=reads),
+        Score("aspect_ratio", "max_aspect_ratio", "long side / short side", derive=aspect_ratio, needs=reads),
+    )
 
     def resources(self) -> Resources:
         return Resources(num_cpus=0.25, batch_size=256)

@@ -1,14 +1,14 @@
-"""The base of every model stage (person detector, CLIP, artistic, watermark, text) and its helpers.
+"""The base of every model step (person detector, CLIP, artistic, watermark, text) and its helpers.
 
-``ModelStage`` owns what the model stages share: placement (one ``Placement`` settings base:
+``ModelStep`` owns what the model steps share: placement (one ``Placement`` settings base:
 device, num_gpus, num_cpus, batch_size, num_actors) and the resources it asks Ray for, device
 choice, the start-up check of the settings and of the weight files (a missing file is a
 one-line ``WeightsUnavailableError`` naming the setting, before any Ray work), decoding the
 pending rows for the model, batching, writing typed score columns, and marking rows it could
-not decode. A concrete stage implements only ``load`` (once per actor), ``score`` (a chunk of
+not decode. A concrete step implements only ``load`` (once per actor), ``score`` (a chunk of
 rows -> one dict of column values per row) and ``reason`` (scores -> drop reason or None).
 
-Nothing here imports torch at module level: stages import their heavy libraries in ``load()``
+Nothing here imports torch at module level: steps import their heavy libraries in ``load()``
 so that building the pipeline on the driver stays cheap.
 
 Shapes: N images, D embedding width, K head outputs.
@@ -28,14 +28,14 @@ import pyarrow as pa
 from PIL import Image
 
 from curation import schema
-from curation.stages import Resources, Stage
+from curation.steps import Resources, RowStep
 
 EMBEDDING_COLUMN = "clip_embedding"
 DEVICES = ("auto", "cpu", "cuda")
 
 
 class WeightsUnavailableError(FileNotFoundError, ValueError):
-    """A model stage whose weights are not configured or not on disk (raised at start-up).
+    """A model step whose weights are not configured or not on disk (raised at start-up).
 
     It is both a ``FileNotFoundError`` and a ``ValueError`` (a configuration error: one line
     on stderr and exit 2 from the entry points), so callers that catch either see it.
@@ -44,7 +44,7 @@ class WeightsUnavailableError(FileNotFoundError, ValueError):
 
 @dataclasses.dataclass(kw_only=True)
 class Placement:
-    """Where a model stage runs. Every model stage's settings extend this (same keys everywhere)."""
+    """Where a model step runs. Every model step's settings extend this (same keys everywhere)."""
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_gpus: float = 0.0  # per actor; fractional shares one GPU between actors
@@ -68,7 +68,7 @@ def require_file(path: str, setting: str, what: str, disable: str) -> Path:
 
 
 def check_placement(cfg: Placement, where: str) -> None:
-    """Start-up checks of a model stage's placement settings."""
+    """Start-up checks of a model step's placement settings."""
     if cfg.device not in DEVICES:
         raise ValueError(f"{where}.device={cfg.device!r}: expected one of {list(DEVICES)}")
     if cfg.num_gpus < 0 or cfg.num_cpus < 0:
@@ -107,19 +107,15 @@ def autocast(precision: str, device: str):
     return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device, dtype=dtype)
 
 
-class ModelStage(Stage):
-    """A stage that scores pending rows with a model loaded once per actor (see the module doc)."""
+class ModelStep(RowStep):
+    """A step that scores pending rows with a model loaded once per actor (see the module doc)."""
 
     uses_model = True
-    fields: ClassVar[list[pa.Field]] = []  # the typed columns it writes
     needs_images: ClassVar[bool] = True  # decode pending rows' images for ``score``
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
         self.device = "cpu"
-
-    def columns_written(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.fields)
 
     def resources(self) -> Resources:
         c = self.cfg
@@ -132,7 +128,7 @@ class ModelStage(Stage):
             require_file(path, f"{self.section}.{setting}", what, self.disable_hint())
 
     def check_settings(self) -> None:
-        """Range checks of the stage's own settings (raise ``ValueError`` naming the setting)."""
+        """Range checks of the step's own settings (raise ``ValueError`` naming the setting)."""
 
     def required_files(self) -> dict[str, tuple[str, str]]:
         """Weight files that must exist: setting -> (path, what it is)."""
@@ -176,7 +172,7 @@ class ModelStage(Stage):
             for i, scores in zip(chunk, self.score(batch, chunk, [images.get(i) for i in chunk]), strict=True):
                 if scores is None:
                     continue
-                for name, column in values.items():  # other keys are the stage's own, for ``reason``
+                for name, column in values.items():  # other keys are the step's own, for ``reason``
                     column[i] = scores.get(name)
                 reasons[i] = self.reason(scores)
         batch = schema.set_reasons(schema.typed_columns(batch, self.fields, values), reasons)
@@ -219,23 +215,23 @@ def decode_pending(
     return images, errors
 
 
-def mark_failed(table: pa.Table, errors: dict[int, str], stage: str) -> pa.Table:
-    """Give rows this stage could not decode the ``decode_failed`` reason and an error message."""
+def mark_failed(table: pa.Table, errors: dict[int, str], step: str) -> pa.Table:
+    """Give rows this step could not decode the ``decode_failed`` reason and an error message."""
     if not errors:
         return table
     reasons = [schema.DECODE_FAILED if i in errors else None for i in range(table.num_rows)]
     table = schema.set_reasons(table, reasons)
     messages = table.column("error_message").to_pylist()
     for i, msg in errors.items():
-        messages[i] = messages[i] or f"{stage}: {msg}"
+        messages[i] = messages[i] or f"{step}: {msg}"
     return schema.with_columns(table, {"error_message": pa.array(messages, type=pa.string())})
 
 
-def embeddings_of(table: pa.Table, mask: list[bool], stage: str) -> tuple[list[int], np.ndarray]:
+def embeddings_of(table: pa.Table, mask: list[bool], step: str) -> tuple[list[int], np.ndarray]:
     """Rows in ``mask`` that carry a CLIP embedding, and those embeddings as float32 [N, D]."""
     if EMBEDDING_COLUMN not in table.column_names:
         raise ValueError(
-            f"{stage} reads the {EMBEDDING_COLUMN!r} column: the recipe runs the CLIP embedding step before it"
+            f"{step} reads the {EMBEDDING_COLUMN!r} column: the recipe runs the CLIP embedding step before it"
         )
     values = table.column(EMBEDDING_COLUMN).to_pylist()
     rows = [i for i, pending in enumerate(mask) if pending and values[i] is not None]

@@ -1,4 +1,4 @@
-"""Salient-person detection: a model stage, loaded once per actor, batched, on a GPU when present.
+"""Salient-person detection: a model step, loaded once per actor, batched, on a GPU when present.
 
 Backends (``detector.backend``):
 
@@ -25,7 +25,8 @@ import pyarrow as pa
 from PIL import Image
 
 from curation import schema
-from curation.filters.model import ModelStage, Placement, WeightsUnavailableError
+from curation.filters.model import ModelStep, Placement, WeightsUnavailableError
+from curation.steps import Score
 
 Box = tuple[float, float, float, float]
 
@@ -208,7 +209,7 @@ def check_detector_config(cfg: DetectorConfig) -> None:
     resolve_weights(cfg.weights, BACKENDS[cfg.backend].suffixes)
 
 
-class PersonFilter(ModelStage):
+class PersonFilter(ModelStep):
     """Scores pending rows; rows without a salient person get reason ``no_salient_person``."""
 
     name = "person_detection"
@@ -217,7 +218,7 @@ class PersonFilter(ModelStage):
     reasons = (schema.NO_SALIENT_PERSON,)
     reads = ("image", "width", "height")
     fields = schema.PERSON_FIELDS
-    writes = tuple(f.name for f in schema.PERSON_FIELDS)
+    scores = (Score("person_score_max", "score_threshold", "best person score"),)
 
     @property
     def enabled(self) -> bool:

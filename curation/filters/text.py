@@ -28,7 +28,8 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from curation.filters.model import ModelStage, Placement
+from curation.filters.model import ModelStep, Placement
+from curation.steps import Score
 
 TEXT = "text"
 WATERMARK_TEXT = "watermark_text"
@@ -45,7 +46,7 @@ class TextFilterConfig(Placement):
     """Settings of the OCR text filter (``content.text``); thresholds measured on real photos."""
 
     enabled: bool = True
-    max_side: int = 960  # images are shrunk to this longer side before OCR (640: ~1.5x faster)
+    max_side: int = 960  # images are shrunk to this longer side before OCR (smaller: faster, less small text)
     min_confidence: float = 0.7  # recogniser score a detected box needs to count as text
     coverage_threshold: float = 0.05  # "text" when text boxes cover >= this fraction of the image
     box_count_threshold: int = 20  # "text" when at least this many boxes
@@ -192,7 +193,7 @@ class OcrEngine:
         return [(b, r[0], float(r[1])) for b, r in zip(boxes, results, strict=True)]
 
 
-class TextFilter(ModelStage):
+class TextFilter(ModelStep):
     """Adds ``text_coverage``, ``text_box_count``, ``text_watermark``; sets ``text``/``watermark_text``."""
 
     name = "text_filter"
@@ -201,7 +202,10 @@ class TextFilter(ModelStage):
     reasons = (TEXT, WATERMARK_TEXT)
     reads = ("image",)
     fields = TEXT_FIELDS
-    writes = tuple(f.name for f in TEXT_FIELDS)
+    scores = (
+        Score("text_coverage", "coverage_threshold", "fraction of the image in text boxes"),
+        Score("text_box_count", "box_count_threshold", "text boxes", integer=True),
+    )
 
     def check_settings(self) -> None:
         check_text_config(self.cfg, self.section)

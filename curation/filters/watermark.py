@@ -21,13 +21,14 @@ import pyarrow as pa
 from curation.filters.model import (
     EMBEDDING_COLUMN,
     LinearHead,
-    ModelStage,
+    ModelStep,
     Placement,
     autocast,
     embeddings_of,
     load_state_file,
     resolve_device,
 )
+from curation.steps import Score
 
 WATERMARK = "watermark"
 
@@ -101,7 +102,7 @@ class WatermarkClassifier:
         return probs.cpu().numpy().astype(np.float32)
 
 
-class WatermarkFilter(ModelStage):
+class WatermarkFilter(ModelStep):
     """Adds ``watermark_score`` to pending rows; sets ``watermark`` where it is >= threshold."""
 
     name = "watermark_filter"
@@ -109,7 +110,7 @@ class WatermarkFilter(ModelStage):
     Config = WatermarkFilterConfig
     reasons = (WATERMARK,)
     fields = WATERMARK_FIELDS
-    writes = ("watermark_score",)
+    scores = (Score("watermark_score", "threshold", "P(watermark)"),)
 
     def __init__(self, cfg: WatermarkFilterConfig) -> None:
         super().__init__(cfg)

@@ -58,7 +58,7 @@ def curate(raw: str, out: str, centernet: Path, ray_tmp: str, mlflow_db: Path) -
         "ray.progress_bars=off",
         f"tracking.uri=sqlite:///{mlflow_db}",
         "content.text.enabled=false",
-    ]  # (OCR is the slow stage on CPU; the detector makes pass 2)
+    ]  # (OCR is the slow step on CPU; the detector makes pass 2)
 
 
 def objects(fs: pafs.FileSystem, prefix: str) -> dict[str, bytes]:

@@ -37,13 +37,13 @@ def parts_of(table: pa.Table) -> dict[str, pa.Table]:
 def test_stats_from_part_counts_equal_the_whole_manifest_stats():
     table = manifest()
     kept = table.column("status").to_pylist().count(schema.KEPT)
-    whole = compute_stats(table, FUNNEL, samples_in_shards=kept, shards=3, stages=[])
+    whole = compute_stats(table, FUNNEL, samples_in_shards=kept, shards=3, descriptions=[])
     summed = stats_from_counts(
         merge_counts(manifest_counts(p) for p in parts_of(table).values()),
         FUNNEL,
         samples_in_shards=kept,
         shards=3,
-        stages=[],
+        descriptions=[],
     )
     assert summed == whole
     assert whole["reconciled"] and whole["dropped_by_reason"]["too_small"] > 0 and whole["decode_notes"]

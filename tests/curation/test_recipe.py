@@ -1,4 +1,4 @@
-"""The recipe: one list of steps from which the config, the funnel, the stage descriptions and the
+"""The recipe: one list of steps from which the config, the funnel, the step descriptions and the
 dedup columns derive. A filter added as one file + one recipe line shows up everywhere."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from curation.pipeline import run_curation
 from curation.recipe import HUMANS1B
-from curation.stages import BuiltRecipe, Recipe
+from curation.steps import BuiltRecipe, Recipe
 from infra.config import load_config
 from tests.curation.toy_brightness import DARK, BrightnessFilter
 
@@ -53,7 +53,7 @@ def _config(recipe: Recipe, *overrides: str):
 def test_the_global_steps_are_the_pass_boundaries():
     cfg = _config(HUMANS1B, "dedup.semantic.enabled=true")  # (CLIP weights not needed: the steps are not checked)
     passes = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
-    names = [([s.name for s in p.stages], [s.name for s in p.global_steps]) for p in passes]
+    names = [([s.name for s in p.row_steps], [s.name for s in p.global_steps]) for p in passes]
     assert names == [
         (["decode", "geometry"], ["exact_dedup", "near_dedup"]),
         (["clip_embedding", "text_filter"], ["semantic_dedup"]),
@@ -61,16 +61,33 @@ def test_the_global_steps_are_the_pass_boundaries():
     # a disabled global step is no boundary: without any dedup, one pass
     cfg = _config(HUMANS1B, "dedup.exact.enabled=false", "dedup.near.enabled=false")
     flat = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
-    assert [[s.name for s in p.stages] for p in flat] == [["decode", "geometry", "clip_embedding", "text_filter"]]
+    assert [[s.name for s in p.row_steps] for p in flat] == [["decode", "geometry", "clip_embedding", "text_filter"]]
 
 
-def test_a_model_stage_before_the_first_dedup_is_refused():
+def test_each_step_writes_its_declared_fields_and_charts_its_own_columns_and_settings():
+    """``writes`` is the names of ``fields``; a score the audit charts is read from columns the
+    step writes (or, derived, reads) and its threshold is a key of the step's description."""
+    cfg = _config(WITH_BRIGHTNESS, "content.brightness.threshold=60")
+    charted = []
+    for cls in WITH_BRIGHTNESS.steps:
+        assert cls.writes == tuple(f.name for f in cls.fields), cls.name
+        described = cls.from_config(cfg).settings()
+        for score in cls.scores:
+            assert set(score.columns()) <= {*cls.writes, *cls.reads}, (cls.name, score.column)
+            assert score.setting is None or score.setting in described, (cls.name, score.setting)
+            charted.append(score.column)
+    assert charted[:4] == ["short_side", "aspect_ratio", "person_score_max", "artistic_score"]
+    with pytest.raises(TypeError, match="declare the columns it writes as ``fields``"):
+        type("HandListed", (BrightnessFilter,), {"writes": ("brightness",)})
+
+
+def test_a_model_step_before_the_first_dedup_is_refused():
     steps = list(HUMANS1B.steps)
     person = steps.pop(steps.index(next(s for s in steps if s.name == "person_detection")))
     steps.insert(3, person)  # right after geometry: it would score every duplicate
     with pytest.raises(
         ValueError,
-        match=r"model stage 'person_detection' comes before the first global \(dedup\) "
+        match=r"model step 'person_detection' comes before the first global \(dedup\) "
         r"step, so it would score every duplicate",
     ):
         Recipe(steps, job=HUMANS1B.job)
@@ -135,8 +152,8 @@ def test_a_filter_added_in_one_file_and_one_line_runs_everywhere(tmp_path, ray_l
     assert list(funnel).index("brightness_filter") == list(funnel).index("person_detection") + 1
     assert funnel["brightness_filter"]["removed"].get(DARK, 0) >= 1  # the demo's people include dark photos
     assert result.stats["reconciled"]
-    stages = {s["name"]: s for s in result.stats["stages"]}
-    assert stages["brightness_filter"] == {"name": "brightness_filter", "applied": True, "threshold": 100.0}
+    steps = {s["name"]: s for s in result.stats["stages"]}
+    assert steps["brightness_filter"] == {"name": "brightness_filter", "applied": True, "threshold": 100.0}
     on_disk = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert on_disk["funnel"] == result.stats["funnel"]
 

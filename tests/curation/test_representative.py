@@ -12,7 +12,7 @@ from PIL import Image
 
 from curation import schema
 from curation.config import DecodeConfig
-from curation.decode import DecodeStage
+from curation.decode import DecodeStep
 from curation.dedup.components import representative_rank
 from curation.dedup.steps import DedupContext, ExactDedup, NearDedup, candidate_columns, run_dedup
 from curation.recipe import CurationConfig
@@ -48,16 +48,16 @@ def encodings(raw_jpeg: bytes) -> dict[str, bytes]:
 
 def decoded_candidates(files: dict[str, bytes]) -> tuple[pa.Table, list]:
     """Decode as the pipeline does, then keep the columns the recipe's dedup steps read."""
-    stage = DecodeStage(DecodeConfig())
+    step = DecodeStep(DecodeConfig())
     rows = [
-        stage.decode_row({"partition": "p", "key": k, "source": k, "raw": v, "reason": None, "input_bytes": len(v)})
+        step.decode_row({"partition": "p", "key": k, "source": k, "raw": v, "reason": None, "input_bytes": len(v)})
         for k, v in files.items()
     ]
     assert all(r["decode_ok"] for r in rows), [r["error_message"] for r in rows]
     table = pa.Table.from_pylist(rows, schema=pa.schema(schema.BASE_FIELDS))
     cfg = CurationConfig()
     steps = [ExactDedup.from_config(cfg), NearDedup.from_config(cfg)]
-    columns, absent = candidate_columns(steps, set(DecodeStage.writes))
+    columns, absent = candidate_columns(steps, set(DecodeStep.writes))
     assert not absent and {"converted", "input_bytes"} <= set(columns)
     return table.select(columns), steps
 

@@ -12,9 +12,9 @@ from PIL import Image
 
 from curation import staging
 from curation.config import DecodeConfig, InputConfig
-from curation.decode import DecodeStage
+from curation.decode import DecodeStep
 from curation.readers import plan_partitions, read_partition
-from curation.stages import run_stages_locally
+from curation.steps import run_steps_locally
 from infra import storage
 from pipelines.demo_corpus import jpeg_bytes
 
@@ -32,7 +32,7 @@ def _png(color) -> bytes:
 def _decoded(uri: str) -> list:
     cfg = InputConfig(uri=uri)
     return [
-        run_stages_locally(t, [DecodeStage(DecodeConfig())])
+        run_steps_locally(t, [DecodeStep(DecodeConfig())])
         for p in plan_partitions(cfg)
         for t in read_partition(p, cfg, 2**26)
     ]

@@ -8,7 +8,8 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from curation.filters.model import ModelStage, Placement
+from curation.filters.model import ModelStep, Placement
+from curation.steps import Score
 
 DARK = "too_dark"
 
@@ -19,14 +20,14 @@ class BrightnessConfig(Placement):
     threshold: float  # required: mean grey level (0..255) an image needs to be kept
 
 
-class BrightnessFilter(ModelStage):
+class BrightnessFilter(ModelStep):
     name = "brightness_filter"
     section = "content.brightness"
     Config = BrightnessConfig
     reasons = (DARK,)
     reads = ("image",)
     fields = [pa.field("brightness", pa.float32())]
-    writes = ("brightness",)
+    scores = (Score("brightness", "threshold", "mean grey level (0..255)"),)
 
     def setup(self) -> None:  # no model to place
         self.load()

@@ -141,9 +141,9 @@ def test_config_changes_name_the_settings_that_explain_each_reason():
     assert settings.explaining("no_salient_person", changes) == ["detector.score_threshold"]
     assert settings.explaining("exact_duplicate", changes) == ["dedup.exact"]
     assert settings.explaining("near_duplicate", changes) == ["dedup.exact"]  # a dedup reason this code never saw
-    stages = ["read", "decode", "geometry", "person_detection", "text_filter", "exact_dedup"]
-    assert settings.explain("text", "text_filter", stages, changes) == [
+    steps = ["read", "decode", "geometry", "person_detection", "text_filter", "exact_dedup"]
+    assert settings.explain("text", "text_filter", steps, changes) == [
         "upstream detector.score_threshold",
         "upstream geometry.min_short_side",
     ]
-    assert settings.explain("aspect_ratio", "geometry", stages, changes) == ["upstream geometry.min_short_side"]
+    assert settings.explain("aspect_ratio", "geometry", steps, changes) == ["upstream geometry.min_short_side"]

@@ -51,7 +51,7 @@ def test_hex_round_trip_and_bad_input():
 
 
 def test_the_pipelines_pair_hash_equals_two_scipy_dcts():
-    """The decode stage's (hash, mirror hash) from one matrix product equals imagededup's algorithm
+    """The decode step's (hash, mirror hash) from one matrix product equals imagededup's algorithm
     (scipy's DCT) run on the thumbnail and on its mirror, on smooth and on noisy thumbnails."""
     import numpy as np
 

@@ -45,7 +45,7 @@ def test_planted_duplicates_are_found_like_all_pairs_search_and_order_does_not_m
 def test_disabled_by_default_and_needs_embeddings():
     table = embedding_table(20)
     assert semantic_duplicate_decisions(table, SemanticDupConfig()).num_rows == 0
-    with pytest.raises(ValueError, match="embedding stage"):
+    with pytest.raises(ValueError, match="embedding step"):
         semantic_duplicate_decisions(table.drop_columns(["clip_embedding"]), SemanticDupConfig(enabled=True))
 
 

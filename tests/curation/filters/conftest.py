@@ -2,7 +2,7 @@
 
 Real photos come from shared/assets and from packages the project depends on. Captions and
 watermarks are rendered onto them with the DejaVu font matplotlib ships. Models are randomly
-initialised, saved to files, and loaded back through the stages' own code.
+initialised, saved to files, and loaded back through the steps' own code.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def jpeg_bytes(im: Image.Image, quality: int = 90) -> bytes:
 def make_batch(
     images: dict[str, Image.Image], not_pending: dict[str, str] | None = None, undecodable: tuple[str, ...] = ()
 ) -> pa.Table:
-    """A decoded batch as the decode stage leaves it: one row per image, keyed by name.
+    """A decoded batch as the decode step leaves it: one row per image, keyed by name.
 
     ``not_pending``: names of extra rows already ended, with their reason (image still present).
     ``undecodable``: names of extra rows whose decode failed (no image).

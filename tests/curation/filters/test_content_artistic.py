@@ -18,7 +18,7 @@ from curation.filters.artistic import (
 from curation.filters.clip_embedding import ClipEmbedding, ClipEmbeddingConfig
 from curation.filters.model import LinearHead
 from curation.schema import BASE_FIELDS
-from curation.stages import run_stages_locally
+from curation.steps import run_steps_locally
 
 D = 8
 NATURAL = {"photo": ["a photo", "a snapshot"]}
@@ -113,14 +113,14 @@ def _embedded_batch(embeddings: dict[str, np.ndarray | None], not_pending: dict[
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def test_stage_annotates_pending_rows_only(prompts):
+def test_step_annotates_pending_rows_only(prompts):
     cfg = ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, threshold=0.5)
-    stage = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
+    step = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     batch = _embedded_batch(
         {"photo": e(1), "painting": e(0, 1), "cartoon": e(0, 0, 1), "no_embedding": None},
         not_pending={"ended": "too_small"},
     )
-    out = run_stages_locally(batch, [stage])
+    out = run_steps_locally(batch, [step])
     rows = {r["key"]: r for r in out.to_pylist()}
     assert {k: r["reason"] for k, r in rows.items()} == {
         "photo": None,
@@ -133,11 +133,11 @@ def test_stage_annotates_pending_rows_only(prompts):
     assert rows["ended"]["artistic_score"] is None and rows["ended"]["artistic_label"] is None
     assert rows["no_embedding"]["artistic_score"] is None
     assert out.schema.field("artistic_score").type == pa.float32()
-    assert stage.describe()["score"] == "zero_shot"
+    assert step.describe()["score"] == "zero_shot"
 
 
-def test_stage_needs_the_embedding_column(prompts):
-    stage = ArtisticFilter(
+def test_step_needs_the_embedding_column(prompts):
+    step = ArtisticFilter(
         ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL),
         ClipEmbeddingConfig(),
         prompt_embeddings=prompt_embeddings(prompts),
@@ -146,7 +146,7 @@ def test_stage_needs_the_embedding_column(prompts):
         [{"partition": "p", "key": "k", "source": "s", "decode_ok": True}], schema=pa.schema(BASE_FIELDS)
     )
     with pytest.raises(ValueError, match="reads the .clip_embedding. column"):
-        run_stages_locally(batch, [stage])
+        run_steps_locally(batch, [step])
 
 
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
@@ -165,8 +165,8 @@ def test_linear_head_file_replaces_the_score(tmp_path, prompts, suffix):
     cfg = ArtisticFilterConfig(
         natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, head_weights=str(path), threshold=0.9
     )
-    stage = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
-    out = run_stages_locally(_embedded_batch({"a": e(1), "b": e(0, 1), "c": e(1, 1)}, {}), [stage])
+    step = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
+    out = run_steps_locally(_embedded_batch({"a": e(1), "b": e(0, 1), "c": e(1, 1)}, {}), [step])
     scores = out.column("artistic_score").to_pylist()
     want = 1 / (1 + np.exp(-8 * (np.array([0, 1, 0]) - np.array([1, 0, 0]))))
     np.testing.assert_allclose(scores, want, rtol=1e-5)
@@ -200,7 +200,7 @@ def test_real_clip_path_scores_real_images(tiny_clip_dir, real_images, batch_of)
     clip = ClipEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}")
     names = ["obama", "starry_night", "zidane", "basketball1"]
     batch = batch_of({k: real_images[k] for k in names}, not_pending={"ended": "too_small"})
-    out = run_stages_locally(batch, [ClipEmbedding(clip), ArtisticFilter(ArtisticFilterConfig(), clip)])
+    out = run_steps_locally(batch, [ClipEmbedding(clip), ArtisticFilter(ArtisticFilterConfig(), clip)])
     scores = out.column("artistic_score").to_pylist()
     labels = out.column("artistic_label").to_pylist()
     assert all(0.0 <= s <= 1.0 for s in scores[:4]) and scores[4] is None

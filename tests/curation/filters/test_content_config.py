@@ -12,7 +12,7 @@ from curation.filters.model import WeightsUnavailableError
 from curation.filters.text import TEXT, WATERMARK_TEXT, TextFilter
 from curation.filters.watermark import WATERMARK, WatermarkFilter
 from curation.recipe import HUMANS1B, ContentFiltersConfig, CurationConfig
-from curation.stages import Resources
+from curation.steps import Resources
 from infra.config import from_dict, parse_overrides
 
 NO_WEIGHTS = {"embedding": {"enabled": False}, "artistic": {"enabled": False}, "watermark": {"enabled": False}}
@@ -87,9 +87,9 @@ def test_all_filters_in_order(tiny_clip_dir, tmp_path):
     assert [type(s) for s in steps] == [ClipEmbedding, ArtisticFilter, WatermarkFilter, TextFilter]
     assert all(s.uses_model and s.enabled for s in steps)
     assert [r for s in steps for r in s.reasons] == [ARTISTIC, WATERMARK, TEXT, WATERMARK_TEXT]
-    # stages travel to Ray workers pickled, before setup: settings only, no model
-    for stage in steps:
-        assert len(pickle.dumps(stage)) < 20_000
+    # steps travel to Ray workers pickled, before setup: settings only, no model
+    for step in steps:
+        assert len(pickle.dumps(step)) < 20_000
     assert {c for s in steps for c in s.columns_written()} == {
         "clip_embedding",
         "artistic_score",

@@ -1,22 +1,22 @@
-"""The content stages as Ray Data actors (``apply_stage``): same rows out as in-process."""
+"""The content steps as Ray Data actors (``apply_step``): same rows out as in-process."""
 
 from __future__ import annotations
 
 import pytest
 
 from curation.recipe import HUMANS1B, ContentFiltersConfig, CurationConfig
-from curation.stages import apply_stage, run_stages_locally
+from curation.steps import apply_step, run_steps_locally
 from infra.config import from_dict
 
 
-def build_content_stages(content: ContentFiltersConfig) -> list:
+def build_content_steps(content: ContentFiltersConfig) -> list:
     cfg = from_dict(CurationConfig, {"input": {"uri": "in"}, "output_dir": "out", "detector": {"backend": "none"}})
     cfg.content = content
-    return [s for s in HUMANS1B.build(cfg).stages if s.section.startswith("content.")]
+    return [s for s in HUMANS1B.build(cfg).row_steps if s.section.startswith("content.")]
 
 
 @pytest.mark.slow
-def test_stages_run_as_ray_actors(tiny_clip_dir, real_images, batch_of, render):
+def test_steps_run_as_ray_actors(tiny_clip_dir, real_images, batch_of, render):
     ray = pytest.importorskip("ray")
     ray_data = pytest.importorskip("ray.data")
 
@@ -40,14 +40,14 @@ def test_stages_run_as_ray_actors(tiny_clip_dir, real_images, batch_of, render):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         ds = ray_data.from_arrow(batch)
-        for stage in build_content_stages(cfg):
-            ds = apply_stage(ds, stage)
+        for step in build_content_steps(cfg):
+            ds = apply_step(ds, step)
         rows = {r["key"]: r for r in ds.take_all()}
     finally:
         if started:
             ray.shutdown()
 
-    local = {r["key"]: r for r in run_stages_locally(batch, build_content_stages(cfg)).to_pylist()}
+    local = {r["key"]: r for r in run_steps_locally(batch, build_content_steps(cfg)).to_pylist()}
     assert set(rows) == set(local)
     for key, row in local.items():
         assert rows[key]["reason"] == row["reason"]

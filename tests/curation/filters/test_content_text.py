@@ -17,7 +17,7 @@ from curation.filters.text import (
     text_reason,
 )
 from curation.schema import DECODE_FAILED, pending_mask
-from curation.stages import run_stages_locally
+from curation.steps import run_steps_locally
 
 # Real photos with no overlaid text; bus.jpg has real scene text (signs, ads on the bus) and
 # starry_night is a painting without text: all must pass the text filter.
@@ -26,8 +26,8 @@ CLEAN = ["obama", "obama2", "franz_kafka", "basketball1", "zidane", "grace_hoppe
 
 @pytest.fixture(scope="module")
 def ocr_result(real_images, render, batch_of):
-    """One batch through the stage: clean photos, messi5, rendered captions and watermarks,
-    plus a row another stage already dropped and a row whose decode failed."""
+    """One batch through the step: clean photos, messi5, rendered captions and watermarks,
+    plus a row another step already dropped and a row whose decode failed."""
     r, im = render, real_images
     cases = {name: im[name] for name in CLEAN + ["messi5"]}
     cases.update(
@@ -48,8 +48,8 @@ def ocr_result(real_images, render, batch_of):
         }
     )
     batch = batch_of(cases, not_pending={"already_dropped": "no_salient_person"}, undecodable=("broken",))
-    stage = TextFilter(TextFilterConfig())
-    return batch, run_stages_locally(batch, [stage])
+    step = TextFilter(TextFilterConfig())
+    return batch, run_steps_locally(batch, [step])
 
 
 def test_clean_photos_pass(ocr_result, column_by_key):
@@ -99,7 +99,7 @@ def test_rows_not_pending_pass_through_untouched(ocr_result, column_by_key):
         assert column_by_key(out, "reason")[key] == column_by_key(batch, "reason")[key]
         for col in ("text_coverage", "text_box_count", "text_watermark"):
             assert column_by_key(out, col)[key] is None
-    for name in batch.column_names:  # the stage only adds columns and sets reasons
+    for name in batch.column_names:  # the step only adds columns and sets reasons
         if name != "reason":
             assert out.column(name).equals(batch.column(name))
     assert out.schema.field("text_coverage").type == pa.float32()
@@ -112,7 +112,7 @@ def test_undecodable_image_bytes_become_a_row_error(batch_of, real_images):
     images = batch.column("image").to_pylist()
     images[1] = b"\xff\xd8 not really a jpeg"
     batch = batch.set_column(batch.schema.get_field_index("image"), "image", pa.array(images, pa.binary()))
-    out = run_stages_locally(batch, [TextFilter(TextFilterConfig())])
+    out = run_steps_locally(batch, [TextFilter(TextFilterConfig())])
     assert out.column("reason").to_pylist() == [None, DECODE_FAILED]
     assert out.column("error_message").to_pylist()[1].startswith("text_filter: ")
     assert pending_mask(out) == [True, False]

@@ -1,4 +1,4 @@
-"""Model stages' actor pools: ``ray.actor_pools=fixed`` really starts num_actors actors, and a
+"""Model steps' actor pools: ``ray.actor_pools=fixed`` really starts num_actors actors, and a
 local cluster refuses, before any work, fixed pools that would leave no room for the reads."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import os
 import pyarrow as pa
 import pytest
 
-from curation.stages import Resources, Stage, apply_stage, check_fits
+from curation.steps import Resources, RowStep, apply_step, check_fits
 
 
-class PidStage(Stage):
-    """A stand-in model stage that records which actor process handled each row."""
+class PidStep(RowStep):
+    """A stand-in model step that records which actor process handled each row."""
 
     name = "pid_model"
     uses_model = True
@@ -36,7 +36,7 @@ class PidStage(Stage):
         return batch.append_column("pid", pa.array([os.getpid()] * batch.num_rows, pa.int64()))
 
 
-class CheapStage(PidStage):
+class CheapStep(PidStep):
     name = "cheap"
     uses_model = False
 
@@ -52,15 +52,15 @@ def test_a_fixed_pool_starts_every_actor(ray_local, tmp_path):
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests/
 
     ds = ray.data.range(64, override_num_blocks=2).map_batches(lambda b: b, batch_format="pyarrow")
-    rows = apply_stage(ds, PidStage(actors=2, cpus=0.5, started=str(tmp_path))).take_all()
+    rows = apply_step(ds, PidStep(actors=2, cpus=0.5, started=str(tmp_path))).take_all()
     assert len(rows) == 64 and len(list(tmp_path.iterdir())) == 2
 
 
 def test_fixed_pools_that_starve_the_reads_are_refused_with_the_settings_to_change():
-    stages = [CheapStage(1, 1.0), PidStage(actors=2, cpus=0.875)]
+    steps = [CheapStep(1, 1.0), PidStep(actors=2, cpus=0.875)]
     with pytest.raises(ValueError, match=r"hold 1\.75 of 2 CPUs \(pid_model 2 x 0\.875\).*input\.num_cpus=1"):
-        check_fits(stages, read_cpus=1.0, total_cpus=2, autoscale=False)
+        check_fits(steps, read_cpus=1.0, total_cpus=2, autoscale=False)
     with pytest.raises(ValueError, match="cheap num_cpus=1"):
-        check_fits(stages, read_cpus=0.25, total_cpus=2, autoscale=False)
-    check_fits([CheapStage(1, 0.25), PidStage(2, 0.75)], read_cpus=0.25, total_cpus=2, autoscale=False)
-    check_fits(stages, read_cpus=1.0, total_cpus=2, autoscale=True)  # a growing pool waits for room instead
+        check_fits(steps, read_cpus=0.25, total_cpus=2, autoscale=False)
+    check_fits([CheapStep(1, 0.25), PidStep(2, 0.75)], read_cpus=0.25, total_cpus=2, autoscale=False)
+    check_fits(steps, read_cpus=1.0, total_cpus=2, autoscale=True)  # a growing pool waits for room instead

@@ -1,34 +1,39 @@
 """Steps: the unit the curation recipe is written in, their adapter onto Ray Data, and ``Recipe``.
 
 A **step** holds the settings of its own config section (``section``, a dataclass ``Config``),
-declares the columns it ``reads`` and ``writes`` and the drop/error ``reasons`` it may set, and
+declares the columns it ``reads``, the typed columns it writes (``fields``; ``writes`` is
+their names), the drop/error ``reasons`` it may set and the ``scores`` the audit charts, and
 describes itself for stats.json and MLflow. A disabled step stays in the recipe and reports
 itself as not applied. Kinds of step:
 
 - the reader and the shard writer (``curation.readers.ReadImages``, ``curation.writer.WriteShards``);
-- a **stage** (``Stage``): maps a ``pyarrow.Table`` batch of rows to the same rows with its
-  columns added (``process``). Filter stages annotate: they record scores and set ``reason`` on
-  the pending rows they would drop (``curation.schema.set_reasons``); the writer's one decision
-  point turns reasons into statuses. Model stages (``curation.filters.model.ModelStage``) run on
+- a **row step** (``RowStep``): maps a ``pyarrow.Table`` batch of rows to the same rows with its
+  columns added (``process``). Filters annotate: they record scores and set ``reason`` on the
+  pending rows they would drop (``curation.schema.set_reasons``); the writer's one decision
+  point turns reasons into statuses. Model steps (``curation.filters.model.ModelStep``) run on
   actor pools so weights load once per actor;
 - a **global step** (``curation.dedup.steps``): decides over the whole run's metadata.
 
-**Passes.** Global steps are the recipe's pass boundaries. The per-row stages before the first
+**Passes.** Global steps are the recipe's pass boundaries. The row steps before the first
 global step are pass 1: they run on every input, inside each partition's read task, so they
-must be cheap (no model stage: ``Recipe`` refuses one there). The global steps after them
-(exact and near dedup) decide which rows survive; the stages up to the next global step are
+must be cheap (no model step: ``Recipe`` refuses one there). The global steps after them
+(exact and near dedup) decide which rows survive; the row steps up to the next global step are
 pass 2 and see only the survivors (person detection, the content filters); and so on. A
 global step that is disabled is no boundary (``BuiltRecipe.passes``).
 
 ``Recipe`` is an ordered list of step classes. It derives the job's config class (one section
 per step), builds the steps from a config, refuses an order in which a step reads a column no
-earlier enabled step writes, and gives the funnel and the stage descriptions.
+earlier enabled step writes, and gives the funnel and the step descriptions.
+
+(A *stage* is something else: one stage of the curate -> pretrain -> probe chain, ``infra.stage``;
+curation as a whole is one, ``curation.stage``.)
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -36,12 +41,12 @@ import pyarrow as pa
 
 @dataclasses.dataclass(kw_only=True)
 class Resources:
-    """Where a stage runs: CPUs/GPUs per task or actor, batch size, actor pool size."""
+    """Where a row step runs: CPUs/GPUs per task or actor, batch size, actor pool size."""
 
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     batch_size: int = 16
-    num_actors: int = 1  # model stages only: size of the actor pool
+    num_actors: int = 1  # model steps only: size of the actor pool
 
     def __post_init__(self) -> None:
         if self.num_cpus < 0 or self.num_gpus < 0:
@@ -52,8 +57,33 @@ class Resources:
             raise ValueError(f"num_actors must be >= 1, got {self.num_actors}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Score:
+    """A per-image value a step decides on, which the audit charts against its threshold.
+
+    ``column``: the manifest column holding it, or the name of the value ``derive`` computes
+    from the columns in ``needs`` (a manifest row -> value, or None). ``setting``: the key of the
+    step's description (stats.json) that holds the threshold, if any."""
+
+    column: str
+    setting: str | None
+    label: str  # what the value is, in words (the chart's x axis)
+    integer: bool = False
+    derive: Callable[[dict], float | None] | None = None
+    needs: tuple[str, ...] = ()
+
+    def value(self, row: dict) -> float | None:
+        return self.derive(row) if self.derive is not None else row.get(self.column)
+
+    def columns(self) -> tuple[str, ...]:
+        """The manifest columns the value is read from."""
+        return self.needs or (self.column,)
+
+
 class Step(abc.ABC):
-    """One step of the recipe, built from its config section."""
+    """One step of the recipe, built from its config section. ``writes`` is derived from
+    ``fields`` (set on each subclass); a step whose columns depend on its settings overrides
+    ``columns_written``."""
 
     name: ClassVar[str]
     section: ClassVar[str] = ""  # dotted path of its settings in the job config, e.g. "content.text"
@@ -61,7 +91,15 @@ class Step(abc.ABC):
     group: ClassVar[type | None] = None  # settings the steps of a section group share (e.g. dedup.engine)
     reasons: ClassVar[tuple[str, ...]] = ()  # drop/error reasons it may set, in funnel order
     reads: ClassVar[tuple[str, ...]] = ()
-    writes: ClassVar[tuple[str, ...]] = ()
+    fields: ClassVar[Sequence[pa.Field]] = ()  # the typed columns it writes
+    writes: ClassVar[tuple[str, ...]] = ()  # their names (derived)
+    scores: ClassVar[tuple[Score, ...]] = ()  # what the audit charts for it
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "writes" in vars(cls):
+            raise TypeError(f"{cls.__name__}: declare the columns it writes as ``fields``; ``writes`` is derived")
+        cls.writes = tuple(f.name for f in cls.fields)
 
     def __init__(self, cfg: Any = None) -> None:
         self.cfg = cfg
@@ -108,8 +146,8 @@ def section_of(job: Any, dotted: str) -> Any:
     return node
 
 
-class Stage(Step):
-    """A per-row step. Subclasses set ``name`` and ``reasons`` and implement ``process``."""
+class RowStep(Step):
+    """A step over batches of rows. Subclasses set ``name`` and ``reasons`` and implement ``process``."""
 
     uses_model: ClassVar[bool] = False
 
@@ -121,75 +159,75 @@ class Stage(Step):
 
     @abc.abstractmethod
     def process(self, batch: pa.Table) -> pa.Table:
-        """Return ``batch`` with this stage's columns set; never raise for one bad row."""
+        """Return ``batch`` with this step's columns set; never raise for one bad row."""
 
 
-class _StageWorker:
-    """Ray Data callable class: builds its stage once, then processes batches."""
+class _StepWorker:
+    """Ray Data callable class: sets its step up once, then processes batches."""
 
-    def __init__(self, stage: Stage) -> None:
-        self.stage = stage
-        self.stage.setup()
+    def __init__(self, step: RowStep) -> None:
+        self.step = step
+        self.step.setup()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return self.stage.process(batch)
+        return self.step.process(batch)
 
 
-def _ready(stage: Stage) -> Stage:
-    if not getattr(stage, "_ready", False):
-        stage.setup()
-        stage._ready = True  # cached per worker process: stages are pickled once per task
-    return stage
+def _ready(step: RowStep) -> RowStep:
+    if not getattr(step, "_ready", False):
+        step.setup()
+        step._ready = True  # cached per worker process: steps are pickled once per task
+    return step
 
 
-def _run_task(batch: pa.Table, stage: Stage) -> pa.Table:
-    return _ready(stage).process(batch)
+def _run_task(batch: pa.Table, step: RowStep) -> pa.Table:
+    return _ready(step).process(batch)
 
 
-def apply_stage(ds, stage: Stage, autoscale: bool = False):
-    """Append ``stage`` to a Ray Dataset pipeline with the stage's declared resources. A model
-    stage's pool is ``num_actors`` actors from the start, or (``autoscale``) 1 growing to it.
+def apply_step(ds, step: RowStep, autoscale: bool = False):
+    """Append ``step`` to a Ray Dataset pipeline with the step's declared resources. A model
+    step's pool is ``num_actors`` actors from the start, or (``autoscale``) 1 growing to it.
 
     Worker faults: an actor whose process dies is restarted (its constructor loads the model
     again) and the batch it held is re-sent: Ray Data gives its actor pools ``max_restarts=-1``
     and ``max_task_retries=-1`` when not told otherwise (Ray 2.60; passing them is deprecated in
     favour of those defaults). A task whose worker dies is retried by Ray (``max_retries``, 3).
-    Stages are deterministic, so a retried batch gives the same rows (tests/curation/test_faults.py)."""
+    Steps are deterministic, so a retried batch gives the same rows (tests/curation/test_faults.py)."""
     import ray.data
 
-    res = stage.resources()
+    res = step.resources()
     common = dict(batch_size=res.batch_size, batch_format="pyarrow", zero_copy_batch=True, num_cpus=res.num_cpus)
     if res.num_gpus:
         common["num_gpus"] = res.num_gpus
-    if stage.uses_model:
+    if step.uses_model:
         pool = ray.data.ActorPoolStrategy(min_size=1 if autoscale else res.num_actors, max_size=res.num_actors)
-        return ds.map_batches(_StageWorker, fn_constructor_args=(stage,), compute=pool, **common)
-    return ds.map_batches(_run_task, fn_kwargs={"stage": stage}, **common)
+        return ds.map_batches(_StepWorker, fn_constructor_args=(step,), compute=pool, **common)
+    return ds.map_batches(_run_task, fn_kwargs={"step": step}, **common)
 
 
-def run_stages_locally(batch: pa.Table, stages: list[Stage]) -> pa.Table:
-    """Apply stages in order in this process (tests, benchmarks and small inputs)."""
-    for stage in stages:
-        batch = _ready(stage).process(batch)
+def run_steps_locally(batch: pa.Table, steps: list[RowStep]) -> pa.Table:
+    """Apply row steps in order in this process (tests, benchmarks and small inputs)."""
+    for step in steps:
+        batch = _ready(step).process(batch)
     return batch
 
 
-def check_fits(stages: list[Stage], read_cpus: float, total_cpus: float, autoscale: bool) -> None:
+def check_fits(steps: list[RowStep], read_cpus: float, total_cpus: float, autoscale: bool) -> None:
     """On a cluster of known size (a local one): fixed actor pools hold their CPUs for the whole
-    run, so the largest task (the read, or a cheap stage) must still fit beside them, or the
+    run, so the largest task (the read, or a cheap step) must still fit beside them, or the
     job would wait forever. Raises ``ValueError`` naming what to change."""
     if autoscale:
         return
-    models = [s for s in stages if s.uses_model]
+    models = [s for s in steps if s.uses_model]
     held = sum(s.resources().num_cpus * s.resources().num_actors for s in models)
     tasks = [("input.num_cpus", read_cpus)] + [
-        (f"{s.name} num_cpus", s.resources().num_cpus) for s in stages if not s.uses_model
+        (f"{s.name} num_cpus", s.resources().num_cpus) for s in steps if not s.uses_model
     ]
     name, largest = max(tasks, key=lambda t: t[1])
     if held + largest > total_cpus + 1e-9:
         pools = ", ".join(f"{s.name} {s.resources().num_actors} x {s.resources().num_cpus:g}" for s in models)
         raise ValueError(
-            f"the model stages' actor pools hold {held:g} of {total_cpus:g} CPUs ({pools}), leaving "
+            f"the model steps' actor pools hold {held:g} of {total_cpus:g} CPUs ({pools}), leaving "
             f"too little for {name}={largest:g}: lower their num_actors or num_cpus, lower {name}, "
             "or set ray.actor_pools=autoscaling"
         )
@@ -199,23 +237,23 @@ def check_fits(stages: list[Stage], read_cpus: float, total_cpus: float, autosca
 
 
 def _check_first_pass(steps: tuple[type[Step], ...]) -> None:
-    """Pass 1 (the stages before the first global step) runs on every input: no model stage there."""
+    """Pass 1 (the row steps before the first global step) runs on every input: no model step there."""
     for cls in steps[1:-1]:
-        if not issubclass(cls, Stage):
+        if not issubclass(cls, RowStep):
             return
         if cls.uses_model:
             raise ValueError(
-                f"recipe: model stage {cls.name!r} comes before the first global (dedup) step, so it "
+                f"recipe: model step {cls.name!r} comes before the first global (dedup) step, so it "
                 "would score every duplicate; move it after the dedup steps"
             )
 
 
 @dataclasses.dataclass
 class Pass:
-    """One pass over the rows: per-row stages, then the global steps that decide on their output."""
+    """One pass over the rows: row steps, then the global steps that decide on their output."""
 
     index: int  # 1: the first pass, over every input
-    stages: list[Stage]
+    row_steps: list[RowStep]
     global_steps: list[Step]
 
 
@@ -286,25 +324,25 @@ class BuiltRecipe:
         for step in self.steps[1:-1]:
             if not step.enabled:
                 continue
-            if isinstance(step, Stage):
+            if isinstance(step, RowStep):
                 if passes[-1].global_steps:
                     passes.append(Pass(len(passes) + 1, [], []))
-                passes[-1].stages.append(step)
+                passes[-1].row_steps.append(step)
             else:
                 passes[-1].global_steps.append(step)
         return passes
 
     def up_to(self, p: Pass) -> BuiltRecipe:
         """The steps whose columns exist when ``p``'s global steps run, and those global steps only."""
-        earlier = [stage for q in self.passes() if q.index <= p.index for stage in q.stages]
+        earlier = [step for q in self.passes() if q.index <= p.index for step in q.row_steps]
         return BuiltRecipe([self.steps[0], *earlier, *p.global_steps])
 
     def of_kind(self, kind: type) -> list:
         return [s for s in self.steps if isinstance(s, kind) and s.enabled]
 
     @property
-    def stages(self) -> list[Stage]:
-        return self.of_kind(Stage)
+    def row_steps(self) -> list[RowStep]:
+        return self.of_kind(RowStep)
 
     def available(self) -> set[str]:
         return {c for s in self.steps if s.enabled for c in s.columns_written()}
