@@ -1,12 +1,16 @@
 """Ground truth for near-duplicate dedup built from real photos, and pairwise metrics (used by
-the accuracy test and ``benchmarks/dedup_scaling.py --accuracy``; not part of the curation code).
+the accuracy test; not part of the curation code).
 
 ``near_duplicate_variants`` turns one photo into the kinds of copies web crawls hold:
 re-encodes, resizes, small crops, a mirror image and consecutive "burst" frames (a crop
 window moving over the scene). Every variant of one photo belongs to that photo's group;
 photos are distinct from each other. ``pair_metrics`` scores predicted groups against such
-ground truth on image pairs (a pair is positive when both images are in one group), which
-treats a dedup method's groups and imagededup's per-image duplicate lists alike.
+ground truth on image pairs (a pair is positive when both images are in one group).
+
+Both methods are scored on the same closure: every pair inside a connected component of the
+pairs a method matched. That is what a dedup does with matches (a component keeps one image and
+drops the rest, as ours does), so imagededup's per-image duplicate lists are closed the same way
+(``closed_pairs``) before they are scored, rather than scored as direct pairs against our groups.
 """
 
 from __future__ import annotations
@@ -72,6 +76,21 @@ def pairs_of_lists(duplicates: dict[str, list]) -> set[tuple[str, str]]:
     return {tuple(sorted((a, b if isinstance(b, str) else b[0]))) for a, dups in duplicates.items() for b in dups}
 
 
+def closed_pairs(keys: list[str], pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Every pair inside a connected component of ``pairs`` (the closure a dedup acts on)."""
+    import numpy as np
+
+    from curation.dedup.components import component_labels
+
+    index = {k: i for i, k in enumerate(keys)}
+    edges = np.array([(index[a], index[b]) for a, b in pairs], dtype=np.int64).reshape(-1, 2)
+    labels = component_labels(len(keys), edges[:, 0], edges[:, 1])
+    groups: dict[int, list[str]] = {}
+    for key, label in zip(keys, labels):
+        groups.setdefault(int(label), []).append(key)
+    return pairs_of_groups(groups.values())
+
+
 def pair_metrics(predicted: set[tuple[str, str]], truth: set[tuple[str, str]]) -> dict[str, float]:
     """Pairwise precision, recall and F1 of predicted duplicate pairs."""
     tp = len(predicted & truth)
@@ -108,14 +127,16 @@ def quadrant_tiles(img: Image.Image) -> dict[str, Image.Image]:
 def compare_with_imagededup(
     photos: dict[str, Image.Image], max_distances: Iterable[int], match_mirrored: bool = True
 ) -> list[dict]:
-    """Pairwise precision/recall of our near-dup groups and of imagededup's ``find_duplicates``.
+    """Pairwise precision/recall of our near-dup groups and of imagededup's ``find_duplicates``,
+    both on the closure of their matches (see the module docstring).
 
     Builds ``near_duplicate_variants`` of every photo, hashes each once, and for each
     threshold t scores: ours (components over hashes and, with ``match_mirrored``, mirror
-    hashes) and imagededup's PHash ``find_duplicates(encoding_map, max_distance_threshold=t)``
-    on the same hashes. Also gives each method's recall per variant kind (variant in the
-    same group as / listed as a duplicate of its original). The quarter tiles of every
-    photo join the set as distinct images (each its own ground-truth group).
+    hashes), ours without mirror hashes (``ours_no_mirror``: the same search as imagededup's)
+    and imagededup's PHash ``find_duplicates(encoding_map, max_distance_threshold=t)`` on the
+    same hashes. Also gives each method's recall per variant kind (variant in the same group as
+    its original). The quarter tiles of every photo join the set as distinct images (each its
+    own ground-truth group).
     """
     import pyarrow as pa
     from imagededup.methods import PHash
@@ -171,19 +192,34 @@ def compare_with_imagededup(
     keys = [r["key"] for r in rows]
     results = []
     for t in max_distances:
-        cfg = NearDupConfig(max_distance=t, match_mirrored=match_mirrored)
-        ours = pairs_of_groups(groups_from_decisions(keys, near_duplicate_decisions(table, cfg)))
-        theirs = pairs_of_lists(
-            PHash(verbose=False).find_duplicates(
-                encoding_map=encoding_map, max_distance_threshold=t, num_dist_workers=0
+        ours = {
+            name: pairs_of_groups(
+                groups_from_decisions(
+                    keys, near_duplicate_decisions(table, NearDupConfig(max_distance=t, match_mirrored=mirrored))
+                )
             )
+            for name, mirrored in (("ours", match_mirrored), ("ours_no_mirror", False))
+        }
+        theirs = closed_pairs(
+            keys,
+            pairs_of_lists(
+                PHash(verbose=False).find_duplicates(
+                    encoding_map=encoding_map, max_distance_threshold=t, num_dist_workers=0
+                )
+            ),
         )
-        for method, pred in (("ours", ours), ("imagededup", theirs)):
+        for method, pred in (*ours.items(), ("imagededup", theirs)):
             per_variant = {
                 v: sum((tuple(sorted((f"{n}__original", f"{n}__{v}"))) in pred) for n in photos) / len(photos)
                 for v in VARIANTS[1:]
             }
             results.append(
-                {"method": method, "max_distance": t, **pair_metrics(pred, truth), "recall_by_variant": per_variant}
+                {
+                    "method": method,
+                    "max_distance": t,
+                    **pair_metrics(pred, truth),
+                    "recall_by_variant": per_variant,
+                    "pairs": pred,
+                }
             )
     return results
