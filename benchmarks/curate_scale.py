@@ -2,35 +2,32 @@
 
     python benchmarks/curate_scale.py --sizes 1e5 1e6          # during development
     python benchmarks/curate_scale.py --sizes 1e5 1e6 1e7      # the issue's three sizes
+    python benchmarks/curate_scale.py --smallest               # 2e3 rows only (the smoke test's run)
 
 Each size runs in a fresh process (so its driver peak RSS is its own) on a local Ray cluster
 (``--cpus``, default 2). The corpus is staged as a run's scoring leaves it (``_staging/<pid>/``
 Parquet parts, ``--rows-per-partition`` rows each, no image bytes) with:
 
-- PHash-like 64-bit hashes and their mirror hashes from ``benchmarks/dedup_scaling.py``'s
-  generators (``--hashes``): ``dct`` by default (bits of a smooth image's 8 x 8 DCT
-  coefficients against their median, as PHash thresholds them: distance statistics like real
-  PHashes'), or the ``correlated`` stress family (bits of a low-dimensional Gaussian, over-
-  concentrated: accidental pairs grow as n^2) or ``uniform``;
-- planted exact duplicates (same SHA-256 from a pool of n / 40 digests; ``--exact``), near
-  duplicates (one of n / 20 originals with 0..4 bits flipped; ``--near``: families of ~2
-  copies at every size, so the true pairs grow with n, not n^2) and blank-image clusters (one all-zero hash family, 0..2 bits
-  flipped, shared by ``--blank`` of the rows: every blank image is one near-dup group);
+- 64-bit hashes and mirror hashes from ``benchmarks/dedup_scaling.py``'s generators
+  (``--hashes``): ``uniform`` (fair-coin bits, the default) or ``correlated`` (the over-
+  concentrated stress family: accidental pairs grow as n^2). Neither models real PHashes (their
+  DC bit is always set); a family drawn from real image content comes with a later change;
+- planted exact duplicates (a pool of n / 40 digests; ``--exact``), near duplicates (one of
+  n / 20 originals with 0..4 bits flipped; ``--near``: families of ~2 copies at every size) and
+  blank images (the all-zero hash, 0..2 bits flipped; ``--blank``: one near-dup group);
 - 3% rows already ended by an earlier stage (a reason) and 1% undecodable.
 
 Then the global steps, timed one by one, as ``curation.pipeline`` runs them with
-``dedup.engine=ray``: exact dedup (one shuffle by SHA-256) and near dedup (outer-block
-shuffle, banded search, connected components by star rounds, representatives per
-component) plus the partitioned near-dup index a later incremental run searches (written
-by Ray tasks with the index's own band plan, ``incremental.index_blocks``; included in the
-near step's time and printed apart, with its bands and postings), decisions written per partition; each
-partition's manifest part written with its decisions (what the shard writer does, less the
-tar: no pixels here); stats and the
-dataset version id from per-part summaries. The driver's peak RSS is sampled every 50 ms
-(psutil) and also read from ``getrusage``; growth exponents log(t2/t1)/log(n2/n1) are
-printed between sizes. The baseline in the same run: the in-process near-dup search
-(``near_duplicate_decisions``) on the same hashes, at the sizes up to ``--local-max``, and the
-ratio of the distributed near step to it.
+``dedup.engine=ray``: exact dedup (one shuffle by SHA-256), near dedup (outer-block shuffle,
+banded search, connected components by star rounds, representatives) with the partitioned
+near-dup index a later incremental run searches (its write is timed where the near step calls
+``curation.dedup.steps.write_near_index``, which this script wraps; included in the near step's
+time and printed apart), each partition's manifest part written with its decisions (the shard
+writer less the tar), stats and the dataset version id from per-part summaries. The driver's
+peak RSS is sampled every 50 ms (psutil) and read from ``getrusage``; growth exponents
+log(t2/t1)/log(n2/n1) are printed between sizes. The baseline in the same run: the in-process
+near search (``near_duplicate_decisions``) on the same hashes up to ``--local-max``, and the
+ratio of the distributed near step to it. Results: docs/results/scale.md.
 """
 
 from __future__ import annotations
@@ -47,11 +44,9 @@ import threading
 import time
 
 import numpy as np
+from dedup_scaling import KINDS  # this script's folder is on sys.path: the hash generators live there
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from dedup_scaling import KINDS  # noqa: E402  (the hash generators live there, in one place)
 
 
 class PeakRss:
@@ -174,6 +169,8 @@ def global_steps(root: str, pids: list[str], args) -> dict:
         seconds["near_index"] = time.perf_counter() - t0
         return headers[-1]
 
+    if not hasattr(steps_module, "write_near_index"):
+        raise RuntimeError("curation.dedup.steps no longer has write_near_index: update this benchmark's timing")
     steps_module.write_near_index = timed_index
     try:
         for step in (ExactDedup(ExactDupConfig()), NearDedup(NearDupConfig(max_distance=4))):
@@ -184,6 +181,8 @@ def global_steps(root: str, pids: list[str], args) -> dict:
             inp = GlobalDedupInput(root, tuple(pids), columns, earlier_steps=(*inp.earlier_steps, step.name))
     finally:
         steps_module.write_near_index = write_near_index
+    if not headers:
+        raise RuntimeError("the near step no longer calls curation.dedup.steps.write_near_index: update this benchmark")
     header = headers[-1]
     seconds["near_index_blocks"] = header["num_blocks"]
     seconds["near_index_bands"] = len(header["masks"])
@@ -287,16 +286,20 @@ def main() -> None:
     p.add_argument("--blank", type=float, default=0.01)
     p.add_argument(
         "--hashes",
-        default="dct",
+        default="uniform",
         choices=KINDS,
-        help="hash generator of benchmarks/dedup_scaling.py: dct (PHash-like, default), correlated "
-        "(the over-concentrated stress family), uniform",
+        help="hash generator of benchmarks/dedup_scaling.py: uniform (fair-coin bits, default) or correlated "
+        "(the over-concentrated stress family); neither models real PHashes, whose DC bit is always set: a "
+        "family drawn from real image content comes with a later change",
     )
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--local-max", type=float, default=1e6, help="the in-process near search up to this size")
     p.add_argument("--workdir", default=None, help="where the staged corpus goes (default: the temp dir)")
+    p.add_argument("--smallest", action="store_true", help="size 2e3 only, 1,000 rows per partition")
     p.add_argument("--one", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.smallest:
+        args.sizes, args.rows_per_partition = [2e3], 1000
     if args.one:
         print(json.dumps(measure(int(args.one), args)))
         return

@@ -1,93 +1,159 @@
-"""Curation throughput on this machine, per core, against a plain Pillow decode loop over the same files.
+"""Curation throughput on this machine, per core, against plain loops over the same files.
 
-    python benchmarks/curate_throughput.py                  # 2,000 images + 8,000 for the slope
+    python benchmarks/curate_throughput.py              # 2,000 images + 8,000 for the slope
+    python benchmarks/curate_throughput.py --smallest   # 100 + 200 images, small detector sample (the smoke test's run)
 
-Builds a corpus of distinct JPEGs (random crops, sizes and qualities of the real demo photos;
-many are near duplicates of each other, more so as the corpus grows: pass 1 keeps ~51% of 2,000
-and ~18% of 8,000), in partitions of the config's default size (1,000 images, one shard each),
-then measures, in one run:
-  1. a plain Pillow loop (open + load + convert to RGB): the baseline, in one process and in
-     N processes (N = the CPUs given to Ray), before and after the pipeline runs (the machine's
-     load drifts; their mean is the baseline the ratios use, both are printed);
-  2. the curation pipeline without person detection (pass 1 only: read, header, SHA-256,
-     PHash from a reduced-scale decode, geometry, staging, exact + near dedup, shard +
-     manifest writing) on a local Ray, at --images and at --slope-images images. Per core:
-     the pipeline with N CPUs against the N-process loop and against N x the 1-process loop.
-     A small run is dominated by fixed costs per run (planning, the global steps, Ray's task
-     dispatch), so the marginal cost per image, the slope (t_large - t_small) / (n_large -
-     n_small) between the two runs, is printed too: it is the figure that scales, and the one
-     the target (>= 1.0x per core) is judged on;
-  3. the bare detector (CenterNet through ONNX Runtime, one thread) on the images the pipeline
-     runs it on (pass 1's survivors of the larger run: geometry and dedup drop the rest), decoded the way the
-     pipeline decodes them for it (JPEG draft decode to >= its input size), in this process and
-     in N processes side by side (as the pipeline's N actors run: on this 2-vCPU machine two
-     processes do not get twice one's throughput, so the N-process figure is the floor);
-  4. the pipeline with that detector, N actors sharing the CPUs, pass 2's reads and staging
-     writes given a quarter CPU, on half of those survivors and on all of them (distinct images:
-     every one reaches the detector, so both runs do the same work per image; on the generated
-     corpora themselves the slope would charge pass 1's work on ever more dropped near duplicates
-     to the detected images): N x wall per image the detector ran on, and CPU-seconds per image,
-     against the bare detector's time per image per core in N processes (target <= 1.2x), per
-     run and at the margin between the two (judged).
-Every figure is given by wall time and by CPU-seconds (of this process and every process of the
-local Ray cluster, psutil): on a loaded machine wall time mostly measures the other jobs, CPU per
-image does not ("cores busy" = CPU-seconds / (N x wall) shows how much of N cores a run got).
-The pipeline's CPU is split into Ray's task workers and actors (the work) and the rest (the
-driver's streaming executor, raylet, GCS, Ray's own actors), which polls: it grows with wall time.
-A warm-up run on a small corpus comes first (untimed), so that every timed run finds Ray's
-worker processes started and their imports done; Ray's own start-up is excluded too.
-Everything from planning to _SUCCESS counts.
+The corpus (``build_corpus``): distinct JPEGs, random crops (30-70% of each side), rescales,
+quarter turns and qualities of the real demo photos, each accepted only if its PHash (pass 1's
+own draft decode and hash) is more than ``MIN_BITS_APART`` bits from every accepted image's
+PHash and mirror hash; every 5th image is a duplicate of an earlier distinct one, alternately
+byte-identical and a near copy (re-encoded smaller, within 2 bits). So every prefix, both sizes
+included, holds 20% duplicates (10% exact, 10% near) and pass 1 keeps exactly the other 80%
+(checked). Partitions of the config's default size (1,000 images). Measured in one run:
+
+  1. two baselines, each in one process and in N processes (N = the CPUs given to Ray), before
+     and after the pipeline runs (their sum is the baseline the ratios use): a Pillow loop
+     (open + full decode + RGB), and the same-work loop: read, SHA-256, pass 1's draft decode and
+     PHash, with the pipeline's own functions (``curation.decode.decode_image`` at
+     ``HASH_DRAFT_SIDE``, ``curation.dedup.hashing.phash_hex_pair``);
+  2. the pipeline without person detection (read, header, SHA-256, PHash, geometry, staging,
+     exact + near dedup, shards + manifest) on a local Ray at --images and --slope-images. Per
+     core: the pipeline on N CPUs against each N-process loop and N x each 1-process loop. A
+     small run is dominated by fixed costs (planning, the global steps, dispatch), so the
+     marginal cost per image between the two runs is printed too; it is judged against the
+     same-work loop (the Pillow loop decodes every pixel, which pass 1 does not);
+  3. the bare detector (CenterNet through ONNX Runtime, one thread) on the distinct survivors of
+     the larger run, decoded as the pipeline decodes them for it, in 1 and N processes;
+  4. the pipeline with that detector (N actors, pass 2's reads and staging at a quarter CPU) on
+     half of those survivors and on all of them (all reach the detector): N x wall and CPU per
+     image the detector ran on, against the bare detector per core in N processes (target
+     <= 1.2x), per run and at the margin.
+Every figure is given by wall time and by CPU-seconds (this process and every process of the
+local Ray cluster, psutil; the pipeline's split into Ray's task workers and actors, the work, and
+the rest, which polls and grows with wall time). A warm-up run comes first (untimed); Ray's own
+start-up is excluded; everything from planning to _SUCCESS counts. Results:
+docs/results/curation_throughput.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import io
 import json
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+from PIL import Image
+
+from curation.config import DecodeConfig, InputConfig
+from curation.decode import HASH_DRAFT_SIDE, decode_image
+from curation.dedup.hashing import hamming, hex_to_uint64, phash_hex_pair
+from curation.filters.geometry import GeometryConfig
+from curation.filters.person import DetectorConfig
+from curation.pipeline import run_curation
+from curation.recipe import CurationConfig, weightless_content_filters
+from infra.ray_runtime import RayConfig
+from infra.tracking import TrackingConfig
+from pipelines.demo_corpus import non_person_photos, person_photos
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from PIL import Image  # noqa: E402
-
-from curation.config import DecodeConfig, InputConfig  # noqa: E402
-from curation.filters.geometry import GeometryConfig  # noqa: E402
-from curation.filters.person import DetectorConfig  # noqa: E402
-from curation.pipeline import run_curation  # noqa: E402
-from curation.recipe import CurationConfig, weightless_content_filters  # noqa: E402
-from infra.ray_runtime import RayConfig  # noqa: E402
-from infra.tracking import TrackingConfig  # noqa: E402
-from pipelines.demo_corpus import non_person_photos, person_photos  # noqa: E402
 
 CENTERNET = REPO.parent / "shared" / "assets" / "models" / "person_centernet_512.onnx"
 
 
-def build_corpus(folder: Path, n: int, seed: int = 0) -> list[Path]:
-    rng = random.Random(seed)
-    sources = [
-        Image.open(s).convert("RGB") if isinstance(s, Path) else s.convert("RGB")
-        for s in [*person_photos().values(), *non_person_photos().values()]
-    ]
-    paths = []
-    for i in range(n):
-        src = rng.choice(sources)
+DUPLICATE_EVERY = 5  # image i is a duplicate when i % 5 == 4: 20% of every prefix
+MIN_BITS_APART = 10  # distinct images' PHashes (and mirror hashes): more than this apart (near dedup: 4)
+NEAR_COPY_BITS = 2  # a near copy's PHash: at most this far from its original's
+
+
+def _jpeg(im: Image.Image, quality: int) -> bytes:
+    out = io.BytesIO()
+    im.save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def pass1_hashes(data: bytes) -> np.ndarray:
+    """[PHash, mirror PHash] as pass 1 computes them from these bytes (its draft decode and hash)."""
+    rgb, _ = decode_image(data, DecodeConfig(), draft_side=HASH_DRAFT_SIDE)
+    return hex_to_uint64(list(phash_hex_pair(rgb)))
+
+
+class DistinctImages:
+    """JPEGs of the real demo photos that the near-dup search cannot pair: crops, rescales and
+    quarter turns, kept only when more than ``MIN_BITS_APART`` bits from every kept one."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.sources = [
+            Image.open(s).convert("RGB") if isinstance(s, Path) else s.convert("RGB")
+            for s in [*person_photos().values(), *non_person_photos().values()]
+        ]
+        self.hashes = np.zeros(0, np.uint64)
+        self.tried = 0
+
+    def _candidate(self) -> Image.Image | None:
+        rng, src = self.rng, self.rng.choice(self.sources)
         w, h = src.size
-        cw, ch = int(w * rng.uniform(0.7, 1.0)), int(h * rng.uniform(0.7, 1.0))
+        cw, ch = int(w * rng.uniform(0.3, 0.7)), int(h * rng.uniform(0.3, 0.7))
         x, y = rng.randint(0, w - cw), rng.randint(0, h - ch)
-        scale = rng.uniform(0.8, 1.3)
-        im = src.crop((x, y, x + cw, y + ch)).resize((max(64, int(cw * scale)), max(64, int(ch * scale))))
+        scale = rng.uniform(0.7, 1.3)
+        im = src.crop((x, y, x + cw, y + ch)).resize((int(cw * scale), int(ch * scale)))
+        im = im.rotate(90 * rng.randint(0, 3), expand=True)
+        return im if min(im.size) >= 96 and max(im.size) <= 2.5 * min(im.size) else None  # passes geometry
+
+    def next(self) -> bytes:
+        while True:
+            self.tried += 1
+            im = self._candidate()
+            if im is None:
+                continue
+            data = _jpeg(im, self.rng.randint(80, 95))
+            v = pass1_hashes(data)
+            if len(self.hashes) and int(hamming(self.hashes[:, None], v[None, :]).min()) <= MIN_BITS_APART:
+                continue
+            self.hashes = np.concatenate([self.hashes, v])
+            return data
+
+    def near_copy(self, data: bytes) -> bytes:
+        """A smaller re-encode of ``data`` whose PHash is within ``NEAR_COPY_BITS`` of its own."""
+        im, h = Image.open(io.BytesIO(data)).convert("RGB"), pass1_hashes(data)[0]
+        for _ in range(20):
+            s = self.rng.uniform(0.8, 0.95)
+            copy = _jpeg(im.resize((int(im.width * s), int(im.height * s))), self.rng.randint(60, 75))
+            if int(hamming(pass1_hashes(copy)[0], h)) <= NEAR_COPY_BITS:
+                return copy
+        raise RuntimeError("no near copy within reach; lower MIN_BITS_APART or widen the search")
+
+
+def build_corpus(folder: Path, n: int, seed: int = 0) -> list[Path]:
+    """``n`` JPEGs: image i is a duplicate of a random earlier distinct image when
+    ``i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1`` (byte-identical and near copy in turn), else a
+    new distinct image. Any prefix of k images holds k // DUPLICATE_EVERY duplicates."""
+    gen, distinct, paths = DistinctImages(seed), [], []
+    for i in range(n):
+        if i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1:
+            original = distinct[gen.rng.randrange(len(distinct))]
+            data = original if (i // DUPLICATE_EVERY) % 2 == 0 else gen.near_copy(original)
+        else:
+            data = gen.next()
+            distinct.append(data)
         p = folder / f"{i // 500:03d}" / f"img{i:06d}.jpg"
         p.parent.mkdir(parents=True, exist_ok=True)
-        im.save(p, quality=rng.randint(80, 95))
+        p.write_bytes(data)
         paths.append(p)
     return paths
+
+
+def distinct_in(n: int) -> int:
+    """Distinct images among the first ``n`` of a corpus: what pass 1 must keep."""
+    return n - n // DUPLICATE_EVERY
 
 
 def link_corpus(paths: list[Path], folder: Path) -> list[Path]:
@@ -185,6 +251,7 @@ def _is_worker(argv0: list[str]) -> bool:
 
 
 def _pillow_chunk(paths: list[Path]) -> float:
+    """CPU-seconds of a plain Pillow loop: open, full decode, RGB."""
     t0 = time.process_time()
     for p in paths:
         with Image.open(p) as im:
@@ -193,22 +260,44 @@ def _pillow_chunk(paths: list[Path]) -> float:
     return time.process_time() - t0
 
 
-def pillow_processes(paths: list[Path], n: int) -> Timing:
-    """The same loop in ``n`` processes (a pool started before timing)."""
+def _same_work_chunk(paths: list[Path]) -> float:
+    """CPU-seconds of pass 1's per-image work in a plain loop, with the pipeline's own functions:
+    read, SHA-256, the draft decode (``decode_image`` at ``HASH_DRAFT_SIDE``), PHash and mirror."""
+    cfg = DecodeConfig()
+    t0 = time.process_time()
+    for p in paths:
+        raw = p.read_bytes()
+        hashlib.sha256(raw).hexdigest()
+        rgb, _ = decode_image(raw, cfg, draft_side=HASH_DRAFT_SIDE)
+        phash_hex_pair(rgb)
+    return time.process_time() - t0
+
+
+LOOPS = {"Pillow decode loop": _pillow_chunk, "same-work loop (draft decode + SHA-256 + PHash)": _same_work_chunk}
+
+
+def loop_processes(chunk, paths: list[Path], n: int) -> Timing:
+    """``chunk`` over ``paths`` in ``n`` processes (a pool started and warmed before timing)."""
     import multiprocessing
 
     chunks = [paths[i::n] for i in range(n)]
     with multiprocessing.get_context("spawn").Pool(n) as pool:
-        pool.map(_pillow_chunk, [c[:2] for c in chunks])  # warm the workers
+        pool.map(chunk, [c[:2] for c in chunks])  # warm the workers
         t0 = time.perf_counter()
-        cpu = sum(pool.map(_pillow_chunk, chunks))
+        cpu = sum(pool.map(chunk, chunks))
         return Timing(len(paths), time.perf_counter() - t0, cpu)
 
 
-def pillow_loop(paths: list[Path]) -> Timing:
+def loop_one(chunk, paths: list[Path]) -> Timing:
+    chunk(paths[:2])
     t0 = time.perf_counter()
-    cpu = _pillow_chunk(paths)
+    cpu = chunk(paths)
     return Timing(len(paths), time.perf_counter() - t0, cpu)
+
+
+def measure_loops(paths: list[Path], n: int) -> dict[str, tuple[Timing, Timing]]:
+    """Each loop's (1-process, n-process) timing."""
+    return {label: (loop_one(chunk, paths), loop_processes(chunk, paths, n)) for label, chunk in LOOPS.items()}
 
 
 _DETECTOR = None
@@ -308,19 +397,20 @@ def kept_sources(out: Path) -> list[Path]:
 
 def _row(label: str, t: Timing, rest: str = "") -> None:
     split = f" ({t.work / t.n * 1e3:.2f} in workers)" if t.work else ""
-    print(f"{label:<50}{t.rate:8.1f} img/s {t.cpu_ms:7.2f} ms CPU/img{split}   {rest}")
+    print(f"{label:<50}{t.rate:8.1f} img/s {t.cpu_ms:7.2f} ms CPU/img{split}   {rest}".rstrip())
 
 
-def _per_core(t: Timing, n: int, one: Timing, many: Timing, judged: bool = False) -> None:
-    """Per core, by wall time (the pipeline on n CPUs against n x the 1-process loop and the
-    n-process loop) and by CPU-seconds per image (against the loop's)."""
-    mark = "   <- judged" if judged else ""
-    print(
-        f"{'':<8}per core, wall: {t.rate / (n * one.rate):.2f}x of {n} x the 1-process loop, "
-        f"{t.rate / many.rate:.2f}x of the {n}-process loop; CPU: {many.cpu_ms / t.cpu_ms:.2f}x of the loop's "
-        f"CPU per image ({(many.cpu / many.n) / (t.work / t.n):.2f}x counting Ray's workers only); cores busy "
-        f"{t.cpu / (n * t.wall):.0%}{mark}"
-    )
+def _per_core(t: Timing, n: int, baselines: dict[str, tuple[Timing, Timing]], judged: str = "") -> None:
+    """Per core against each loop: by wall time (the pipeline on n CPUs against n x the 1-process
+    loop and the n-process loop) and by CPU-seconds per image (against the n-process loop's)."""
+    for label, (one, many) in baselines.items():
+        mark = "   <- judged" if label == judged else ""
+        print(
+            f"{'':<8}per core against the {label}: wall {t.rate / (n * one.rate):.2f}x of {n} x 1 process, "
+            f"{t.rate / many.rate:.2f}x of {n} processes; CPU {many.cpu_ms / t.cpu_ms:.2f}x "
+            f"({(many.cpu / many.n) / (t.work / t.n):.2f}x counting Ray's workers only){mark}"
+        )
+    print(f"{'':<8}cores busy {t.cpu / (n * t.wall):.0%}")
 
 
 def _per_detected(t: Timing, detected: int, n: int, floor_wall: float, floor_cpu: float, judged: bool) -> None:
@@ -335,7 +425,7 @@ def _per_detected(t: Timing, detected: int, n: int, floor_wall: float, floor_cpu
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument(
@@ -352,17 +442,126 @@ def main() -> None:
         help="images per input partition (= per shard; default: the config's)",
     )
     ap.add_argument("--detector-sample", type=int, default=300, help="survivors the bare detector is timed on")
+    ap.add_argument(
+        "--detection-images", type=int, default=0, help="at most this many survivors reach detection (0: all)"
+    )
     ap.add_argument("--skip-detector", action="store_true")
+    ap.add_argument(
+        "--smallest",
+        action="store_true",
+        help="100 + 200 images, 20 for the bare detector, 40 survivors through detection",
+    )
     args = ap.parse_args()
-    large = 4 * args.images if args.slope_images is None else args.slope_images
-    if large and large <= args.images:
+    if args.smallest:
+        args.images, args.slope_images, args.detector_sample, args.detection_images = 100, 200, 20, 40
+    args.large = 4 * args.images if args.slope_images is None else args.slope_images
+    if args.large and args.large <= args.images:
         raise SystemExit("--slope-images must be larger than --images (or 0)")
+    return args
+
+
+def _summed(a: Timing, b: Timing) -> Timing:
+    return Timing(a.n + b.n, a.wall + b.wall, a.cpu + b.cpu)
+
+
+def cheap_path(work: Path, paths: list[Path], args, n: int) -> dict[int, tuple[Timing, dict, dict]]:
+    """Both loops before and after the runs without detection, the runs, and their figures."""
+    before = measure_loops(paths, n)
+    # Untimed: every worker process the timed runs use is started and has done its imports (reads
+    # and cheap stages at 1 CPU; the detector runs' at a quarter, so four times as many processes).
+    pipeline(work / "raw-warm", work / "out-warm", False, 50)
+    if not args.skip_detector:
+        pipeline(work / "raw-warm", work / "out-warm-quarter", False, 12, task_cpus=0.25)
+    runs = {args.images: pipeline(work / "raw", work / "out-nodet", False, args.partition)}
+    if args.large:
+        runs[args.large] = pipeline(work / "raw-large", work / "out-nodet-large", False, args.partition)
+    after = measure_loops(paths, n)
+    print(f"load average {os.getloadavg()[0]:.1f} after the runs without detection")
+    baselines = {}
+    for label in LOOPS:
+        for when, loops in (("before", before), ("after", after)):
+            _row(f"{label}, 1 process ({when})", loops[label][0])
+            _row(f"{label}, {n} processes ({when})", loops[label][1])
+        baselines[label] = tuple(_summed(x, y) for x, y in zip(before[label], after[label]))
+        one, many = baselines[label]
+        _row(f"{label}: both together, 1 process", one, "1.00x")
+        _row(f"{label}: both together, {n} processes", many, f"{many.rate / one.rate:.2f}x")
+    judged = list(LOOPS)[1]
+    for size, (t, stats, phases) in runs.items():
+        if stats["kept"] != distinct_in(size):
+            raise RuntimeError(f"pass 1 kept {stats['kept']} of {size}, not its {distinct_in(size)} distinct images")
+        _row(f"pipeline, no person detection, {size} images", t, f"(kept {stats['kept']}, {stats['kept'] / size:.0%})")
+        _per_core(t, n, baselines)
+        print(f"{'':<8}seconds per phase: {phases}")
+    if args.large:
+        slope = runs[args.large][0].minus(runs[args.images][0])
+        one, many = baselines[judged]
+        _row(
+            f"pipeline, marginal per image ({args.images} -> {args.large})",
+            slope,
+            f"{n * slope.wall / slope.n * 1e3:.2f} ms wall per image per core (same-work loop: "
+            f"{1e3 / one.rate:.2f} ms; {n * 1e3 / many.rate:.2f} ms in {n} processes)",
+        )
+        _per_core(slope, n, baselines, judged=judged)
+    return runs
+
+
+def detection(work: Path, args, n: int) -> None:
+    """The bare detector and the pipeline with it, on pass 1's distinct survivors of the larger run."""
+    survivors = kept_sources(work / ("out-nodet-large" if args.large else "out-nodet"))
+    if args.detection_images:
+        survivors = survivors[: args.detection_images]
+    sizes = [len(survivors) // 2, len(survivors)] if args.large else [len(survivors)]
+    for k in sizes:
+        link_corpus(survivors[:k], work / f"det-{k}")
+    sample = random.Random(0).sample(survivors, min(len(survivors), args.detector_sample))
+    bare, side = bare_detector(sample), bare_detector_processes(sample, n)
+    _row(
+        "bare CenterNet (1 thread, draft decode + run)",
+        bare,
+        f"({bare.wall / bare.n * 1e3:.1f} ms wall per image, on {bare.n} of the {len(survivors)} images)",
+    )
+    _row(
+        f"bare CenterNet, {n} processes side by side",
+        side,
+        f"({n * side.wall / side.n * 1e3:.1f} ms wall per image per core: the floor the pipeline's "
+        f"{n} actors are judged against)",
+    )
+    floor_wall, floor_cpu = n * side.wall / side.n, side.cpu / side.n
+    share = (n - 0.5) / n  # one actor per CPU; reads and staging writes in what is left
+    label = f"pipeline + CenterNet, {n} actors x {share:.3g} CPU"
+    det, timed = {}, {}
+    for size in sizes:
+        t, stats, phases = pipeline(
+            work / f"det-{size}", work / f"out-det-{size}", True, args.partition, n, share, task_cpus=0.25
+        )
+        det[size] = detected = stats["kept"] + stats["dropped_by_reason"].get("no_salient_person", 0)
+        if detected != size:
+            raise RuntimeError(f"the detector ran on {detected} of {size} distinct survivors")
+        timed[size] = t
+        _row(
+            f"{label}, {size} images",
+            t,
+            f"(detector ran on {detected}, kept {stats['kept']}; load average {os.getloadavg()[0]:.1f})",
+        )
+        _per_detected(t, detected, n, floor_wall, floor_cpu, judged=not args.large)
+        print(f"{'':<8}seconds per phase: {phases}")
+    if args.large:
+        slope = timed[sizes[1]].minus(timed[sizes[0]])
+        _row(f"{label}, marginal ({sizes[0]} -> {sizes[1]})", slope)
+        _per_detected(slope, det[sizes[1]] - det[sizes[0]], n, floor_wall, floor_cpu, judged=True)
+
+
+def main() -> None:
+    args = parse_args()
     import ray
     import ray.data
 
     work = Path(tempfile.mkdtemp(prefix="hv-bench-"))
     try:
-        paths = build_corpus(work / "raw-large", max(args.images, large))
+        t0 = time.perf_counter()
+        paths = build_corpus(work / "raw-large", max(args.images, args.large))
+        built = time.perf_counter() - t0
         small = link_corpus(paths[: args.images], work / "raw")
         mb = sum(p.stat().st_size for p in small) / 2**20
         mean_px = sum(Image.open(p).size[0] * Image.open(p).size[1] for p in paths[:200]) / min(200, len(paths))
@@ -370,91 +569,16 @@ def main() -> None:
         ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
         n = args.cpus
+        dups = args.images // DUPLICATE_EVERY
         print(
-            f"corpus: {len(small)} JPEGs, {mb:.1f} MiB, mean {mean_px / 1e6:.2f} MP"
-            f"{f' (and {large} for the slope)' if large else ''}; {n} CPUs for Ray; load average "
+            f"corpus: {len(small)} JPEGs, {mb:.1f} MiB, mean {mean_px / 1e6:.2f} MP, {dups} duplicates "
+            f"({dups / len(small):.0%}: byte-identical and near copies in turn; the same share in the "
+            f"{args.large} for the slope); built in {built:.0f} s; {n} CPUs for Ray; load average "
             f"{os.getloadavg()[0]:.1f}"
         )
-        loops = [(pillow_loop(paths), pillow_processes(paths, n))]
-        # Untimed: every worker process the timed runs use is started and has done its imports (reads
-        # and cheap stages at 1 CPU; the detector runs' at a quarter, so four times as many processes).
-        pipeline(work / "raw-warm", work / "out-warm", False, 50)
+        cheap_path(work, paths, args, n)
         if not args.skip_detector:
-            pipeline(work / "raw-warm", work / "out-warm-quarter", False, 12, task_cpus=0.25)
-        runs = {args.images: pipeline(work / "raw", work / "out-nodet", False, args.partition)}
-        if large:
-            runs[large] = pipeline(work / "raw-large", work / "out-nodet-large", False, args.partition)
-        loops.append((pillow_loop(paths), pillow_processes(paths, n)))
-        one, many = (
-            Timing(sum(t.n for t in ts), sum(t.wall for t in ts), sum(t.cpu for t in ts)) for ts in zip(*loops)
-        )
-        print(f"load average {os.getloadavg()[0]:.1f} after the runs without detection")
-        for i, (o, m) in enumerate(loops):
-            when = ("before", "after")[i]
-            _row(f"plain Pillow decode loop, 1 process ({when})", o)
-            _row(f"plain Pillow decode loop, {n} processes ({when})", m)
-        _row("baseline: both together, 1 process", one, "1.00x")
-        _row(f"baseline: both together, {n} processes", many, f"{many.rate / one.rate:.2f}x")
-        for size, (t, stats, phases) in runs.items():
-            _row(f"pipeline, no person detection, {size} images", t, f"(kept {stats['kept']})")
-            _per_core(t, n, one, many)
-            print(f"{'':<8}seconds per phase: {phases}")
-        if large:
-            slope = runs[large][0].minus(runs[args.images][0])
-            _row(
-                f"pipeline, marginal per image ({args.images} -> {large})",
-                slope,
-                f"{n * slope.wall / slope.n * 1e3:.2f} ms wall per image per core (the loop: "
-                f"{1e3 / one.rate:.2f} ms; {n * 1e3 / many.rate:.2f} ms in {n} processes)",
-            )
-            _per_core(slope, n, one, many, judged=True)
-        if not args.skip_detector:
-            # What reaches the detector: pass 1's survivors (same recipe up to it) of the largest run, distinct
-            # images that all reach it again. The detection runs take half of them and all of them, so that
-            # their slope compares the same work per image: the generated corpora themselves keep a falling
-            # share (~51% of 2,000, ~18% of 8,000: crops of 19 photos, their near duplicates grow with n), which
-            # would charge pass 1's work on ever more dropped images to the images the detector ran on.
-            survivors = kept_sources(work / ("out-nodet-large" if large else "out-nodet"))
-            sizes = [len(survivors) // 2, len(survivors)] if large else [len(survivors)]
-            for k in sizes:
-                link_corpus(survivors[:k], work / f"det-{k}")
-            sample = random.Random(0).sample(survivors, min(len(survivors), args.detector_sample))
-            bare, side = bare_detector(sample), bare_detector_processes(sample, n)
-            _row(
-                "bare CenterNet (1 thread, draft decode + run)",
-                bare,
-                f"({bare.wall / bare.n * 1e3:.1f} ms wall per image, on {bare.n} of the {len(survivors)} "
-                "images the pipeline runs it on)",
-            )
-            _row(
-                f"bare CenterNet, {n} processes side by side",
-                side,
-                f"({n * side.wall / side.n * 1e3:.1f} ms wall per image per core: the floor the pipeline's "
-                f"{n} actors are judged against)",
-            )
-            floor_wall, floor_cpu = n * side.wall / side.n, side.cpu / side.n
-            share = (n - 0.5) / n  # one actor per CPU; reads and staging writes in what is left
-            label = f"pipeline + CenterNet, {n} actors x {share:.3g} CPU"
-            det, timed = {}, {}
-            for size in sizes:
-                t, stats, phases = pipeline(
-                    work / f"det-{size}", work / f"out-det-{size}", True, args.partition, n, share, task_cpus=0.25
-                )
-                det[size] = detected = stats["kept"] + stats["dropped_by_reason"].get("no_salient_person", 0)
-                if detected != size:
-                    raise RuntimeError(f"the detector ran on {detected} of {size} distinct survivors")
-                timed[size] = t
-                _row(
-                    f"{label}, {size} images",
-                    t,
-                    f"(detector ran on {detected}, kept {stats['kept']}; load average {os.getloadavg()[0]:.1f})",
-                )
-                _per_detected(t, detected, n, floor_wall, floor_cpu, judged=not large)
-                print(f"{'':<8}seconds per phase: {phases}")
-            if large:
-                slope = timed[sizes[1]].minus(timed[sizes[0]])
-                _row(f"{label}, marginal ({sizes[0]} -> {sizes[1]})", slope)
-                _per_detected(slope, det[sizes[1]] - det[sizes[0]], n, floor_wall, floor_cpu, judged=True)
+            detection(work, args, n)
         ray.shutdown()
     finally:
         shutil.rmtree(work, ignore_errors=True)

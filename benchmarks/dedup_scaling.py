@@ -1,47 +1,37 @@
-"""Scaling of the near-duplicate search: time and peak memory for N synthetic 64-bit hashes.
+"""Scaling of the near-duplicate search: time, peak memory and work in counts for N synthetic 64-bit hashes.
 
-    python benchmarks/dedup_scaling.py                       # the full run (see the defaults below)
-    python benchmarks/dedup_scaling.py --quick               # small sizes, a minute or two
-    python benchmarks/dedup_scaling.py --accuracy            # real-photo accuracy table only
+    python benchmarks/dedup_scaling.py              # the full run (the defaults of --help)
+    python benchmarks/dedup_scaling.py --quick      # small sizes, a minute or two
+    python benchmarks/dedup_scaling.py --smallest   # ours at 1e3 and 2e3, imagededup at 1e3 (the smoke test's run)
 
-Hash families (``--kinds``), each with a fraction (``--dup-fraction``) of planted copies
-of an earlier hash with 0..t bits flipped:
+Hash families (``--kinds``), each with a fraction (``--dup-fraction``) of planted copies of an
+earlier hash with 0..t bits flipped: ``uniform`` (independent fair-coin bits) and ``correlated``
+(bit j = [w_j . z + ``--noise`` * e_j > 0], z a ``--latent-dim``-dimensional Gaussian per hash,
+w_j fixed unit vectors: bits that move together; ``correlated:D:NOISE`` names other strengths,
+smaller D and NOISE correlating harder). Neither is a model of real PHashes (their DC bit is
+always set, the AC bits are signs of one image's DCT against their median): a family drawn from
+real image content comes with a later change. The script prints each family's mean |correlation|
+between bits, the mean and sd of the distance between unrelated hashes and the bits set.
 
-- ``uniform``: independent uniform bits.
-- ``dct``: PHash-like bits from a smooth-image model (``dct_hashes``: 1/f DCT coefficients
-  thresholded at their median, as PHash does).
-- ``correlated``: bits that move together, as the 64 bits of a real PHash do (they are signs
-  of one image's low DCT coefficients): bit j = [w_j . z + ``--noise`` * e_j > 0], z a
-  ``--latent-dim``-dimensional standard Gaussian per hash, w_j fixed unit vectors, e_j
-  independent noise. ``correlated:D:NOISE`` names other strengths in one run, e.g.
-  ``--kinds uniform correlated correlated:4:0.5`` (smaller D and NOISE: stronger correlation).
+Methods, each (kind, size) in a fresh subprocess: ``ours`` (``near_duplicate_decisions``), ``ray``
+(``near_duplicate_decisions_ray`` on an in-process Ray, 2 CPUs, 8 blocks, started before the
+clock), imagededup's ``find_duplicates`` with ``brute_force_cython`` and ``bktree``. imagededup
+runs only at ``--imagededup-sizes`` / ``--bktree-sizes``; larger sizes are printed as
+EXTRAPOLATED from a power law fitted to its own runs. Wherever imagededup ran, the script asserts
+that it and ours make the same decisions on the same hashes at the same threshold (dropped rows
+and groups: the components of imagededup's pairs against our groups, by digest).
 
-The script prints each family's mean |correlation| between bits, the mean and sd of the
-Hamming distance between unrelated hashes (to compare with real PHash statistics) and the
-rows each run drops (planted copies plus the family's own chance collisions).
+For ``ours`` it also counts the search's work, which the machine's load cannot change: the plan's
+blocks and bands, candidate pairs per item (pairs sharing a band key: one Hamming check each),
+true pairs within t, accidental pairs (among the generator's values before copies are planted),
+and the growth of work = distinct values x bands + candidate pairs.
 
-Methods, each (kind, size) in a fresh subprocess: ``ours`` (``near_duplicate_decisions``),
-``ray`` (``near_duplicate_decisions_ray`` on an in-process Ray, 2 CPUs, the input in 8
-blocks, started before the clock), imagededup's ``find_duplicates`` with
-``search_method=brute_force_cython`` and ``bktree`` (one process each). imagededup runs only
-at the sizes given (``--imagededup-sizes``, ``--bktree-sizes``); larger sizes are labelled
-**extrapolated** from a power law fitted to its own measured sizes. Wherever imagededup ran,
-the script asserts that it and ours make the same near-duplicate decisions on the same hashes
-at the same threshold: the same number of dropped rows and the same groups (the components
-of imagededup's pairs = our duplicate groups, compared by a digest of key -> group).
-
-For ``ours`` the script also counts the search's work, which the machine's load cannot change
-(``search_counts``): the plan's blocks and bands, candidate pairs per item (pairs sharing a band
-key: one Hamming check each), true pairs within t among the distinct values, and accidental true
-pairs (the generator's values before copies are planted); and the growth of work = distinct
-values x bands + candidate pairs. ``dct`` matches real PHashes (distance sd 4.0, no accidental
-pairs at 1e6); ``correlated`` is a stress family (sd 5.3, accidental pairs growing as n^2).
-
-Time is the wall time of the search call (hex parsing, search, components, decision rows);
-"rss MB" is the process's peak RSS above its level after imports, data generation and a
-warm-up call on 200 rows; "traced MB" is the tracemalloc peak of a second, untimed run (ours
-only). The growth exponent between sizes is log(time ratio) / log(size ratio). On a shared
-machine every figure of one run is measured under the same load; compare within a run.
+Time is the wall time of the search call; "rss MB" the process's peak RSS above its level after
+imports, data generation and a warm-up call on 200 rows; "traced MB" the tracemalloc peak of a
+second, untimed run (ours only). Growth exponents are log(time ratio) / log(size ratio). Compare
+within one run: every figure of a run is measured under the same load. The accuracy on real
+near-duplicates is ``pytest -s tests/curation/dedup/test_dedup_accuracy.py``. Results:
+docs/results/dedup_scaling.md.
 """
 
 from __future__ import annotations
@@ -60,9 +50,8 @@ import tracemalloc
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-KINDS = ("uniform", "correlated", "dct")
+KINDS = ("uniform", "correlated")
 
 
 def kind_params(kind: str, latent_dim: int, noise: float) -> tuple[str, int, float]:
@@ -71,7 +60,7 @@ def kind_params(kind: str, latent_dim: int, noise: float) -> tuple[str, int, flo
         return kind, latent_dim, noise
     family, _, rest = kind.partition(":")
     if family != "correlated" or rest.count(":") != 1:
-        raise ValueError(f"unknown hash kind {kind!r}: uniform, correlated, dct or correlated:D:NOISE")
+        raise ValueError(f"unknown hash kind {kind!r}: uniform, correlated or correlated:D:NOISE")
     d, nz = rest.split(":")
     return family, int(d), float(nz)
 
@@ -84,8 +73,6 @@ def hash_values(n: int, kind: str, rng: np.random.Generator, latent_dim: int = 8
     kind, latent_dim, noise = kind_params(kind, latent_dim, noise)
     if kind == "uniform":
         return rng.integers(0, 2**64, n, dtype=np.uint64)
-    if kind == "dct":
-        return dct_hashes(n, rng)
     if kind != "correlated":
         raise ValueError(kind)
     w = np.random.default_rng(12345).standard_normal((64, latent_dim)).astype(np.float32)  # fixed across runs
@@ -96,24 +83,6 @@ def hash_values(n: int, kind: str, rng: np.random.Generator, latent_dim: int = 8
         m = min(n, s + 200_000) - s
         z = rng.standard_normal((m, latent_dim), dtype=np.float32)
         bits = (z @ w.T + noise * rng.standard_normal((m, 64), dtype=np.float32)) > 0
-        out[s : s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
-    return out
-
-
-def dct_hashes(n: int, rng: np.random.Generator, alpha: float = 1.0) -> np.ndarray:
-    """PHash-like values from a smooth image model: an image's 8 x 8 lowest DCT coefficients are
-    independent Gaussians with the 1/f amplitude of natural images (sd 1 / (1 + u + v)^alpha, the DC
-    term 8x larger), and bit (u, v) = [c_uv > median of the 64], as PHash thresholds them: the DC bit
-    is almost always set, and the shared median couples every bit to every other."""
-    u, v = np.meshgrid(np.arange(8), np.arange(8), indexing="ij")
-    sd = (1.0 / (1.0 + u + v) ** alpha).astype(np.float32).ravel()
-    sd[0] *= 8.0
-    weights = np.uint64(1) << np.arange(64, dtype=np.uint64)
-    out = np.empty(n, dtype=np.uint64)
-    for s in range(0, n, 200_000):
-        m = min(n, s + 200_000) - s
-        c = rng.standard_normal((m, 64), dtype=np.float32) * sd
-        bits = c > np.median(c, axis=1, keepdims=True)
         out[s : s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     return out
 
@@ -383,24 +352,6 @@ def print_work_growth(results: list[dict], kinds: list[str], sizes: list[int]) -
             print(f"  ours {kind:16s}: " + "; ".join(steps))
 
 
-def print_accuracy() -> None:
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    # The accuracy test's real photos and its ground truth / metrics live next to that test.
-    sys.path.insert(0, os.path.join(ROOT, "tests", "curation", "dedup"))
-    import dedup_fixtures as fixtures
-    from dedup_accuracy import compare_with_imagededup
-
-    print("accuracy on real near-duplicates (pairwise; 16 photos x 9 variants + 64 distinct tiles)")
-    print(f"{'method':10s} {'t':>3s} {'precision':>9s} {'recall':>7s} {'f1':>6s}  recall by variant")
-    for r in compare_with_imagededup(fixtures.real_photos(), [2, 4, 6, 8, 10]):
-        by_variant = " ".join(f"{k}={v:.2f}" for k, v in r["recall_by_variant"].items())
-        print(
-            f"{r['method']:10s} {r['max_distance']:3d} {r['precision']:9.3f} {r['recall']:7.3f} {r['f1']:6.3f}  {by_variant}"
-        )
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", type=float, default=[1e4, 1e5, 1e6], help="ours, every kind")
@@ -429,17 +380,21 @@ def main() -> None:
     )
     p.add_argument("--digest-max", type=float, default=1e5, help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="sizes 1e3 1e4 (ours), 1e3 3e3 (imagededup), 1e3 (bktree)")
-    p.add_argument("--accuracy", action="store_true", help="print the real-photo accuracy table and exit")
+    p.add_argument(
+        "--smallest",
+        action="store_true",
+        help="sizes 1e3 2e3 (ours), 1e3 (imagededup brute force, uniform only), no Ray or BK-tree runs",
+    )
     p.add_argument("--one", nargs=3, metavar=("METHOD", "N", "KIND"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         print(json.dumps(measure_one(args.one[0], int(args.one[1]), args.one[2], args)))
         return
-    if args.accuracy:
-        print_accuracy()
-        return
     if args.quick:
         args.sizes, args.ray_sizes, args.imagededup_sizes, args.bktree_sizes = [1e3, 1e4], [1e3], [1e3, 3e3], [1e3]
+    if args.smallest:
+        args.sizes, args.ray_sizes, args.imagededup_sizes, args.bktree_sizes = [1e3, 2e3], [], [1e3], []
+        args.imagededup_kinds = ["uniform"]
 
     sizes = [int(s) for s in args.sizes]
     print(

@@ -123,9 +123,9 @@ def map_tasks(
     summary). Ray Data's streaming executor starts such tasks slowly and leaves a gap between
     one task's end and the next one's start (it polls for completions and leases a worker per
     task); tasks queued at Ray start as soon as a CPU frees, the lease reused (the timeline:
-    ``docs/scale_plan.md``, "pass 1 as Ray tasks"). At most ``in_flight_per_cpu`` x the cluster's
-    CPUs / ``num_cpus`` tasks are pending at once, so the driver holds refs in proportion to the
-    cluster, not to ``items``.
+    ``docs/results/curation_throughput.md``, "pass 1 as Ray tasks"). At most
+    ``in_flight_per_cpu`` x the cluster's CPUs / ``num_cpus`` tasks are pending at once, so the
+    driver holds refs in proportion to the cluster, not to ``items``.
 
     A task whose worker dies is retried by Ray (``max_retries``), so ``fn`` must be idempotent;
     an exception raised by ``fn`` ends the map with that exception.
