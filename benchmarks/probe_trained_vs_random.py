@@ -11,7 +11,7 @@ Headline (only backbones this platform pretrained, all ``sapiens2_tiny``):
   (``configs/curate_demo.yaml``: CenterNet person detector; OCR off, as the pretraining tests
   do), then ``--pretrain-steps`` steps of ``configs/pretrain_tiny.yaml`` (the objective and code
   path of ``pipelines/pretrain.py``: Ray Train, FSDP2 over gloo) on those curated shards, in
-  this process through the stage facades (``curation.stage``, ``training.stage``). The
+  this process through the stage facades (``curation.stage.CurateStage``, ``training.stage.PretrainStage``). The
   exported student is probed (``--teacher`` probes the EMA teacher too).
 - "random": the same architecture, randomly initialised.
 
@@ -142,18 +142,17 @@ def curate_and_pretrain(
 ) -> dict:
     """``out/raw`` curated into ``out/curated`` (``configs/curate_demo.yaml`` + overrides), then
     ``steps`` of ``configs/pretrain_tiny.yaml`` on those shards, through the stage facades."""
-    from curation import stage as curation_stage
     from curation.recipe import CurationConfig
-    from training import stage as training_stage
+    from curation.stage import CurateStage
     from training.config import PretrainConfig
+    from training.stage import PretrainStage
 
     ccfg = load_config(
         CurationConfig,
         REPO / "configs" / "curate_demo.yaml",
         [f"input.uri={out / 'raw'}", f"output_dir={out / 'curated'}", *curation_overrides],
     )
-    curation_stage.run(ccfg)
-    curated = curation_stage.result(ccfg)
+    curated = CurateStage().run(ccfg).to_json()
     t1 = time.time()
     print(
         f"curated {out / 'raw'}: {curated['kept']} of {curated['inputs']} images kept in "
@@ -171,10 +170,9 @@ def curate_and_pretrain(
             *pretrain_overrides,
         ],
     )
-    trend = training_stage.run(pcfg)
-    res = training_stage.result(pcfg)
+    res = PretrainStage().run(pcfg).to_json()
     res["seconds"] = time.time() - t1
-    res["kept"], res["loss_trend"] = curated["kept"], trend.get("loss_trend", "")
+    res["kept"] = curated["kept"]
     print(
         f"pretrained {steps} steps in {res['seconds']:.0f}s, loss {res['loss_trend']}; run {res['run_id']}", flush=True
     )

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 CODE_ROOT = Path(__file__).resolve().parent
 # Modules that only read outputs (reports, the chain facade): editing them cannot change a version's content.
-READ_ONLY_PACKAGES = ("audit", "stage.py")  # stage.py: the staged chain's facade
+READ_ONLY_PACKAGES = ("audit", "stage.py")  # stage.py: the chain's facade (``CurateStage``)
 
 
 @functools.lru_cache(maxsize=1)

@@ -26,13 +26,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from curation.stage import CurateResult
+from evaluation.finetune.stage import FinetuneResult
+from infra.config import load_config
+from pipelines.chain import DagConfig, DagInputs, DagResult, StageOutcome, run_dag
+from pipelines.chain.stages import StagePlan
+from pipelines.demo_corpus import NO_PERSON_DIR, build_demo_corpus
+from training.stage import PretrainResult
 
-from infra.config import load_config  # noqa: E402
-from pipelines.demo_corpus import NO_PERSON_DIR, build_demo_corpus  # noqa: E402
-from pipelines.staged import DagConfig, DagInputs, DagResult, StageOutcome, run_dag  # noqa: E402
-from pipelines.staged.stages import StagePlan  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 HEADLINE = {
     "pose": ("AP", "higher"),
@@ -195,13 +197,13 @@ def _finetune_steps(folder: Path, tasks: list[str]) -> int:
 
 def _headline(o: StageOutcome) -> str:
     r = o.result
-    if o.stage == "curate":
-        return f"dataset {r.get('dataset_id', '?')}  {o.folder}"
-    if o.stage == "pretrain":
-        return f"{r.get('final_step', '?')} steps  {r.get('student_weights', o.folder)}"
-    if o.stage == "finetune":
-        return f"{len(r.get('metrics', {}))} tasks fine-tuned  {o.folder}"
-    return f"{len(r.get('metrics', {}))} probes  {o.folder}"
+    if isinstance(r, CurateResult):
+        return f"dataset {r.dataset_id}  {o.folder}"
+    if isinstance(r, PretrainResult):
+        return f"{r.final_step} steps  {r.student_weights}"
+    if isinstance(r, FinetuneResult):
+        return f"{len(r.metrics)} tasks fine-tuned  {o.folder}"
+    return f"{len(r.metrics)} probes  {o.folder}"
 
 
 # ------------------------------------------------------------------ the closing table
@@ -236,13 +238,13 @@ def funnel_lines(curated: str) -> list[str]:
 
 
 def loss_line(pretrain: StageOutcome) -> str:
-    trend = pretrain.result.get("loss_trend", "")
+    trend = pretrain.result.loss_trend
     # "4.3904 (mean of the first 10 steps) -> 4.2963 (last 10)"
     parts = [p.split("(")[0].strip() for p in trend.split("->")]
     if len(parts) == 2:
         return (
             f"  total loss {parts[0]} -> {parts[1]}   (mean of the first and last 10 of "
-            f"{pretrain.result.get('final_step', '?')} steps)"
+            f"{pretrain.result.final_step} steps)"
         )
     return f"  {trend}"
 
@@ -276,30 +278,30 @@ def summary(
     if "curate" in outcomes:
         lines += [
             "curation funnel (images left after each step)",
-            *funnel_lines(outcomes["curate"].result["dataset_uri"]),
-            f"  dataset version {outcomes['curate'].result['dataset_id']}: {outcomes['curate'].result['dataset_uri']}",
+            *funnel_lines(outcomes["curate"].result.dataset_uri),
+            f"  dataset version {outcomes['curate'].result.dataset_id}: {outcomes['curate'].result.dataset_uri}",
             "",
         ]
     if "pretrain" in outcomes:
         lines += [
             "pretraining (sapiens2_tiny, MAE + DINO + KoLeo)",
             loss_line(outcomes["pretrain"]),
-            f"  student backbone: {outcomes['pretrain'].result['student_weights']}",
+            f"  student backbone: {outcomes['pretrain'].result.student_weights}",
             "",
         ]
     if "probe" in outcomes:
-        base = baseline.outcomes[-1].result["metrics"] if baseline else None
-        tuned = outcomes["finetune"].result["metrics"] if "finetune" in outcomes else None
+        base = baseline.outcomes[-1].result.metrics if baseline else None
+        tuned = outcomes["finetune"].result.metrics if "finetune" in outcomes else None
         lines += [
             "frozen-backbone probes (synthetic probe set; the baseline: the same probes on a random-init backbone;",
             " fine-tuned: the pretrained backbone + the same head trained end to end)",
-            *probe_rows(outcomes["probe"].result["metrics"], base, tuned),
+            *probe_rows(outcomes["probe"].result.metrics, base, tuned),
             f"  pretrained: {outcomes['probe'].folder}",
         ]
         if tuned:
             ft = outcomes["finetune"]
             lines.append(
-                f"  fine-tuned: {ft.folder}  ({ft.result.get('steps', '?')} steps per task, LP-FT as "
+                f"  fine-tuned: {ft.folder}  ({ft.result.steps} steps per task, LP-FT as "
                 "configs/dag_demo.yaml says; exports: backbone. + decode_head., sha256 in MLflow)"
             )
         if baseline:
@@ -389,7 +391,7 @@ def main(argv: list[str]) -> int:
             audit_page = None
             curate = next((o for o in result.outcomes if o.stage == "curate"), None)
             if curate is not None:
-                audit_page = write_audit_page(curate.result["dataset_uri"], result.tracking_uri, not curate.reused)
+                audit_page = write_audit_page(curate.result.dataset_uri, result.tracking_uri, not curate.reused)
                 console.print(f"{'audit':8s}  {'wrote' if not curate.reused else 'ready':9s} {audit_page}")
             ray_logs = ray_session_logs()
         except Exception as err:  # the log file has the traceback; the terminal says where

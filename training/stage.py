@@ -1,85 +1,84 @@
-"""Pretraining as one stage of the staged chain (``pipelines.staged``): the chain calls these
-functions and never spells pretraining's config fields or run-folder files itself.
+"""Pretraining as one stage of the chain (``infra.stage``, ``pipelines.chain``): the chain calls
+``PretrainStage`` and never spells pretraining's config fields or run-folder files itself.
 
-- ``identity(cfg, upstream)``: the run-defining settings' digest + the dataset version id.
-- ``with_dataset(cfg, dataset, tracking_uri)``: the config reading that dataset version.
-- ``place(cfg, folder)``: the config whose run folder is ``folder`` (Ray Train's experiment
-  folder, so a re-run into it resumes from its newest checkpoint).
-- ``run(cfg)``: train in this process; ``result(cfg)``: what probing needs, read back from
-  the run folder (``run.json`` and the export manifest).
-- ``SCRIPT``: the ``pipelines/`` script that runs one stage config as a Ray job.
+Its identity is the run-defining settings' digest + the id of the dataset version trained on;
+its folder is Ray Train's experiment folder, so a re-run into it resumes from its newest
+checkpoint; its result is read back from the run folder (``run.json`` and the export manifest).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
+from infra.stage import Stage, StageResult, stage_digest
 from training.config import PretrainConfig, identity_digest
 
-SCRIPT = "pretrain.py"
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PretrainResult(StageResult):
+    """A finished run's exported weights, their digest and the dataset version trained on."""
+
+    student_weights: str
+    teacher_weights: str | None
+    checkpoint_digest: str
+    dataset_id: str
+    final_step: int
+    loss_trend: str = ""  # known to the session that trained (from MLflow), not kept in the run folder
+    shown = ("student_weights", "checkpoint_digest", "loss_trend")
 
 
-def _digest(*parts: Any) -> str:
-    # The chain's identity recipe (the same in every stage facade): existing workspaces are
-    # found by these strings, so the recipe must not change.
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+class PretrainStage(Stage[PretrainConfig, PretrainResult]):
+    name = "pretrain"
+    script = "pretrain.py"
+    Result = PretrainResult
 
+    def identity(self, cfg: PretrainConfig, upstream: str) -> str:
+        """``upstream``: the id of the dataset version trained on."""
+        return stage_digest("pretrain", identity_digest(cfg), upstream)
 
-def identity(cfg: PretrainConfig, upstream: str) -> str:
-    """``upstream``: the id of the dataset version trained on."""
-    return _digest("pretrain", identity_digest(cfg), upstream)
+    def with_dataset(self, cfg: PretrainConfig, dataset: str, tracking_uri: str) -> PretrainConfig:
+        """``dataset``: a version id, name or curation output folder, looked up in ``tracking_uri``."""
+        return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=dataset, tracking_uri=tracking_uri))
 
+    def place(self, cfg: PretrainConfig, folder: Path) -> PretrainConfig:
+        # training.run pulls in torch and Ray Train: imported when a stage is placed, not when a
+        # chain's config is only parsed.
+        from training.run import absolutize
 
-def with_dataset(cfg: PretrainConfig, dataset: str, tracking_uri: str) -> PretrainConfig:
-    """``dataset``: a version id, name or curation output folder, looked up in ``tracking_uri``."""
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, dataset=dataset, tracking_uri=tracking_uri))
+        return dataclasses.replace(absolutize(cfg), storage_path=str(folder.parent), run_name=folder.name)
 
+    def run(self, cfg: PretrainConfig) -> PretrainResult:
+        """Train (or resume) in this process to ``cfg.steps``; the result carries the loss trend."""
+        from training.run import run_pretraining
 
-def place(cfg: PretrainConfig, folder: Path) -> PretrainConfig:
-    """Local paths absolute: a Ray job runs in a copy of the repo, not in this folder."""
-    # training.run pulls in torch and Ray Train: imported when a stage is placed, not when a
-    # chain's config is only parsed.
-    from training.run import absolutize
+        res = run_pretraining(cfg)
+        if not res.completed:
+            raise RuntimeError(f"pretraining stopped at step {res.final_step} of {cfg.steps}; re-run the DAG to resume")
+        trend = res.loss_trend()
+        if "loss" not in trend:
+            return self.result(cfg)
+        first, last, window = trend["loss"]
+        text = f"{first:.4f} (mean of the first {window} steps) -> {last:.4f} (last {window})"
+        return dataclasses.replace(self.result(cfg), loss_trend=text)
 
-    return dataclasses.replace(absolutize(cfg), storage_path=str(folder.parent), run_name=folder.name)
+    def result(self, cfg: PretrainConfig) -> PretrainResult:
+        from training.loop import EXPORT_DIR, EXPORT_MANIFEST
+        from training.run import RUN_RECORD
 
-
-def run(cfg: PretrainConfig) -> dict:
-    """Train (or resume) in this process to ``cfg.steps``. Returns the loss trend, which the
-    session has from its MLflow history and the run folder does not hold."""
-    from training.run import run_pretraining
-
-    res = run_pretraining(cfg)
-    if not res.completed:
-        raise RuntimeError(f"pretraining stopped at step {res.final_step} of {cfg.steps}; re-run the DAG to resume")
-    trend = res.loss_trend()
-    if "loss" not in trend:
-        return {}
-    first, last, window = trend["loss"]
-    return {"loss_trend": f"{first:.4f} (mean of the first {window} steps) -> {last:.4f} (last {window})"}
-
-
-def result(cfg: PretrainConfig) -> dict:
-    """A finished run's exported weights, their digest, its MLflow run and dataset version."""
-    from training.loop import EXPORT_DIR, EXPORT_MANIFEST
-    from training.run import RUN_RECORD
-
-    run_dir = Path(cfg.storage_path) / cfg.run_name
-    record = json.loads((run_dir / RUN_RECORD).read_text())
-    export = json.loads((run_dir / EXPORT_DIR / EXPORT_MANIFEST).read_text())
-    if export.get("step") != cfg.steps:
-        raise RuntimeError(
-            f"pretraining run {cfg.run_name} has not reached step {cfg.steps} (export at {export.get('step')})"
+        run_dir = Path(cfg.storage_path) / cfg.run_name
+        record = json.loads((run_dir / RUN_RECORD).read_text())
+        export = json.loads((run_dir / EXPORT_DIR / EXPORT_MANIFEST).read_text())
+        if export.get("step") != cfg.steps:
+            raise RuntimeError(
+                f"pretraining run {cfg.run_name} has not reached step {cfg.steps} (export at {export.get('step')})"
+            )
+        return PretrainResult(
+            student_weights=export["export_student"],
+            teacher_weights=export.get("export_teacher"),
+            checkpoint_digest=export["export_student_sha256"],
+            run_id=record["mlflow_run_id"],
+            dataset_id=record["dataset"]["id"],
+            final_step=export["step"],
         )
-    return {
-        "student_weights": export["export_student"],
-        "teacher_weights": export.get("export_teacher"),
-        "checkpoint_digest": export["export_student_sha256"],
-        "run_id": record["mlflow_run_id"],
-        "dataset_id": record["dataset"]["id"],
-        "final_step": export["step"],
-    }

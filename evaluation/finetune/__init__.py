@@ -3,7 +3,7 @@ together on Ray Train with FSDP2, layer-wise learning-rate decay, DCP checkpoint
 resume, and exports in the released layout (``backbone.`` + ``decode_head.`` keys).
 
 Entry point: ``evaluation.finetune.run.run_finetune(cfg)`` (``pipelines/finetune.py`` on the
-command line; ``evaluation.finetune.stage`` in the staged DAG). Pieces: ``config``
+command line; ``evaluation.finetune.stage.FinetuneStage`` in the DAG). Pieces: ``config``
 (settings), ``optim`` (layer-wise decay, the reference's schedule), ``tasks`` (model, losses,
 depth, label checks), ``augment`` (per-task augmentations), ``data`` (resumable step-indexed
 batches), ``engine`` (one process's training and evaluation), ``loop`` (the Ray Train

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from infra.config import load_config
+from pipelines.chain import DagConfig, run_dag
 from pipelines.demo_corpus import build_demo_corpus
-from pipelines.staged import DagConfig, run_dag
 from tests.conftest import CENTERNET, REPO, kill_when
 
 FAST = [
@@ -76,13 +76,13 @@ def test_first_run_runs_every_stage_and_links_them_in_mlflow(first):
         assert run.data.tags["dag.identity"] == o.identity == Path(o.folder).name
     # lineage: the probe's metric -> checkpoint -> pretraining run -> dataset version -> curation run
     probe_tags = client.get_run(probe.run_id).data.tags
-    assert probe_tags["lineage.checkpoint_digest"] == pretrain.result["checkpoint_digest"]
+    assert probe_tags["lineage.checkpoint_digest"] == pretrain.result.checkpoint_digest
     assert probe_tags["lineage.pretrain_run_id"] == pretrain.run_id
-    assert probe_tags["lineage.dataset_id"] == curate.result["dataset_id"] == pretrain.result["dataset_id"]
+    assert probe_tags["lineage.dataset_id"] == curate.result.dataset_id == pretrain.result.dataset_id
     assert probe_tags["lineage.curation_run_id"] == curate.run_id
-    assert client.get_run(pretrain.run_id).data.tags["lineage.dataset_id"] == curate.result["dataset_id"]
-    assert parent.data.tags["lineage.checkpoint_digest"] == pretrain.result["checkpoint_digest"]
-    assert "mIoU" in probe.result["metrics"]["seg"] and "top1_k10" in probe.result["metrics"]["knn"]
+    assert client.get_run(pretrain.run_id).data.tags["lineage.dataset_id"] == curate.result.dataset_id
+    assert parent.data.tags["lineage.checkpoint_digest"] == pretrain.result.checkpoint_digest
+    assert "mIoU" in probe.result.metrics["seg"] and "top1_k10" in probe.result.metrics["knn"]
 
 
 def test_second_run_with_nothing_changed_reruns_nothing(first):
@@ -123,8 +123,8 @@ def test_changing_a_curation_threshold_reruns_all_three(first):
     root, _, result = first
     changed = run_dag(dag_config(root / "raw", root / "ws", "curate.geometry.min_short_side=300"))
     assert [o.reused for o in changed.outcomes] == [False, False, False]
-    assert changed.outcomes[0].result["dataset_id"] != result.outcomes[0].result["dataset_id"]
-    assert changed.outcomes[1].result["dataset_id"] == changed.outcomes[0].result["dataset_id"]
+    assert changed.outcomes[0].result.dataset_id != result.outcomes[0].result.dataset_id
+    assert changed.outcomes[1].result.dataset_id == changed.outcomes[0].result.dataset_id
 
 
 def test_bad_stage_lists_are_refused():
@@ -168,7 +168,7 @@ def test_a_stage_killed_mid_run_resumes(tmp_path):
     result = run_dag(dag_config(raw, ws, "pretrain.steps=10", "pretrain.checkpoint.every=2"))
     assert [o.reused for o in result.outcomes] == [True, False, False]  # curation was done; pretraining resumed
     pretrain = result.outcomes[1]
-    assert pretrain.result["final_step"] == 10
+    assert pretrain.result.final_step == 10
     from mlflow import MlflowClient
 
     history = MlflowClient(result.tracking_uri).get_metric_history(pretrain.run_id, "loss")
@@ -211,7 +211,7 @@ def test_stages_run_as_ray_jobs_against_a_head(tmp_path):
     assert "ran" in done.stdout and "reused" not in done.stdout
     result = run_dag(dag_config(raw, ws))  # same workspace, in process: every stage's result is found and reused
     assert [o.reused for o in result.outcomes] == [True, True, True]
-    assert result.outcomes[2].result["metrics"]["seg"]["mIoU"] > 0
+    assert result.outcomes[2].result.metrics["seg"]["mIoU"] > 0
     assert not head.pids()
 
 
@@ -245,15 +245,15 @@ def test_the_finetune_stage_runs_between_pretraining_and_probing_with_lineage(fi
     fine = out.outcomes[2]
     tags = MlflowClient(out.tracking_uri).get_run(fine.run_id).data.tags
     assert tags["mlflow.parentRunId"] == out.parent_run_id and tags["humanvision.stage"] == "finetune"
-    assert tags["lineage.checkpoint_digest"] == pretrain.result["checkpoint_digest"]
+    assert tags["lineage.checkpoint_digest"] == pretrain.result.checkpoint_digest
     assert tags["lineage.pretrain_run_id"] == pretrain.run_id
-    assert tags["lineage.dataset_id"] == curate.result["dataset_id"]
-    export = fine.result["exports"]["seg"]
+    assert tags["lineage.dataset_id"] == curate.result.dataset_id
+    export = fine.result.exports["seg"]
     assert sha256_file(export["export"]) == export["export_sha256"] == tags["finetune.seg.export_sha256"]
     weights = load_state_dict_file(export["export"])
-    pretrained = load_state_dict_file(pretrain.result["student_weights"])
+    pretrained = load_state_dict_file(pretrain.result.student_weights)
     assert {k.removeprefix("backbone.") for k in weights if k.startswith("backbone.")} == set(pretrained)
     assert all(k.startswith(("backbone.", "decode_head.")) for k in weights)
-    assert "mIoU" in fine.result["metrics"]["seg"]
+    assert "mIoU" in fine.result.metrics["seg"]
     again = run_dag(dag_config(root / "raw", root / "ws", *ft))
     assert [o.reused for o in again.outcomes] == [True, True, True, True]

@@ -11,9 +11,10 @@ import textwrap
 
 import pytest
 
+from pipelines.chain import StageOutcome
 from pipelines.demo import loss_line, probe_rows
-from pipelines.staged import StageOutcome
 from tests.conftest import CENTERNET, REPO
+from training.stage import PretrainResult
 
 
 def test_console_sends_every_writer_to_the_log_and_keeps_the_terminal_for_the_demo(tmp_path):
@@ -22,7 +23,6 @@ def test_console_sends_every_writer_to_the_log_and_keeps_the_terminal_for_the_de
     log = tmp_path / "demo.log"
     code = textwrap.dedent(f"""
         import logging, os, subprocess, sys
-        sys.path.insert(0, {str(REPO)!r})
         from pipelines.demo import Console
         with Console(__import__("pathlib").Path({str(log)!r})) as console:
             logging.basicConfig(stream=sys.stderr, force=True)
@@ -53,14 +53,16 @@ def test_probe_table_puts_the_random_init_baseline_beside_each_metric():
 
 
 def test_loss_line_reads_the_pretraining_window_means():
-    o = StageOutcome(
-        "pretrain",
-        "id",
-        "/f",
-        False,
-        "run",
-        {"loss_trend": "4.3904 (mean of the first 10 steps) -> 4.2963 (last 10)", "final_step": 40},
+    result = PretrainResult(
+        run_id="run",
+        student_weights="/f/student.safetensors",
+        teacher_weights=None,
+        checkpoint_digest="c",
+        dataset_id="d",
+        final_step=40,
+        loss_trend="4.3904 (mean of the first 10 steps) -> 4.2963 (last 10)",
     )
+    o = StageOutcome("pretrain", "id", "/f", False, result)
     assert "4.3904 -> 4.2963" in loss_line(o) and "40 steps" in loss_line(o)
 
 

@@ -1,16 +1,20 @@
-"""Stage identities (what decides reuse) through the stage facades, the DAG's config checks and
+"""Stage identities (what decides reuse) through the stage facades (``infra.stage.Stage``), the
+digest they are made with, the results' round trip through DONE.json, the DAG's config checks and
 its choice of MLflow store: fast, no Ray."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
 
 from infra.config import load_config
-from pipelines.staged import DagConfig
-from pipelines.staged.run import tracking_uri
+from infra.stage import stage_digest
+from pipelines.chain import DagConfig
+from pipelines.chain.run import tracking_uri
 from tests.conftest import REPO
 
 
@@ -20,8 +24,9 @@ def demo() -> DagConfig:
 
 
 def test_pretraining_identity_is_its_trajectory_and_dataset_not_where_it_runs(demo):
-    from training import stage
+    from training.stage import PretrainStage
 
+    stage = PretrainStage()
     cfg = demo.pretrain
     base = stage.identity(cfg, "dataset-a")
     elsewhere = stage.place(stage.with_dataset(cfg, "/some/curated/output", "sqlite:///x.db"), Path("/tmp/ws/p/x"))
@@ -33,8 +38,9 @@ def test_pretraining_identity_is_its_trajectory_and_dataset_not_where_it_runs(de
 
 
 def test_probing_identity_is_its_settings_and_the_checkpoint_digest_not_the_file(demo):
-    from evaluation import stage
+    from evaluation.stage import ProbeStage
 
+    stage = ProbeStage()
     cfg = demo.probe
     base = stage.identity(cfg, "digest-1")
     moved = stage.place(stage.with_backbone(cfg, "/elsewhere/student.safetensors", "run-9"), Path("/tmp/ws/probe/y"))
@@ -47,8 +53,9 @@ def test_probing_identity_is_its_settings_and_the_checkpoint_digest_not_the_file
 
 
 def test_curation_identity_follows_the_input_listing_not_the_output_folder(demo, tmp_path):
-    from curation import stage
+    from curation.stage import CurateStage
 
+    stage = CurateStage()
     raw = tmp_path / "raw"
     raw.mkdir()
     (raw / "a.jpg").write_bytes(b"x" * 10)
@@ -58,6 +65,32 @@ def test_curation_identity_follows_the_input_listing_not_the_output_folder(demo,
     assert stage.identity(placed, "") == base and placed.output_dir == str(tmp_path / "ws" / "curate" / base)
     (raw / "b.jpg").write_bytes(b"y" * 10)
     assert stage.identity(cfg, "") != base
+
+
+def test_the_identity_digest_is_the_one_existing_workspaces_were_named_with():
+    """sha256 of the parts as sorted-key JSON (``default=str``), its first 16 hex digits: a
+    workspace folder made before is found again only while this recipe holds."""
+    parts = ("probe", {"b": 1, "a": [1.5, "x"]}, Path("/p"))
+    expected = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert stage_digest(*parts) == expected
+    assert stage_digest("pretrain", "abc", "dataset-a") == "57981e2e4858a389"
+
+
+def test_results_round_trip_through_done_json(tmp_path):
+    from curation.stage import CurateResult
+    from training.stage import PretrainResult, PretrainStage
+
+    curated = CurateResult(run_id="r1", dataset_id="d", dataset_uri="/o", shards=["/o/a.tar"], kept=3, inputs=5)
+    assert CurateResult.from_json(json.loads(json.dumps(curated.to_json()))) == curated
+    done = {  # a pretraining DONE.json as a Ray job's run wrote it: no loss trend
+        "student_weights": "/w/s.safetensors",
+        "teacher_weights": None,
+        "checkpoint_digest": "c",
+        "run_id": "r2",
+        "dataset_id": "d",
+        "final_step": 40,
+    }
+    assert PretrainStage().recorded(done) == PretrainResult(**done, loss_trend="")
 
 
 def test_a_dag_without_tracking_is_refused():
@@ -79,8 +112,9 @@ def test_the_store_is_the_configured_one_else_a_server_from_the_environment_else
 
 def test_finetuning_identity_is_its_settings_the_checkpoint_digest_and_the_data(demo, tmp_path):
     from evaluation.config import SplitPaths
-    from evaluation.finetune import stage
+    from evaluation.finetune.stage import FinetuneStage
 
+    stage = FinetuneStage()
     cfg = demo.finetune
     base = stage.identity(cfg, "digest-1")
     moved = stage.place(stage.with_backbone(cfg, "/elsewhere/student.safetensors", "run-9"), tmp_path / "ft" / "y")

@@ -11,11 +11,12 @@ from typing import Any, Protocol
 
 from infra import storage
 from infra.config import dump_config
+from infra.stage import StageResult
 from infra.tracking import resolve_tracking_uri
-from pipelines.staged.config import DagConfig
-from pipelines.staged.jobs import submit_ray_job, write_stage_config
-from pipelines.staged.record import ParentRun
-from pipelines.staged.stages import Handoff, StagePlan, hand_on, plan, with_store
+from pipelines.chain.config import DagConfig
+from pipelines.chain.jobs import submit_ray_job, write_stage_config
+from pipelines.chain.record import ParentRun
+from pipelines.chain.stages import Handoff, StagePlan, hand_on, plan, with_store
 
 log = logging.getLogger("dag")
 
@@ -28,8 +29,12 @@ class StageOutcome:
     identity: str
     folder: str
     reused: bool
-    run_id: str | None  # the stage's own MLflow run (the one that produced the result)
-    result: dict[str, Any]  # what the next stage needs: dataset id / checkpoint / metrics
+    result: StageResult  # what the next stage needs: dataset id / checkpoint / metrics
+
+    @property
+    def run_id(self) -> str | None:
+        """The stage's own MLflow run (the one that produced the result)."""
+        return self.result.run_id
 
 
 @dataclasses.dataclass
@@ -42,18 +47,9 @@ class DagResult:
         lines = [f"mlflow: {self.tracking_uri} (parent run {self.parent_run_id})"]
         for o in self.outcomes:
             lines.append(f"{o.stage:9s} {'reused ' if o.reused else 'ran    '} {o.identity}  {o.folder}")
-            for key, value in o.result.items():
-                if key in (
-                    "dataset_id",
-                    "shards",
-                    "student_weights",
-                    "checkpoint_digest",
-                    "metrics",
-                    "loss_trend",
-                    "report",
-                ):
-                    text = f"{len(value)} files" if key == "shards" else value
-                    lines.append(f"{'':10s}{key}: {text}")
+            for key, value in o.result.summary().items():
+                if value not in ("", None):
+                    lines.append(f"{'':10s}{key}: {f'{len(value)} files' if key == 'shards' else value}")
         return "\n".join(lines)
 
 
@@ -75,43 +71,42 @@ def tracking_uri(dag: DagConfig, ws: Path) -> str:
     return f"sqlite:///{ws / 'mlflow.db'}" if uri.startswith("sqlite:///") else uri
 
 
-def _finished(folder: Path) -> dict | None:
-    done = folder / DONE
-    return json.loads(done.read_text()) if done.is_file() else None
+def _finished(p: StagePlan) -> StageResult | None:
+    done = p.folder / DONE
+    return p.facade.recorded(json.loads(done.read_text())) if done.is_file() else None
 
 
-def _record(folder: Path, result: dict) -> None:
+def _record(folder: Path, result: StageResult) -> None:
     storage.atomic_write_bytes(
         storage.resolve(str(folder))[0],
         str(folder / DONE),
-        json.dumps(result, indent=2, sort_keys=True, default=str).encode(),
+        json.dumps(result.to_json(), indent=2, sort_keys=True, default=str).encode(),
     )
 
 
-def _execute(p: StagePlan, dag: DagConfig) -> dict:
-    """Run one stage (in this process or as a Ray job) and read its result back from its files."""
+def _execute(p: StagePlan, dag: DagConfig) -> StageResult:
+    """Run one stage (in this process, or as a Ray job and then read its result back from its files)."""
     if dag.submit == "ray_job":
-        submit_ray_job(dag.job_address, p.facade.SCRIPT, write_stage_config(p.folder, p.cfg), dag.job_timeout_s)
+        submit_ray_job(dag.job_address, p.facade.script, write_stage_config(p.folder, p.cfg), dag.job_timeout_s)
         return p.facade.result(p.cfg)
-    session = p.facade.run(p.cfg)
-    return {**p.facade.result(p.cfg), **session}
+    return p.facade.run(p.cfg)
 
 
 def reuse_or_run(
     p: StagePlan, dag: DagConfig, parent: ParentRun, lineage: dict[str, Any], observer: StageObserver | None = None
 ) -> StageOutcome:
-    done = _finished(p.folder)
+    done = _finished(p)
     if observer is not None:
         observer.stage_started(p, done is not None, parent.uri)
     if done is not None:
         log.info("%s: reusing %s", p.stage, p.identity)
-        parent.point_to_reused(p.stage, p.identity, done["run_id"], lineage)
-        return StageOutcome(p.stage, p.identity, str(p.folder), True, done["run_id"], done)
+        parent.point_to_reused(p.stage, p.identity, done.run_id, lineage)
+        return StageOutcome(p.stage, p.identity, str(p.folder), True, done)
     log.info("%s: running %s (into %s)", p.stage, p.identity, p.folder)
     result = _execute(p, dag)
     _record(p.folder, result)
-    parent.adopt(p.stage, p.identity, result["run_id"], lineage)
-    return StageOutcome(p.stage, p.identity, str(p.folder), False, result["run_id"], result)
+    parent.adopt(p.stage, p.identity, result.run_id, lineage)
+    return StageOutcome(p.stage, p.identity, str(p.folder), False, result)
 
 
 def run_dag(dag: DagConfig, observer: StageObserver | None = None) -> DagResult:
@@ -132,7 +127,7 @@ def run_dag(dag: DagConfig, observer: StageObserver | None = None) -> DagResult:
             parent.note_stage(stage, outcome.identity, outcome.reused)
             if observer is not None:
                 observer.stage_finished(outcome)
-            hand_on(handoff, stage, outcome.result, outcome.run_id)
+            hand_on(handoff, outcome.result)
             outcomes.append(outcome)
         status = "FINISHED"
     finally:

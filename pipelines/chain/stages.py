@@ -1,0 +1,118 @@
+"""Each stage's plan (identity, folder, placed config) from what flows down the chain, and
+what a finished stage hands on. Stage specifics are the stage packages' facades
+(``infra.stage.Stage``); this module only wires one stage's result into the next one's input."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from curation.output import resolve_dataset
+from curation.stage import CurateResult, CurateStage
+from evaluation.finetune.stage import FinetuneResult, FinetuneStage
+from evaluation.stage import ProbeStage, checkpoint_digest
+from infra.stage import Stage, StageResult
+from pipelines.chain.config import DagInputs
+from training.stage import PretrainResult, PretrainStage
+
+CURATE, PRETRAIN, FINETUNE, PROBE = CurateStage(), PretrainStage(), FinetuneStage(), ProbeStage()
+FACADES: dict[str, Stage] = {s.name: s for s in (CURATE, PRETRAIN, FINETUNE, PROBE)}
+
+
+@dataclasses.dataclass
+class Handoff:
+    """What flows down the chain: the DAG's inputs at first, then each finished stage's result.
+    ``lineage``: what the upstream stages produced, tagged on every later run."""
+
+    dataset: str  # pretraining's input: a dataset version id, name or folder
+    checkpoint: str  # fine-tuning's and probing's input: a .safetensors path ("" = random init)
+    pretrain_run_id: str
+    dataset_id: str = ""  # known once curation ran (else resolved from ``dataset``)
+    checkpoint_digest: str = ""  # known once pretraining ran (else hashed from ``checkpoint``)
+    lineage: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_inputs(cls, inputs: DagInputs) -> Handoff:
+        return cls(dataset=inputs.dataset, checkpoint=inputs.checkpoint, pretrain_run_id=inputs.pretrain_run_id)
+
+
+@dataclasses.dataclass
+class StagePlan:
+    stage: str
+    identity: str
+    folder: Path  # <workspace>/<stage>/<identity>
+    cfg: Any  # the stage's config, placed in ``folder``
+
+    @property
+    def facade(self) -> Stage:
+        return FACADES[self.stage]
+
+
+def with_store(cfg: Any, uri: str, experiment: str) -> Any:
+    """A stage config whose runs go to the DAG's store and experiment (a child run must live
+    in its parent's experiment)."""
+    return dataclasses.replace(cfg, tracking=dataclasses.replace(cfg.tracking, uri=uri, experiment=experiment))
+
+
+def _plan_curate(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
+    identity = CURATE.identity(cfg, "")
+    folder = ws / CURATE.name / identity
+    return StagePlan(CURATE.name, identity, folder, CURATE.place(cfg, folder))
+
+
+def _plan_pretrain(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
+    dataset_id = handoff.dataset_id or resolve_dataset(handoff.dataset, uri).id
+    identity = PRETRAIN.identity(cfg, dataset_id)
+    folder = ws / PRETRAIN.name / identity
+    cfg = PRETRAIN.with_dataset(cfg, handoff.dataset, uri)
+    return StagePlan(PRETRAIN.name, identity, folder, PRETRAIN.place(cfg, folder))
+
+
+def _checkpoint_digest(handoff: Handoff) -> str:
+    if handoff.checkpoint and not handoff.checkpoint_digest:
+        return checkpoint_digest(handoff.checkpoint)
+    return handoff.checkpoint_digest
+
+
+def _plan_on_checkpoint(stage: FinetuneStage | ProbeStage, cfg: Any, ws: Path, handoff: Handoff) -> StagePlan:
+    """Fine-tuning and probing take the same checkpoint (the pretraining export): the probes
+    measure the frozen backbone, the fine-tune the same backbone trained end to end."""
+    identity = stage.identity(cfg, _checkpoint_digest(handoff))
+    folder = ws / stage.name / identity
+    cfg = stage.with_backbone(cfg, handoff.checkpoint, handoff.pretrain_run_id)
+    return StagePlan(stage.name, identity, folder, stage.place(cfg, folder))
+
+
+PLANNERS: dict[str, Callable[[Any, Path, Handoff, str], StagePlan]] = {
+    CURATE.name: _plan_curate,
+    PRETRAIN.name: _plan_pretrain,
+    FINETUNE.name: lambda cfg, ws, handoff, uri: _plan_on_checkpoint(FINETUNE, cfg, ws, handoff),
+    PROBE.name: lambda cfg, ws, handoff, uri: _plan_on_checkpoint(PROBE, cfg, ws, handoff),
+}
+
+
+def plan(stage: str, cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
+    return PLANNERS[stage](cfg, ws, handoff, uri)
+
+
+def hand_on(handoff: Handoff, result: StageResult) -> None:
+    """Feed a finished stage's result (ran or reused) to the stages after it."""
+    if isinstance(result, CurateResult):
+        handoff.dataset, handoff.dataset_id = result.dataset_uri, result.dataset_id
+        handoff.lineage.update(
+            dataset_id=result.dataset_id, dataset_uri=result.dataset_uri, curation_run_id=result.run_id
+        )
+    elif isinstance(result, PretrainResult):
+        handoff.checkpoint, handoff.checkpoint_digest = result.student_weights, result.checkpoint_digest
+        handoff.pretrain_run_id = result.run_id or ""
+        handoff.lineage.update(
+            dataset_id=result.dataset_id,
+            checkpoint_digest=result.checkpoint_digest,
+            checkpoint_path=result.student_weights,
+            pretrain_run_id=result.run_id,
+        )
+    elif isinstance(result, FinetuneResult):
+        handoff.lineage.update(finetune_run_id=result.run_id)
