@@ -18,19 +18,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
-
 from curation.audit import (
     diff_summary,
     diff_versions,
     load_version,
     render_diff,
-    render_report,  # noqa: E402
+    render_report,
     version_summary,
 )
-from curation.audit.loading import AuditedVersion, tracking_uri_of  # noqa: E402
-from curation.audit.record import log_report, runs_of_version  # noqa: E402
-from infra import storage  # noqa: E402
+from curation.audit.loading import AuditedVersion, tracking_uri_of
+from curation.audit.record import log_report, runs_of_version
+from infra import storage
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the summary
 

@@ -7,13 +7,10 @@ ray job submit --address http://127.0.0.1:8265 --working-dir . -- python pipelin
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
-
-from curation.pipeline import run_curation  # noqa: E402
-from curation.recipe import CurationConfig  # noqa: E402
-from infra.cli import config_main  # noqa: E402
+from curation.pipeline import run_curation
+from curation.recipe import CurationConfig
+from infra.cli import config_main
 
 
 def curate(cfg: CurationConfig) -> str:

@@ -12,13 +12,10 @@ Re-running the same command resumes unfinished tasks from their newest checkpoin
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
-
-from evaluation.finetune.config import FinetuneConfig  # noqa: E402
-from evaluation.finetune.run import run_finetune  # noqa: E402
-from infra.cli import config_main  # noqa: E402
+from evaluation.finetune.config import FinetuneConfig
+from evaluation.finetune.run import run_finetune
+from infra.cli import config_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,13 +10,10 @@ Re-running with the same run_name (and storage_path) resumes from its newest che
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
-
-from infra.cli import config_main  # noqa: E402
-from training.config import PretrainConfig  # noqa: E402
-from training.run import run_pretraining  # noqa: E402
+from infra.cli import config_main
+from training.config import PretrainConfig
+from training.run import run_pretraining
 
 
 def main(argv: list[str] | None = None) -> int:

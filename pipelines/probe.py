@@ -10,13 +10,10 @@ Tasks without data paths run on the synthetic probe set, generated under the out
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo this script ships in (ray job --working-dir)
-
-from evaluation.config import ProbeConfig  # noqa: E402
-from evaluation.run import run_probes  # noqa: E402
-from infra.cli import config_main  # noqa: E402
+from evaluation.config import ProbeConfig
+from evaluation.run import run_probes
+from infra.cli import config_main
 
 
 def main(argv: list[str] | None = None) -> int:

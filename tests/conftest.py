@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -33,8 +32,6 @@ for key, value in {
     os.environ[key] = value
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("RAY_ADDRESS", None)
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 
 @pytest.fixture(scope="session")

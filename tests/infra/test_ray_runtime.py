@@ -9,13 +9,10 @@ import textwrap
 
 import pytest
 
-from tests.conftest import REPO
-
 pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent("""
-    import logging, sys, time
-    sys.path.insert(0, {repo!r})
+    import logging, time
     from infra.ray_runtime import PG_CLEANER_LOGGER, init_ray
     init_ray(num_cpus=2)
     import ray
@@ -40,7 +37,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_local_train_job_is_quiet_and_workers_run_the_setup_hook(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(SCRIPT.format(repo=str(REPO), store=str(tmp_path / "store")))
+    script.write_text(SCRIPT.format(store=str(tmp_path / "store")))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
