@@ -4,7 +4,9 @@ A **step** holds the settings of its own config section (``section``, a dataclas
 declares the columns it ``reads``, the typed columns it writes (``fields``; ``writes`` is
 their names), the drop/error ``reasons`` it may set and the ``scores`` the audit charts, and
 describes itself for stats.json and MLflow. A disabled step stays in the recipe and reports
-itself as not applied. Kinds of step:
+itself as not applied. A step that writes an integer column named ``rank_<what>`` (lower is
+better) ranks the copies of a duplicate family: the representative rule compares it after
+"original over converted" (``curation.dedup.representative_sort_key``). Kinds of step:
 
 - the reader and the shard writer (``curation.readers.ReadImages``, ``curation.writer.WriteShards``);
 - a **row step** (``RowStep``): maps a ``pyarrow.Table`` batch of rows to the same rows with its
@@ -37,6 +39,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
+
+from curation.dedup import RANK_PREFIX
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -100,6 +104,9 @@ class Step(abc.ABC):
         if "writes" in vars(cls):
             raise TypeError(f"{cls.__name__}: declare the columns it writes as ``fields``; ``writes`` is derived")
         cls.writes = tuple(f.name for f in cls.fields)
+        for f in cls.fields:
+            if f.name.startswith(RANK_PREFIX) and not pa.types.is_integer(f.type):
+                raise TypeError(f"{cls.__name__}: rank column {f.name!r} must be an integer type, not {f.type}")
 
     def __init__(self, cfg: Any = None) -> None:
         self.cfg = cfg

@@ -3,7 +3,8 @@
 Every dedup method ends the same way: an edge list between candidate rows (directly, or
 through shared hash values), connected components of that graph as the groups, one
 representative per group by ``representative_sort_key`` (an original encoding over a deliberate
-conversion, then largest resolution, then most input bytes per pixel, then smallest key), and
+conversion, then the steps' rank columns, then largest resolution, then most input bytes per
+pixel, then smallest key), and
 one decision row per other member. A dropped row
 never represents another group: membership is decided by components, not pair by pair.
 
@@ -20,15 +21,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.dedup import DECISION_SCHEMA, representative_sort_key
+from curation.dedup import DECISION_SCHEMA, rank_columns, representative_sort_key
 
 META_COLUMNS = ("key", "width", "height")  # what every dedup input holds
 QUALITY_COLUMNS = ("converted", "input_bytes")  # decode's quality facts, read where present (else unknown)
 
 
 def meta_columns(names: Collection[str]) -> list[str]:
-    """The representative rule's columns among ``names``: ``META_COLUMNS`` and the quality ones present."""
-    return [*META_COLUMNS, *(c for c in QUALITY_COLUMNS if c in names)]
+    """The representative rule's columns among ``names``: ``META_COLUMNS``, the quality ones and the
+    steps' rank columns (``rank_*``) present."""
+    return [*META_COLUMNS, *(c for c in QUALITY_COLUMNS if c in names), *rank_columns(names)]
+
+
+def _rank_keys(sub: pa.Table) -> tuple[dict, list]:
+    """The rank columns of ``sub`` (nulls as 0) and their sort keys, in the rule's order."""
+    ranks = {c: pc.fill_null(sub.column(c).cast(pa.int64()), 0) for c in rank_columns(sub.column_names)}
+    return ranks, [(c, "ascending") for c in ranks]
 
 
 def component_labels(n_nodes: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -74,11 +82,13 @@ def decisions_from_labels(
     per_pixel = pc.divide(
         pc.fill_null(nbytes.cast(pa.float64()), 0.0), pc.max_element_wise(pixels, 1).cast(pa.float64())
     )
+    ranks, rank_keys = _rank_keys(sub)
     ranked = pa.table(
         {
             "label": labels[members],
             "other": pc.invert(pc.is_in(keys, value_set=pa.array(sorted(prefer), pa.string()))),
             "converted": pc.fill_null(converted.cast(pa.bool_()), False),
+            **ranks,
             "pixels": pixels,
             "per_pixel": pc.if_else(pc.equal(pixels, 0), 0.0, per_pixel),
             "key": keys,
@@ -91,6 +101,7 @@ def decisions_from_labels(
                 ("label", "ascending"),
                 ("other", "ascending"),
                 ("converted", "ascending"),
+                *rank_keys,
                 ("pixels", "descending"),
                 ("per_pixel", "descending"),
                 ("key", "ascending"),

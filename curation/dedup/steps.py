@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from curation import output, schema
 from curation.config import DedupSettings
-from curation.dedup import DECISION_SCHEMA
+from curation.dedup import DECISION_SCHEMA, rank_columns
 from curation.dedup.components import QUALITY_COLUMNS
 from curation.dedup.distributed import (
     GlobalDedupInput,
@@ -253,11 +253,12 @@ def without(table: pa.Table, decisions: pa.Table) -> pa.Table:
 
 
 def candidate_columns(steps: list[DedupStep], available: set[str]) -> tuple[list[str], list[str]]:
-    """(columns to read for the dedup steps, preferred columns no step wrote: filled with nulls)."""
+    """(columns to read for the dedup steps, preferred columns no step wrote: filled with nulls).
+    The representative rule also reads every rank column (``rank_*``) an earlier step wrote."""
     needed = ["key", "partition"]
     for step in steps:
         needed += [c for c in step.columns_read() if c not in needed]
-    prefers = [c for s in steps for c in s.prefers]
+    prefers = [c for s in steps for c in s.prefers] + rank_columns(available)
     present = [c for c in dict.fromkeys(prefers) if c in available and c not in needed]
     absent = [c for c in dict.fromkeys(prefers) if c not in available]
     return needed + present, absent
