@@ -29,9 +29,9 @@ class RayConfig:
     object_store_memory: int | None = None  # local cluster only, bytes
     temp_dir: str | None = None  # local cluster only: Ray's session folder root (short path)
     progress_bars: Literal["auto", "on", "off"] = "auto"  # auto: on when the terminal is interactive
-    # Model stages' actor pools: "fixed" starts every one of a stage's num_actors at once (measured on
-    # 2 CPUs: 2 detector actors 18.3 images/s fixed vs 12.7 when Ray Data was left to grow the pool,
-    # which kept one busy); "autoscaling" starts one and lets Ray Data add up to num_actors.
+    # Model steps' actor pools: "fixed" starts every one of a step's num_actors at once (Ray Data
+    # left to grow a pool kept one actor busy: docs/results/curation_throughput.md); "autoscaling"
+    # starts one and lets Ray Data add up to num_actors.
     actor_pools: Literal["fixed", "autoscaling"] = "fixed"
     num_workers: int = 1  # Ray Train workers
     cpus_per_worker: float = 1.0  # < 1 lets two workers share a small machine
