@@ -134,6 +134,42 @@ def open_checked(raw: bytes, max_pixels: int) -> Image.Image:
 # decoded in the DCT domain at 1/2..1/8 scale (never below this side), which reads every scan
 # (a truncated file still fails) at a fraction of a full decode's cost.
 HASH_DRAFT_SIDE = 64
+# The short side of the grey thumbnail pass-1 steps measure (``schema.TRANSIENT_FIELDS``): it is
+# reduced from the pixels the hash is computed from, which the draft decode never makes smaller.
+THUMBNAIL_SIDE = HASH_DRAFT_SIDE
+
+
+def _draft_factor(w: int, h: int) -> int:
+    """The reduction a JPEG draft decode to ``HASH_DRAFT_SIDE`` applies to a ``w`` x ``h`` image
+    (Pillow's rule: the largest of 8, 4, 2 that keeps both sides >= it, else 1)."""
+    scale = min(w, h) // HASH_DRAFT_SIDE
+    return next((f for f in (8, 4, 2) if scale >= f), 1)
+
+
+def grey_thumbnail(rgb: Image.Image, size: tuple[int, int] | None = None) -> dict:
+    """The ``thumbnail`` column's value for an image of ``size`` (default: ``rgb``'s own), decoded
+    as ``rgb`` in full or as its JPEG draft: reduced by the draft's factor (a full decode is box-
+    reduced by it, which is what the DCT draft computes), then box-resized to short side
+    ``THUMBNAIL_SIDE`` (never enlarged), as 8-bit luma. The same computation and size for every
+    copy of a picture, whatever its resolution, encoding or decode path, so that measures on it
+    compare across a duplicate family."""
+    w, h = size or rgb.size
+    factor = _draft_factor(w, h)
+    if factor > 1 and rgb.size == (w, h):  # the full image: reduce it as the draft would have
+        rgb = rgb.reduce(factor)
+    scale = min(1.0, THUMBNAIL_SIDE / min(w, h))
+    out = (max(1, round(w * scale)), max(1, round(h * scale)))
+    # the reduced image's last row / column hold the image's remainder only: map the image exactly
+    region = (0, 0, w / factor, h / factor)
+    grey = (rgb if rgb.size == out else rgb.resize(out, Image.Resampling.BOX, box=region)).convert("L")
+    return {"width": grey.width, "height": grey.height, "luma": grey.tobytes()}
+
+
+def thumbnail_pixels(value: dict | None) -> np.ndarray | None:
+    """A ``thumbnail`` value as a uint8 [height, width] array (None for a row without one)."""
+    if value is None:
+        return None
+    return np.frombuffer(value["luma"], dtype=np.uint8).reshape(value["height"], value["width"])
 
 
 def _keeps_bytes(im: Image.Image, cfg: DecodeConfig) -> bool:
@@ -208,14 +244,15 @@ def encode_output(raw: bytes, rgb: Image.Image, facts: dict, cfg: DecodeConfig) 
 
 
 class DecodeStep(RowStep):
-    """Raw rows -> decoded rows (``schema.BASE_FIELDS``); the raw bytes are dropped here."""
+    """Raw rows -> decoded rows (``schema.BASE_FIELDS`` and the transient ``thumbnail``); the raw
+    bytes are dropped here."""
 
     name = "decode"
     section = "decode"
     Config = DecodeConfig
     reasons = schema.ERROR_REASONS
     reads = ("raw",)
-    fields = schema.BASE_FIELDS
+    fields = [*schema.BASE_FIELDS, *schema.TRANSIENT_FIELDS]
 
     def __init__(self, cfg: DecodeConfig) -> None:
         self.cfg = cfg
@@ -243,6 +280,7 @@ class DecodeStep(RowStep):
             sha256=None,
             bytes_uri=None,
             bytes_offset=None,
+            thumbnail=None,
         )
         raw = row.get("raw")
         if raw is not None:
@@ -266,16 +304,18 @@ class DecodeStep(RowStep):
             notes=facts["notes"],
             image_ext="jpg",
             converted=any(n in CONVERSION_NOTES for n in facts["notes"]),
-            **self._hashes(rgb),
+            **self._from_pixels(rgb, facts["size"]),
         )
         return out
 
-    def _hashes(self, rgb: Image.Image) -> dict:
+    def _from_pixels(self, rgb: Image.Image, size: tuple[int, int]) -> dict:
+        """What pass 1 keeps of the pixels (``rgb``: of an image of ``size``, or its draft decode):
+        the PHash pair and the grey thumbnail."""
         from curation.dedup.hashing import phash_hex_pair
 
         phash, mirror = phash_hex_pair(rgb)
-        return {"phash": phash, "phash_mirror": mirror}
+        return {"phash": phash, "phash_mirror": mirror, "thumbnail": grey_thumbnail(rgb, size)}
 
     def process(self, batch: pa.Table) -> pa.Table:
         rows = [self.decode_row(r) for r in batch.to_pylist()]
-        return pa.Table.from_pylist(rows, schema=pa.schema(schema.BASE_FIELDS))
+        return pa.Table.from_pylist(rows, schema=pa.schema(self.fields))

@@ -31,6 +31,14 @@ Row columns written by the reader and the decode step (the base schema):
   byte columns, compressed tars) or when the image was re-encoded. Staging then stores no image
   bytes for the row: pass 2 and the shard writer read them from there by reference, checked
   against ``sha256`` (``curation.staging.load_image_bytes``). Never written to the manifest.
+
+Transient columns (``TRANSIENT_FIELDS``) live only inside pass 1's read task, for the cheap
+steps there; staging drops them, so no later pass, the manifest or the shards ever hold them:
+
+- ``thumbnail``: decode's 8-bit grey thumbnail (``width``, ``height``, ``luma``: row-major bytes),
+  short side ``curation.decode.THUMBNAIL_SIDE``, reduced from the pixels the PHash is computed
+  from (for a JPEG kept as it is, its reduced-scale draft decode): what sharpness and exposure
+  are measured on without decoding the image again.
 """
 
 from __future__ import annotations
@@ -122,6 +130,13 @@ DECISION_FIELDS = [
     pa.field("duplicate_group", pa.string()),
     pa.field("shard", pa.string()),  # shard file name for kept rows
 ]
+
+THUMBNAIL_TYPE = pa.struct(
+    [pa.field("width", pa.int32()), pa.field("height", pa.int32()), pa.field("luma", pa.binary())]
+)
+# Written in pass 1 for the steps of its read task only; never staged (see the module doc).
+TRANSIENT_FIELDS = [pa.field("thumbnail", THUMBNAIL_TYPE)]
+TRANSIENT_COLUMNS = tuple(f.name for f in TRANSIENT_FIELDS)
 
 # Columns never copied into the manifest (image payloads live in the shards only).
 PAYLOAD_COLUMNS = ("image", "raw")

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from curation.output import LISTING_FILE as LISTING
 from curation.output import STAGING_DIR as STAGING
-from curation.schema import PAYLOAD_COLUMNS
+from curation.schema import PAYLOAD_COLUMNS, TRANSIENT_COLUMNS
 from infra import storage
 
 
@@ -116,8 +116,9 @@ def load_image_bytes(table: pa.Table, rows: list[bool]) -> pa.Table:
 
 def write_parts(fs, output: str, table: pa.Table) -> int:
     """Write one part file per partition present in ``table`` (image bytes by reference where
-    they can be read again, ``by_reference``); returns rows written."""
-    table = by_reference(table)
+    they can be read again, ``by_reference``; without the transient columns of pass 1's read
+    task, ``TRANSIENT_COLUMNS``); returns rows written."""
+    table = by_reference(table.drop_columns([c for c in TRANSIENT_COLUMNS if c in table.column_names]))
     parts = table.column("partition").to_pylist()
     for pid in sorted(set(parts)):
         rows = table.filter(pa.compute.equal(table.column("partition"), pid))

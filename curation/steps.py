@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
+from curation import schema
 from curation.dedup import RANK_PREFIX
 
 
@@ -301,11 +302,14 @@ class BuiltRecipe:
     steps: list[Step]
 
     def check_columns(self) -> None:
-        """Refuse a step that reads a column no earlier enabled step writes, naming both."""
+        """Refuse a step that reads a column no earlier enabled step writes, naming both; the
+        transient columns (``schema.TRANSIENT_COLUMNS``) end with the first pass."""
         written: dict[str, Step] = {}
         for i, step in enumerate(self.steps):
             if not step.enabled:
                 continue
+            if i and not isinstance(step, RowStep):  # a global step (or the writer) ends a pass
+                written = {c: s for c, s in written.items() if c not in schema.TRANSIENT_COLUMNS}
             for column in step.columns_read():
                 if column not in written:
                     raise ValueError(
@@ -315,6 +319,11 @@ class BuiltRecipe:
             written.update(dict.fromkeys(step.columns_written(), step))
 
     def _who_writes(self, column: str, index: int) -> str:
+        if column in schema.TRANSIENT_COLUMNS and any(column in s.columns_written() for s in self.steps[:index]):
+            return (
+                f": {column!r} lives only in the first pass (the steps before the first dedup step); "
+                f"move {self.steps[index].name!r} there"
+            )
         for j, other in enumerate(self.steps):
             if column in type(other).writes or column in other.columns_written():
                 if j < index:
@@ -352,7 +361,8 @@ class BuiltRecipe:
         return self.of_kind(RowStep)
 
     def available(self) -> set[str]:
-        return {c for s in self.steps if s.enabled for c in s.columns_written()}
+        """The columns staged rows hold (transient ones never are)."""
+        return {c for s in self.steps if s.enabled for c in s.columns_written()} - set(schema.TRANSIENT_COLUMNS)
 
     def funnel(self) -> list[tuple[str, tuple[str, ...]]]:
         """(step, reasons it owns) of every enabled step that can remove rows, in order. A reason
