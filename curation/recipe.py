@@ -1,8 +1,8 @@
 """The Humans-1B curation recipe: every step in order, each configured by its own section.
 
-    pass 1 (every input):  read -> decode -> geometry
+    pass 1 (every input):  read -> decode -> the cheap row steps (geometry, image quality)
     global:                exact / near dedup          (decides the survivors)
-    pass 2 (survivors):    person -> CLIP -> artistic -> watermark -> text
+    pass 2 (survivors):    person -> CLIP -> the content filters (heads on CLIP, watermark, OCR)
     global:                semantic dedup              (on pass 2's CLIP embeddings)
                            -> shards + manifest
 
@@ -19,6 +19,8 @@ derive from this list. Adding a filter: one file with its step class (settings d
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from curation.config import JobSettings
 from curation.decode import DecodeStep
@@ -42,7 +44,7 @@ HUMANS1B = Recipe(
         ExactDedup,       # dedup.exact:        identical bytes, across the run          } end of pass 1
         NearDedup,        # dedup.near:         PHash within t bits, mirror-aware        }
         PersonFilter,     # detector:           at least one salient person
-        ClipEmbedding,    # content.embedding:  CLIP embedding for the next two and semantic dedup
+        ClipEmbedding,    # content.embedding:  CLIP embedding for the heads after it and semantic dedup
         ArtisticFilter,   # content.artistic:   paintings, drawings, renders, screenshots...
         WatermarkFilter,  # content.watermark:  LAION-style watermark classifier
         TextFilter,       # content.text:       OCR: text-dominated images, captions, text watermarks
@@ -63,11 +65,13 @@ DedupConfig.__qualname__ = DedupConfig.__name__ = "DedupConfig"
 def weightless_content_filters(text: bool = True, num_cpus: float = 0.5) -> ContentFiltersConfig:
     """Content filters that need no model weights from outside: only OCR (rapidocr ships its models).
 
-    The CLIP, artistic and watermark filters are explicitly disabled, which stats.json and
-    MLflow record as "not applied". For laptops, demos and tests.
+    Every other content step (CLIP and the filters on its embedding, whichever the recipe holds)
+    is explicitly disabled, which stats.json and MLflow record as "not applied". For laptops,
+    demos and tests.
     """
     cfg = ContentFiltersConfig()
-    cfg.embedding.enabled = cfg.artistic.enabled = cfg.watermark.enabled = False
+    for section in dataclasses.fields(cfg):
+        getattr(cfg, section.name).enabled = False
     cfg.text.enabled = text
     cfg.text.num_cpus = num_cpus
     return cfg

@@ -118,6 +118,11 @@ def people_charts(v: AuditedVersion) -> list[str]:
     return out
 
 
+def _caption_scores(recipe: Recipe = HUMANS1B) -> list[str]:
+    """The ``*_score`` columns the recipe's steps declare as scores: what a gallery tile shows."""
+    return [s.column for step in recipe.steps for s in step.scores if s.column.endswith("_score") and not s.derive]
+
+
 def caption(r: dict, input_root: str) -> list[str]:
     lines = [r["reason"] or r["status"], r["key"]]
     facts = []
@@ -129,9 +134,9 @@ def caption(r: dict, input_root: str) -> list[str]:
         facts.append(f"best {r['person_score_max']:.2f}")
     if r.get("text_coverage") is not None:
         facts.append(f"text {r['text_coverage']:.3f}")
-    for name in ("watermark_score", "artistic_score"):
+    for name in _caption_scores():
         if r.get(name) is not None:
-            facts.append(f"{name.split('_')[0]} {r[name]:.2f}")
+            facts.append(f"{name.removesuffix('_score')} {r[name]:.2f}")
     if facts:
         lines.append(" · ".join(facts))
     if r.get("duplicate_of"):

@@ -7,7 +7,9 @@ keys ``curation.pipeline.job_digest`` leaves out.
 
 ``REASON_SETTINGS`` names, per drop reason, the settings that decide it (a trailing dot means
 a whole section). A removed image is explained by the changed settings that own its reason;
-reasons not listed fall back to the settings of the step that set them (``STEP_SETTINGS``).
+reasons not listed fall back to the settings of the step that set them (``STEP_SETTINGS``, and
+for a step not listed there the recipe's own word, ``recipe_settings``: its section and the
+sections of the steps whose columns it reads), so a step added to the recipe needs no entry here.
 When no setting owning the reason changed, a change in an earlier step (or an earlier check of
 the same step) may still be why: it changes what reaches the step. ``explain`` then names
 those settings, prefixed ``upstream``.
@@ -106,12 +108,30 @@ def matches(key: str, patterns: tuple[str, ...]) -> bool:
     return any(key.startswith(p) if p.endswith(".") else key == p for p in patterns)
 
 
+def recipe_settings(step: str | None) -> tuple[str, ...]:
+    """The sections that decide what the recipe step named ``step`` does: its own and those of the
+    steps that write the columns it reads (e.g. ``content.embedding.`` for a head on the CLIP
+    embedding). Empty for a step the recipe does not hold."""
+    from curation.recipe import HUMANS1B
+
+    cls = next((c for c in HUMANS1B.steps if c.name == step), None)
+    if cls is None or not cls.section:
+        return ()
+    feeders = [o.section for o in HUMANS1B.steps if o is not cls and o.section and set(o.writes) & set(cls.reads)]
+    return tuple(dict.fromkeys(f"{s}." for s in (cls.section, *feeders)))
+
+
+def step_settings(step: str | None) -> tuple[str, ...]:
+    """The settings of a step: as listed in ``STEP_SETTINGS``, else as the recipe declares them."""
+    return STEP_SETTINGS.get(step) or recipe_settings(step)
+
+
 def settings_of(reason: str | None, step: str | None = None) -> tuple[str, ...]:
     """The settings that decide ``reason`` (via the step that set it when the reason is unknown)."""
     if reason in REASON_SETTINGS:
         return REASON_SETTINGS[reason]
-    if step in STEP_SETTINGS:
-        return STEP_SETTINGS[step]
+    if step_settings(step):
+        return step_settings(step)
     if reason and reason.endswith("duplicate"):
         return ("dedup.",)
     return ()
@@ -130,5 +150,5 @@ def explain(reason: str | None, step: str | None, funnel_steps: list[str], chang
     if own or step not in funnel_steps:
         return own
     before = funnel_steps[: funnel_steps.index(step) + 1]
-    owners = tuple(p for s in before for p in STEP_SETTINGS.get(s, ()))
+    owners = tuple(p for s in before for p in step_settings(s))
     return [f"upstream {c.key}" for c in changes if not c.bookkeeping and matches(c.key, owners)]

@@ -11,6 +11,7 @@ Shapes: N images, P prompts, D embedding width.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -82,6 +83,21 @@ def check_clip_config(cfg: ClipEmbeddingConfig, where: str = "content.embedding"
         f"such as {open_clip.list_pretrained_tags_by_model(cfg.model)[:3]} where downloads work)",
         f"{enabled}=false",
     )
+
+
+def embedding_width(cfg: ClipEmbeddingConfig) -> int | None:
+    """The width D of the configured model's embeddings, from its config, without building it
+    (None where only a worker can tell: an ``hf-hub:`` model, an unknown architecture). Heads on the
+    embedding check their input width against it at start-up."""
+    if cfg.model.startswith("hf-hub:"):
+        return None
+    if cfg.model.startswith("local-dir:"):
+        path = Path(cfg.model[len("local-dir:") :]).expanduser() / "open_clip_config.json"
+        return json.loads(path.read_text()).get("model_cfg", {}).get("embed_dim") if path.is_file() else None
+    import open_clip
+
+    model_cfg = open_clip.get_model_config(cfg.model)
+    return model_cfg.get("embed_dim") if model_cfg else None
 
 
 class ClipModel:

@@ -260,6 +260,14 @@ def load_state_file(path: str | Path) -> dict:
     return state
 
 
+def describe_state(state: dict, limit: int = 6) -> str:
+    """What a state dict holds, in one line: its tensors' names and shapes (the first ``limit``),
+    for the error that says a weights file is not the layout a step loads."""
+    items = [f"{k} {list(getattr(v, 'shape', ()))}" for k, v in state.items()]
+    more = f", ... ({len(items)} tensors)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
 class LinearHead:
     """A trained linear probe on CLIP embeddings giving P(positive class) per image.
 
