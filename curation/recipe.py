@@ -29,6 +29,7 @@ from curation.filters.artistic import ArtisticFilter
 from curation.filters.clip_embedding import ClipEmbedding
 from curation.filters.geometry import GeometryFilter
 from curation.filters.person import PersonFilter
+from curation.filters.quality import ImageQuality
 from curation.filters.text import TextFilter
 from curation.filters.watermark import WatermarkFilter
 from curation.readers import ReadImages
@@ -41,6 +42,7 @@ HUMANS1B = Recipe(
         ReadImages,       # input:              folders, WebDataset tars, Parquet; local or object store
         DecodeStep,       # decode:             safe decode, EXIF, modes, bombs; SHA-256 and PHash
         GeometryFilter,   # geometry:           short side, aspect ratio
+        ImageQuality,     # quality:            sharpness, exposure of decode's thumbnail; ranks duplicates
         ExactDedup,       # dedup.exact:        identical bytes, across the run          } end of pass 1
         NearDedup,        # dedup.near:         PHash within t bits, mirror-aware        }
         PersonFilter,     # detector:           at least one salient person

@@ -24,6 +24,7 @@ def test_the_shipped_recipe_is_in_order():
         "read",
         "decode",
         "geometry",
+        "image_quality",
         "exact_dedup",
         "near_dedup",
         "person_detection",
@@ -55,13 +56,15 @@ def test_the_global_steps_are_the_pass_boundaries():
     passes = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
     names = [([s.name for s in p.row_steps], [s.name for s in p.global_steps]) for p in passes]
     assert names == [
-        (["decode", "geometry"], ["exact_dedup", "near_dedup"]),
+        (["decode", "geometry", "image_quality"], ["exact_dedup", "near_dedup"]),
         (["clip_embedding", "text_filter"], ["semantic_dedup"]),
     ]  # (detector.backend=none)
     # a disabled global step is no boundary: without any dedup, one pass
     cfg = _config(HUMANS1B, "dedup.exact.enabled=false", "dedup.near.enabled=false")
     flat = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
-    assert [[s.name for s in p.row_steps] for p in flat] == [["decode", "geometry", "clip_embedding", "text_filter"]]
+    assert [[s.name for s in p.row_steps] for p in flat] == [
+        ["decode", "geometry", "image_quality", "clip_embedding", "text_filter"]
+    ]
 
 
 def test_each_step_writes_its_declared_fields_and_charts_its_own_columns_and_settings():
@@ -76,7 +79,14 @@ def test_each_step_writes_its_declared_fields_and_charts_its_own_columns_and_set
             assert set(score.columns()) <= {*cls.writes, *cls.reads}, (cls.name, score.column)
             assert score.setting is None or score.setting in described, (cls.name, score.setting)
             charted.append(score.column)
-    assert charted[:4] == ["short_side", "aspect_ratio", "person_score_max", "artistic_score"]
+    assert charted[:6] == [
+        "short_side",
+        "aspect_ratio",
+        "sharpness",
+        "clipped_dark",
+        "clipped_bright",
+        "person_score_max",
+    ]
     with pytest.raises(TypeError, match="declare the columns it writes as ``fields``"):
         type("HandListed", (BrightnessFilter,), {"writes": ("brightness",)})
 
