@@ -28,6 +28,7 @@ from curation.dedup.steps import ExactDedup, NearDedup, SemanticDedup
 from curation.filters.artistic import ArtisticFilter
 from curation.filters.clip_embedding import ClipEmbedding
 from curation.filters.geometry import GeometryFilter
+from curation.filters.nsfw import NsfwFilter
 from curation.filters.person import PersonFilter
 from curation.filters.quality import ImageQuality
 from curation.filters.text import TextFilter
@@ -47,6 +48,7 @@ HUMANS1B = Recipe(
         NearDedup,        # dedup.near:         PHash within t bits, mirror-aware        }
         PersonFilter,     # detector:           at least one salient person
         ClipEmbedding,    # content.embedding:  CLIP embedding for the heads after it and semantic dedup
+        NsfwFilter,       # content.nsfw:       LAION's CLIP NSFW detector
         ArtisticFilter,   # content.artistic:   paintings, drawings, renders, screenshots...
         WatermarkFilter,  # content.watermark:  LAION-style watermark classifier
         TextFilter,       # content.text:       OCR: text-dominated images, captions, text watermarks

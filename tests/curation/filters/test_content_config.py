@@ -9,13 +9,37 @@ import pytest
 from curation.filters.artistic import ARTISTIC, ArtisticFilter
 from curation.filters.clip_embedding import ClipEmbedding
 from curation.filters.model import WeightsUnavailableError
+from curation.filters.nsfw import NSFW, NsfwFilter
 from curation.filters.text import TEXT, WATERMARK_TEXT, TextFilter
 from curation.filters.watermark import WATERMARK, WatermarkFilter
 from curation.recipe import HUMANS1B, ContentFiltersConfig, CurationConfig
 from curation.steps import Resources
 from infra.config import from_dict, parse_overrides
 
-NO_WEIGHTS = {"embedding": {"enabled": False}, "artistic": {"enabled": False}, "watermark": {"enabled": False}}
+NO_WEIGHTS = {
+    "embedding": {"enabled": False},
+    "nsfw": {"enabled": False},
+    "artistic": {"enabled": False},
+    "watermark": {"enabled": False},
+}
+
+
+def nsfw_layout(width: int) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes of LAION's NSFW detector (NeMo Curator's port) for ``width``-d embeddings."""
+    widths = (width, 64, 512, 256, 1)
+    shapes = {"norm.mean": (width,), "norm.variance": (width,)}
+    for i in range(4):
+        shapes |= {f"linear_{i + 1}.weight": (widths[i + 1], widths[i]), f"linear_{i + 1}.bias": (widths[i + 1],)}
+    return shapes
+
+
+def random_head(path, shapes: dict[str, tuple[int, ...]]):
+    """Random weights of these shapes saved as a state dict (variances positive)."""
+    import torch
+
+    torch.manual_seed(0)
+    torch.save({k: torch.rand(s) if k.endswith("variance") else torch.randn(s) * 0.1 for k, s in shapes.items()}, path)
+    return path
 
 
 def build(content: dict | ContentFiltersConfig, **sections):
@@ -41,6 +65,7 @@ def test_shipped_defaults_demand_weights():
 def test_missing_watermark_weights_name_the_setting(tiny_clip_dir, tmp_path):
     content = {
         "embedding": {"model": f"local-dir:{tiny_clip_dir}"},
+        "nsfw": {"enabled": False},
         "watermark": {"weights": str(tmp_path / "watermark_model_v1.pt")},
     }
     with pytest.raises(
@@ -57,11 +82,12 @@ def test_missing_watermark_weights_name_the_setting(tiny_clip_dir, tmp_path):
 
 def test_disabled_filters_stay_in_the_recipe_and_report_not_applied():
     steps = build(NO_WEIGHTS)
-    assert [type(s) for s in steps] == [ClipEmbedding, ArtisticFilter, WatermarkFilter, TextFilter]
-    assert [s.enabled for s in steps] == [False, False, False, True]
+    assert [type(s) for s in steps] == [ClipEmbedding, NsfwFilter, ArtisticFilter, WatermarkFilter, TextFilter]
+    assert [s.enabled for s in steps] == [False, False, False, False, True]
     report = {s.section: s.describe() for s in steps}
     assert {k: v["applied"] for k, v in report.items()} == {
         "content.embedding": False,
+        "content.nsfw": False,
         "content.artistic": False,
         "content.watermark": False,
         "content.text": True,
@@ -81,17 +107,19 @@ def test_all_filters_in_order(tiny_clip_dir, tmp_path):
     steps = build(
         {
             "embedding": {"model": f"local-dir:{tiny_clip_dir}"},
+            "nsfw": {"weights": str(random_head(tmp_path / "nsfw.pth", nsfw_layout(32)))},
             "watermark": {"weights": str(weights), "backbone": "mobilenetv3_small_050"},
         }
     )
-    assert [type(s) for s in steps] == [ClipEmbedding, ArtisticFilter, WatermarkFilter, TextFilter]
+    assert [type(s) for s in steps] == [ClipEmbedding, NsfwFilter, ArtisticFilter, WatermarkFilter, TextFilter]
     assert all(s.uses_model and s.enabled for s in steps)
-    assert [r for s in steps for r in s.reasons] == [ARTISTIC, WATERMARK, TEXT, WATERMARK_TEXT]
+    assert [r for s in steps for r in s.reasons] == [NSFW, ARTISTIC, WATERMARK, TEXT, WATERMARK_TEXT]
     # steps travel to Ray workers pickled, before setup: settings only, no model
     for step in steps:
         assert len(pickle.dumps(step)) < 20_000
     assert {c for s in steps for c in s.columns_written()} == {
         "clip_embedding",
+        "nsfw_score",
         "artistic_score",
         "artistic_label",
         "watermark_score",
@@ -108,11 +136,14 @@ def test_a_step_reading_a_disabled_steps_column_is_refused():
         r"enabled step writes: 'clip_embedding' writes it but is disabled; enable "
         r"content\.embedding or disable content\.artistic",
     ):
+        build({"embedding": {"enabled": False}, "nsfw": {"enabled": False}})
+    with pytest.raises(ValueError, match=r"step 'nsfw_filter' reads column 'clip_embedding'"):
         build({"embedding": {"enabled": False}})
     with pytest.raises(ValueError, match=r"step 'watermark_filter' reads column 'clip_embedding'"):
         build(
             {
                 "embedding": {"enabled": False},
+                "nsfw": {"enabled": False},
                 "artistic": {"enabled": False},
                 "watermark": {"clip_head_weights": "head.pt"},
             }
@@ -130,11 +161,12 @@ def test_gpu_resources_from_settings(tiny_clip_dir):
             "num_actors": 4,
             "device": "cuda",
         },
+        "nsfw": {"enabled": False},
         "artistic": {"enabled": False},
         "watermark": {"enabled": False},
         "text": {"num_cpus": 2, "batch_size": 8, "num_actors": 3},
     }
-    embedding, _, _, text = build(content)
+    embedding, *_, text = build(content)
     assert embedding.resources() == Resources(num_cpus=1.0, num_gpus=0.25, batch_size=256, num_actors=4)
     assert text.resources() == Resources(num_cpus=2.0, num_gpus=0.0, batch_size=8, num_actors=3)
     # device=cuda without a GPU share: Ray would hide the GPUs from the actor
@@ -149,6 +181,7 @@ def test_overrides_and_bad_values():
         parse_overrides(
             [
                 "embedding.enabled=false",
+                "nsfw.enabled=false",
                 "artistic.enabled=false",
                 "watermark.enabled=false",
                 "text.max_side=640",
