@@ -1,0 +1,130 @@
+"""Settings of an annotation job: which dataset version, which task checkpoints, how the models run.
+
+A task is on when its ``tasks.<task>.checkpoint`` is set (a released task checkpoint, or a
+fine-tune export of ``evaluation.finetune``); ``model`` names the task model (released heads)
+or the backbone (fine-tune exports) when the file alone does not say; ``onnx`` runs a graph
+``pipelines/export.py`` wrote from that checkpoint through onnxruntime instead of PyTorch;
+``input_hw`` is the model input (default: the size the model was trained at; fine-tune
+exports do not record theirs, so they need it). Pose runs top-down on the person boxes
+curation recorded (boxes scoring at least ``tasks.pose.min_box_score``, the best
+``max_people``), with the flip test on by default.
+
+``actors``: the Ray Data actor pool every task's models run in (one pool, every enabled task's
+model loaded once per actor): device, CPUs and (fractional) GPUs per actor, pool size, the
+model batch size and the precision (``auto``: bf16 autocast on a GPU, fp32 on a CPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Literal
+
+from curation.filters.model import Placement, check_placement
+from infra.ray_runtime import RayConfig, ray_section
+from infra.tracking import TrackingConfig, tracking_section
+
+TASKS = ("pose", "seg", "normal", "pointmap", "depth", "albedo")
+
+
+@dataclasses.dataclass(kw_only=True)
+class TaskSettings:
+    """One task's model: a checkpoint file ("" = the task is off), optionally its ONNX graph."""
+
+    checkpoint: str = ""
+    model: str = ""  # task model name (released heads) or backbone name (fine-tune exports); "" = from the file
+    onnx: str = ""  # an ONNX graph exported from ``checkpoint`` (pipelines/export.py); "" = PyTorch
+    input_hw: tuple[int, int] | None = None  # None: the size the model was trained at
+    feature_block: int = -1  # fine-tune exports: the backbone block feeding the head
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.checkpoint)
+
+
+@dataclasses.dataclass(kw_only=True)
+class PoseSettings(TaskSettings):
+    """Pose runs on each person box of a sample scoring at least ``min_box_score`` (0: every
+    box curation recorded), the ``max_people`` best (0: all), with the released flip test."""
+
+    flip_test: bool = True
+    min_box_score: float = 0.0
+    max_people: int = 0
+
+
+@dataclasses.dataclass(kw_only=True)
+class TasksConfig:
+    pose: PoseSettings = field(default_factory=PoseSettings)
+    seg: TaskSettings = field(default_factory=TaskSettings)
+    normal: TaskSettings = field(default_factory=TaskSettings)
+    pointmap: TaskSettings = field(default_factory=TaskSettings)
+    depth: TaskSettings = field(default_factory=TaskSettings)
+    albedo: TaskSettings = field(default_factory=TaskSettings)
+
+    def enabled(self) -> list[str]:
+        """The tasks that run, in ``TASKS`` order."""
+        return [t for t in TASKS if getattr(self, t).enabled]
+
+    def of(self, task: str) -> TaskSettings:
+        return getattr(self, task)
+
+
+@dataclasses.dataclass(kw_only=True)
+class ActorSettings(Placement):
+    """The actor pool the models run in (``curation.filters.model.Placement``'s keys, plus the
+    precision). ``batch_size``: model inputs per forward (pose: person crops)."""
+
+    batch_size: int = 8
+    num_actors: int = 2
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+
+
+@dataclasses.dataclass(kw_only=True)
+class DataSettings:
+    """``dataset``: a dataset version id, a dataset name (its latest version) or a curation output
+    folder, as pretraining's ``data.dataset``; ids and names are looked up in ``tracking_uri``
+    (default: this job's ``tracking.uri``)."""
+
+    dataset: str = ""
+    tracking_uri: str | None = None
+
+
+@dataclasses.dataclass(kw_only=True)
+class GallerySettings:
+    samples: int = 12  # samples drawn in the gallery page (deterministic: by key hash); 0 = no page
+
+
+@dataclasses.dataclass(kw_only=True)
+class AnnotateConfig:
+    name: str = "annotate"
+    output_dir: str = "runs/annotations"
+    data: DataSettings = field(default_factory=DataSettings)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    actors: ActorSettings = field(default_factory=ActorSettings)
+    gallery: GallerySettings = field(default_factory=GallerySettings)
+    ray: RayConfig = ray_section(progress_bars="off")
+    tracking: TrackingConfig = tracking_section("annotate")
+
+    def validate(self) -> None:
+        """Start-up checks of the settings alone (files are checked when the job prepares)."""
+        if not self.data.dataset:
+            raise ValueError(
+                "data.dataset is empty: give a dataset version id, a dataset name or a curation output folder"
+            )
+        check_placement(self.actors, "actors")
+        for task in TASKS:
+            s = self.tasks.of(task)
+            if s.onnx and not s.checkpoint:
+                raise ValueError(
+                    f"tasks.{task}.onnx needs tasks.{task}.checkpoint (the model the graph was exported from)"
+                )
+            if s.input_hw is not None and min(s.input_hw) < 1:
+                raise ValueError(f"tasks.{task}.input_hw must be two positive sizes (H, W), got {s.input_hw}")
+        if self.tasks.pose.max_people < 0:
+            raise ValueError(f"tasks.pose.max_people must be >= 0 (0: every box), got {self.tasks.pose.max_people}")
+        if self.gallery.samples < 0:
+            raise ValueError(f"gallery.samples must be >= 0, got {self.gallery.samples}")
+        if not self.tasks.enabled():
+            raise ValueError(
+                f"no task has a checkpoint: set tasks.<task>.checkpoint for at least one of {', '.join(TASKS)}"
+            )

@@ -1,0 +1,375 @@
+"""The annotation job: a dataset version's shards through the task models, one annotation shard per
+source shard, on a Ray Data actor pool.
+
+``run_annotation(cfg)`` in steps, one function each:
+
+1. **Prepare** (``prepare``): resolve the dataset version (``curation.output.resolve_dataset``),
+   describe every enabled task's model from its files (``models.describe``: a bad setting or
+   file is a ``ValueError`` before any Ray work), compute the annotation version id (a
+   ``stage_digest`` of the dataset version id, the models' sha256, the settings that decide
+   the outputs and this package's code) and claim the output folder with it: a folder holding
+   another version's annotations is refused.
+2. **Plan**: the source shards whose annotation table (the shard's commit marker) is not there
+   yet; what a killed run left half-written is removed.
+3. **Annotate**: the shards to do through ``ShardWorker`` actors (``ray.data.ActorPoolStrategy``,
+   ``actors.num_actors`` x ``actors.num_cpus`` CPUs and ``actors.num_gpus`` GPUs each, a shard
+   per call): each actor loads the models once and writes each shard's tar and table itself
+   (``annotator.annotate_shard``), so a shard is annotated by exactly one actor and committed
+   whole; a re-run redoes only the shards that were not committed, giving the same bytes.
+4. **Finish**: every sample of the version annotated once (counted from the tables), the
+   gallery page, the MLflow run (params, lineage tags, the dataset version as input, small
+   artifacts), then ``_SUCCESS`` (last).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+import evaluation.annotate.layout as layout
+from curation.output import DatasetVersion, resolve_dataset
+from evaluation.annotate.config import TASKS, AnnotateConfig
+from evaluation.annotate.models import ModelInfo, describe
+from evaluation.annotate.shards import SourceShard, source_shards
+from infra import storage
+from infra.config import config_to_dict, dump_config
+from infra.stage import stage_digest
+
+log = logging.getLogger("annotate")
+
+# Where and how wide the models run, never what they output: a killed job resumes on another shape.
+RESOURCE_KEYS = ("num_cpus", "num_gpus", "num_actors")
+CODE_ROOT = Path(__file__).resolve().parent
+READ_ONLY = ("gallery.py", "stage.py", "record.py")  # read finished outputs: cannot change what is written
+
+
+@dataclasses.dataclass
+class Job:
+    """One annotation job, prepared: its config, dataset version, models and version id."""
+
+    cfg: AnnotateConfig
+    version: DatasetVersion
+    infos: dict[str, ModelInfo]
+    version_id: str
+    fs: Any
+    root: str
+    tracking_uri: str | None
+
+    @property
+    def uri(self) -> str:
+        return storage.to_uri(self.fs, self.root)
+
+
+@dataclasses.dataclass
+class AnnotationResult:
+    output_dir: str
+    version_id: str
+    dataset_id: str
+    stats: dict
+    mlflow_run_id: str | None
+    gallery: str | None
+    skipped: bool = False
+
+    def summary(self) -> str:
+        s = self.stats
+        lines = [
+            f"annotated {s['samples']} samples of dataset version {self.dataset_id} in {s['shards']} shards: "
+            f"{s['ok']} ok, {s['errors']} error, {s['missing']} missing ({', '.join(s['tasks'])})",
+            f"annotations: {storage.join(self.output_dir, layout.ANNOTATIONS)}",
+            f"annotation version: {self.version_id}",
+        ]
+        if self.gallery:
+            lines.append(f"gallery: {self.gallery}")
+        if self.mlflow_run_id:
+            lines.append(f"mlflow run: {self.mlflow_run_id}")
+        return "\n".join(lines)
+
+
+# ---- identity -------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def code_version() -> str:
+    """Digest of the modules that decide what an annotation shard holds (this package's and the
+    released processing's source)."""
+    from models import sapiens_processing
+
+    h = hashlib.sha256()
+    files = [p for p in sorted(CODE_ROOT.glob("*.py")) if p.name not in READ_ONLY]
+    for p in [*files, Path(sapiens_processing.__file__)]:
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def identity_settings(cfg: AnnotateConfig, infos: dict[str, ModelInfo]) -> dict:
+    """The settings that decide the annotations: each enabled task's (files by digest, the model
+    and input size as resolved) and the actors' precision, device and batch size."""
+    tasks = {}
+    for task, info in infos.items():
+        s = config_to_dict(cfg.tasks.of(task))
+        for key in ("checkpoint", "onnx", "model", "input_hw"):
+            s.pop(key)
+        tasks[task] = {**s, **info.digests(), "model": info.name, "input_hw": list(info.input_hw)}
+    actors = {k: v for k, v in config_to_dict(cfg.actors).items() if k not in RESOURCE_KEYS}
+    return {"tasks": tasks, "actors": actors}
+
+
+def annotation_version_id(dataset_id: str, cfg: AnnotateConfig, infos: dict[str, ModelInfo]) -> str:
+    return stage_digest("annotate", dataset_id, identity_settings(cfg, infos), code_version())
+
+
+# ---- 1. prepare ------------------------------------------------------------------------------------
+
+
+def _local(path: str) -> str:
+    return path if not path or "://" in path else str(Path(path).expanduser().resolve())
+
+
+def absolutize(cfg: AnnotateConfig) -> AnnotateConfig:
+    """Local paths (output, dataset folder, checkpoints, graphs) taken from the driver's working directory."""
+    tasks = {
+        t: dataclasses.replace(
+            cfg.tasks.of(t), checkpoint=_local(cfg.tasks.of(t).checkpoint), onnx=_local(cfg.tasks.of(t).onnx)
+        )
+        for t in TASKS
+    }
+    dataset = cfg.data.dataset
+    if "/" in dataset and "://" not in dataset:
+        dataset = _local(dataset)
+    return dataclasses.replace(
+        cfg,
+        output_dir=_local(cfg.output_dir),
+        data=dataclasses.replace(cfg.data, dataset=dataset),
+        tasks=dataclasses.replace(cfg.tasks, **tasks),
+    )
+
+
+def resolve_version(cfg: AnnotateConfig, tracking_uri: str | None) -> DatasetVersion:
+    try:
+        return resolve_dataset(cfg.data.dataset, cfg.data.tracking_uri or tracking_uri)
+    except ValueError as err:
+        raise ValueError(f"data.dataset={cfg.data.dataset!r}: {err}") from None
+
+
+def _tracking_uri(cfg: AnnotateConfig) -> str | None:
+    from infra.tracking import resolve_tracking_uri
+
+    if not cfg.tracking.enabled and not cfg.data.tracking_uri:
+        return None
+    return resolve_tracking_uri(cfg.tracking.uri, cfg.output_dir)
+
+
+def _claim(fs, root: str, version_id: str, output_dir: str) -> None:
+    marker = layout.path(root, layout.ID_FILE)
+    if storage.exists(fs, marker):
+        previous = storage.read_bytes(fs, marker).decode().strip()
+        if previous != version_id:
+            raise ValueError(
+                f"output_dir {output_dir!r} holds annotations of another job (annotation version {previous}, "
+                f"this one {version_id}); use a new output_dir"
+            )
+    else:
+        storage.atomic_write_bytes(fs, marker, version_id.encode())
+
+
+def prepare(cfg: AnnotateConfig) -> Job:
+    """Checks, the version id and the output folder; raises ``ValueError`` before any Ray work."""
+    cfg.validate()
+    cfg = absolutize(cfg)
+    uri = _tracking_uri(cfg)
+    version = resolve_version(cfg, uri)
+    infos = {t: describe(t, cfg.tasks.of(t)) for t in cfg.tasks.enabled()}
+    version_id = annotation_version_id(version.id, cfg, infos)
+    fs, root = storage.resolve(cfg.output_dir)
+    storage.makedirs(fs, root)
+    _claim(fs, root, version_id, cfg.output_dir)
+    storage.atomic_write_bytes(fs, layout.path(root, layout.CONFIG_FILE), dump_config(cfg).encode())
+    return Job(cfg, version, infos, version_id, fs, root, uri if cfg.tracking.enabled else None)
+
+
+# ---- 2. plan ---------------------------------------------------------------------------------------
+
+
+def plan(job: Job) -> list[SourceShard]:
+    """The shards not committed yet (half-written files of a killed run removed first)."""
+    storage.remove_temp_files(job.fs, job.root)
+    shards = source_shards(job.version)
+    todo = [s for s in shards if not layout.is_committed(job.fs, job.root, s.id)]
+    log.info("%d shards: %d to annotate, %d already done", len(shards), len(todo), len(shards) - len(todo))
+    return todo
+
+
+# ---- 3. annotate -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    """What every actor is built from (pickled once per actor)."""
+
+    infos: dict[str, ModelInfo]
+    cfg: AnnotateConfig
+    output: str
+
+
+class ShardWorker:
+    """Ray Data callable class: loads the models once, then annotates and writes one shard per row."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        from curation.filters.model import resolve_device
+        from evaluation.annotate.annotator import Annotator
+
+        device = resolve_device(spec.cfg.actors.device, "actors")
+        self.annotator = Annotator(spec.infos, spec.cfg.tasks, spec.cfg.actors, device)
+        self.output = spec.output
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        from evaluation.annotate.annotator import annotate_shard
+
+        done = [annotate_shard(self.annotator, SourceShard(**row), self.output) for row in batch.to_pylist()]
+        return pa.Table.from_pylist(done)
+
+
+def check_fits(cfg: AnnotateConfig, actors: int) -> None:
+    """On a local cluster (size known): the pool's actors must fit, or the job would wait forever."""
+    import ray
+
+    from infra.ray_runtime import joins_a_cluster
+
+    if joins_a_cluster(cfg.ray.address):
+        return
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    if actors * cfg.actors.num_cpus > cpus + 1e-9:
+        raise ValueError(
+            f"actors.num_actors={actors} x actors.num_cpus={cfg.actors.num_cpus:g} do not fit the local "
+            f"cluster's {cpus:g} CPUs: lower either, or raise ray.num_cpus"
+        )
+
+
+def largest_first(shards: list[SourceShard]) -> list[SourceShard]:
+    """The shards by tar size, largest first (ties by id): the pool's last shards are its smallest."""
+
+    def size(s: SourceShard) -> int:
+        fs, p = storage.resolve(s.tar)
+        return fs.get_file_info(p).size or 0
+
+    return sorted(shards, key=lambda s: (-size(s), s.id))
+
+
+def annotate_shards(job: Job, todo: list[SourceShard]) -> list[dict]:
+    """Every shard of ``todo`` through the actor pool, largest first; their counts and timings."""
+    import ray.data
+
+    actors = min(job.cfg.actors.num_actors, len(todo))
+    check_fits(job.cfg, actors)
+    a = job.cfg.actors
+    items = [dataclasses.asdict(s) for s in largest_first(todo)]
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    ds = ds.map_batches(
+        ShardWorker,
+        fn_constructor_args=(WorkerSpec(job.infos, job.cfg, job.uri),),
+        batch_size=1,
+        batch_format="pyarrow",
+        zero_copy_batch=True,
+        # One shard in flight per actor: a queue behind a busy actor would leave another idle at the end.
+        compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
+        num_cpus=a.num_cpus,
+        **({"num_gpus": a.num_gpus} if a.num_gpus else {}),
+    )
+    return ds.take_all()
+
+
+# ---- 4. finish ---------------------------------------------------------------------------------------
+
+
+def count_annotations(job: Job) -> dict:
+    """Samples per status over every committed table; refuses a version not annotated exactly once."""
+    import pyarrow.parquet as pq
+
+    keys, statuses = [], []
+    tables = layout.committed_tables(job.fs, job.root)
+    for p in tables:
+        with job.fs.open_input_file(p) as fh:
+            t = pq.read_table(fh, columns=["key", "status"])
+        keys += t.column("key").to_pylist()
+        statuses += t.column("status").to_pylist()
+    expected = job.version.num_samples
+    if len(set(keys)) != len(keys) or (expected is not None and len(keys) != expected):
+        raise RuntimeError(
+            f"{len(keys)} annotation rows ({len(set(keys))} keys) for {expected} samples of dataset version "
+            f"{job.version.id}: not every sample was annotated exactly once"
+        )
+    return {
+        "shards": len(tables),
+        "samples": len(keys),
+        **{s: statuses.count(s) for s in ("ok", "missing")},
+        "errors": statuses.count("error"),
+        "tasks": list(job.infos),
+    }
+
+
+def session_stats(done: list[dict], wall: float, actors: int) -> dict:
+    """This session's throughput and the share of the actors' time spent in model forwards."""
+    samples = sum(d["samples"] for d in done)
+    forward = sum(d["forward_seconds"] for d in done)
+    return {
+        "session_shards": len(done),
+        "session_seconds": round(wall, 3),
+        "session_images_per_s": round(samples / wall, 3) if wall > 0 and samples else 0.0,
+        "session_forward_share": round(forward / (wall * actors), 4) if wall > 0 and actors else 0.0,
+    }
+
+
+def finish(job: Job, done: list[dict], wall: float) -> AnnotationResult:
+    """Counts, the gallery, the MLflow record, then ``_SUCCESS`` (last)."""
+    from evaluation.annotate.gallery import write_gallery
+    from evaluation.annotate.record import record_run
+
+    stats = {**count_annotations(job), **session_stats(done, wall, min(job.cfg.actors.num_actors, len(done)))}
+    gallery = write_gallery(job) if job.cfg.gallery.samples else None
+    run_id = record_run(job, stats, gallery)
+    success = {
+        "annotation_version_id": job.version_id,
+        "dataset_id": job.version.id,
+        "dataset_uri": job.version.uri,
+        "models": {t: {"name": i.name, **i.digests()} for t, i in job.infos.items()},
+        "mlflow_run_id": run_id,
+        "gallery": gallery,
+        **stats,
+    }
+    storage.atomic_write_bytes(job.fs, layout.success_path(job.root), json.dumps(success, sort_keys=True).encode())
+    return AnnotationResult(job.uri, job.version_id, job.version.id, stats, run_id, gallery)
+
+
+def finished_result(job: Job, done: dict) -> AnnotationResult:
+    stats = {k: done[k] for k in ("shards", "samples", "ok", "errors", "missing", "tasks")}
+    return AnnotationResult(
+        job.uri, job.version_id, job.version.id, stats, done.get("mlflow_run_id"), done.get("gallery"), skipped=True
+    )
+
+
+def run_annotation(cfg: AnnotateConfig) -> AnnotationResult:
+    """Run (or resume, or recognise as done) one annotation job."""
+    from infra.ray_runtime import start_ray
+
+    job = prepare(cfg)
+    done = layout.read_success(job.fs, job.root)
+    if done is not None:
+        return finished_result(job, done)
+    todo = plan(job)
+    if todo:
+        start_ray(job.cfg.ray)
+    start = time.time()  # Ray's own start-up left out: the job's throughput from its first actor on
+    finished = annotate_shards(job, todo) if todo else []
+    missing = [s.id for s in source_shards(job.version) if not layout.is_committed(job.fs, job.root, s.id)]
+    if missing:
+        raise RuntimeError(f"{len(missing)} shards were not annotated (e.g. {missing[:3]}); re-run to resume")
+    return finish(job, finished, time.time() - start)
