@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of the platform in one prepared run (its budget: 8 minutes on one GPU):
+# The GPU figures of the platform in one prepared run (its budget: 10 minutes on one GPU):
 #   1. sapiens2_1b forward+backward at 1024x768, bf16 autocast: TFLOP/s and MFU, eager and compiled
 #      (benchmarks/backbone_step.py, sapiens2 only: the plain baseline is the CPU benchmark's business)
 #   2. one pretraining step of configs/pretrain_0.4b.yaml under FSDP2 on one GPU, fed by its data
@@ -7,6 +7,10 @@
 #      images/s, data-wait share (benchmarks/pretrain_step.py, loader mode with ray.use_gpu=true)
 #   3. the person detector's images/s on the GPU (the CenterNet ONNX in ../shared/assets/models
 #      through ONNX Runtime's CUDA provider; says so when that provider is missing)
+#   4. the annotation job with sapiens2_0.4b pose and seg (random weights in the released layout) at
+#      1024x768, bf16 autocast, 4 actors sharing the GPU: images/s per GPU, the share of the actors'
+#      time in model forwards, the backbone's forward TFLOP/s against the peak
+#      (benchmarks/annotate_throughput.py --device cuda)
 # Every section runs under its own time limit; a section that fails or runs out of time is
 # reported and the next one still runs. Exit status: 0 when every section passed.
 #
@@ -17,15 +21,15 @@ set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
-SECTIONS="backbone,backbone_compiled,pretrain,detector"
+SECTIONS="backbone,backbone_compiled,pretrain,detector,annotate"
 PEAK=989          # dense bf16 TFLOP/s of an H100/H200
 DETECTOR="$REPO/../shared/assets/models/person_centernet_512.onnx"
 DRY=0
-# Seconds per section: together 450 s, leaving ~30 s for process start-ups within 8 minutes.
-T_BACKBONE=75 T_COMPILED=190 T_PRETRAIN=145 T_DETECTOR=40
+# Seconds per section: together 570 s, leaving ~30 s for process start-ups within 10 minutes.
+T_BACKBONE=75 T_COMPILED=190 T_PRETRAIN=145 T_DETECTOR=40 T_ANNOTATE=120
 
 usage() {
-    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     cat <<EOF
 
 options:
@@ -54,7 +58,7 @@ done
 [[ "$PEAK" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--peak-tflops must be a number, got '$PEAK'"
 IFS=, read -r -a WANTED <<< "$SECTIONS"
 for s in "${WANTED[@]}"; do
-    case "$s" in backbone|backbone_compiled|pretrain|detector) ;; *) die "unknown section '$s' (known: backbone,backbone_compiled,pretrain,detector)" ;; esac
+    case "$s" in backbone|backbone_compiled|pretrain|detector|annotate) ;; *) die "unknown section '$s' (known: backbone,backbone_compiled,pretrain,detector,annotate)" ;; esac
 done
 
 BACKBONE=("$PY" "$REPO/benchmarks/backbone_step.py" --device cuda --model sapiens2_1b --hw 1024 768 --batch 4
@@ -63,6 +67,9 @@ PRETRAIN=("$PY" "$REPO/benchmarks/pretrain_step.py" --config "$REPO/configs/pret
           --cpus 16 --threads 12 --batch 8 --steps 3 --warmup 2
           --set ray.use_gpu=true data.loader_workers=10)
 DETECT=("$PY" - "$DETECTOR")
+ANNOTATE=("$PY" "$REPO/benchmarks/annotate_throughput.py" --device cuda --sizes 0.4b --tasks pose,seg --hw 1024 768
+          --precision bf16 --images-large 64 --per-shard-large 8 --actors 4 --gpus-per-actor 0.25
+          --cpus-per-actor 3 --batch 8 --no-loop --peak-tflops "$PEAK")
 
 run() {  # run NAME LIMIT_S CMD...: one section under its limit, its status remembered
     local name="$1" limit="$2"; shift 2
@@ -123,6 +130,7 @@ for s in "${WANTED[@]}"; do
         backbone_compiled) run backbone_compiled "$T_COMPILED" "${BACKBONE[@]}" --compile ;;
         pretrain) run pretrain "$T_PRETRAIN" "${PRETRAIN[@]}" ;;
         detector) run detector "$T_DETECTOR" "${DETECT[@]}" ;;
+        annotate) run annotate "$T_ANNOTATE" "${ANNOTATE[@]}" ;;
     esac
 done
 echo
