@@ -25,6 +25,7 @@ import dataclasses
 from curation.config import JobSettings
 from curation.decode import DecodeStep
 from curation.dedup.steps import ExactDedup, NearDedup, SemanticDedup
+from curation.filters.aesthetic import AestheticScore
 from curation.filters.artistic import ArtisticFilter
 from curation.filters.clip_embedding import ClipEmbedding
 from curation.filters.geometry import GeometryFilter
@@ -51,6 +52,7 @@ HUMANS1B = Recipe(
         NsfwFilter,       # content.nsfw:       LAION's CLIP NSFW detector
         ArtisticFilter,   # content.artistic:   paintings, drawings, renders, screenshots...
         WatermarkFilter,  # content.watermark:  LAION-style watermark classifier
+        AestheticScore,   # content.aesthetic:  LAION aesthetic predictor v2: a stored score, optional min_score
         TextFilter,       # content.text:       OCR: text-dominated images, captions, text watermarks
         SemanticDedup,    # dedup.semantic:     CLIP cosine within k-means clusters      } end of pass 2
         WriteShards,      #                     the one decision point: shards, sidecars, manifest

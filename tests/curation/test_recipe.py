@@ -32,6 +32,7 @@ def test_the_shipped_recipe_is_in_order():
         "nsfw_filter",
         "artistic_filter",
         "watermark_filter",
+        "aesthetic_filter",
         "text_filter",
         "semantic_dedup",
         "write_shards",
@@ -58,13 +59,13 @@ def test_the_global_steps_are_the_pass_boundaries():
     names = [([s.name for s in p.row_steps], [s.name for s in p.global_steps]) for p in passes]
     assert names == [
         (["decode", "geometry", "image_quality"], ["exact_dedup", "near_dedup"]),
-        (["clip_embedding", "nsfw_filter", "text_filter"], ["semantic_dedup"]),
+        (["clip_embedding", "nsfw_filter", "aesthetic_filter", "text_filter"], ["semantic_dedup"]),
     ]  # (detector.backend=none)
     # a disabled global step is no boundary: without any dedup, one pass
     cfg = _config(HUMANS1B, "dedup.exact.enabled=false", "dedup.near.enabled=false")
     flat = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
     assert [[s.name for s in p.row_steps] for p in flat] == [
-        ["decode", "geometry", "image_quality", "clip_embedding", "nsfw_filter", "text_filter"]
+        ["decode", "geometry", "image_quality", "clip_embedding", "nsfw_filter", "aesthetic_filter", "text_filter"]
     ]
 
 
@@ -196,6 +197,7 @@ def test_an_output_dir_that_cannot_be_created_is_one_line_and_exit_2(tmp_path):
             "content.nsfw.enabled=false",
             "content.artistic.enabled=false",
             "content.watermark.enabled=false",
+            "content.aesthetic.enabled=false",
             "tracking.enabled=false",
         ],
         capture_output=True,

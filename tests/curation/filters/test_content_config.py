@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 
+from curation.filters.aesthetic import LOW_AESTHETIC, AestheticScore
 from curation.filters.artistic import ARTISTIC, ArtisticFilter
 from curation.filters.clip_embedding import ClipEmbedding
 from curation.filters.model import WeightsUnavailableError
@@ -21,7 +22,11 @@ NO_WEIGHTS = {
     "nsfw": {"enabled": False},
     "artistic": {"enabled": False},
     "watermark": {"enabled": False},
+    "aesthetic": {"enabled": False},
 }
+
+
+CONTENT_STEPS = [ClipEmbedding, NsfwFilter, ArtisticFilter, WatermarkFilter, AestheticScore, TextFilter]
 
 
 def nsfw_layout(width: int) -> dict[str, tuple[int, ...]]:
@@ -31,6 +36,16 @@ def nsfw_layout(width: int) -> dict[str, tuple[int, ...]]:
     for i in range(4):
         shapes |= {f"linear_{i + 1}.weight": (widths[i + 1], widths[i]), f"linear_{i + 1}.bias": (widths[i + 1],)}
     return shapes
+
+
+def aesthetic_layout(width: int) -> dict[str, tuple[int, ...]]:
+    """Tensor shapes of LAION's aesthetic predictor v2 for ``width``-d embeddings."""
+    widths = (width, 1024, 128, 64, 16, 1)
+    return {
+        f"layers.{i}.{p}": (widths[j + 1], widths[j]) if p == "weight" else (widths[j + 1],)
+        for j, i in enumerate((0, 2, 4, 6, 7))
+        for p in ("weight", "bias")
+    }
 
 
 def random_head(path, shapes: dict[str, tuple[int, ...]]):
@@ -66,6 +81,7 @@ def test_missing_watermark_weights_name_the_setting(tiny_clip_dir, tmp_path):
     content = {
         "embedding": {"model": f"local-dir:{tiny_clip_dir}"},
         "nsfw": {"enabled": False},
+        "aesthetic": {"enabled": False},
         "watermark": {"weights": str(tmp_path / "watermark_model_v1.pt")},
     }
     with pytest.raises(
@@ -82,14 +98,15 @@ def test_missing_watermark_weights_name_the_setting(tiny_clip_dir, tmp_path):
 
 def test_disabled_filters_stay_in_the_recipe_and_report_not_applied():
     steps = build(NO_WEIGHTS)
-    assert [type(s) for s in steps] == [ClipEmbedding, NsfwFilter, ArtisticFilter, WatermarkFilter, TextFilter]
-    assert [s.enabled for s in steps] == [False, False, False, False, True]
+    assert [type(s) for s in steps] == CONTENT_STEPS
+    assert [s.enabled for s in steps] == [False, False, False, False, False, True]
     report = {s.section: s.describe() for s in steps}
     assert {k: v["applied"] for k, v in report.items()} == {
         "content.embedding": False,
         "content.nsfw": False,
         "content.artistic": False,
         "content.watermark": False,
+        "content.aesthetic": False,
         "content.text": True,
     }
     assert report["content.watermark"]["disabled_by"] == "content.watermark.enabled=false"
@@ -109,11 +126,12 @@ def test_all_filters_in_order(tiny_clip_dir, tmp_path):
             "embedding": {"model": f"local-dir:{tiny_clip_dir}"},
             "nsfw": {"weights": str(random_head(tmp_path / "nsfw.pth", nsfw_layout(32)))},
             "watermark": {"weights": str(weights), "backbone": "mobilenetv3_small_050"},
+            "aesthetic": {"weights": str(random_head(tmp_path / "aesthetic.pth", aesthetic_layout(32)))},
         }
     )
-    assert [type(s) for s in steps] == [ClipEmbedding, NsfwFilter, ArtisticFilter, WatermarkFilter, TextFilter]
+    assert [type(s) for s in steps] == CONTENT_STEPS
     assert all(s.uses_model and s.enabled for s in steps)
-    assert [r for s in steps for r in s.reasons] == [NSFW, ARTISTIC, WATERMARK, TEXT, WATERMARK_TEXT]
+    assert [r for s in steps for r in s.reasons] == [NSFW, ARTISTIC, WATERMARK, LOW_AESTHETIC, TEXT, WATERMARK_TEXT]
     # steps travel to Ray workers pickled, before setup: settings only, no model
     for step in steps:
         assert len(pickle.dumps(step)) < 20_000
@@ -123,6 +141,7 @@ def test_all_filters_in_order(tiny_clip_dir, tmp_path):
         "artistic_score",
         "artistic_label",
         "watermark_score",
+        "aesthetic_score",
         "text_coverage",
         "text_box_count",
         "text_watermark",
@@ -136,7 +155,7 @@ def test_a_step_reading_a_disabled_steps_column_is_refused():
         r"enabled step writes: 'clip_embedding' writes it but is disabled; enable "
         r"content\.embedding or disable content\.artistic",
     ):
-        build({"embedding": {"enabled": False}, "nsfw": {"enabled": False}})
+        build({"embedding": {"enabled": False}, "nsfw": {"enabled": False}, "aesthetic": {"enabled": False}})
     with pytest.raises(ValueError, match=r"step 'nsfw_filter' reads column 'clip_embedding'"):
         build({"embedding": {"enabled": False}})
     with pytest.raises(ValueError, match=r"step 'watermark_filter' reads column 'clip_embedding'"):
@@ -145,6 +164,7 @@ def test_a_step_reading_a_disabled_steps_column_is_refused():
                 "embedding": {"enabled": False},
                 "nsfw": {"enabled": False},
                 "artistic": {"enabled": False},
+                "aesthetic": {"enabled": False},
                 "watermark": {"clip_head_weights": "head.pt"},
             }
         )
@@ -164,6 +184,7 @@ def test_gpu_resources_from_settings(tiny_clip_dir):
         "nsfw": {"enabled": False},
         "artistic": {"enabled": False},
         "watermark": {"enabled": False},
+        "aesthetic": {"enabled": False},
         "text": {"num_cpus": 2, "batch_size": 8, "num_actors": 3},
     }
     embedding, *_, text = build(content)
@@ -184,6 +205,7 @@ def test_overrides_and_bad_values():
                 "nsfw.enabled=false",
                 "artistic.enabled=false",
                 "watermark.enabled=false",
+                "aesthetic.enabled=false",
                 "text.max_side=640",
                 "text.coverage_threshold=0.1",
             ]
