@@ -1,4 +1,4 @@
-"""The chain: curate -> pretrain -> [finetune ->] probe runs from one configuration (any contiguous part).
+"""The chain: curate -> pretrain -> [finetune ->] probe [-> annotate] runs from one configuration (a contiguous part).
 
     python pipelines/dag.py --config configs/dag_demo.yaml [key=value ...]
     python pipelines/dag.py --config configs/dag_demo.yaml submit=ray_job job_address=http://127.0.0.1:8265

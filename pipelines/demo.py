@@ -1,6 +1,7 @@
 """The demo: build the demo corpus (real photos + planted bad cases), run the whole
-curate -> pretrain -> finetune -> probe DAG on it with tiny settings (the fine-tune: LP-FT,
-see configs/dag_demo.yaml), probe a randomly initialised backbone with the
+curate -> pretrain -> finetune -> probe -> annotate DAG on it with tiny settings (the fine-tune:
+LP-FT, see configs/dag_demo.yaml; the fine-tuned models then label the curated version, with a
+gallery page of their predictions), probe a randomly initialised backbone with the
 same settings as the baseline, write the curation audit page, and end with one table of what
 came out and where it is (fine-tuned metrics beside the frozen probes').
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from curation.stage import CurateResult
+from evaluation.annotate.stage import AnnotateResult
 from evaluation.finetune.stage import FinetuneResult
 from infra.config import load_config
 from pipelines.chain import DagConfig, DagInputs, DagResult, StageOutcome, run_dag
@@ -49,6 +51,7 @@ TITLES = {
     "pretrain": "pretrain",
     "finetune": "finetune",
     "probe": "probe   ",
+    "annotate": "annotate",
     "baseline": "baseline",
 }
 
@@ -203,6 +206,8 @@ def _headline(o: StageOutcome) -> str:
         return f"{r.final_step} steps  {r.student_weights}"
     if isinstance(r, FinetuneResult):
         return f"{len(r.metrics)} tasks fine-tuned  {o.folder}"
+    if isinstance(r, AnnotateResult):
+        return f"{r.ok}/{r.samples} samples labelled ({', '.join(r.models)})  {r.gallery}"
     return f"{len(r.metrics)} probes  {o.folder}"
 
 
@@ -312,8 +317,18 @@ def summary(
                 "  the recipe needs the data and steps of configs/pretrain_*.yaml)",
             ]
         lines.append("")
+    if "annotate" in outcomes:
+        a = outcomes["annotate"].result
+        lines += [
+            "pseudo-labels (" + ", ".join(f"{t}: {m['name']}" for t, m in a.models.items()) + ")",
+            f"  {a.ok} of {a.samples} samples of dataset version {a.dataset_id}: annotation version {a.version_id}",
+            f"  annotations: {a.output_dir}",
+            "",
+        ]
     if audit_page:
         lines += [f"audit page:   {audit_page}"]
+    if "annotate" in outcomes and outcomes["annotate"].result.gallery:
+        lines += [f"gallery:      {outcomes['annotate'].result.gallery}"]
     lines += [
         f"mlflow:       .venv/bin/mlflow ui --backend-store-uri {result.tracking_uri}",
         f"              then open {experiment_url('http://127.0.0.1:5000', _experiment_id(result))}",

@@ -92,7 +92,8 @@ class FinetuneStage(Stage[FinetuneConfig, FinetuneResult]):
             metrics={
                 t: {k: v for k, v in m.items() if not k.startswith("iou.")} for t, m in results["metrics"].items()
             },
-            exports=results["exports"],
+            # the input size each export was fine-tuned at (its file does not record it): for its users
+            exports={t: {**e, "input_hw": list(cfg.task(t).image_size)} for t, e in results["exports"].items()},
             run_id=results["mlflow_run_id"],
             steps=cfg.steps,
         )

@@ -8,20 +8,22 @@ from dataclasses import field
 from typing import Literal
 
 from curation.recipe import CurationConfig
+from evaluation.annotate.config import AnnotateConfig
 from evaluation.config import ProbeConfig
 from evaluation.finetune.config import FinetuneConfig
 from infra.tracking import TrackingConfig, tracking_section
 from training.config import PretrainConfig
 
-STAGES = ("curate", "pretrain", "finetune", "probe")
-OPTIONAL = ("finetune",)  # a chain may leave it out: curate -> pretrain -> probe
+STAGES = ("curate", "pretrain", "finetune", "probe", "annotate")
+OPTIONAL = ("finetune", "annotate")  # a chain may leave them out: curate -> pretrain -> probe
 
 
-def _contiguous(stages: list[str], chain: tuple[str, ...]) -> bool:
-    if not stages or any(s not in chain for s in stages):
+def _in_order(stages: list[str]) -> bool:
+    """A run of ``STAGES`` in order, from its first to its last stage, skipping optional ones only."""
+    if not stages or any(s not in STAGES for s in stages):
         return False
-    start = chain.index(stages[0])
-    return list(chain[start : start + len(stages)]) == list(stages)
+    first, last = STAGES.index(stages[0]), STAGES.index(stages[-1])
+    return list(stages) == [s for s in STAGES[first : last + 1] if s in stages or s not in OPTIONAL]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -41,7 +43,7 @@ class DagConfig:
 
     name: str = "dag"
     workspace: str = "runs/dag"
-    stages: list[Literal["curate", "pretrain", "finetune", "probe"]] = field(
+    stages: list[Literal["curate", "pretrain", "finetune", "probe", "annotate"]] = field(
         default_factory=lambda: [s for s in STAGES if s not in OPTIONAL]
     )
     submit: Literal["local", "ray_job"] = "local"
@@ -52,18 +54,22 @@ class DagConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
     tracking: TrackingConfig = tracking_section("dag")
 
     def validate(self) -> None:
         order = list(self.stages)
-        core = tuple(s for s in STAGES if s not in OPTIONAL)
-        if not (_contiguous(order, STAGES) or _contiguous(order, core)):
+        if not _in_order(order):
             raise ValueError(
                 f"stages must be a contiguous run of {list(STAGES)} in order ({', '.join(OPTIONAL)} may be "
                 f"left out), got {self.stages}"
             )
-        if order[0] == "pretrain" and not self.inputs.dataset:
-            raise ValueError("a DAG starting at pretrain needs inputs.dataset (a dataset version id, name or folder)")
+        needs_dataset = order[0] == "pretrain" or ("annotate" in order and "curate" not in order)
+        if needs_dataset and not self.inputs.dataset:
+            first = "pretrain" if order[0] == "pretrain" else "annotate"
+            raise ValueError(
+                f"a DAG with {first} but no curate needs inputs.dataset (a dataset version id, name or folder)"
+            )
         if self.submit == "ray_job" and not self.job_address:
             raise ValueError("submit=ray_job needs job_address (the Ray dashboard URL, e.g. http://127.0.0.1:8265)")
         if not self.tracking.enabled:

@@ -12,6 +12,7 @@ from typing import Any
 
 from curation.output import resolve_dataset
 from curation.stage import CurateResult, CurateStage
+from evaluation.annotate.stage import AnnotateResult, AnnotateStage
 from evaluation.finetune.stage import FinetuneResult, FinetuneStage
 from evaluation.stage import ProbeStage, checkpoint_digest
 from infra.stage import Stage, StageResult
@@ -19,7 +20,8 @@ from pipelines.chain.config import DagInputs
 from training.stage import PretrainResult, PretrainStage
 
 CURATE, PRETRAIN, FINETUNE, PROBE = CurateStage(), PretrainStage(), FinetuneStage(), ProbeStage()
-FACADES: dict[str, Stage] = {s.name: s for s in (CURATE, PRETRAIN, FINETUNE, PROBE)}
+ANNOTATE = AnnotateStage()
+FACADES: dict[str, Stage] = {s.name: s for s in (CURATE, PRETRAIN, FINETUNE, PROBE, ANNOTATE)}
 
 
 @dataclasses.dataclass
@@ -32,6 +34,7 @@ class Handoff:
     pretrain_run_id: str
     dataset_id: str = ""  # known once curation ran (else resolved from ``dataset``)
     checkpoint_digest: str = ""  # known once pretraining ran (else hashed from ``checkpoint``)
+    exports: dict[str, dict[str, Any]] = field(default_factory=dict)  # the fine-tune's, task -> export
     lineage: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -86,11 +89,21 @@ def _plan_on_checkpoint(stage: FinetuneStage | ProbeStage, cfg: Any, ws: Path, h
     return StagePlan(stage.name, identity, folder, stage.place(cfg, folder))
 
 
+def _plan_annotate(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
+    """The curated version, labelled by the fine-tune's exports unless the config names checkpoints."""
+    dataset_id = handoff.dataset_id or resolve_dataset(handoff.dataset, uri).id
+    cfg = ANNOTATE.with_inputs(cfg, handoff.dataset, uri, handoff.exports)
+    identity = ANNOTATE.identity(cfg, dataset_id)
+    folder = ws / ANNOTATE.name / identity
+    return StagePlan(ANNOTATE.name, identity, folder, ANNOTATE.place(cfg, folder))
+
+
 PLANNERS: dict[str, Callable[[Any, Path, Handoff, str], StagePlan]] = {
     CURATE.name: _plan_curate,
     PRETRAIN.name: _plan_pretrain,
     FINETUNE.name: lambda cfg, ws, handoff, uri: _plan_on_checkpoint(FINETUNE, cfg, ws, handoff),
     PROBE.name: lambda cfg, ws, handoff, uri: _plan_on_checkpoint(PROBE, cfg, ws, handoff),
+    ANNOTATE.name: _plan_annotate,
 }
 
 
@@ -115,4 +128,7 @@ def hand_on(handoff: Handoff, result: StageResult) -> None:
             pretrain_run_id=result.run_id,
         )
     elif isinstance(result, FinetuneResult):
+        handoff.exports = dict(result.exports)
         handoff.lineage.update(finetune_run_id=result.run_id)
+    elif isinstance(result, AnnotateResult):
+        handoff.lineage.update(annotation_version_id=result.version_id, annotate_run_id=result.run_id)

@@ -1,0 +1,147 @@
+"""Each task's processing around its model against the released functions it must equal
+(``models.sapiens_processing``), on real photos and tiny models, in this process; and the
+annotator's per-sample failures recorded as statuses."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from evaluation.annotate.annotator import ERROR, MISSING, OK, Annotator, decode
+from evaluation.annotate.config import ActorSettings, PoseSettings, TasksConfig, TaskSettings
+from evaluation.annotate.models import PLATFORM, TorchRunner, describe
+from evaluation.annotate.shards import Record
+from evaluation.annotate.tasks import PREDICTORS, Sample, labels_at
+from models import sapiens_processing as sp
+from models.vocab import keypoint_vocab
+from tests.evaluation.annotate.conftest import npy, photo
+
+
+@pytest.fixture(scope="module")
+def image():
+    from PIL import Image
+
+    data, w, h = photo("messi5.jpg", 0.6)
+    return np.asarray(Image.open(__import__("io").BytesIO(data)).convert("RGB"))
+
+
+def _predictor(task, tiny_models, **settings):
+    cls = PoseSettings if task == "pose" else TaskSettings
+    s = cls(checkpoint=str(tiny_models[task]), **settings)
+    info = describe(task, s)
+    return PREDICTORS[task](info, s), TorchRunner(info, "cpu", "fp32")
+
+
+def _run(p, run, s: Sample) -> dict:
+    items = p.inputs(s)
+    outs = []
+    if items:
+        batch = p.infer(run, torch.stack([x for x, _ in items]))
+        outs = [tuple(o[j : j + 1] for o in batch) for j in range(len(items))]
+    return p.finish(s, outs, [c for _, c in items])
+
+
+def test_pose_is_the_released_top_down_flip_test_and_udp_decode_in_image_pixels(tiny_models, image):
+    p, run = _predictor("pose", tiny_models, min_box_score=0.3, max_people=2)
+    h, w = image.shape[:2]
+    boxes = [[0.1 * w, 0.2 * h, 0.5 * w, 0.9 * h], [0.5 * w, 0.1 * h, 0.9 * w, 0.8 * h], [0, 0, w, h], [5, 5, 5, 50]]
+    s = Sample("k", image, boxes, [0.9, 0.8, 0.7, 0.95])
+    items = p.inputs(s)
+    assert [c[0] for _, c in items] == boxes[:2]  # the best 2 scoring >= 0.3; no empty box
+    flip = keypoint_vocab("goliath_308").flip_indices
+    crops = [sp.crop_person(image, b, input_hw=(64, 48)) for b in boxes[:2]]
+    x = torch.stack([sp.normalize_image(c.image, bgr=False) for c in crops])
+    assert torch.equal(x, torch.stack([x_ for x_, _ in items]))
+    with torch.no_grad():
+        released = sp.flip_test(lambda y: run.model(y), x, flip)
+    (heatmaps,) = p.infer(run, x)  # crops and mirrors in one forward: the same up to rounding
+    assert torch.allclose(heatmaps, released, atol=1e-5)
+    got = p.finish(s, [(released[i : i + 1],) for i in range(2)], [c for _, c in items])
+    assert got["pose_boxes"] == boxes[:2] and np.allclose(got["pose_box_scores"], [0.9, 0.8])
+    for i, crop in enumerate(crops):
+        kp, scores = sp.udp_decode(released[i].numpy(), (48, 64))
+        want = sp.keypoints_to_image(kp, crop.center, crop.scale, (48, 64))[0]
+        assert np.asarray(got["pose_keypoints"][i]).shape == (308, 2)
+        assert np.array_equal(np.asarray(got["pose_keypoints"][i], np.float32), want)
+        assert np.array_equal(np.asarray(got["pose_keypoint_scores"][i], np.float32), scores[0])
+
+
+def test_seg_labels_are_the_released_argmax_of_resized_logits_as_a_png_at_the_image_size(tiny_models, image):
+    import cv2
+
+    logits = torch.randn(2, 29, 16, 12)
+    assert torch.equal(labels_at(logits, (97, 61)), sp.seg_labels(logits, (97, 61)))
+    p, run = _predictor("seg", tiny_models)
+    got = _run(p, run, Sample("k", image, [], []))
+    mask = cv2.imdecode(np.frombuffer(got["seg_png"], np.uint8), cv2.IMREAD_UNCHANGED)
+    x = sp.normalize_image(sp.resize_plain(image, (64, 48)), bgr=False)[None]
+    with torch.no_grad():
+        want = sp.seg_labels(run.model(x), image.shape[:2])[0].numpy()
+    assert mask.dtype == np.uint8 and mask.shape == image.shape[:2] and np.array_equal(mask, want)
+
+
+def test_normal_and_pointmap_are_float16_maps_at_the_image_size(tiny_models, image):
+    s = Sample("k", image, [], [])
+    p, run = _predictor("normal", tiny_models)
+    normal = npy(_run(p, run, s)["normal_npy"])
+    resized, pad = sp.resize_pad(image, (64, 48))
+    with torch.no_grad():
+        want = sp.normals_to_image(run.model(sp.normalize_image(resized, bgr=False)[None]), image.shape[:2], pad)
+    assert normal.dtype == np.float16 and normal.shape == (*image.shape[:2], 3)
+    assert np.allclose(normal.astype(np.float32), want[0].permute(1, 2, 0).numpy(), atol=1e-3)
+    p, run = _predictor("pointmap", tiny_models)
+    got = _run(p, run, s)
+    resized, pad = sp.resize_pad(image, (256, 192))
+    with torch.no_grad():
+        points, scale = run.model(sp.normalize_image(resized, bgr=False)[None])
+    want = sp.pointmap_to_image(points, scale, image.shape[:2], pad)[0].permute(1, 2, 0).numpy()
+    assert np.allclose(npy(got["pointmap_npy"]).astype(np.float32), want, rtol=2e-3, atol=2e-3)
+    assert got["pointmap_scale"] == pytest.approx(float(scale), rel=1e-6)
+
+
+def test_a_fine_tune_exports_pointmap_is_recorded_in_the_released_scale_convention(tiny_models, image):
+    """Platform heads give metric XYZ = xyz * s; recorded as canonical xyz with scale 1 / s."""
+    p, _ = _predictor("pointmap", tiny_models)
+    p.info = dataclasses.replace(p.info, layout=PLATFORM)
+    xyz, s = torch.randn(1, 3, 64, 48), torch.tensor([[2.0]])
+    got = p.finish(Sample("k", image[:64, :48], [], []), [(xyz, s)], [None])
+    assert got["pointmap_scale"] == pytest.approx(0.5)
+    want = sp.pointmap_to_image(xyz * 2.0, torch.ones(1, 1), (64, 48))[0].permute(1, 2, 0).numpy()
+    assert np.allclose(npy(got["pointmap_npy"]).astype(np.float32), want, atol=2e-2)
+
+
+def test_albedo_is_an_rgb_png_and_v1_depth_a_float16_map(tiny_models, image):
+    import cv2
+
+    s = Sample("k", image, [], [])
+    albedo = cv2.imdecode(np.frombuffer(_run(*_predictor("albedo", tiny_models), s)["albedo_png"], np.uint8), 1)
+    assert albedo.shape == image.shape
+    p, run = _predictor("depth", tiny_models)
+    assert p.v1 and p.info.family == "sapiens1"
+    depth = npy(_run(p, run, s)["depth_npy"])
+    assert depth.dtype == np.float16 and depth.shape == image.shape[:2]
+
+
+def test_a_bad_image_a_wrong_size_or_a_missing_one_is_a_status_not_an_error(tiny_models):
+    data, w, h = photo("obama.jpg", 0.3)
+    meta = {"width": w, "height": h, "person_boxes": [[0, 0, w / 2, h]], "person_scores": [0.9]}
+    tasks = TasksConfig(
+        pose=PoseSettings(checkpoint=str(tiny_models["pose"])), seg=TaskSettings(checkpoint=str(tiny_models["seg"]))
+    )
+    infos = {t: describe(t, tasks.of(t)) for t in tasks.enabled()}
+    annotator = Annotator(infos, tasks, ActorSettings(batch_size=2), "cpu")
+    records = [
+        Record("a", data, meta),
+        Record("b", data[: len(data) // 3], meta),  # truncated JPEG
+        Record("c", data, {**meta, "width": w + 1}),  # not the size curation recorded
+        Record("d", None, None, "no image of sample 'd' in x.tar"),
+    ]
+    rows = annotator.annotate(records)
+    assert [r["status"] for r in rows] == [OK, ERROR, ERROR, MISSING]
+    assert rows[0]["error"] is None and len(rows[0]["pose_keypoints"]) == 1 and rows[0]["seg_png"]
+    assert rows[1]["error"].startswith("decode: ") and rows[1]["seg_png"] is None
+    assert "curation recorded" in rows[2]["error"] and rows[3]["error"].startswith("no image")
+    assert decode(records[0]).shape == (h, w, 3)
