@@ -4,6 +4,7 @@
     python benchmarks/probe_trained_vs_random.py --quick              # 150 steps, short probe schedules (a look)
     python benchmarks/probe_trained_vs_random.py --standins ssl,supervised   # + the stand-ins' table (separate)
     python benchmarks/probe_trained_vs_random.py --checkpoint runs/x/export/student_backbone.safetensors
+    python benchmarks/probe_trained_vs_random.py --dataset runs/demo/curated   # pretrain on a curated version
 
 Headline (only backbones this platform pretrained, all ``sapiens2_tiny``):
 
@@ -144,8 +145,6 @@ def curate_and_pretrain(
     ``steps`` of ``configs/pretrain_tiny.yaml`` on those shards, through the stage facades."""
     from curation.recipe import CurationConfig
     from curation.stage import CurateStage
-    from training.config import PretrainConfig
-    from training.stage import PretrainStage
 
     ccfg = load_config(
         CurationConfig,
@@ -153,26 +152,38 @@ def curate_and_pretrain(
         [f"input.uri={out / 'raw'}", f"output_dir={out / 'curated'}", *curation_overrides],
     )
     curated = CurateStage().run(ccfg).to_json()
-    t1 = time.time()
     print(
         f"curated {out / 'raw'}: {curated['kept']} of {curated['inputs']} images kept in "
-        f"{len(curated['shards'])} shards, dataset {curated['dataset_id']} ({t1 - since:.0f}s)",
+        f"{len(curated['shards'])} shards, dataset {curated['dataset_id']} ({time.time() - since:.0f}s)",
         flush=True,
     )
+    return pretrain(out, steps, str(out / "curated"), pretrain_overrides, kept=curated["kept"])
+
+
+def pretrain(out: Path, steps: int, dataset: str, overrides: list[str], *, kept: int | None = None) -> dict:
+    """``steps`` of ``configs/pretrain_tiny.yaml`` on ``dataset`` (a curated folder, version id or
+    name) through the pretraining stage's facade; returns its result."""
+    from curation.output import CuratedOutput, resolve_dataset
+    from training.config import PretrainConfig
+    from training.stage import PretrainStage
+
+    t1 = time.time()
     pcfg = load_config(
         PretrainConfig,
         REPO / "configs" / "pretrain_tiny.yaml",
         [
-            f"data.dataset={out / 'curated'}",
+            f"data.dataset={dataset}",
             f"storage_path={out / 'pretrain'}",
             f"run_name=tiny-{steps}steps",
             f"steps={steps}",
-            *pretrain_overrides,
+            *overrides,
         ],
     )
     res = PretrainStage().run(pcfg).to_json()
     res["seconds"] = time.time() - t1
-    res["kept"] = curated["kept"]
+    if kept is None:
+        kept = CuratedOutput.at(resolve_dataset(dataset, pcfg.data.tracking_uri).uri).stats()["kept"]
+    res["kept"] = kept
     print(
         f"pretrained {steps} steps in {res['seconds']:.0f}s, loss {res['loss_trend']}; run {res['run_id']}", flush=True
     )
@@ -266,6 +277,11 @@ def main() -> int:
         metavar="KEY=VALUE",
         help="pretraining settings over configs/pretrain_tiny.yaml",
     )
+    p.add_argument(
+        "--dataset",
+        default="",
+        help="pretrain on this curated version (folder, id or name) instead of curating the demo corpus",
+    )
     p.add_argument("--teacher", action="store_true", help="probe the pretrained EMA teacher as well")
     p.add_argument("--quick", action="store_true", help="short probe schedules (150 steps a task, 96 train images)")
     p.add_argument(
@@ -290,7 +306,10 @@ def main() -> int:
     steps = args.pretrain_steps or (150 if args.quick else 300)
     probe_set = [*(QUICK_PROBE if args.quick else []), *args.set]
 
-    pre = pretrain_on_demo(out, steps, args.pretrain_set)
+    if args.dataset:
+        pre = pretrain(out, steps, args.dataset, args.pretrain_set)
+    else:
+        pre = pretrain_on_demo(out, steps, args.pretrain_set)
     headline = {"pretrained": pre["student_weights"]}
     if args.teacher:
         headline["pretrained-teacher"] = pre["teacher_weights"]

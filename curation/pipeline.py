@@ -194,7 +194,8 @@ def prepare(cfg: CurationConfig, recipe: Recipe) -> Job:
             )
     else:
         storage.atomic_write_bytes(fs, marker, job.digest.encode())
-    storage.atomic_write_bytes(fs, output.path(root, output.CONFIG_FILE), dump_config(cfg).encode())
+    if not storage.exists(fs, output.path(root, output.SUCCESS_FILE)):  # a finished output keeps the config it ran
+        storage.atomic_write_bytes(fs, output.path(root, output.CONFIG_FILE), dump_config(cfg).encode())
     return job
 
 

@@ -368,6 +368,19 @@ def baseline_config(cfg: DagConfig) -> DagConfig:
     return dataclasses.replace(cfg, name=f"{cfg.name}-random-init", stages=["probe"], inputs=DagInputs())
 
 
+def demo_config(raw: Path, overrides: list[str]) -> DagConfig:
+    """``configs/dag_demo.yaml`` on the corpus at ``raw`` with ``overrides``; a relative
+    workspace is made absolute under the repository."""
+    cfg = load_config(
+        DagConfig,
+        REPO / "configs" / "dag_demo.yaml",
+        [f"curate.input.uri={raw}", f"finetune.augment.backgrounds={raw / NO_PERSON_DIR}", *overrides],
+    )
+    cfg.validate()
+    workspace = Path(cfg.workspace) if Path(cfg.workspace).is_absolute() else REPO / cfg.workspace
+    return dataclasses.replace(cfg, workspace=str(workspace))
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verbose", action="store_true", help="Ray's, MLflow's and the stages' logs on the terminal")
@@ -378,17 +391,11 @@ def main(argv: list[str]) -> int:
     t0 = time.time()
     raw = Path(args.corpus).resolve()
     try:
-        cfg = load_config(
-            DagConfig,
-            REPO / "configs" / "dag_demo.yaml",
-            [f"curate.input.uri={raw}", f"finetune.augment.backgrounds={raw / NO_PERSON_DIR}", *args.overrides],
-        )
-        cfg.validate()
+        cfg = demo_config(raw, args.overrides)
     except ValueError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    workspace = Path(cfg.workspace) if Path(cfg.workspace).is_absolute() else REPO / cfg.workspace
-    cfg = dataclasses.replace(cfg, workspace=str(workspace))
+    workspace = Path(cfg.workspace)
     log_file = None if args.verbose else workspace / "logs" / f"demo-{time.strftime('%Y%m%d-%H%M%S')}.log"
     with Console(log_file) as console:
         logging.basicConfig(

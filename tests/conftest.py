@@ -34,6 +34,18 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.pop("RAY_ADDRESS", None)
 
 
+# What makes a test slow: a Ray cluster (``ray_local`` or anything built on it: curation runs,
+# Ray Train), a subprocess job, a browser. ``make test-fast`` (``-m "not slow"``) runs the rest.
+SLOW_FIXTURES = {"ray_local"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Every test that needs a Ray cluster is ``slow``, whether or not its file says so."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """An in-process local Ray cluster for the test session (ended by ray.shutdown, not `ray stop`)."""
@@ -58,6 +70,23 @@ def centernet_path() -> Path:
     if not CENTERNET.is_file():
         pytest.fail(f"the real person detector is missing: {CENTERNET} (see shared/assets/PROVENANCE.md)")
     return CENTERNET
+
+
+@pytest.fixture(scope="session")
+def demo_curated(tmp_path_factory, ray_local, centernet_path):
+    """The demo corpus curated once for the session with the curation tests' settings
+    (``tests.curation.test_pipeline.demo_config``: real CenterNet detector, real OCR, weightless
+    content filters), in this process on ``ray_local``: ``(root, expected, cfg, result)`` with the
+    corpus in ``root/raw``, the output in ``root/curated`` and its MLflow store ``root/mlflow.db``.
+    Tests that read a finished curated version share it; none may change what is in it."""
+    from curation.pipeline import run_curation
+    from pipelines.demo_corpus import build_demo_corpus
+    from tests.curation.test_pipeline import demo_config
+
+    root = tmp_path_factory.mktemp("demo-curated")
+    expected = build_demo_corpus(root / "raw")
+    cfg = demo_config(root / "raw", root / "curated", centernet_path)
+    return root, expected, cfg, run_curation(cfg)
 
 
 def kill_when(proc, ready, *, timeout: float, leftovers: str, poll: float = 0.2) -> None:

@@ -15,7 +15,6 @@ from curation.filters.person import DetectorConfig
 from curation.pipeline import job_digest, run_curation
 from curation.recipe import CurationConfig, weightless_content_filters
 from infra.tracking import TrackingConfig
-from pipelines.demo_corpus import build_demo_corpus
 
 
 def demo_config(raw: Path, out: Path, centernet: Path, **overrides) -> CurationConfig:
@@ -42,12 +41,9 @@ def read_manifest(out: Path):
 
 
 @pytest.fixture(scope="module")
-def curated(tmp_path_factory, ray_local, centernet_path):
-    root = tmp_path_factory.mktemp("demo")
-    expected = build_demo_corpus(root / "raw")
-    cfg = demo_config(root / "raw", root / "curated", centernet_path)
-    result = run_curation(cfg)
-    return root, expected, cfg, result
+def curated(demo_curated):
+    """The session's curated demo (tests/conftest.py)."""
+    return demo_curated
 
 
 def test_every_input_gets_its_expected_status_and_reason(curated):
@@ -177,6 +173,8 @@ def test_rerun_reuses_and_other_config_is_refused(curated):
         moved = demo_config(root / "raw", root / "curated", elsewhere)
         assert job_digest(moved) == job_digest(cfg)
         assert run_curation(moved).skipped
+    written = (root / "curated" / "config.yaml").read_text()  # a finished output keeps the config it ran
+    assert str(cfg.detector.weights) in written and "copied.onnx" not in written and "linked" not in written
     altered = root / "altered.onnx"
     altered.write_bytes(copy.read_bytes() + b"\0")  # other bytes, other job
     assert job_digest(demo_config(root / "raw", root / "curated", altered)) != job_digest(cfg)

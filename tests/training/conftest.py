@@ -66,21 +66,40 @@ def tiny_config(*overrides: str) -> PretrainConfig:
 
 
 @pytest.fixture(scope="session")
-def curated_demo(tmp_path_factory, ray_local, centernet_path):
-    """The demo corpus curated by the real pipeline (CenterNet detector), with the curation
-    tests' own settings minus OCR (not needed here, and the slowest stage): a dataset
-    version registered in ``<root>/mlflow.db``. Returns (root, CurationResult)."""
-    import dataclasses
+def curated_demo(demo_curated):
+    """The session's curated demo (tests/conftest.py): a dataset version registered in
+    ``<root>/mlflow.db``. Returns (root, CurationResult)."""
+    root, _, _, result = demo_curated
+    return root, result
 
-    from curation.pipeline import run_curation
-    from pipelines.demo_corpus import build_demo_corpus
 
-    # The curation tests' settings, with their helper for weightless content filters (wherever
-    # curation keeps it).
-    from tests.curation import test_pipeline as curation_tests
+# The uninterrupted Sapiens2 tiny run that the end-to-end checks read and the crash-and-resume
+# test compares against (tests/training/test_pretrain_crash_resume.py runs the same settings
+# through pipelines/pretrain.py): checkpoints at 4, 8 and 12, so a kill after step 5 has one behind it.
+REFERENCE_STEPS, REFERENCE_EVERY = 12, 4
 
-    root = tmp_path_factory.mktemp("pretrain-demo")
-    build_demo_corpus(root / "raw")
-    cfg = curation_tests.demo_config(root / "raw", root / "curated", centernet_path)
-    cfg = dataclasses.replace(cfg, content=curation_tests.weightless_content_filters(text=False))
-    return root, run_curation(cfg)
+
+def reference_settings(dataset_id: str, store: Path, storage: Path) -> list[str]:
+    return [
+        f"data.dataset={dataset_id}",
+        f"tracking.uri=sqlite:///{store / 'mlflow.db'}",
+        f"storage_path={storage}",
+        f"steps={REFERENCE_STEPS}",
+        f"checkpoint.every={REFERENCE_EVERY}",
+        "record_batch_keys=true",
+        f"metrics.images_every={REFERENCE_EVERY}",
+        "metrics.log_every=3",
+        "ray.num_workers=2",
+    ]
+
+
+@pytest.fixture(scope="session")
+def pretrain_reference(curated_demo, tmp_path_factory) -> dict:
+    """``run_name=reference`` trained in this process (Ray Train, 2 FSDP2 workers) on the curated demo."""
+    from training.run import run_pretraining
+
+    root, curated = curated_demo
+    storage = tmp_path_factory.mktemp("pretrain-runs")
+    common = reference_settings(curated.dataset_id, root, storage)
+    run = run_pretraining(tiny_config(*common, "run_name=reference"))
+    return {"run": run, "storage": storage, "root": root, "curated": curated, "common": common}

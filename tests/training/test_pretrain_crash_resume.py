@@ -1,12 +1,13 @@
 """A pretraining job SIGKILLed between two checkpoints resumes to the uninterrupted result.
 
-``test_pretrain_e2e`` pauses a run at a planned step (a clean session end, checkpoint
+``test_v1_pretrain_e2e`` pauses a run at a planned step (a clean session end, checkpoint
 written on purpose). Here the whole process group of a running
 ``pipelines/pretrain.py`` (driver, local Ray cluster, Ray Train workers) is SIGKILLed while
 a step after a checkpoint is running: no clean-up, no final checkpoint. Re-running the same
 command must resume from the last checkpoint and give exactly the uninterrupted run's
 per-step losses (as logged to MLflow, replayed steps keeping their latest value) and
-exported weights.
+exported weights. The uninterrupted run is the session's reference (``pretrain_reference``,
+tests/training/conftest.py: the same settings, trained in the test process).
 
 Synchronisation is on files only: each rank appends ``{"step": s}`` to
 ``<run>/batch_keys/rank_<r>.jsonl`` after step ``s`` (``record_batch_keys``), and a rank
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,30 +31,23 @@ from infra import jsonl
 from infra.local_cluster import pids_naming
 from infra.tracking import metric_history
 from models.io import load_state_dict_file
-from tests.conftest import REPO, alongside, kill_when
+from tests.conftest import REPO, kill_when
+from tests.training.conftest import REFERENCE_STEPS
 from training.loop import EXPORT_DIR, EXPORT_MANIFEST
 from training.run import HISTORY_KEYS, RUN_RECORD
 
 pytestmark = pytest.mark.slow
-STEPS, EVERY, WORKERS = 12, 4, 2  # checkpoints at 4, 8, 12: a kill after step 5 has a checkpoint behind it
+STEPS, WORKERS = REFERENCE_STEPS, 2
 
 
-def pretrain_cmd(dataset_id: str, root: Path, storage: Path, run_name: str, ray_tmp: str) -> list[str]:
+def pretrain_cmd(common: list[str], run_name: str, ray_tmp: str) -> list[str]:
     return [
         sys.executable,
         str(REPO / "pipelines" / "pretrain.py"),
         "--config",
         str(REPO / "configs" / "pretrain_tiny.yaml"),
-        f"data.dataset={dataset_id}",
-        f"tracking.uri=sqlite:///{root / 'mlflow.db'}",
-        f"storage_path={storage}",
+        *common,
         f"run_name={run_name}",
-        f"steps={STEPS}",
-        f"checkpoint.every={EVERY}",
-        "record_batch_keys=true",
-        "metrics.images_every=0",
-        "metrics.log_every=1",
-        f"ray.num_workers={WORKERS}",
         f"ray.temp_dir={ray_tmp}",
         "ray.progress_bars=off",
     ]
@@ -99,40 +92,25 @@ def outcome(run_dir: Path) -> tuple[dict[int, dict[str, float]], dict[str, torch
     return history, load_state_dict_file(manifest["export_student"])
 
 
-def test_sigkilled_pretraining_resumes_to_the_uninterrupted_result(curated_demo, tmp_path):
-    root, curated = curated_demo
-    storage = tmp_path / "runs"
+def test_sigkilled_pretraining_resumes_to_the_uninterrupted_result(pretrain_reference):
+    storage, common = pretrain_reference["storage"], pretrain_reference["common"]
     env = dict(os.environ)
-    ray_a, ray_b = f"/tmp/hvp-{os.getpid()}-a", f"/tmp/hvp-{os.getpid()}-b"  # short: Ray's socket paths
+    ray_tmp = f"/tmp/hvp-{os.getpid()}"  # short: Ray's socket paths
+    # The same settings as the session's uninterrupted reference run, SIGKILLed (whole process
+    # group) while a step after a checkpoint runs. The kill waits on files, not on timing.
+    run_dir = storage / "crashed"
+    cmd = pretrain_cmd(common, "crashed", ray_tmp)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_when(proc, lambda: past_a_checkpoint(run_dir), timeout=1200, leftovers=ray_tmp)
+    at_kill = recorded_steps(run_dir)
+    ckpts_at_kill = checkpoint_steps(run_dir)
+    assert not (run_dir / EXPORT_DIR / EXPORT_MANIFEST).exists(), "the run finished before the kill"
+    assert max(s[-1] for s in at_kill.values()) < STEPS
+    assert not pids_naming(ray_tmp), "a process of the killed job survived"
 
-    # The uninterrupted reference run, alongside the crashed one. It tracks to a copy of the store
-    # that registers the dataset, so the two never share a SQLite file. Neither depends on the
-    # other's timing: the kill waits on files.
-    ref_store = tmp_path / "ref-store"
-    ref_store.mkdir()
-    shutil.copyfile(root / "mlflow.db", ref_store / "mlflow.db")
-    with alongside(
-        pretrain_cmd(curated.dataset_id, ref_store, storage, "reference", ray_a),
-        log=ref_store / "stderr.log",
-        leftovers=ray_a,
-        env=env,
-    ):
-        # The same run, SIGKILLed (whole process group) while a step after a checkpoint runs.
-        run_dir = storage / "crashed"
-        cmd = pretrain_cmd(curated.dataset_id, root, storage, "crashed", ray_b)
-        proc = subprocess.Popen(
-            cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        kill_when(proc, lambda: past_a_checkpoint(run_dir), timeout=1200, leftovers=ray_b)
-        at_kill = recorded_steps(run_dir)
-        ckpts_at_kill = checkpoint_steps(run_dir)
-        assert not (run_dir / EXPORT_DIR / EXPORT_MANIFEST).exists(), "the run finished before the kill"
-        assert max(s[-1] for s in at_kill.values()) < STEPS
-        assert not pids_naming(ray_b), "a process of the killed job survived"
-
-        # Re-run the very same command: it resumes from a checkpoint and finishes.
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-        assert done.returncode == 0, done.stderr[-3000:]
+    # Re-run the very same command: it resumes from a checkpoint and finishes.
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
     starts = session_starts(run_dir)
     print(f"killed after steps {at_kill}, checkpoints then {ckpts_at_kill}; sessions started at {starts}")
     # every rank restarted from one and the same checkpoint written before the kill (not from
@@ -142,7 +120,7 @@ def test_sigkilled_pretraining_resumes_to_the_uninterrupted_result(curated_demo,
     assert len(resumed_from) == 1 and resumed_from.pop() in ckpts_at_kill
 
     (ref_history, ref_weights), (history, weights) = outcome(storage / "reference"), outcome(run_dir)
-    assert sorted(history) == sorted(ref_history) == list(range(1, STEPS + 1))
+    assert sorted(history) == sorted(ref_history) == list(range(1, STEPS + 1))  # one MLflow run, both sessions
     assert history == ref_history  # bit-identical floats of every logged value, every step
     assert weights.keys() == ref_weights.keys() and all(torch.equal(weights[k], ref_weights[k]) for k in weights)
-    assert not pids_naming(ray_a) and not pids_naming(ray_b)
+    assert not pids_naming(ray_tmp)

@@ -1,7 +1,8 @@
 """Fixtures of the audit tests: real curation runs of the demo corpus, and headless Chromium.
 
-Three runs of the same corpus: A, B (A's configuration into another folder) and C (A with
-``geometry.min_short_side`` raised), all logged to one MLflow store. The browser is Debian's
+Three runs of the same corpus: A (the session's curated demo, tests/conftest.py), B (A's
+configuration into another folder) and C (A with ``geometry.min_short_side`` raised), all logged
+to A's MLflow store. The browser is Debian's
 chromium driven by playwright (never a downloaded one).
 """
 
@@ -13,11 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from curation.config import InputConfig
-from curation.filters.geometry import GeometryConfig
-from curation.filters.person import DetectorConfig
-from curation.recipe import CurationConfig, weightless_content_filters
-from infra.tracking import TrackingConfig
+from curation.recipe import CurationConfig
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -42,49 +39,28 @@ class Run:
         return self.result.output_dir
 
 
-def audit_config(raw: Path, out: Path, centernet: Path, min_short_side: int) -> CurationConfig:
-    """The demo recipe (real CenterNet detector, real OCR) with one MLflow store for all runs."""
-    return CurationConfig(
-        input=InputConfig(uri=str(raw), images_per_partition=8),
-        output_dir=str(out),
-        geometry=GeometryConfig(min_short_side=min_short_side),
-        detector=DetectorConfig(
-            backend="centernet_onnx",
-            weights=str(centernet),
-            score_threshold=0.3,
-            min_box_size=200,
-            batch_size=4,
-            num_cpus=0.5,
-        ),
-        content=weightless_content_filters(),
-        tracking=TrackingConfig(uri=f"sqlite:///{out.parent / 'mlflow.db'}", experiment="test-audit"),
-    )
+@pytest.fixture(scope="session")
+def audit_root(demo_curated) -> Path:
+    """The session's curated demo's folder (tests/conftest.py): its corpus in ``raw``."""
+    return demo_curated[0]
 
 
 @pytest.fixture(scope="session")
-def audit_root(tmp_path_factory) -> Path:
-    from pipelines.demo_corpus import build_demo_corpus
-
-    root = tmp_path_factory.mktemp("audit")
-    build_demo_corpus(root / "raw")
-    return root
-
-
-@pytest.fixture(scope="session")
-def run_a(audit_root, ray_local, centernet_path) -> Run:
-    from curation.pipeline import run_curation
-
-    cfg = audit_config(audit_root / "raw", audit_root / "a", centernet_path, MIN_SHORT_SIDE_A)
-    return Run(cfg, run_curation(cfg))
+def run_a(demo_curated) -> Run:
+    """The session's curated demo: the curation tests' settings, geometry.min_short_side at A's."""
+    _, _, cfg, result = demo_curated
+    assert cfg.geometry.min_short_side == MIN_SHORT_SIDE_A
+    return Run(cfg, result)
 
 
 @pytest.fixture(scope="session")
-def runs_abc(audit_root, run_a, centernet_path) -> tuple[Run, Run, Run]:
+def runs_abc(audit_root, run_a) -> tuple[Run, Run, Run]:
     """A; B = A's configuration into another folder; C = A with geometry.min_short_side raised."""
     from curation.pipeline import run_curation
 
-    cfg_b = audit_config(audit_root / "raw", audit_root / "b", centernet_path, MIN_SHORT_SIDE_A)
-    cfg_c = audit_config(audit_root / "raw", audit_root / "c", centernet_path, MIN_SHORT_SIDE_C)
+    cfg_b = dataclasses.replace(run_a.cfg, output_dir=str(audit_root / "b"))
+    geometry_c = dataclasses.replace(run_a.cfg.geometry, min_short_side=MIN_SHORT_SIDE_C)
+    cfg_c = dataclasses.replace(run_a.cfg, output_dir=str(audit_root / "c"), geometry=geometry_c)
     return run_a, Run(cfg_b, run_curation(cfg_b)), Run(cfg_c, run_curation(cfg_c))
 
 
