@@ -7,6 +7,9 @@ Supported inputs (local paths or object-store URIs through pyarrow.fs):
 - ``webdataset``: WebDataset / img2dataset tar shards, one partition per tar. Members are
   grouped by key (basename up to the first dot) across the whole tar, so members of one
   sample need not be contiguous; ``<key>.json`` / ``<key>.txt`` become ``source_meta``.
+  img2dataset's output (``NNNNN.tar`` + ``NNNNN.parquet`` + ``NNNNN_stats.json``) records its
+  failed downloads only in the Parquet: each becomes one ``download_failed`` error row of the
+  tar's partition, so the funnel starts at what was attempted.
   Tar members are only read into memory, never extracted, so hostile member names
   (``../x``, absolute paths) cannot write anywhere; they are sanitised into keys.
 - ``parquet``: files with an image-bytes column or a path/URI column, partitioned by row
@@ -33,7 +36,7 @@ import pyarrow.parquet as pq
 
 from curation.config import InputConfig
 from curation.output import split_member
-from curation.schema import EMPTY_FILE, FILE_TOO_LARGE, RAW_FIELDS, RAW_SCHEMA, READ_FAILED
+from curation.schema import DOWNLOAD_FAILED, EMPTY_FILE, FILE_TOO_LARGE, RAW_FIELDS, RAW_SCHEMA, READ_FAILED
 from curation.steps import Step
 from infra import storage
 
@@ -297,8 +300,52 @@ def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iter
             yield buf.flush()
     if failure is not None:
         _add_unreadable(buf, failure)  # the container broke: what was read is kept, the rest is one error
+    for row_no, record in img2dataset_failures(uri, set(samples)):
+        if buf.full():
+            yield buf.flush()
+        _add_failed_download(buf, tar_stem, row_no, record)
     if buf.rows:
         yield buf.flush()
+
+
+IMG2DATASET_SUCCESS = "success"  # its ``status`` of a sample that is in the tar
+
+
+def img2dataset_failures(uri: str, in_tar: set[str]) -> list[tuple[int, dict]]:
+    """(row number, record) of each download img2dataset's Parquet beside the tar ``uri`` records as
+    not successful. Its layout: ``<stem>.parquet`` with ``key`` and ``status`` columns next to
+    ``<stem>_stats.json``; without it, none (a curated output's sidecar beside its tar is no such
+    record). Keys with a sample in the tar (``in_tar``) are skipped: every input counts once."""
+    fs, path = storage.resolve(uri)
+    stem = path.removesuffix(".tar")
+    if not (storage.exists(fs, f"{stem}.parquet") and storage.exists(fs, f"{stem}_stats.json")):
+        return []
+    try:
+        with fs.open_input_file(f"{stem}.parquet") as fh:
+            table = pq.read_table(fh)
+    except (OSError, pa.ArrowInvalid):
+        return []  # an unreadable record of failures: the tar's samples are still read
+    if not {"key", "status"} <= set(table.column_names):
+        return []
+    return [
+        (i, r)
+        for i, r in enumerate(table.to_pylist())
+        if r["status"] != IMG2DATASET_SUCCESS and str(r["key"]) not in in_tar
+    ]
+
+
+def _add_failed_download(buf: _RowBuffer, tar_stem: str, row_no: int, record: dict) -> None:
+    """One ``download_failed`` row for img2dataset's Parquet row ``row_no`` (its record: source_meta)."""
+    uri = buf.partition.uris[0]
+    source = f"{uri.removesuffix('.tar')}.parquet#row={row_no}"
+    buf.add(
+        make_key(f"{tar_stem}_{record['key']}", source),
+        source,
+        None,
+        meta=json.dumps(record, sort_keys=True, default=str),
+        reason=DOWNLOAD_FAILED,
+        error=f"{record['status']}: {record.get('error_message') or ''}"[:500],
+    )
 
 
 def _pick_column(names: list[str], wanted: str | None, candidates: tuple[str, ...], what: str) -> str | None:
@@ -450,7 +497,7 @@ class ReadImages(Step):
     name = "read"
     section = "input"
     Config = InputConfig
-    reasons = (READ_FAILED, EMPTY_FILE, FILE_TOO_LARGE)
+    reasons = (DOWNLOAD_FAILED, READ_FAILED, EMPTY_FILE, FILE_TOO_LARGE)
     fields = RAW_FIELDS
 
     def __init__(self, cfg: InputConfig, max_bytes: int = 64 * 2**20) -> None:

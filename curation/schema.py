@@ -50,6 +50,7 @@ STATUSES = (KEPT, DROPPED, ERROR)
 
 # Error reasons: the input could not be read or decoded. Each bad-file kind has its own.
 READ_FAILED = "read_failed"  # the bytes could not be fetched from storage
+DOWNLOAD_FAILED = "download_failed"  # the gatherer (img2dataset) recorded a failed download: no bytes exist
 EMPTY_FILE = "empty_file"  # zero bytes
 FILE_TOO_LARGE = "file_too_large"  # more bytes than decode.max_bytes (not read into memory)
 NOT_AN_IMAGE = "not_an_image"  # Pillow cannot identify the bytes as any image format
@@ -58,6 +59,7 @@ TRUNCATED = "truncated"  # image data ends early (caught by a full load)
 DECODE_FAILED = "decode_failed"  # any other decoder failure
 UNSUPPORTED_MODE = "unsupported_mode"  # a pixel mode we cannot convert to RGB on purpose
 ERROR_REASONS = (
+    DOWNLOAD_FAILED,
     READ_FAILED,
     EMPTY_FILE,
     FILE_TOO_LARGE,

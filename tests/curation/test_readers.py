@@ -164,3 +164,73 @@ def test_the_per_folder_resolver_equals_storage_resolve(tmp_path):
         tmp_path / "missing.jpg",
     ]:
         assert resolve(str(uri))[1] == storage.resolve(str(uri))[1], uri
+
+
+def _img2dataset_folder(folder: Path) -> Path:
+    """img2dataset 1.47's output for 4 URLs: ``00000.tar`` with the 2 successes (jpg + json + txt),
+    ``00000.parquet`` with all 4 attempts and their status, ``00000_stats.json``. The first success
+    was upscaled from 120x120 (stored 400x400), the second downscaled from 1600x1200."""
+    folder.mkdir()
+    attempts = [
+        ("000000000", "success", None, (400, 400), (120, 120)),
+        ("000000001", "success", None, (400, 300), (1600, 1200)),
+        ("000000002", "failed_to_download", "HTTP Error 404: Not Found", None, None),
+        ("000000003", "failed_to_resize", "image decode failed", None, None),
+    ]
+    records = []
+    with tarfile.open(folder / "00000.tar", "w") as tar:
+        for key, status, error, size, original in attempts:
+            record = {"url": f"http://example.com/{key}.jpg", "key": key, "status": status, "error_message": error}
+            record.update(width=size and size[0], height=size and size[1])
+            record.update(original_width=original and original[0], original_height=original and original[1])
+            records.append({**record, "caption": f"photo {key}"})
+            if status == "success":
+                _add(tar, f"{key}.jpg", _img(size=size))
+                _add(tar, f"{key}.txt", f"photo {key}".encode())
+                _add(tar, f"{key}.json", json.dumps(record).encode())
+    pq.write_table(pa.Table.from_pylist(records), folder / "00000.parquet")
+    (folder / "00000_stats.json").write_text(json.dumps({"count": 4, "successes": 2, "failed_to_download": 1}))
+    return folder
+
+
+def test_img2dataset_failed_downloads_are_inputs_and_geometry_uses_the_original_size(tmp_path):
+    from curation.decode import DecodeStep
+    from curation.filters.geometry import GeometryConfig, GeometryFilter
+    from curation.steps import run_steps_locally
+
+    cfg = InputConfig(uri=str(_img2dataset_folder(tmp_path / "i2d")))
+    rows = rows_of(cfg)
+    by_member = {r["source"].rsplit("#", 1)[1]: r for r in rows}
+    assert sorted(by_member) == ["000000000.jpg", "000000001.jpg", "row=2", "row=3"]  # each attempt exactly once
+    for row_no, status in ((2, "failed_to_download"), (3, "failed_to_resize")):
+        failed = by_member[f"row={row_no}"]
+        assert failed["source"] == f"{tmp_path / 'i2d' / '00000.parquet'}#row={row_no}"
+        assert failed["reason"] == schema.DOWNLOAD_FAILED and failed["error_message"].startswith(f"{status}: ")
+        assert json.loads(failed["source_meta"])["url"] == f"http://example.com/00000000{row_no}.jpg"
+    scored = run_steps_locally(
+        pa.Table.from_pylist(rows, schema=schema.RAW_SCHEMA),
+        [DecodeStep(DecodeConfig()), GeometryFilter(GeometryConfig(min_short_side=256))],
+    )
+    geometry = {r["source"].rsplit("#", 1)[1]: r for r in scored.to_pylist()}
+    upscaled, downscaled = geometry["000000000.jpg"], geometry["000000001.jpg"]
+    assert (upscaled["width"], upscaled["original_width"], upscaled["reason"]) == (400, 120, schema.TOO_SMALL)
+    assert (downscaled["width"], downscaled["original_width"], downscaled["reason"]) == (400, 1600, None)
+    assert geometry["row=2"]["decode_ok"] is False and geometry["row=2"]["reason"] == schema.DOWNLOAD_FAILED
+    # A tar with a Parquet beside it but no _stats.json (a curated output's sidecar) holds no failures.
+    (tmp_path / "i2d" / "00000_stats.json").unlink()
+    assert sorted(r["source"].rsplit("#", 1)[1] for r in rows_of(cfg)) == ["000000000.jpg", "000000001.jpg"]
+
+
+def test_img2dataset_funnel_starts_at_what_was_attempted(tmp_path, ray_local):
+    cfg = CurationConfig(
+        input=InputConfig(uri=str(_img2dataset_folder(tmp_path / "i2d"))),
+        output_dir=str(tmp_path / "out"),
+        tracking=TrackingConfig(enabled=False),
+        content=weightless_content_filters(text=False),
+    )
+    cfg.detector.backend, cfg.geometry.min_short_side = "none", 256
+    stats = run_curation(cfg).stats
+    assert (stats["inputs"], stats["kept"], stats["dropped"], stats["errors"]) == (4, 1, 1, 2)
+    assert stats["errors_by_reason"] == {"download_failed": 2} and stats["dropped_by_reason"] == {"too_small": 1}
+    assert stats["funnel"][0] == {"stage": "read", "in": 4, "out": 2, "removed": {"download_failed": 2}}
+    assert stats["reconciled"] is True
