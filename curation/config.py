@@ -58,6 +58,28 @@ class DecodeConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
+class ShardsConfig:
+    """The ``shards`` section: how the kept samples are cut into WebDataset shards.
+
+    ``samples_per_shard=0``: one shard per input partition, its kept samples by key (shard size
+    follows the partition's keep rate; committed partition by partition, no shuffle). ``N > 0``:
+    every shard but the last holds exactly N samples, drawn from the whole run by a seeded
+    shuffle (``curation.sharding``), so sources mix and shards are of one size.
+    """
+
+    samples_per_shard: int = 0
+    seed: int = 0  # the shuffle's seed (samples_per_shard > 0)
+
+    def __post_init__(self) -> None:
+        if self.samples_per_shard < 0:
+            raise ValueError(
+                f"shards.samples_per_shard must be >= 0 (0: one per partition), got {self.samples_per_shard}"
+            )
+        if self.seed < 0:
+            raise ValueError(f"shards.seed must be >= 0, got {self.seed}")
+
+
+@dataclasses.dataclass(kw_only=True)
 class DedupSettings:
     """Settings the global dedup steps share (the ``dedup`` section beside exact/near/semantic)."""
 

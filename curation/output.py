@@ -2,8 +2,10 @@
 
 ```
 <output>/
-  shards/<partition>.tar        WebDataset shard: <key>.jpg + <key>.json per kept sample
-  shards/<partition>.parquet    the shard's samples as a table (no pixels)
+  shards/<partition>.tar        WebDataset shard: <key>.jpg + <key>.json per kept sample (shards.samples_per_shard=0)
+  shards/<index>.tar            ... or a shard of exactly samples_per_shard samples, sources mixed (> 0)
+  shards/<stem>.parquet         the shard's samples as a table (no pixels), in the tar's order
+  shardindex.json               the shards with their sample counts, as WebDataset's ``wids`` reads them
   manifest/<partition>.parquet  one row per input image (kept, dropped or error)
   manifest/_empty-<partition>   commit marker of a partition that wrote no manifest rows
   stats.json  config.yaml  partitions.jsonl  job_digest
@@ -33,6 +35,8 @@ from infra import storage
 SHARDS, MANIFEST = "shards", "manifest"
 STATS_FILE, SUCCESS_FILE, CONFIG_FILE, PLAN_FILE = "stats.json", "_SUCCESS", "config.yaml", "partitions.jsonl"
 JOB_DIGEST_FILE = "job_digest"
+SHARD_INDEX_FILE = "shardindex.json"  # wids' own default name (``widsindex create``)
+SHARD_INDEX_KIND = "wids-shard-index-v1"
 DEDUP_DIR, STAGING_DIR, LISTING_FILE = "_dedup", "_staging", "_listing.json"
 NEAR_INDEX_DIR = "near_index"  # _dedup/near_index/: the partitioned near-dup index (curation.dedup.index_store)
 NEAR_INDEX_HEADER = "index.json"
@@ -55,12 +59,22 @@ def path(output: str, *parts: str) -> str:
     return storage.join(output, *parts)
 
 
-def shard_path(output: str, pid: str) -> str:
-    return storage.join(output, SHARDS, f"{pid}.tar")
+def shard_file_name(stem: str) -> str:
+    """A shard's file name (the manifest's ``shard`` column): an input partition's id, or a mixed shard's index."""
+    return f"{stem}.tar"
 
 
-def sidecar_path(output: str, pid: str) -> str:
-    return storage.join(output, SHARDS, f"{pid}.parquet")
+def shard_path(output: str, stem: str) -> str:
+    return storage.join(output, SHARDS, shard_file_name(stem))
+
+
+def sidecar_path(output: str, stem: str) -> str:
+    return storage.join(output, SHARDS, f"{stem}.parquet")
+
+
+def sidecar_stem(path: str) -> str:
+    """The shard stem of a sidecar's path."""
+    return path.rsplit("/", 1)[-1].removesuffix(".parquet")
 
 
 def manifest_part_path(output: str, pid: str) -> str:
@@ -133,15 +147,35 @@ class CuratedOutput:
     def shard_uris(self) -> list[str]:
         return [storage.to_uri(self.fs, p) for p in self.shard_files()]
 
+    def sidecar_files(self) -> list[str]:
+        """Paths of the shards' Parquet sidecars, sorted (a sidecar is written after its tar)."""
+        return self._files(SHARDS, ".parquet")
+
     def samples_in_shards(self) -> int:
         """Samples written to shards, counted from the sidecars' Parquet footers."""
         import pyarrow.parquet as pq
 
         total = 0
-        for f in self._files(SHARDS, ".parquet"):
+        for f in self.sidecar_files():
             with self.fs.open_input_file(f) as fh:
                 total += pq.ParquetFile(fh).metadata.num_rows
         return total
+
+    def shard_index(self, name: str | None = None) -> dict:
+        """The shards as a ``wids`` shard index (``SHARD_INDEX_KIND``, ``wids_version`` 1): per tar
+        its URL relative to the output folder (wids resolves it against the index file's folder,
+        so a moved output still opens), its sample count (its sidecar's Parquet footer) and size."""
+        import pyarrow.parquet as pq
+
+        d = storage.join(self.root, SHARDS)
+        tars = [f for f in storage.list_files(self.fs, d, (".tar",))] if storage.exists(self.fs, d) else []
+        shardlist = []
+        for tar in tars:
+            with self.fs.open_input_file(sidecar_path(self.root, tar.base_name.removesuffix(".tar"))) as fh:
+                nsamples = pq.ParquetFile(fh).metadata.num_rows
+            shardlist.append({"url": f"{SHARDS}/{tar.base_name}", "nsamples": nsamples, "filesize": tar.size})
+        index = {"__kind__": SHARD_INDEX_KIND, "wids_version": 1, "shardlist": shardlist}
+        return {**index, "name": name} if name else index
 
     def manifest_files(self) -> list[str]:
         return self._files(MANIFEST, ".parquet")
@@ -183,6 +217,11 @@ class CuratedOutput:
                 f"{self.uri!r} was written by an older curation version (its {SUCCESS_FILE} marker "
                 f"has no {err}); re-run the curation"
             ) from None
+
+
+def absolute_index(index: dict, uri: str) -> dict:
+    """A shard index (``CuratedOutput.shard_index``) with its URLs made absolute against the output ``uri``."""
+    return {**index, "shardlist": [{**s, "url": storage.join(uri, s["url"])} for s in index["shardlist"]]}
 
 
 @dataclasses.dataclass(frozen=True)

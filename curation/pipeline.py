@@ -44,6 +44,7 @@ from curation import output, readers, schema, staging
 from curation.dedup.distributed import GlobalDedupInput, decided_steps, partition_decisions
 from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_global_dedup, steps_before
 from curation.recipe import HUMANS1B, CurationConfig
+from curation.sharding import Layout, first_numbers
 from curation.stats import (
     SUMMARY_COLUMNS,
     format_summary,
@@ -54,7 +55,7 @@ from curation.stats import (
 )
 from curation.steps import BuiltRecipe, Pass, Recipe, apply_step, check_fits, run_steps_locally, section_of
 from curation.versions import code_version, combine_digests, partition_digest
-from curation.writer import survivors_only
+from curation.writer import PLACE, count_kept, placed_rows, survivors_only, write_mixed_shard
 from infra import storage
 from infra.config import config_to_dict, dump_config
 
@@ -146,6 +147,8 @@ def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
     for k in NOT_IDENTITY:
         d.pop(k, None)
     d["dedup"]["near"].pop("index_locations", None)  # where earlier index parts lie now: not what the job is
+    if not cfg.shards.samples_per_shard:  # one shard per partition (the seed is unused): the identity outputs
+        d.pop("shards", None)  # written before the setting existed still have, so they resume and are reused
     if cfg.dedup.against:  # the earlier version by content (its id), not where it lies
         d["dedup"]["against"] = {"dataset_id": output.from_output(cfg.dedup.against).id}
     for setting, path in recipe.build(cfg).weight_files().items():
@@ -442,16 +445,77 @@ def global_dedup(job: Job, pids: list[str], steps: list[DedupStep] | None = None
     return dropped
 
 
-def write_all(job: Job, partitions: list[str]) -> list[dict]:
-    """Each partition's shard, sidecar and manifest part; a task reads its partition's decisions only."""
+def _decisions(uri: str, pid: str) -> pa.Table:
+    return partition_decisions(*storage.resolve(uri), pid)
+
+
+def write_all(job: Job, partitions: list[str], pending: list[str]) -> list[dict]:
+    """The shards with their sidecars, and the manifest parts of the ``pending`` partitions; a
+    task reads its partition's decisions only. One shard per partition: each pending partition's
+    task writes its shard, then its manifest part. Mixed shards (``shards.samples_per_shard``):
+    the kept counts of all ``partitions`` (a task each), the shards not yet complete
+    (``write_mixed_shards``), then the manifest parts naming them."""
     from infra.ray_runtime import map_tasks
 
     uri, writer = job.uri, job.steps.steps[-1]
+    if not writer.cfg.samples_per_shard:
 
-    def _write(pid: str) -> dict:
-        return writer.write(uri, pid, partition_decisions(*storage.resolve(uri), pid))
+        def _write(pid: str) -> dict:
+            return writer.write(uri, pid, _decisions(uri, pid))
 
-    return map_tasks(_write, partitions, num_cpus=1, name="curation.write")
+        return map_tasks(_write, pending, num_cpus=1, name="curation.write")
+
+    def _count(pid: str) -> dict:
+        return count_kept(uri, pid, _decisions(uri, pid), writer.staged_at)
+
+    counts = map_tasks(_count, partitions, num_cpus=1, name="curation.count_kept")
+    layout = writer.layout(sum(c["kept"] for c in counts))
+    firsts = first_numbers({c["partition"]: c["kept"] for c in counts})
+    write_mixed_shards(job, layout, [c for c in counts if c["kept"]], firsts)
+
+    def _manifest(pid: str) -> dict:
+        return writer.write(uri, pid, _decisions(uri, pid), (layout, firsts[pid]))
+
+    return map_tasks(_manifest, pending, num_cpus=1, name="curation.write_manifest")
+
+
+# Kept input bytes per group of the shuffle that carries the samples to their mixed shards.
+SHUFFLE_GROUP_BYTES = 512 * 2**20
+
+
+def _placed(batch: pa.Table, uri: str, layout: Layout, done, staged_at: str | None) -> pa.Table:
+    pid, first = batch.column("partition")[0].as_py(), batch.column("first")[0].as_py()
+    return placed_rows(uri, pid, first, _decisions(uri, pid), layout, done, staged_at)
+
+
+def write_mixed_shards(job: Job, layout: Layout, counts: list[dict], firsts: dict[str, int]) -> None:
+    """The mixed shards whose sidecar is not written yet: a Ray Data task per partition with kept
+    samples reads those bound for them (``curation.writer.placed_rows``), one shuffle by shard
+    brings each shard's samples together, and each group is written as its shard
+    (``write_mixed_shard``). What reaches the driver: one flag per shard and one row per shard written."""
+    import numpy as np
+    import ray.data
+
+    done = np.zeros(layout.num_shards, bool)
+    for path in output.CuratedOutput(job.fs, job.root).sidecar_files():
+        done[int(output.sidecar_stem(path))] = True
+    todo = int((~done).sum())
+    log.info("mixed shards: %d of %d to write (%d samples each)", todo, layout.num_shards, layout.samples_per_shard)
+    if not todo:
+        return
+    items = [{"partition": c["partition"], "first": firsts[c["partition"]]} for c in counts]
+    kwargs = {"uri": job.uri, "layout": layout, "done": done, "staged_at": job.steps.steps[-1].staged_at}
+    ds = ray.data.from_items(items, override_num_blocks=min(len(items), 1000)).map_batches(
+        _placed, batch_size=1, batch_format="pyarrow", fn_kwargs=kwargs, num_cpus=job.cfg.input.num_cpus
+    )
+    groups = max(1, min(todo, -(-sum(c["bytes"] for c in counts) // SHUFFLE_GROUP_BYTES)))
+    written = (
+        ds.groupby(PLACE[0], num_partitions=groups)
+        .map_groups(write_mixed_shard, fn_kwargs={"output": job.uri, "layout": layout}, batch_format="pyarrow")
+        .take_all()
+    )
+    if len(written) != todo:
+        raise RuntimeError(f"{len(written)} mixed shards written, {todo} expected")
 
 
 def _summarise_parts(paths: list[str], uri: str) -> list[dict]:
@@ -496,23 +560,26 @@ def finish(job: Job, partitions: int, phases: dict[str, float], t0: float) -> tu
     id come from per-part summaries (``summarise_manifest``): no process reads the whole manifest."""
     out = output.CuratedOutput(job.fs, job.root)
     counts, digests = summarise_manifest(job)
+    name = job.cfg.dataset_name or job.cfg.name
+    index = write_shard_index(job, out, name)
     stats = stats_from_counts(
         counts,
         job.steps.funnel(),
-        samples_in_shards=out.samples_in_shards(),
-        shards=len(out.shard_files()),
+        samples_in_shards=sum(s["nsamples"] for s in index["shardlist"]),
+        shards=len(index["shardlist"]),
         descriptions=job.steps.describe(),
     )
-    stats.update(partitions=partitions, job_digest=job.digest)
+    stats.update(
+        partitions=partitions, job_digest=job.digest, samples_per_shard=job.steps.steps[-1].cfg.samples_per_shard
+    )
     if not stats["reconciled"]:
         raise RuntimeError(f"accounting does not reconcile: {format_summary(stats)}")
     storage.atomic_write_bytes(
         job.fs, output.path(job.root, output.STATS_FILE), json.dumps(stats, indent=2, sort_keys=True).encode()
     )
     dataset_id = combine_digests(digests, job.digest)
-    name = job.cfg.dataset_name or job.cfg.name
     t = time.time()
-    run_id = _record(job, stats, out.manifest_schema(), dataset_id, name, out.shard_uris())
+    run_id = _record(job, stats, out.manifest_schema(), dataset_id, name, output.absolute_index(index, job.uri))
     phases["stats_and_tracking"] += time.time() - t
     phases = {k: round(v, 3) for k, v in phases.items()}
     log.info("seconds per phase (this session): %s", phases)
@@ -536,9 +603,24 @@ def finish(job: Job, partitions: int, phases: dict[str, float], t0: float) -> tu
     return stats, dataset_id, run_id
 
 
-def _record(job: Job, stats: dict, schema, dataset_id: str, name: str, shards: list[str]) -> str | None:
+def write_shard_index(job: Job, out: output.CuratedOutput, name: str) -> dict:
+    """``shardindex.json`` (``CuratedOutput.shard_index``: URLs relative to the output folder); in a
+    mixed layout, every shard but the last must hold exactly ``samples_per_shard`` samples."""
+    index = out.shard_index(name)
+    n, sizes = job.steps.steps[-1].cfg.samples_per_shard, [s["nsamples"] for s in index["shardlist"]]
+    if n and (any(c != n for c in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= n)):
+        raise RuntimeError(f"shards of {n} samples expected, the shards hold {sizes}")
+    storage.atomic_write_bytes(
+        job.fs, output.path(job.root, output.SHARD_INDEX_FILE), json.dumps(index, indent=2, sort_keys=True).encode()
+    )
+    return index
+
+
+def _record(job: Job, stats: dict, schema, dataset_id: str, name: str, index: dict) -> str | None:
+    """The MLflow run of the dataset version: stats, ``shards.txt`` and the shard index with absolute URIs."""
     if not job.cfg.tracking.enabled:
         return None
+    shards = [s["url"] for s in index["shardlist"]]
     from infra.tracking import log_dataset_run, resolve_tracking_uri
 
     metrics, run_tags, profile = tracking_record(stats)
@@ -562,7 +644,7 @@ def _record(job: Job, stats: dict, schema, dataset_id: str, name: str, shards: l
         tags=tags,
         metrics=metrics,
         run_tags=run_tags,
-        documents={output.STATS_FILE: stats, "shards.txt": "\n".join(shards) + "\n"},
+        documents={output.STATS_FILE: stats, "shards.txt": "\n".join(shards) + "\n", output.SHARD_INDEX_FILE: index},
         dataset_name=name,
         dataset_id=dataset_id,
         dataset_schema=arrow_to_mlflow_schema(schema),
@@ -590,7 +672,7 @@ def run_curation(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationResu
     _, more = run_passes(job, [p.id for p in partitions], pending)
     phases.update(more)
     t = time.time()
-    write_all(job, pending)
+    write_all(job, [p.id for p in partitions], pending)
     phases["write"], phases["stats_and_tracking"] = time.time() - t, 0.0
     stats, dataset_id, run_id = finish(job, len(partitions), phases, t0)
     _drop_staging(job)

@@ -1,30 +1,37 @@
-"""Writer: one WebDataset shard, one Parquet sidecar and one manifest part per input partition.
+"""Writer: the WebDataset shards with their Parquet sidecars, and one manifest part per input partition.
 
-For partition ``<pid>`` (names derived from the input partition, so re-runs reproduce them):
+Two layouts (``shards.samples_per_shard``, ``curation.config.ShardsConfig``):
 
-- ``shards/<pid>.tar``: ``<key>.jpg`` + ``<key>.json`` per kept sample, sorted by key, with
-  fixed member metadata (mtime 0, uid/gid 0), so equal content gives equal bytes.
-- ``shards/<pid>.parquet``: the kept samples' metadata (no pixels), for trainers and audits.
-- ``manifest/<pid>.parquet``: one row per input image of the partition (kept, dropped or
-  error) with its reason, scores and shard.
+- ``0``, per partition: for partition ``<pid>``, ``shards/<pid>.tar`` holds its kept samples
+  sorted by key and ``shards/<pid>.parquet`` their metadata (no pixels), written by the
+  partition's own task (``write_partition``) before its manifest part.
+- ``N > 0``, mixed: shards of exactly N samples (the last: the rest), each kept sample placed by
+  ``curation.sharding.Layout`` from its partition's first sample number; the samples travel to
+  their shard in one Ray Data shuffle (the pipeline's ``write_all``), and each shard is written
+  by one call of ``write_mixed_shard`` in its position order (``shards/<index>.tar`` and
+  ``.parquet``). Manifest parts are written once every shard is.
 
-Each file is written under a temporary name and renamed when complete, in that order; the
-manifest part is the partition's commit marker. A partition with no kept sample writes no
-shard (and no sidecar), only its manifest part.
+Either way, ``<key>.jpg`` + ``<key>.json`` per sample with fixed member metadata (mtime 0,
+uid/gid 0), so equal content gives equal bytes; ``manifest/<pid>.parquet`` has one row per
+input image of the partition (kept, dropped or error) with its reason, scores and shard. Each
+file is written under a temporary name and renamed when complete, a tar before its sidecar
+(a sidecar marks its shard complete) and the manifest part last: it is the partition's commit
+marker. A partition with no kept sample writes no shard of its own, only its manifest part.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import posixpath
 import tarfile
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation import schema, staging
-from curation.output import empty_marker_path, manifest_part_path, shard_path, sidecar_path
+from curation.config import ShardsConfig
+from curation.output import empty_marker_path, manifest_part_path, shard_file_name, shard_path, sidecar_path
+from curation.sharding import Layout
 from curation.steps import Step
 from infra import storage
 
@@ -111,39 +118,108 @@ def apply_decisions(table: pa.Table, decisions: pa.Table) -> pa.Table:
     return schema.with_columns(table, {"status": pa.array(status, pa.string())})
 
 
-def write_partition(output: str, pid: str, decisions: pa.Table, staged_at: str | None = None) -> dict:
-    """Write shard, sidecar and manifest part of one partition from its rows staged at
-    ``staged_at`` (the last pass's staging root; default ``output``); returns its counts."""
+PLACE = ("_shard", "_pos")  # a kept row's place in the mixed layout, from its read task to its shard
+
+
+def _staged_rows(output: str, pid: str, staged_at: str | None, columns: list[str] | None = None) -> pa.Table | None:
     fs, root = storage.resolve(output)
-    staged = staging.read_partition_rows(fs, storage.resolve(staged_at)[1] if staged_at else root, pid)
+    return staging.read_partition_rows(fs, storage.resolve(staged_at)[1] if staged_at else root, pid, columns)
+
+
+def kept_of(table: pa.Table) -> pa.Table:
+    """The kept rows of a table with final statuses (``apply_decisions``), in its order."""
+    return table.filter(pc.equal(table.column("status"), schema.KEPT))
+
+
+def count_kept(output: str, pid: str, decisions: pa.Table, staged_at: str | None = None) -> dict:
+    """One partition's kept samples and their input bytes: what the mixed layout is planned from."""
+    staged = _staged_rows(output, pid, staged_at, ["key", "decode_ok", "reason", "input_bytes"])
+    if staged is None:
+        return {"partition": pid, "kept": 0, "bytes": 0}
+    kept = kept_of(apply_decisions(staged, decisions))
+    return {"partition": pid, "kept": kept.num_rows, "bytes": int(pc.sum(kept.column("input_bytes")).as_py() or 0)}
+
+
+def _write_shard(fs, root: str, stem: str, kept: pa.Table) -> None:
+    """Shard ``stem``: the tar of ``kept``'s rows in their order (bytes staged by reference read
+    back from the input), then its sidecar, which marks the shard complete."""
+    rows = kept.to_pylist()
+    for i, data in staging.referenced_bytes(kept, [True] * kept.num_rows).items():
+        rows[i]["image"] = data
+    write_tar(fs, shard_path(root, stem), rows)
+    sidecar = kept.drop_columns([c for c in _NOT_STORED if c in kept.column_names])
+    sidecar = schema.with_columns(sidecar, {"shard": pa.array([shard_file_name(stem)] * kept.num_rows, pa.string())})
+    storage.write_parquet(fs, sidecar_path(root, stem), sidecar)
+
+
+def write_partition(
+    output: str, pid: str, decisions: pa.Table, staged_at: str | None = None, placed: tuple[Layout, int] | None = None
+) -> dict:
+    """The manifest part of one partition from its rows staged at ``staged_at`` (the last pass's
+    staging root; default ``output``); returns its counts. ``placed`` None (per-partition
+    layout): the partition's shard and sidecar are written first. ``placed`` = (mixed layout, the
+    partition's first sample number): its kept rows' shards, written already, are named."""
+    fs, root = storage.resolve(output)
+    staged = _staged_rows(output, pid, staged_at)
     if staged is None:  # no image in this input partition: nothing to account for, but it is done
         storage.atomic_write_bytes(fs, empty_marker_path(root, pid), b"")
-        return {"partition": pid, "rows": 0, "kept": 0, "shard": None}
+        return {"partition": pid, "rows": 0, "kept": 0}
     table = apply_decisions(staged, decisions)
-    kept = table.filter(pc.equal(table.column("status"), schema.KEPT))
-    shard_name = posixpath.basename(shard_path(root, pid)) if kept.num_rows else None
-    if kept.num_rows:
-        rows = kept.to_pylist()
-        for i, data in staging.referenced_bytes(kept, [True] * kept.num_rows).items():  # staged by reference
-            rows[i]["image"] = data
-        write_tar(fs, shard_path(root, pid), rows)
-        sidecar = kept.drop_columns([c for c in _NOT_STORED if c in kept.column_names])
-        sidecar = schema.with_columns(sidecar, {"shard": pa.array([shard_name] * kept.num_rows, pa.string())})
-        storage.write_parquet(fs, sidecar_path(root, pid), sidecar)
+    kept = kept_of(table)
+    if placed is None:
+        names = [shard_file_name(pid)] * kept.num_rows
+        if kept.num_rows:
+            _write_shard(fs, root, pid, kept)
+    else:
+        layout, first = placed
+        names = [shard_file_name(layout.stem(int(s))) for s in layout.place(first, kept.num_rows)[0]]
     manifest = table.drop_columns([c for c in _NOT_STORED if c in table.column_names])
-    shard_col = [shard_name if s == schema.KEPT else None for s in manifest.column("status").to_pylist()]
+    in_order = iter(names)  # kept rows, in the table's (key) order
+    shard_col = [next(in_order) if s == schema.KEPT else None for s in manifest.column("status").to_pylist()]
     manifest = schema.with_columns(manifest, {"shard": pa.array(shard_col, pa.string())})
     storage.write_parquet(fs, manifest_part_path(root, pid), manifest)
-    return {"partition": pid, "rows": table.num_rows, "kept": kept.num_rows, "shard": shard_name}
+    return {"partition": pid, "rows": table.num_rows, "kept": kept.num_rows}
+
+
+def placed_rows(
+    output: str, pid: str, first: int, decisions: pa.Table, layout: Layout, done, staged_at: str | None = None
+) -> pa.Table:
+    """Partition ``pid``'s kept rows bound for mixed shards not yet written (``done``: a bool
+    per shard), with their image bytes and their place (``PLACE``: shard, position)."""
+    kept = kept_of(apply_decisions(_staged_rows(output, pid, staged_at), decisions))
+    shard, pos = layout.place(first, kept.num_rows)
+    todo = ~done[shard]
+    kept = kept.filter(pa.array(todo))
+    kept = staging.load_image_bytes(kept, [True] * kept.num_rows)
+    return schema.with_columns(kept, {PLACE[0]: pa.array(shard[todo]), PLACE[1]: pa.array(pos[todo])})
+
+
+def write_mixed_shard(group: pa.Table, output: str, layout: Layout) -> pa.Table:
+    """One mixed shard from all of its rows (one group of the shuffle), in position order; returns
+    a one-row summary (shard, samples). A group that is not exactly the shard's positions is a bug."""
+    shard = group.column(PLACE[0])[0].as_py()
+    rows = group.sort_by(PLACE[1])
+    if rows.column(PLACE[1]).to_pylist() != list(range(layout.size(shard))):
+        raise RuntimeError(f"mixed shard {shard} got {rows.num_rows} rows, expected {layout.size(shard)}")
+    fs, root = storage.resolve(output)
+    _write_shard(fs, root, layout.stem(shard), rows.drop_columns(list(PLACE)).combine_chunks())
+    return pa.table({"shard": [shard], "samples": [rows.num_rows]})
 
 
 class WriteShards(Step):
     """The recipe's last step and its one decision point: statuses from reasons and dedup
-    decisions, then each partition's shard, sidecar and manifest part."""
+    decisions, then the shards with their sidecars, and each partition's manifest part."""
 
     name = "write_shards"
+    section = "shards"
+    Config = ShardsConfig
     reads = ("key", "image", "image_ext")
     staged_at: str | None = None  # where the last pass staged its rows (set by the pipeline); None: the output
 
-    def write(self, output: str, pid: str, decisions: pa.Table) -> dict:
-        return write_partition(output, pid, decisions, self.staged_at)
+    def layout(self, total: int) -> Layout | None:
+        """The mixed layout of a run of ``total`` kept samples; None for one shard per partition."""
+        n = self.cfg.samples_per_shard
+        return Layout(n, total, self.cfg.seed) if n else None
+
+    def write(self, output: str, pid: str, decisions: pa.Table, placed: tuple[Layout, int] | None = None) -> dict:
+        return write_partition(output, pid, decisions, self.staged_at, placed)

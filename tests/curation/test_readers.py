@@ -229,8 +229,13 @@ def test_img2dataset_funnel_starts_at_what_was_attempted(tmp_path, ray_local):
         content=weightless_content_filters(text=False),
     )
     cfg.detector.backend, cfg.geometry.min_short_side = "none", 256
-    stats = run_curation(cfg).stats
+    result = run_curation(cfg)
+    stats = result.stats
     assert (stats["inputs"], stats["kept"], stats["dropped"], stats["errors"]) == (4, 1, 1, 2)
     assert stats["errors_by_reason"] == {"download_failed": 2} and stats["dropped_by_reason"] == {"too_small": 1}
     assert stats["funnel"][0] == {"stage": "read", "in": 4, "out": 2, "removed": {"download_failed": 2}}
     assert stats["reconciled"] is True
+    # the per-partition layout's shard index: its one shard, with the one kept sample
+    index = json.loads((tmp_path / "out" / "shardindex.json").read_text())
+    shard = Path(result.shards[0]).name
+    assert [(s["url"], s["nsamples"]) for s in index["shardlist"]] == [(f"shards/{shard}", 1)]

@@ -1,4 +1,6 @@
-"""A curation job killed mid-run (SIGKILL, no clean-up) resumes to byte-identical outputs."""
+"""A curation job killed mid-run (SIGKILL, no clean-up) resumes to byte-identical outputs, here with
+mixed shards of 3 samples (``shards.samples_per_shard``; the per-partition layout's kill and resume is
+``tests/curation/test_object_store.py``'s)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from tests.conftest import REPO, alongside, kill_when
 pytestmark = pytest.mark.slow
 
 
+SAMPLES_PER_SHARD = 3
+
+
 def curate_cmd(raw: Path, out: Path, centernet: Path, ray_tmp: str) -> list[str]:
     return [
         sys.executable,
@@ -27,6 +32,7 @@ def curate_cmd(raw: Path, out: Path, centernet: Path, ray_tmp: str) -> list[str]
         f"output_dir={out}",
         f"detector.weights={centernet}",
         "input.images_per_partition=2",
+        f"shards.samples_per_shard={SAMPLES_PER_SHARD}",
         f"ray.temp_dir={ray_tmp}",
         "ray.progress_bars=off",
         f"tracking.uri=sqlite:///{out.parent / 'mlflow.db'}",
@@ -37,7 +43,7 @@ def output_files(out: Path) -> dict[str, bytes]:
     return {
         p.relative_to(out).as_posix(): p.read_bytes()
         for p in sorted(out.rglob("*"))
-        if p.is_file() and p.parts[len(out.parts)] in ("shards", "manifest")
+        if p.is_file() and p.parts[len(out.parts)] in ("shards", "manifest", "shardindex.json")
     }
 
 
@@ -57,7 +63,8 @@ def _done(text: str, pattern: str) -> int:
 
 def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet_path):
     """Killed in pass 1, again once the global dedup between the passes has decided, again in
-    pass 2 (the models over the survivors); each re-run picks up where the last stopped."""
+    pass 2 (the models over the survivors), again once mixed shards are on disk; each re-run picks
+    up where the last stopped."""
     raw = tmp_path / "raw"
     build_demo_corpus(raw)
     ray_a, ray_b = f"/tmp/hvr-{os.getpid()}-a", f"/tmp/hvr-{os.getpid()}-b"
@@ -83,6 +90,13 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
         assert _done(second, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1  # pass 1 resumed, not redone
         _killed(cmd, lambda: len(pass2()) >= 2, ray_b, tmp_path / "run3.log")
         assert not (out / "_SUCCESS").exists()
+        # Run 4 resumes pass 2 and is killed once two mixed shards are complete (a sidecar is written
+        # after its tar); one of them then loses its sidecar, the state a kill between the two leaves.
+        sidecars = lambda: sorted((out / "shards").glob("*.parquet"))  # noqa: E731
+        fourth = _killed(cmd, lambda: len(sidecars()) >= 2, ray_b, tmp_path / "run4.log")
+        assert _done(fourth, r"pass 2: \d+ partitions to score, (\d+) already done") >= 1  # pass 2 resumed
+        assert not (out / "_SUCCESS").exists()
+        sidecars()[-1].unlink()
 
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -92,5 +106,6 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     # Parse the numbers: a substring test for "0 already done" would also reject "10 already done".
     assert _done(done.stderr, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1
-    assert _done(done.stderr, r"pass 2: \d+ partitions to score, (\d+) already done") >= 1  # pass 2 resumed
+    todo = re.search(r"mixed shards: (\d+) of (\d+) to write", done.stderr)
+    assert todo and 1 <= int(todo[1]) < int(todo[2]), done.stderr[-3000:]  # only the missing shards written
     assert not pids_naming(ray_a) and not pids_naming(ray_b)
