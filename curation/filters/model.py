@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from PIL import Image
 
 from curation import schema
@@ -233,11 +234,19 @@ def embeddings_of(table: pa.Table, mask: list[bool], step: str) -> tuple[list[in
         raise ValueError(
             f"{step} reads the {EMBEDDING_COLUMN!r} column: the recipe runs the CLIP embedding step before it"
         )
-    values = table.column(EMBEDDING_COLUMN).to_pylist()
-    rows = [i for i, pending in enumerate(mask) if pending and values[i] is not None]
+    wanted = [i for i, pending in enumerate(mask) if pending]
+    column = table.column(EMBEDDING_COLUMN).take(pa.array(wanted, pa.int64()))
+    valid = column.is_valid().to_numpy(zero_copy_only=False) if wanted else np.zeros(0, bool)
+    rows = [i for i, ok in zip(wanted, valid) if ok]
     if not rows:
         return [], np.zeros((0, 0), np.float32)
-    return rows, np.asarray([values[i] for i in rows], dtype=np.float32)
+    # through Arrow's flat values, not a Python list per row: the cost of a head is mostly this
+    lists = column.filter(pa.array(valid)).combine_chunks()
+    widths = pc.min_max(pc.list_value_length(lists)).as_py()
+    if widths["min"] != widths["max"]:
+        raise ValueError(f"{step}: the {EMBEDDING_COLUMN!r} rows have {widths['min']} to {widths['max']} values")
+    flat = lists.flatten().to_numpy(zero_copy_only=False)
+    return rows, np.array(flat, dtype=np.float32).reshape(len(rows), -1)  # a writable copy
 
 
 def load_state_file(path: str | Path) -> dict:
