@@ -5,9 +5,12 @@ JPEG-encoded rows, as the decode stage leaves them: decoding, preprocessing, the
 writing the columns) and, measured right after it in the same process on the same loaded
 model, the **baseline**: the bare model on pre-decoded, pre-processed inputs of the same
 batch size (CLIP ``encode_image`` on the preprocessed tensor; the watermark classifier's
-forward on the normalised tensor; the zero-shot head on the embeddings; rapidocr det + rec on
-the decoded RGB array at ``max_side``). The ratio stage / baseline is what the stage's own
-work costs on top of the model. Every stage and every baseline gets the same warm-up
+forward on the normalised tensor; the zero-shot head on the embeddings; the NSFW and aesthetic
+heads' forward on the same embeddings as a tensor on their device; rapidocr det + rec on the
+decoded RGB array at ``max_side``). The ratio stage / baseline is what the stage's own
+work costs on top of the model. The embedding heads are timed on ``--head-rows`` rows (the
+CLIP stage's output repeated) at ``--head-batch-sizes``, their steps' scale: a few small matrix
+products per batch, so the rows' conversion to and from Arrow is most of what a step adds. Every stage and every baseline gets the same warm-up
 (``--warmup-batches`` batches of its batch size, off the clock); then stage and baseline are
 timed alternately ``--repeats`` times and the best pass of each is kept. Both wall-clock
 images/s and images per CPU-second of the process are printed: on a loaded machine the
@@ -19,7 +22,9 @@ threads that spin while they wait).
 Models are randomly initialised with the real architectures (no weights are downloadable
 here; random weights cost the same compute as trained ones), saved to a temporary checkpoint
 and loaded back by the stage: CLIP as the shipped default ``ViT-L-14`` and the small
-``ViT-B-32`` (``--clip-models``), the watermark classifier as LAION's efficientnet_b3 + MLP.
+``ViT-B-32`` (``--clip-models``), the watermark classifier as LAION's efficientnet_b3 + MLP, the
+NSFW and aesthetic heads in the layouts of LAION's detector (NeMo Curator's port: 64-512-256-1
+after the normalisation) and aesthetic predictor v2 (1024-128-64-16-1), on the CLIP model's width.
 Inputs are real photos cycled to ``--images`` rows. Not a test: it prints figures.
 
     python benchmarks/content_filters_throughput.py --threads 1     # ~10 min on 2 quiet cores
@@ -44,9 +49,11 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from curation.filters.aesthetic import LAYERS, AestheticScore, AestheticScoreConfig  # noqa: E402
 from curation.filters.artistic import ArtisticFilter, ArtisticFilterConfig, zero_shot  # noqa: E402
 from curation.filters.clip_embedding import ClipEmbedding, ClipEmbeddingConfig  # noqa: E402
 from curation.filters.model import decode_rgb  # noqa: E402
+from curation.filters.nsfw import NsfwFilter, NsfwFilterConfig  # noqa: E402
 from curation.filters.text import TextFilter, TextFilterConfig  # noqa: E402
 from curation.filters.watermark import WatermarkFilter, WatermarkFilterConfig, build_classifier  # noqa: E402
 from curation.schema import BASE_FIELDS  # noqa: E402
@@ -114,8 +121,10 @@ def paired(stage_fn, stage_warm, stage_timed, bare_fn, bare_warm, bare_timed):
 
 
 class Report:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, header: bool = True) -> None:
         self.n, self.rows = n, []
+        if not header:
+            return
         print(f"{'':67s} {'--- wall clock, img/s ---':>28s}  {'-- img per CPU-second --':>36s}")
         print(
             f"{'stage':16s} {'model':36s} {'batch':>5s} {'setup_s':>7s} {'stage':>9s} {'bare':>9s} {'ratio':>8s}  "
@@ -142,6 +151,51 @@ class Report:
         )
 
 
+def head_weights(kind: str, width: int, folder: Path) -> Path:
+    """Random weights, saved as a state dict, in the layout of LAION's NSFW detector (``nsfw``) or
+    aesthetic predictor v2 (``aesthetic``) for ``width``-d embeddings."""
+    import torch
+
+    if kind == "nsfw":
+        widths, names = (width, 64, 512, 256, 1), [f"linear_{i}" for i in range(1, 5)]
+        state = {"norm.mean": torch.zeros(width), "norm.variance": torch.ones(width)}
+    else:
+        widths, names, state = (width, 1024, 128, 64, 16, 1), [f"layers.{i}" for i in LAYERS], {}
+    for name, (a, b) in zip(names, zip(widths, widths[1:]), strict=True):
+        layer = torch.nn.Linear(a, b)
+        state |= {f"{name}.weight": layer.weight.detach(), f"{name}.bias": layer.bias.detach()}
+    path = folder / f"{kind}-{width}.pth"
+    torch.save(state, path)
+    return path
+
+
+def bench_heads(report, embedded: pa.Table, clip_cfg, folder: Path, batch_sizes: list[int], w: int, only: set) -> None:
+    """The NSFW and aesthetic steps on the CLIP stage's output rows (repeated to ``report.n``
+    rows), each beside its own forward on the same embeddings as a tensor on its device."""
+    import torch
+
+    embedded = pa.concat_tables([embedded] * -(-report.n // embedded.num_rows)).slice(0, report.n)
+    emb = np.asarray(embedded.column("clip_embedding").to_pylist(), np.float32)
+    heads = {"nsfw": (NsfwFilter, NsfwFilterConfig), "aesthetic": (AestheticScore, AestheticScoreConfig)}
+    for kind, (cls, config) in heads.items():
+        if kind not in only:
+            continue
+        stage = cls(config(weights=str(head_weights(kind, emb.shape[1], folder))), clip_cfg)
+        setup_s = setup(stage)
+        x = torch.from_numpy(emb).to(stage.device)
+
+        def bare(xb, stage=stage):
+            with torch.inference_mode():
+                return stage.forward(stage.tensors, xb)
+
+        for bs in batch_sizes:
+            stage.cfg = dataclasses.replace(stage.cfg, batch_size=bs)
+            warm = [embedded.slice(0, bs)] * w
+            warm_s, secs, base, _ = paired(stage.process, warm, [embedded], bare, [x[:bs]] * w, batches(x, bs))
+            model = f"LAION {kind} head on {clip_cfg.model} ({stage.device})"
+            report.add(stage.name, model, bs, setup_s, warm_s, secs, base)
+
+
 def setup(stage) -> float:
     t0 = time.perf_counter()
     stage.setup()
@@ -156,8 +210,10 @@ def main() -> None:
     ap.add_argument("--clip-models", default="ViT-B-32,ViT-L-14", help="open_clip architectures (shipped: ViT-L-14)")
     ap.add_argument("--watermark-backbone", default="efficientnet_b3")
     ap.add_argument("--ocr-max-sides", default="640,960")
+    ap.add_argument("--head-rows", type=int, default=1024, help="rows the embedding heads are timed on")
+    ap.add_argument("--head-batch-sizes", default="256", help="batch sizes of the embedding heads")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--only", default="embedding,artistic,watermark,text")
+    ap.add_argument("--only", default="embedding,nsfw,artistic,watermark,aesthetic,text")
     ap.add_argument("--repeats", type=int, default=2, help="timed passes of each stage and baseline (best is kept)")
     ap.add_argument("--quick", action="store_true", help="8 images, batch 8, OCR at 640 only")
     args = ap.parse_args()
@@ -184,7 +240,7 @@ def main() -> None:
     t_start = time.perf_counter()
 
     with tempfile.TemporaryDirectory() as tmp:
-        for clip_model in args.clip_models.split(",") if only & {"embedding", "artistic"} else []:
+        for clip_model in args.clip_models.split(",") if only & {"embedding", "nsfw", "artistic", "aesthetic"} else []:
             import open_clip
 
             weights = Path(tmp) / f"clip-{clip_model}.pt"
@@ -211,6 +267,10 @@ def main() -> None:
                     report.add(
                         "clip_embedding", f"{clip_model} random init ({clip.device})", bs, setup_s, warm_s, secs, base
                     )
+            heads = Report(args.head_rows, header=False)
+            bench_heads(
+                heads, embedded, clip_cfg, Path(tmp), [int(b) for b in args.head_batch_sizes.split(",")], w, only
+            )
             if "artistic" in only:
                 a_stage = ArtisticFilter(ArtisticFilterConfig(), clip_cfg)
                 setup_s = setup(a_stage)

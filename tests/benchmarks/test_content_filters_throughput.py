@@ -1,12 +1,13 @@
 """``benchmarks/content_filters_throughput.py`` at its smallest size: every stage (CLIP embedding
-with its bare-model closure, artistic, watermark, OCR) beside its bare model, one row each."""
+with its bare-model closure, the NSFW head, artistic, watermark, the aesthetic head, OCR) beside
+its bare model, one row each."""
 
 import re
 
 RATES = r"\d+\.\d +\d+\.\d\d +\d+\.\d\d +\d+\.\d\d +\d+\.\d\d +\d+\.\d\d +\d+\.\d\d"
 SMALLEST = [
     *("--images", "2", "--batch-sizes", "2", "--repeats", "1", "--threads", "1"),
-    *("--clip-models", "ViT-B-32", "--ocr-max-sides", "320"),
+    *("--clip-models", "ViT-B-32", "--ocr-max-sides", "320", "--head-rows", "16", "--head-batch-sizes", "8"),
 ]
 
 
@@ -15,7 +16,9 @@ def test_prints_each_stage_beside_its_bare_model(bench):
     assert re.search(r"^# \d+ CPUs, .* \(1 threads\), .* 2 real photos timed per row, 1 warm-up batch", out, re.M)
     rows = {
         "clip_embedding": r"ViT-B-32 random init \(cpu\) +2",
+        "nsfw_filter": r"LAION nsfw head on ViT-B-32 \(cpu\) +8",
         "artistic_filter": r"zero-shot on ViT-B-32, \d+ prompts +2",
+        "aesthetic_filter": r"LAION aesthetic head on ViT-B-32 \(cpu\) +8",
         "watermark_filter": r"efficientnet_b3@\d+ \(cpu\) +2",
         "text_filter": r"rapidocr det\+rec, max_side 320 \(1 thr\) +\d+",
     }
