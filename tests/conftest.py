@@ -35,12 +35,13 @@ os.environ.pop("RAY_ADDRESS", None)
 
 
 # What makes a test slow: a Ray cluster (``ray_local`` or anything built on it: curation runs,
-# Ray Train), a subprocess job, a browser. ``make test-fast`` (``-m "not slow"``) runs the rest.
-SLOW_FIXTURES = {"ray_local"}
+# Ray Train), a benchmark run as a script (``bench``), an S3 server (``s3``), a subprocess job, a
+# browser. ``make test-fast`` (``-m "not slow"``) runs the rest.
+SLOW_FIXTURES = {"ray_local", "bench", "s3"}
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """Every test that needs a Ray cluster is ``slow``, whether or not its file says so."""
+    """Every test that needs one of ``SLOW_FIXTURES`` is ``slow``, whether or not its file says so."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
