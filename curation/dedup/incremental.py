@@ -155,7 +155,8 @@ class NearDupIndex:
                 new_decisions.cast(DECISION_SCHEMA),
             ]
         )
-        merged = pa.concat_tables([old, _prepare(new, cfg).cast(old.schema)])
+        new_rows = _prepare(new, cfg)  # columns the older index lacks (a step's rank_*) are not kept
+        merged = pa.concat_tables([old, new_rows.select(old.column_names).cast(old.schema)])
         same = dataclasses.replace(cfg, index_num_blocks=self.num_blocks, max_distance=self.max_distance)
         index = NearDupIndex.build(merged, same, decisions)  # this index's plan, whatever cfg asks
         if self.plan_masks is None:

@@ -86,3 +86,17 @@ def test_near_dedup_reads_the_rank_columns_earlier_steps_wrote():
 def test_a_rank_column_must_be_an_integer():
     with pytest.raises(TypeError, match=r"rank column 'rank_quality' must be an integer type, not float"):
         type("FloatRank", (Step,), {"name": "x", "fields": [pa.field("rank_quality", pa.float32())]})
+
+
+def test_an_index_from_before_a_rank_column_extends_with_rows_that_have_one():
+    """An earlier version's in-memory index (its output predates the rank column) keeps its schema."""
+    from curation.dedup import DECISION_SCHEMA
+    from curation.dedup.incremental import NearDupIndex
+    from curation.dedup.near import NearDupConfig
+
+    same_hash = "8f0f0f0f0f0f0f0f"
+    size = {"width": pa.array([10], pa.int32()), "height": pa.array([10], pa.int32())}
+    old = pa.table({"key": ["a"], "phash": [same_hash], "phash_mirror": [same_hash], **size})
+    new = pa.table({"key": ["b"], "phash": [same_hash], "phash_mirror": [same_hash], **size, "rank_quality": [0]})
+    index = NearDupIndex.build(old, NearDupConfig()).extended(new, DECISION_SCHEMA.empty_table(), NearDupConfig())
+    assert index.rows.column("key").to_pylist() == ["a", "b"] and "rank_quality" not in index.rows.column_names
