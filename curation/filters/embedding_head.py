@@ -84,7 +84,9 @@ class EmbeddingHead(ModelStep):
         if emb_ND.shape[1] != self.width:
             raise ValueError(f"{self._where()} takes {self.width}-d embeddings, the rows hold {emb_ND.shape[1]}-d")
         with torch.inference_mode():
-            out_N = self.forward(self.tensors, torch.from_numpy(np.ascontiguousarray(emb_ND, np.float32)).to(self.device))
+            out_N = self.forward(
+                self.tensors, torch.from_numpy(np.ascontiguousarray(emb_ND, np.float32)).to(self.device)
+            )
         return out_N.float().cpu().numpy().reshape(-1)
 
     def score(self, batch: pa.Table, rows: list[int], images: list) -> list[dict | None]:
