@@ -59,7 +59,7 @@ from curation.filters.geometry import GeometryConfig
 from curation.filters.person import DetectorConfig
 from curation.pipeline import run_curation
 from curation.recipe import CurationConfig, weightless_content_filters
-from infra.ray_runtime import RayConfig
+from infra.ray_runtime import RayConfig, use_shuffle
 from infra.tracking import TrackingConfig
 from pipelines.demo_corpus import non_person_photos, person_photos
 
@@ -568,6 +568,7 @@ def main() -> None:
         link_corpus(paths[: min(100, args.images)], work / "raw-warm")
         ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
+        use_shuffle("sort")  # as on a local cluster started by init_ray (RayConfig.shuffle)
         n = args.cpus
         dups = args.images // DUPLICATE_EVERY
         print(

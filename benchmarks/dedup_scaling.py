@@ -181,8 +181,11 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
         import ray
         import ray.data
 
+        from infra.ray_runtime import use_shuffle
+
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
+        use_shuffle("sort")  # as on a local cluster started by init_ray (RayConfig.shuffle)
         ds = ray.data.from_arrow(table).repartition(8).materialize()
     if method in IMAGEDEDUP:
         from imagededup.methods import PHash

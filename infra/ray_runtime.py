@@ -19,7 +19,7 @@ class RayConfig:
 
     Cluster (all stages): ``address`` (None: the job's cluster under ``ray job submit``, else a
     local one), and for a local cluster ``num_cpus``, ``object_store_memory``, ``temp_dir``.
-    Ray Data (curation): ``progress_bars``, ``actor_pools``. Ray Train (pretraining, probing):
+    Ray Data (curation): ``progress_bars``, ``actor_pools``, ``shuffle``. Ray Train (pretraining, probing):
     ``num_workers``, ``cpus_per_worker``, ``use_gpu``, ``max_failures``, ``timeout_s``.
     Stages set their own defaults with ``ray_section(...)``.
     """
@@ -33,6 +33,11 @@ class RayConfig:
     # left to grow a pool kept one actor busy: docs/results/curation_throughput.md); "autoscaling"
     # starts one and lets Ray Data add up to num_actors.
     actor_pools: Literal["fixed", "autoscaling"] = "fixed"
+    # How Ray Data's groupby shuffles (the dedup steps, shard assignment): "sort" runs map and
+    # reduce tasks, "hash" Ray's default (aggregator actors, started for each shuffle: on a 2-CPU
+    # machine a dedup of 800 rows took minutes where tasks took seconds, docs/results/test_loop.md),
+    # "auto" sort on a local cluster started here, Ray's default on a cluster joined.
+    shuffle: Literal["auto", "sort", "hash"] = "auto"
     num_workers: int = 1  # Ray Train workers
     cpus_per_worker: float = 1.0  # < 1 lets two workers share a small machine
     use_gpu: bool = False
@@ -59,7 +64,7 @@ def joins_a_cluster(address: str | None = None) -> bool:
 
 def start_ray(cfg: RayConfig) -> None:
     """``init_ray`` from a stage's ``ray`` section."""
-    init_ray(cfg.address, cfg.num_cpus, cfg.progress_bars, cfg.object_store_memory, cfg.temp_dir)
+    init_ray(cfg.address, cfg.num_cpus, cfg.progress_bars, cfg.object_store_memory, cfg.temp_dir, cfg.shuffle)
 
 
 def init_ray(
@@ -68,12 +73,14 @@ def init_ray(
     progress_bars: str = "auto",
     object_store_memory: int | None = None,
     temp_dir: str | None = None,
+    shuffle: str = "auto",
 ) -> None:
     import ray
     import ray.data
 
+    joins = joins_a_cluster(address)
     if not ray.is_initialized():
-        if joins_a_cluster(address):
+        if joins:
             ray.init(address=address or None, log_to_driver=True)
         else:
             ray.init(
@@ -89,6 +96,19 @@ def init_ray(
     show = sys.stderr.isatty() if progress_bars == "auto" else progress_bars == "on"
     ctx.enable_progress_bars = show
     ctx.print_on_execution_start = show
+    use_shuffle("hash" if shuffle == "auto" and joins else "sort" if shuffle == "auto" else shuffle)
+
+
+def use_shuffle(mode: str) -> None:
+    """Ray Data's shuffle for this driver's datasets (``RayConfig.shuffle``: "sort" or "hash")."""
+    import ray.data
+    from ray.data.context import ShuffleStrategy
+
+    if mode not in ("sort", "hash"):
+        raise ValueError(f"ray.shuffle must be auto, sort or hash, got {mode!r}")
+    ctx = ray.data.DataContext.get_current()
+    default = type(ctx)().shuffle_strategy  # Ray's own default (its hash-based shuffle)
+    ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED if mode == "sort" else default
 
 
 # Ray Train's detached PlacementGroupCleaner asks the State API (served by the dashboard)

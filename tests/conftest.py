@@ -61,7 +61,10 @@ def ray_local():
     )
     import ray.data
 
+    from infra.ray_runtime import use_shuffle
+
     ray.data.DataContext.get_current().enable_progress_bars = False
+    use_shuffle("sort")  # as init_ray does for a local cluster (RayConfig.shuffle)
     yield ray
     ray.shutdown()
 
