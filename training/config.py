@@ -296,6 +296,7 @@ RESUME_FREE = (
     "ray.temp_dir",
     "ray.progress_bars",
     "ray.actor_pools",
+    "ray.shuffle",
     "ray.max_failures",
     "ray.timeout_s",
     "metrics",
