@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import chromium, open_html  # noqa: F401 - the session's browser fixtures
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 ASSETS = SHARED / "assets"

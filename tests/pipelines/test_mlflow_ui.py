@@ -29,7 +29,7 @@ import pytest
 from infra.local_cluster import free_port, pids_naming
 from infra.tracking import EXPERIMENT_KIND_TAG, TRAINING_VIEW, get_experiment_id
 from pipelines.demo import experiment_url
-from tests.curation.audit.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.slow
 LOAD_S = 600  # a loaded 2-core machine: the server's first answers take a while

@@ -32,21 +32,20 @@ def test_identical_runs_give_identical_digests(runs_abc):
     assert a.output != b.output and a.result.dataset_id == b.result.dataset_id
     d = diff_versions(load_version(a.output), load_version(b.output))
     assert d.added == [] and d.removed == [] and d.kept_in_both == a.result.stats["kept"]
-    assert [(c.key, c.bookkeeping) for c in d.config_changes] == [("output_dir", True)]
+    assert [(c.key, c.bookkeeping) for c in d.config_changes] == [("output_dir", True), ("tracking.uri", True)]
 
 
 def test_each_run_registers_the_version_with_name_digest_source_schema_and_profile(runs_abc):
     import mlflow
 
-    client = mlflow.MlflowClient(runs_abc[0].cfg.tracking.uri)
     for r in runs_abc:
-        run = client.get_run(r.result.mlflow_run_id)
+        run = mlflow.MlflowClient(r.cfg.tracking.uri).get_run(r.result.mlflow_run_id)
         assert run.data.tags["dataset.id"] == r.result.dataset_id and run.data.tags["dataset.uri"] == r.output
         (record,) = run.inputs.dataset_inputs
         ds = record.dataset
         assert (ds.name, ds.digest) == (run.data.tags["dataset.name"], r.result.dataset_id)
-        # MLflow keeps one dataset record per (name, digest): B's input points at A's folder, which
-        # holds the same content; the run's own dataset.uri tag names its own folder.
+        # A run's input names a folder holding its version (MLflow keeps one dataset record per
+        # name and digest in a store); the run's own dataset.uri tag names its own folder.
         holders = {x.output for x in runs_abc if x.result.dataset_id == r.result.dataset_id}
         assert json.loads(ds.source)["uri"] in holders
         assert {"key", "status", "reason", "sha256"} <= {c["name"] for c in json.loads(ds.schema)["mlflow_colspec"]}

@@ -1,7 +1,6 @@
 """Fixtures of the annotation tests: tiny task checkpoints (random weights in the released layout),
 handmade curated-layout versions, and one annotation of the session's curated demo version.
-
-The browser fixtures are the audit tests' (Debian's chromium through playwright)."""
+"""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from PIL import Image
 from evaluation.annotate.config import AnnotateConfig
 from infra.config import from_dict
 from tests.conftest import IMAGES
-from tests.curation.audit.conftest import chromium, open_html  # noqa: F401 - fixtures used by the gallery test
 
 TINY = {
     "pose": "sapiens2_tiny_pose",

@@ -1,0 +1,125 @@
+"""The annotation job on the session's curated demo version (real photos, real CenterNet boxes),
+tiny task models, on the session's local Ray: every kept sample annotated once, shards that pair
+with the source shards, the version id, resume and refusal, the MLflow record; and a version
+with a corrupt and a missing sample."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from evaluation.annotate import layout, run_annotation
+from evaluation.annotate.models import file_sha256
+from tests.evaluation.annotate.conftest import annotate_config, npy, sample, write_version
+
+pytestmark = pytest.mark.slow  # the session's curation and actor pools on a local Ray
+
+
+def _tables(out: Path) -> dict[str, list[dict]]:
+    return {p.stem: pq.read_table(p).to_pylist() for p in sorted((out / layout.ANNOTATIONS).glob("*.parquet"))}
+
+
+def test_every_kept_sample_is_annotated_once_in_the_shard_it_came_from(annotated):
+    cfg, result, curated = annotated
+    out = Path(cfg.output_dir)
+    kept = {}
+    for side in sorted((curated / "shards").glob("*.parquet")):
+        kept[side.stem] = pq.read_table(side, columns=["key"]).column("key").to_pylist()
+    tables = _tables(out)
+    assert {s: [r["key"] for r in rows] for s, rows in tables.items()} == kept  # same shards, keys and order
+    rows = [r for rs in tables.values() for r in rs]
+    assert {r["status"] for r in rows} == {"ok"} and result.stats["samples"] == len(rows) == sum(
+        map(len, kept.values())
+    )
+    assert result.stats["ok"] == len(rows) and result.stats["shards"] == len(kept)
+    done = json.loads((out / "_SUCCESS").read_text())
+    assert done["annotation_version_id"] == result.version_id and done["dataset_id"] == result.dataset_id
+    assert done["models"]["seg"]["checkpoint_sha256"] == file_sha256(cfg.tasks.seg.checkpoint)
+    assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
+
+
+def test_pose_runs_on_the_recorded_boxes_and_maps_come_at_the_image_size(annotated):
+    cfg, _, curated = annotated
+    side = {r["key"]: r for p in (curated / "shards").glob("*.parquet") for r in pq.read_table(p).to_pylist()}
+    for rows in _tables(Path(cfg.output_dir)).values():
+        for r in rows:
+            src = side[r["key"]]
+            boxes = [b for b, s in zip(src["person_boxes"], src["person_scores"]) if s >= 0.3][:3]
+            assert np.allclose(r["pose_boxes"], boxes) and np.asarray(r["pose_keypoints"]).shape == (len(boxes), 308, 2)
+            assert (r["width"], r["height"]) == (src["width"], src["height"])
+            assert npy(r["normal_npy"]).shape == npy(r["pointmap_npy"]).shape == (src["height"], src["width"], 3)
+            assert r["pointmap_scale"] > 0
+
+
+def test_annotation_shards_pair_with_the_source_shards_in_webdataset(annotated):
+    import webdataset as wds
+
+    cfg, _, curated = annotated
+    sources = sorted(str(p) for p in (curated / "shards").glob("*.tar"))
+    labels = sorted(str(p) for p in (Path(cfg.output_dir) / layout.ANNOTATIONS).glob("*.tar"))
+    assert [Path(p).stem for p in sources] == [Path(p).stem for p in labels]
+    pairs = list(
+        zip(
+            wds.WebDataset(sources, shardshuffle=False).decode("pil"),
+            wds.WebDataset(labels, shardshuffle=False).decode("pil"),
+        )
+    )
+    assert pairs and all(a["__key__"] == b["__key__"] for a, b in pairs)
+    for image, ann in pairs:
+        assert {"json", "seg.png", "normal.npy", "pointmap.npy"} <= set(ann)
+        assert ann["seg.png"].size == image["jpg"].size and ann["normal.npy"].dtype == np.float16
+        assert ann["json"]["status"] == "ok" and len(ann["json"]["pose_keypoints"]) == len(ann["json"]["pose_boxes"])
+
+
+def test_a_rerun_is_recognised_and_another_configuration_is_refused(annotated):
+    cfg, result, _ = annotated
+    again = run_annotation(dataclasses.replace(cfg, actors=dataclasses.replace(cfg.actors, num_actors=1)))
+    assert again.skipped and again.version_id == result.version_id  # resources are not the version
+    other = dataclasses.replace(
+        cfg, tasks=dataclasses.replace(cfg.tasks, pose=dataclasses.replace(cfg.tasks.pose, max_people=2))
+    )
+    with pytest.raises(ValueError, match="holds annotations of another job"):
+        run_annotation(other)
+
+
+def test_mlflow_records_lineage_params_the_input_version_and_small_artifacts(annotated):
+    from mlflow import MlflowClient
+
+    cfg, result, curated = annotated
+    client = MlflowClient(cfg.tracking.uri)
+    run = client.get_run(result.mlflow_run_id)
+    tags, params = run.data.tags, run.data.params
+    assert tags["humanvision.stage"] == "annotate" and tags["annotate.version_id"] == result.version_id
+    assert tags["lineage.dataset_id"] == result.dataset_id
+    for task in ("pose", "seg", "normal", "pointmap"):
+        assert tags[f"annotate.{task}.checkpoint_sha256"] == file_sha256(cfg.tasks.of(task).checkpoint)
+    assert params["tasks.pose.min_box_score"] == "0.3" and run.data.metrics["samples"] == result.stats["samples"]
+    assert [i.dataset.digest for i in run.inputs.dataset_inputs] == [result.dataset_id]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "annotate_stats.json", "gallery"} <= artifacts
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "gallery")] == ["gallery/gallery.html"]
+
+
+def test_a_corrupt_and_a_missing_sample_are_recorded_and_the_rest_annotated(tiny_models, tmp_path, ray_local):
+    good = [sample(f"a{i}", n, [(0.1, 0.1, 0.6, 0.95)], [0.9]) for i, n in enumerate(("obama.jpg", "messi5.jpg"))]
+    corrupt = {**sample("b0", "obama2.jpg", [(0.2, 0.1, 0.8, 0.9)], [0.8]), "image": b"\xff\xd8\xff not a jpeg"}
+    gone = sample("b1", "franz_kafka.jpg", [(0.2, 0.1, 0.8, 0.9)], [0.8])
+    dataset = write_version(tmp_path / "curated", [[good[0], corrupt], [gone, good[1]]], in_tar=lambda k: k != "b1")
+    cfg = annotate_config(dataset, tmp_path / "out", tiny_models, tasks=("pose", "seg"), **{"actors.num_actors": 1})
+    result = run_annotation(cfg)
+    rows = {r["key"]: r for rs in _tables(tmp_path / "out").values() for r in rs}
+    assert {k: r["status"] for k, r in rows.items()} == {"a0": "ok", "b0": "error", "b1": "missing", "a1": "ok"}
+    assert rows["b0"]["error"].startswith("decode: ") and "no image of sample 'b1'" in rows["b1"]["error"]
+    assert rows["b0"]["seg_png"] is None and rows["a1"]["seg_png"]
+    assert (result.stats["ok"], result.stats["errors"], result.stats["missing"]) == (2, 1, 1)
+    for shard in ("000000", "000001"):  # the annotation tar holds the source tar's keys: they pair up
+        names = [tarfile.open(tmp_path / d / f"{shard}.tar").getnames() for d in ("curated/shards", "out/annotations")]
+        assert [n.split(".")[0] for n in names[0] if n.endswith(".jpg")] == [
+            n[:-5] for n in names[1] if n.endswith(".json")
+        ]
