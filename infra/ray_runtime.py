@@ -34,9 +34,9 @@ class RayConfig:
     # starts one and lets Ray Data add up to num_actors.
     actor_pools: Literal["fixed", "autoscaling"] = "fixed"
     # How Ray Data's groupby shuffles (the dedup steps, shard assignment): "sort" runs map and
-    # reduce tasks, "hash" Ray's default (aggregator actors, started for each shuffle: on a 2-CPU
-    # machine a dedup of 800 rows took minutes where tasks took seconds, docs/results/test_loop.md),
-    # "auto" sort on a local cluster started here, Ray's default on a cluster joined.
+    # reduce tasks, "hash" Ray's default (aggregator actors started for each shuffle, slow on a
+    # small machine: docs/results/test_loop.md), "auto" sort on a local cluster started here and
+    # Ray's default on a cluster joined.
     shuffle: Literal["auto", "sort", "hash"] = "auto"
     num_workers: int = 1  # Ray Train workers
     cpus_per_worker: float = 1.0  # < 1 lets two workers share a small machine
@@ -96,7 +96,9 @@ def init_ray(
     show = sys.stderr.isatty() if progress_bars == "auto" else progress_bars == "on"
     ctx.enable_progress_bars = show
     ctx.print_on_execution_start = show
-    use_shuffle("hash" if shuffle == "auto" and joins else "sort" if shuffle == "auto" else shuffle)
+    if shuffle == "auto":
+        shuffle = "hash" if joins else "sort"
+    use_shuffle(shuffle)
 
 
 def use_shuffle(mode: str) -> None:
