@@ -5,29 +5,28 @@
     python benchmarks/curate_scale.py --smallest               # 2e3 rows only (the smoke test's run)
 
 Each size runs in a fresh process (so its driver peak RSS is its own) on a local Ray cluster
-(``--cpus``, default 2). The corpus is staged as a run's scoring leaves it (``_staging/<pid>/``
-Parquet parts, ``--rows-per-partition`` rows each, no image bytes) with:
+(``--cpus``, default 2). A version V of n rows is staged as pass 1 leaves it (``_staging/<pid>/``
+Parquet parts, ``--rows-per-partition`` rows each, no image bytes) with 64-bit hashes and mirror
+hashes from ``benchmarks/dedup_scaling.py`` (``--hashes``: ``uniform`` fair-coin bits, the default,
+or the ``correlated`` stress family; neither models real PHashes), planted exact duplicates (a pool
+of n / 40 digests; ``--exact``), near duplicates (one of n / 20 originals, 0..4 bits flipped;
+``--near``), blank images (the zero hash, 0..2 bits; ``--blank``), 64-d unit embeddings with planted
+semantic copies (one of n / 20 originals plus noise, cosine ~0.9995; ``--semantic``), 3% rows
+already ended and 1% undecodable. Then a later batch B of n / 10 rows drawn the same way (so its
+copies meet V's originals) is deduplicated against V (``dedup.against``).
 
-- 64-bit hashes and mirror hashes from ``benchmarks/dedup_scaling.py``'s generators
-  (``--hashes``): ``uniform`` (fair-coin bits, the default) or ``correlated`` (the over-
-  concentrated stress family: accidental pairs grow as n^2). Neither models real PHashes (their
-  DC bit is always set); a family drawn from real image content comes with a later change;
-- planted exact duplicates (a pool of n / 40 digests; ``--exact``), near duplicates (one of
-  n / 20 originals with 0..4 bits flipped; ``--near``: families of ~2 copies at every size) and
-  blank images (the all-zero hash, 0..2 bits flipped; ``--blank``: one near-dup group);
-- 3% rows already ended by an earlier stage (a reason) and 1% undecodable.
-
-Then the global steps, timed one by one, as ``curation.pipeline`` runs them with
-``dedup.engine=ray``: exact dedup (one shuffle by SHA-256), near dedup (outer-block shuffle,
-banded search, connected components by star rounds, representatives) with the partitioned
-near-dup index a later incremental run searches (its write is timed where the near step calls
-``curation.dedup.steps.write_near_index``, which this script wraps; included in the near step's
-time and printed apart), each partition's manifest part written with its decisions (the shard
-writer less the tar), stats and the dataset version id from per-part summaries. The driver's
-peak RSS is sampled every 50 ms (psutil) and read from ``getrusage``; growth exponents
-log(t2/t1)/log(n2/n1) are printed between sizes. The baseline in the same run: the in-process
-near search (``near_duplicate_decisions``) on the same hashes up to ``--local-max``, and the
-ratio of the distributed near step to it. Results: docs/results/scale.md.
+The global steps run through the pipeline's own ``curation.pipeline.global_dedup`` with
+``dedup.engine=ray``, timed one by one: on V exact dedup, near dedup (with the partitioned
+near-dup index it writes) and semantic dedup (k-means on a bounded sample in a task, cosine pairs
+in block-pair units), then each partition's manifest part (the shard writer less the tar) and
+stats + version id (``pipeline.summarise_manifest``); on B exact, near (the Ray join of B's band
+keys with V's index buckets, and V's index extended) and semantic dedup (against V's kept
+embeddings, then within B). The driver's peak RSS over all of them is sampled every 50 ms
+(psutil); growth exponents log(t2/t1)/log(n2/n1) are printed between sizes, wall and CPU time
+(the driver's and every Ray worker's, ``--cpus`` processes' CPU from ``/proc``). Baselines in the
+same run: the in-process near search up to ``--local-max``, and up to ``--check-max`` the local
+engine's semantic, incremental near and semantic-against decisions, which must equal Ray's.
+Results: docs/results/scale.md.
 """
 
 from __future__ import annotations
@@ -47,10 +46,13 @@ import numpy as np
 from dedup_scaling import KINDS  # this script's folder is on sys.path: the hash generators live there
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EMBEDDING_DIM = 64
+STAGED = ("key", "partition", "sha256", "width", "height", "input_bytes", "converted", "phash", "phash_mirror")
 
 
 class PeakRss:
-    """The driver process's peak RSS, polled (psutil) while the block runs."""
+    """The driver process's peak RSS, polled (psutil) while the block runs; every 0.2 s it also
+    samples the CPU time of the processes the driver started (``cpu_seconds``)."""
 
     def __init__(self) -> None:
         import psutil
@@ -63,13 +65,59 @@ class PeakRss:
         return self
 
     def _poll(self) -> None:
+        ticks = 0
         while not self._stop.is_set():
             self.peak = max(self.peak, self.proc.memory_info().rss)
+            ticks += 1
+            if ticks % 4 == 0:
+                _sample_cpu()
             time.sleep(0.05)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self.thread.join()
+
+
+_CPU: dict = {}  # (pid, start time) -> its latest CPU seconds: a Ray worker that exits keeps its last sample
+_CPU_LOCK = threading.Lock()
+
+
+def _sample_cpu() -> None:
+    import psutil
+
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            key = (proc.pid, proc.create_time())
+        except psutil.Error:
+            continue
+        with _CPU_LOCK:
+            _CPU[key] = t.user + t.system  # children_* left out: a reaped worker counts once, as sampled
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and every process it started (the local Ray cluster: raylet,
+    GCS, workers), each as last sampled: a worker that ended since counts what it had used up to
+    its last sample (0.2 s apart while ``PeakRss`` runs)."""
+    _sample_cpu()
+    with _CPU_LOCK:
+        return sum(_CPU.values())
+
+
+def unit_rows(n: int, rng: np.random.Generator) -> np.ndarray:
+    x = rng.standard_normal((n, EMBEDDING_DIM)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def embeddings(n: int, args, rng: np.random.Generator) -> np.ndarray:
+    """64-d unit rows; a fraction ``args.semantic`` are copies of one of n / 20 originals plus noise."""
+    x = unit_rows(n, rng)
+    originals = unit_rows(max(4096, args.total // 20), np.random.default_rng(98))
+    copy = rng.random(n) < args.semantic
+    x[copy] = originals[rng.integers(0, len(originals), copy.sum())]
+    x[copy] += rng.normal(scale=0.004, size=(copy.sum(), EMBEDDING_DIM)).astype(np.float32)
+    return x
 
 
 def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
@@ -105,6 +153,8 @@ def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
             "width": rng.choice([320, 640, 1024], n).astype(np.int32),
             "height": np.full(n, 480, np.int32),
             "input_bytes": rng.integers(10_000, 400_000, n),
+            "converted": np.zeros(n, bool),
+            "clip_embedding": pa.array(list(embeddings(n, args, rng)), pa.list_(pa.float32())),
             "decode_ok": rng.random(n) > 0.01,
             "reason": pa.array(reasons.tolist(), pa.string()),
             "status": pa.nulls(n, pa.string()),
@@ -113,18 +163,18 @@ def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
     )
 
 
-def stage_corpus(root: str, n: int, args) -> list[str]:
+def stage_corpus(root: str, n: int, args, prefix: str = "p", seed: int = 0) -> list[str]:
+    """``n`` rows staged under ``root``; partitions ``<prefix><i>``, seeded ``seed + i``. The pools
+    the copies come from depend on ``args.total`` only, so a later batch's copies meet V's."""
     from curation import staging
     from infra import storage
-
-    args.total = n
 
     fs, path = storage.resolve(root)
     pids = []
     for i, start in enumerate(range(0, n, args.rows_per_partition)):
-        pid = f"p{i:05d}"
+        pid = f"{prefix}{i:05d}"
         rows = min(args.rows_per_partition, n - start)
-        table = corpus_part(rows, start, pid, args, np.random.default_rng(i))
+        table = corpus_part(rows, start, pid, args, np.random.default_rng(seed + i))
         staging.write_parts(fs, path, table)
         staging.write_listing(fs, path, pid, table.column("key").to_pylist())
         pids.append(pid)
@@ -144,80 +194,120 @@ def write_manifest_part(row: dict, uri: str, columns: list[str]) -> dict:
     return {"pid": row["pid"], "rows": table.num_rows}
 
 
-def global_steps(root: str, pids: list[str], args) -> dict:
-    """The global steps on the staged corpus; seconds per step."""
+def bench_job(root: str, against: str | None = None, engine: str = "ray", out: str | None = None):
+    """A ``curation.pipeline.Job`` over the corpus staged at ``root`` (decisions under ``out``,
+    default ``root``): the recipe's reader, decode, CLIP and dedup steps (semantic dedup on), built
+    without start-up checks (no model runs here)."""
+    from curation.dedup.semantic import SemanticDupConfig
+    from curation.pipeline import Job
+    from curation.recipe import HUMANS1B, CurationConfig
+    from curation.steps import BuiltRecipe
+    from infra import storage
+
+    cfg = CurationConfig(output_dir=out or root)
+    cfg.input.uri = root
+    cfg.dedup.engine, cfg.dedup.against = engine, against
+    cfg.dedup.semantic = SemanticDupConfig(enabled=True)
+    kept = ("read", "decode", "clip_embedding", "decontaminate", "exact_dedup", "near_dedup", "semantic_dedup")
+    steps = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps if s.name in kept or s is HUMANS1B.steps[-1]])
+    return Job(cfg, steps, "bench", *storage.resolve(root))
+
+
+def dedup_step(job, name: str):
+    from curation.dedup.steps import DedupStep
+
+    return next(s for s in job.steps.of_kind(DedupStep) if s.name == name)
+
+
+def timed_steps(job, pids: list[str], names: tuple[str, ...], seconds: dict, label: str = "") -> None:
+    """Each named dedup step through ``pipeline.global_dedup`` alone (it reads the earlier steps'
+    decisions on disk): wall and CPU seconds, rows dropped."""
+    from curation.pipeline import global_dedup
+
+    for name in names:
+        t, c = time.perf_counter(), cpu_seconds()
+        dropped = global_dedup(job, pids, [dedup_step(job, name)])
+        seconds[f"{label}{name}"] = time.perf_counter() - t
+        seconds[f"{label}{name}_cpu"] = cpu_seconds() - c
+        seconds[f"{label}{name}_dropped"] = dropped[name]
+
+
+def finish_version(root: str, pids: list[str], seconds: dict) -> None:
+    """Manifest parts (the shard writer less the tar), stats + version id, then ``_SUCCESS``: V is
+    a finished output a later batch can be deduplicated against."""
     import ray.data
 
-    from curation import schema
-    from curation.dedup import steps as steps_module
-    from curation.dedup.distributed import GlobalDedupInput, write_near_index
-    from curation.dedup.near import NearDupConfig
-    from curation.dedup.steps import DedupContext, ExactDedup, ExactDupConfig, NearDedup, run_global_dedup
-    from curation.output import CuratedOutput
-    from curation.stats import SUMMARY_COLUMNS, manifest_counts, merge_counts
-    from curation.versions import combine_digests, partition_digest
+    from curation import output, schema
+    from curation.pipeline import summarise_manifest
+    from curation.versions import combine_digests
+    from infra import storage
 
-    seconds = {}
-    columns = ("key", "partition", "sha256", "width", "height", "input_bytes", "phash", "phash_mirror")
-    inp = GlobalDedupInput(root, tuple(pids), columns)
-    ctx = DedupContext(engine="ray")
-    headers = []
-
-    def timed_index(*a, **kw) -> dict:  # the real writer, timed where the near step calls it
-        t0 = time.perf_counter()
-        headers.append(write_near_index(*a, **kw))
-        seconds["near_index"] = time.perf_counter() - t0
-        return headers[-1]
-
-    if not hasattr(steps_module, "write_near_index"):
-        raise RuntimeError("curation.dedup.steps no longer has write_near_index: update this benchmark's timing")
-    steps_module.write_near_index = timed_index
-    try:
-        for step in (ExactDedup(ExactDupConfig()), NearDedup(NearDupConfig(max_distance=4))):
-            t = time.perf_counter()
-            dropped = run_global_dedup([step], inp, ctx)
-            seconds[step.name] = time.perf_counter() - t
-            seconds[f"{step.name}_dropped"] = dropped[step.name]
-            inp = GlobalDedupInput(root, tuple(pids), columns, earlier_steps=(*inp.earlier_steps, step.name))
-    finally:
-        steps_module.write_near_index = write_near_index
-    if not headers:
-        raise RuntimeError("the near step no longer calls curation.dedup.steps.write_near_index: update this benchmark")
-    header = headers[-1]
-    seconds["near_index_blocks"] = header["num_blocks"]
-    seconds["near_index_bands"] = len(header["masks"])
-    seconds["near_index_postings"] = sum(p["postings"] for p in header["parts"])
-    t = time.perf_counter()
-    read = [*columns, "decode_ok", "reason", "status", "notes"]
+    t, c = time.perf_counter(), cpu_seconds()
+    read = [*STAGED, "clip_embedding", "decode_ok", "reason", "status", "notes"]
     ray.data.from_items([{"pid": p} for p in pids], override_num_blocks=min(len(pids), 64)).map(
         write_manifest_part, fn_kwargs={"uri": root, "columns": read}
     ).take_all()
-    seconds["write_manifest"] = time.perf_counter() - t
-    t = time.perf_counter()
-    out = CuratedOutput.at(root)
-
-    def summarise(row: dict) -> dict:
-        part = CuratedOutput.at(root).read_part(row["path"], SUMMARY_COLUMNS)
-        return {"pid": row["pid"], "counts": json.dumps(manifest_counts(part)), "digest": partition_digest(part)}
-
-    from curation.output import part_id
-
-    rows = (
-        ray.data.from_items(
-            [{"pid": part_id(f), "path": f} for f in out.manifest_files()], override_num_blocks=min(len(pids), 64)
-        )
-        .map(summarise)
-        .take_all()
-    )
-    counts = merge_counts({k: v for k, v in json.loads(r["counts"]).items()} for r in rows)
-    version = combine_digests({r["pid"]: r["digest"] for r in rows}, "bench", "bench")
-    seconds["stats_and_version"] = time.perf_counter() - t
-    seconds["global_total"] = sum(
-        seconds[k] for k in ("exact_dedup", "near_dedup", "write_manifest", "stats_and_version")
-    )
+    seconds["write_manifest"], seconds["write_manifest_cpu"] = time.perf_counter() - t, cpu_seconds() - c
+    t, c = time.perf_counter(), cpu_seconds()
+    counts, digests = summarise_manifest(bench_job(root))
+    seconds["version"] = combine_digests(digests, "bench", "bench")
+    seconds["stats_and_version"], seconds["stats_and_version_cpu"] = time.perf_counter() - t, cpu_seconds() - c
     seconds["kept"] = counts["status"].get(schema.KEPT, 0)
-    seconds["version"] = version
+    fs, path = storage.resolve(root)
+    storage.atomic_write_bytes(fs, output.path(path, output.SUCCESS_FILE), json.dumps({"dataset_id": "v1"}).encode())
+
+
+def index_figures(root: str, seconds: dict, label: str = "") -> None:
+    from curation import output
+    from curation.dedup.index_store import PartitionedNearIndex
+    from infra import storage
+
+    fs, path = storage.resolve(root)
+    header = PartitionedNearIndex.open(fs, output.path(path, output.DEDUP_DIR, output.NEAR_INDEX_DIR)).header
+    seconds[f"{label}index_blocks"], seconds[f"{label}index_bands"] = header["num_blocks"], len(header["masks"])
+    seconds[f"{label}index_postings"] = sum(p["postings"] for p in header["parts"])
+    seconds[f"{label}index_parts"] = len(header["parts"])
+
+
+def global_steps(root: str, batch: str, pids: list[str], bpids: list[str]) -> dict:
+    """The global steps on V, V's manifest and stats, then B's against V; seconds per step."""
+    seconds: dict = {}
+    timed_steps(bench_job(root), pids, ("exact_dedup", "near_dedup", "semantic_dedup"), seconds)
+    index_figures(root, seconds)
+    finish_version(root, pids, seconds)
+    timed_steps(bench_job(batch, against=root), bpids, ("exact_dedup", "near_dedup", "semantic_dedup"), seconds, "b_")
+    index_figures(batch, seconds, "b_")
+    v_steps = ("exact_dedup", "near_dedup", "semantic_dedup", "write_manifest", "stats_and_version")
+    seconds["v_total"] = sum(seconds[k] for k in v_steps)
+    seconds["b_total"] = sum(seconds[f"b_{k}"] for k in ("exact_dedup", "near_dedup", "semantic_dedup"))
+    seconds["global_total"] = seconds["v_total"] + seconds["b_total"]
+    seconds["global_cpu"] = sum(v for k, v in seconds.items() if k.endswith("_cpu"))
     return seconds
+
+
+def same_decisions(job, pids: list[str], step: str, earlier: tuple[str, ...]) -> tuple[bool, int]:
+    """The local engine's decisions of ``step`` (into a folder of their own, the earlier steps'
+    decisions copied there) against the Ray run's: (equal, rows)."""
+    import shutil
+
+    import pyarrow as pa
+
+    from curation import output
+    from curation.dedup.distributed import read_decisions
+    from infra import storage
+
+    fs, root = storage.resolve(job.cfg.output_dir)
+    check = tempfile.mkdtemp(dir=os.path.dirname(root))
+    for name in earlier:
+        src = output.path(root, output.DEDUP_DIR, output.DECISIONS_DIR, name)
+        if os.path.isdir(src):
+            shutil.copytree(src, output.path(check, output.DEDUP_DIR, output.DECISIONS_DIR, name))
+    local = bench_job(job.uri, job.cfg.dedup.against, engine="local", out=check)
+    timed_steps(local, pids, (step,), {})
+    tables = [[read_decisions(fs, r, p, step) for p in pids] for r in (root, check)]
+    ray_, here = (pa.concat_tables(t).sort_by("key") for t in tables)
+    shutil.rmtree(check)
+    return ray_.equals(here), ray_.num_rows
 
 
 def local_near(root: str, pids: list[str]) -> float:
@@ -252,13 +342,16 @@ def measure(n: int, args) -> dict:
     ray.data.DataContext.get_current().print_on_execution_start = False
     if args.workdir:
         os.makedirs(args.workdir, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=args.workdir) as root:
+    args.total = n
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        root, batch = os.path.join(tmp, "v1"), os.path.join(tmp, "v2")
         t = time.perf_counter()
         pids = stage_corpus(root, n, args)
+        bpids = stage_corpus(batch, max(1, n // 10), args, prefix="b", seed=1_000_003)
         staged = time.perf_counter() - t
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         with PeakRss() as rss:
-            seconds = global_steps(root, pids, args)
+            seconds = global_steps(root, batch, pids, bpids)
         seconds.update(
             n=n,
             partitions=len(pids),
@@ -269,12 +362,54 @@ def measure(n: int, args) -> dict:
         )
         if n <= args.local_max:
             seconds["local_near_s"] = local_near(root, pids)
+        if n <= args.check_max:  # after the RSS block: the local engine holds the candidates on the driver
+            seconds["same"] = {
+                "semantic": same_decisions(bench_job(root), pids, "semantic_dedup", ("exact_dedup", "near_dedup")),
+                "B near": same_decisions(bench_job(batch, root), bpids, "near_dedup", ("exact_dedup",)),
+                "B semantic": same_decisions(
+                    bench_job(batch, root), bpids, "semantic_dedup", ("exact_dedup", "near_dedup")
+                ),
+            }
     ray.shutdown()
     return seconds
 
 
 def exponent(a: dict, b: dict, key: str) -> float:
     return math.log(b[key] / a[key]) / math.log(b["n"] / a["n"])
+
+
+def size_line(r: dict) -> str:
+    same = ", ".join(
+        f"{k} {'equal' if eq else 'DIFFERENT'} ({rows:,} rows)" for k, (eq, rows) in r.get("same", {}).items()
+    )
+    return (
+        f"n={r['n']:>10,d}: global steps {r['global_total']:8.1f} s, {r['global_cpu']:.1f} CPU-s; "
+        f"V: exact {r['exact_dedup']:.1f}, near {r['near_dedup']:.1f} (index B={r['index_blocks']}, "
+        f"{r['index_bands']} bands, {r['index_postings']:,} postings), semantic {r['semantic_dedup']:.1f}, "
+        f"manifest {r['write_manifest']:.1f}, stats+version {r['stats_and_version']:.1f}; "
+        f"B against V: exact {r['b_exact_dedup']:.1f}, near {r['b_near_dedup']:.1f} (index of {r['b_index_parts']} parts), "
+        f"semantic {r['b_semantic_dedup']:.1f}; dropped V exact {r['exact_dedup_dropped']:,} near "
+        f"{r['near_dedup_dropped']:,} semantic {r['semantic_dedup_dropped']:,}, B exact {r['b_exact_dedup_dropped']:,} "
+        f"near {r['b_near_dedup_dropped']:,} semantic {r['b_semantic_dedup_dropped']:,}; kept {r['kept']:,}; "
+        f"driver peak RSS {r['peak_rss_mb']:.0f} MB (getrusage max {r['maxrss_mb']:.0f} MB); staging "
+        f"{r['staging_s']:.1f} s; load {os.getloadavg()[0]:.1f}"
+        + (f"; Ray == local: {same}" if same else "")
+        + (
+            f"; baseline in-process near search {r['local_near_s']:.1f} s (near step / baseline "
+            f"{r['near_dedup'] / r['local_near_s']:.1f}x)"
+            if "local_near_s" in r
+            else ""
+        )
+    )
+
+
+def growth_line(a: dict, b: dict) -> str:
+    steps = ("near_dedup", "semantic_dedup", "b_near_dedup", "b_semantic_dedup", "exact_dedup")
+    parts = ", ".join(f"{k} n^{exponent(a, b, k):.2f} (CPU n^{exponent(a, b, k + '_cpu'):.2f})" for k in steps)
+    return (
+        f"{a['n']:.0e} -> {b['n']:.0e}: global steps n^{exponent(a, b, 'global_total'):.2f} "
+        f"(CPU n^{exponent(a, b, 'global_cpu'):.2f}); {parts}; driver peak RSS x{b['peak_rss_mb'] / a['peak_rss_mb']:.2f}"
+    )
 
 
 def main() -> None:
@@ -284,6 +419,7 @@ def main() -> None:
     p.add_argument("--exact", type=float, default=0.05)
     p.add_argument("--near", type=float, default=0.10)
     p.add_argument("--blank", type=float, default=0.01)
+    p.add_argument("--semantic", type=float, default=0.10, help="fraction of rows that are semantic copies")
     p.add_argument(
         "--hashes",
         default="uniform",
@@ -294,6 +430,7 @@ def main() -> None:
     )
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--local-max", type=float, default=1e6, help="the in-process near search up to this size")
+    p.add_argument("--check-max", type=float, default=1e5, help="Ray == local engine checked up to this size")
     p.add_argument("--workdir", default=None, help="where the staged corpus goes (default: the temp dir)")
     p.add_argument("--smallest", action="store_true", help="size 2e3 only, 1,000 rows per partition")
     p.add_argument("--one", type=float, help=argparse.SUPPRESS)
@@ -309,54 +446,28 @@ def main() -> None:
     )
     results = []
     for n in [int(s) for s in args.sizes]:
-        cmd = [
-            sys.executable,
-            os.path.abspath(__file__),
-            "--one",
-            str(n),
-            "--rows-per-partition",
-            str(args.rows_per_partition),
-            "--exact",
-            str(args.exact),
-            "--near",
-            str(args.near),
-            "--blank",
-            str(args.blank),
-            "--cpus",
-            str(args.cpus),
-            "--local-max",
-            str(args.local_max),
-            "--hashes",
-            args.hashes,
-        ]
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", str(n)]
+        for name in (
+            "rows_per_partition",
+            "exact",
+            "near",
+            "blank",
+            "semantic",
+            "cpus",
+            "local_max",
+            "check_max",
+            "hashes",
+        ):
+            cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         cmd += ["--workdir", args.workdir] if args.workdir else []
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         lines = [x for x in out.stdout.splitlines() if x.startswith("{")]
         if out.returncode or not lines:
             raise SystemExit(f"n={n} failed:\n{out.stderr[-4000:]}")
-        r = json.loads(lines[-1])
-        results.append(r)
-        print(
-            f"n={n:>10,d}: global steps {r['global_total']:8.1f} s (exact {r['exact_dedup']:.1f}, near "
-            f"{r['near_dedup']:.1f} of which index {r['near_index']:.1f}: B={r['near_index_blocks']}, {r['near_index_bands']} bands, "
-            f"{r['near_index_postings']:,} postings; manifest {r['write_manifest']:.1f}, stats+version {r['stats_and_version']:.1f}); "
-            f"dropped exact {r['exact_dedup_dropped']:,} near {r['near_dedup_dropped']:,}, kept {r['kept']:,}; "
-            f"driver peak RSS {r['peak_rss_mb']:.0f} MB (getrusage max {r['maxrss_mb']:.0f} MB); staging "
-            f"{r['staging_s']:.1f} s; load {os.getloadavg()[0]:.1f}"
-            + (
-                f"; baseline in-process near search {r['local_near_s']:.1f} s (near step / baseline "
-                f"{r['near_dedup'] / r['local_near_s']:.1f}x)"
-                if "local_near_s" in r
-                else ""
-            ),
-            flush=True,
-        )
+        results.append(json.loads(lines[-1]))
+        print(size_line(results[-1]), flush=True)
     for a, b in zip(results, results[1:]):
-        print(
-            f"{a['n']:.0e} -> {b['n']:.0e}: global steps n^{exponent(a, b, 'global_total'):.2f}, near dedup "
-            f"n^{exponent(a, b, 'near_dedup'):.2f} (index n^{exponent(a, b, 'near_index'):.2f}), exact n^{exponent(a, b, 'exact_dedup'):.2f}; driver peak RSS "
-            f"x{b['peak_rss_mb'] / a['peak_rss_mb']:.2f}"
-        )
+        print(growth_line(a, b))
     if len(results) > 1:
         first, last = results[0], results[-1]
         print(

@@ -42,7 +42,18 @@ import pyarrow as pa
 
 from curation import output, readers, schema, staging
 from curation.dedup.distributed import GlobalDedupInput, decided_steps, partition_decisions
-from curation.dedup.steps import DedupContext, DedupStep, NearDedup, candidate_columns, run_global_dedup, steps_before
+from curation.dedup.eval_overlap import EvalSet
+from curation.dedup.steps import (
+    Decontaminate,
+    DedupContext,
+    DedupStep,
+    NearDedup,
+    SemanticDedup,
+    candidate_columns,
+    run_global_dedup,
+    steps_before,
+)
+from curation.eval_set import eval_reader, read_eval_set
 from curation.recipe import HUMANS1B, CurationConfig
 from curation.sharding import Layout, first_numbers
 from curation.stats import (
@@ -151,6 +162,9 @@ def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
         d.pop("shards", None)  # written before the setting existed still have, so they resume and are reused
     if cfg.dedup.against:  # the earlier version by content (its id), not where it lies
         d["dedup"]["against"] = {"dataset_id": output.from_output(cfg.dedup.against).id}
+    eval_images = getattr(getattr(cfg.dedup, "decontaminate", None), "eval_images", "")
+    if eval_images and "://" not in eval_images:  # the evaluation set by content, not where it lies
+        d["dedup"]["decontaminate"]["eval_images"] = content_digest(eval_images)
     for setting, path in recipe.build(cfg).weight_files().items():
         *parents, leaf = setting.split(".")
         node = d
@@ -171,7 +185,7 @@ def absolutize(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationConfig
     cfg.output_dir, cfg.input.uri = local(cfg.output_dir), local(cfg.input.uri)
     for step in recipe.steps:
         settings = section_of(cfg, step.section) if step.section else None
-        for name in ("weights", "head_weights", "clip_head_weights"):
+        for name in ("weights", "head_weights", "clip_head_weights", "eval_images"):
             if isinstance(getattr(settings, name, None), str):
                 setattr(settings, name, local(getattr(settings, name)))
     return cfg
@@ -439,6 +453,7 @@ def global_dedup(job: Job, pids: list[str], steps: list[DedupStep] | None = None
     # staging: this pass's (job.root); decisions: always under the output folder itself
     inp = GlobalDedupInput(job.uri, tuple(pids), tuple(columns), tuple(absent), tuple(earlier), job.cfg.output_dir)
     ctx = DedupContext.open(job.cfg.dedup, next((s.cfg for s in steps if isinstance(s, NearDedup)), None))
+    ctx.eval_set = evaluation_set(job, steps)
     dropped = run_global_dedup(steps, inp, ctx)
     ctx.save_index(fs, output.path(out_root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
     log.info("global dedup dropped %s", dropped)
@@ -447,6 +462,27 @@ def global_dedup(job: Job, pids: list[str], steps: list[DedupStep] | None = None
 
 def _decisions(uri: str, pid: str) -> pa.Table:
     return partition_decisions(*storage.resolve(uri), pid)
+
+
+def evaluation_set(job: Job, steps: list[DedupStep]) -> EvalSet | None:
+    """The evaluation images of ``dedup.decontaminate`` read and hashed by the recipe's own reader
+    and decode step (``curation.eval_set``), with the CLIP step's embedding when ``steps`` hold
+    semantic dedup; None when no step here uses them."""
+    uri = getattr(getattr(job.cfg.dedup, "decontaminate", None), "eval_images", "")
+    semantic = next((s for s in steps if isinstance(s, SemanticDedup)), None)
+    if not uri or (semantic is None and not any(isinstance(s, Decontaminate) for s in steps)):
+        return None
+    rows = job.steps.row_steps
+    embedding = None
+    if semantic is not None:
+        embedding = next((s for s in rows if semantic.cfg.embedding_column in s.columns_written()), None)
+        if embedding is None:
+            return None
+    decode = next(s for s in rows if "phash" in s.columns_written())
+    reader = eval_reader(job.steps.steps[0], uri)
+    column = semantic.cfg.embedding_column if semantic is not None else "clip_embedding"
+    where = storage.to_uri(*storage.resolve(uri))
+    return EvalSet(read_eval_set(reader, decode, embedding, embedding_column=column, relative_to=where))
 
 
 def write_all(job: Job, partitions: list[str], pending: list[str]) -> list[dict]:

@@ -1,7 +1,7 @@
 """The Humans-1B curation recipe: every step in order, each configured by its own section.
 
     pass 1 (every input):  read -> decode -> the cheap row steps (geometry, image quality)
-    global:                exact / near dedup          (decides the survivors)
+    global:                decontamination, exact / near dedup   (decides the survivors)
     pass 2 (survivors):    person -> CLIP -> the content filters (heads on CLIP, watermark, OCR)
     global:                semantic dedup              (on pass 2's CLIP embeddings)
                            -> shards + manifest
@@ -24,7 +24,7 @@ import dataclasses
 
 from curation.config import JobSettings
 from curation.decode import DecodeStep
-from curation.dedup.steps import ExactDedup, NearDedup, SemanticDedup
+from curation.dedup.steps import Decontaminate, ExactDedup, NearDedup, SemanticDedup
 from curation.filters.aesthetic import AestheticScore
 from curation.filters.artistic import ArtisticFilter
 from curation.filters.clip_embedding import ClipEmbedding
@@ -45,6 +45,7 @@ HUMANS1B = Recipe(
         DecodeStep,       # decode:             safe decode, EXIF, modes, bombs; SHA-256 and PHash
         GeometryFilter,   # geometry:           short side, aspect ratio
         ImageQuality,     # quality:            sharpness, exposure of decode's thumbnail; ranks duplicates
+        Decontaminate,    # dedup.decontaminate: copies of evaluation images             }
         ExactDedup,       # dedup.exact:        identical bytes, across the run          } end of pass 1
         NearDedup,        # dedup.near:         PHash within t bits, mirror-aware        }
         PersonFilter,     # detector:           at least one salient person

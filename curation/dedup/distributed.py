@@ -378,11 +378,20 @@ def _pidx(batch: pa.Table) -> pa.Table:
 
 
 def _near_group(group: pa.Table, reason: str, prefix: str) -> pa.Table:
+    """Decisions of the components in one shuffle group. Rows marked ``_old`` (an earlier
+    version's, ``dedup.against``) win the representative choice and are never dropped."""
     if group.num_rows < 2:
         return PARTITIONED_DECISION_SCHEMA.empty_table()
     labels = group.column("label").to_numpy()
     _, codes = np.unique(labels, return_inverse=True)
-    return with_partitions(decisions_from_labels(group, codes, reason, prefix), group)
+    old = pa.array([], pa.string())
+    if "_old" in group.column_names:
+        old = group.filter(pc.fill_null(group.column("_old"), False)).column("key").combine_chunks()
+        group = group.drop_columns(["_old"])
+    out = decisions_from_labels(group, codes, reason, prefix, prefer=set(old.to_pylist()))
+    if len(old):
+        out = out.filter(pc.invert(pc.is_in(out.column("key"), value_set=old)))
+    return with_partitions(out, group)
 
 
 def near_decisions(inp: GlobalDedupInput, cfg, reason: str, prefix: str, step: str) -> int:
@@ -403,17 +412,24 @@ def near_decisions(inp: GlobalDedupInput, cfg, reason: str, prefix: str, step: s
     if edges.count() == 0:
         clear_step(*storage.resolve(inp.out), step)
         return 0
-    t = time.perf_counter()
     parts = inp.num_partitions(edges.count())
+    return write_decisions(component_decisions(inp, edges, reason, prefix, parts), inp.out, step, parts)
+
+
+def component_decisions(inp: GlobalDedupInput, edges, reason: str, prefix: str, parts: int, members=None, **kw):
+    """Partitioned decisions (a lazy dataset) of the connected components of row ``edges`` (int64
+    ``a``, ``b``: row ids): star rounds, the members' metadata read back partition by partition
+    (``members``, default ``_members``; called with ``inp`` and ``kw``), one shuffle by component
+    label choosing the representatives (``_near_group``). Near and semantic dedup share it."""
+    t = time.perf_counter()
     labels = connected_components(edges, parts).materialize()
-    log.info("near dedup: components in %.1f s", time.perf_counter() - t)
-    members = (
+    log.info("%s: components in %.1f s", prefix.rstrip(":"), time.perf_counter() - t)
+    labelled = (
         labels.map_batches(_pidx, batch_format="pyarrow")
         .groupby("pidx", num_partitions=parts)
-        .map_groups(_members, fn_kwargs={"inp": inp}, batch_format="pyarrow")
+        .map_groups(members or _members, fn_kwargs={"inp": inp, **kw}, batch_format="pyarrow")
     )
-    decided = shuffle(members, "label", _near_group, parts, fn_kwargs={"reason": reason, "prefix": prefix})
-    return write_decisions(decided, inp.out, step, parts)
+    return shuffle(labelled, "label", _near_group, parts, fn_kwargs={"reason": reason, "prefix": prefix})
 
 
 # ---- near: the partitioned index the next version searches --------------------------------------
@@ -484,15 +500,16 @@ def _write_buckets_of(group: pa.Table, uri: str, part: str, num_buckets: int, ki
     return pa.table({"_b": pa.array(list(written), pa.int64())})
 
 
-def write_near_index(inp: GlobalDedupInput, cfg, step: str) -> dict:
+def write_near_index(inp: GlobalDedupInput, cfg, step: str, base=None) -> dict:
     """The run's near-dup index (``curation.dedup.index_store``'s format: one part of every near
     candidate with its representative), written under the output by Ray tasks: rows shuffled by
     key bucket, postings by (band, value bucket), each group writing its bucket files. The driver
     holds counts, the per-block key digests and the lists of buckets written. The band plan is the
-    index's (``NearDupConfig.index_num_blocks`` or ``incremental.index_blocks``), not the search's."""
-    from curation.dedup.incremental import index_blocks
-    from curation.dedup.index_store import default_buckets, part_dir, part_entry, part_id, write_header
-    from curation.dedup.near import band_masks
+    index's (``NearDupConfig.index_num_blocks`` or ``incremental.index_blocks``), not the search's.
+    ``base`` (the earlier version's ``PartitionedNearIndex``, ``dedup.against``): the index extends
+    it, as ``index_store.IndexExtension`` does on the driver: its plan and P, its parts listed
+    first, this run's rows one new part."""
+    from curation.dedup.index_store import part_dir, part_entry, part_id, write_header
 
     fs, root = storage.resolve(inp.out)
     index_root = output.path(root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
@@ -508,10 +525,8 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str) -> dict:
         for r in rows.map_batches(_key_sums, fn_kwargs={"cfg": cfg}, batch_format="pyarrow").take_all()
     ]
     n, n_values = sum(r for r, _, _ in sums), sum(v for _, v, _ in sums)
-    blocks = cfg.index_num_blocks or index_blocks(n_values, cfg.max_distance)  # the index's plan, not the search's
-    masks = band_masks(blocks, cfg.max_distance)
-    p = default_buckets(n)
-    parts = []
+    plan, parts = _index_plan(cfg, n, n_values, base, fs, index_root)
+    blocks, max_distance, masks, p = plan
     if n:
         pid = part_id(n, sum(s for _, _, s in sums) % 2**128)
         part = part_dir(index_root, pid)
@@ -544,6 +559,23 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str) -> dict:
                 postings=n_values * len(masks),
             )
         )
+    if base is not None:
+        h = base.header
+        cfg = dataclasses.replace(cfg, hash=h["hash"], match_mirrored=h["match_mirrored"])
     return write_header(
-        fs, index_root, cfg, masks=masks, num_blocks=blocks, max_distance=cfg.max_distance, num_buckets=p, parts=parts
+        fs, index_root, cfg, masks=masks, num_blocks=blocks, max_distance=max_distance, num_buckets=p, parts=parts
     )
+
+
+def _index_plan(cfg, n: int, n_values: int, base, fs, index_root: str) -> tuple[tuple, list[dict]]:
+    """((B, t, masks, P), the parts listed before this run's): a new index's own plan, or ``base``'s."""
+    from curation.dedup.incremental import index_blocks
+    from curation.dedup.index_store import default_buckets
+    from curation.dedup.near import band_masks
+
+    if base is None:
+        blocks = cfg.index_num_blocks or index_blocks(n_values, cfg.max_distance)  # the index's plan, not the search's
+        return (blocks, cfg.max_distance, band_masks(blocks, cfg.max_distance), default_buckets(n)), []
+    h = base.header
+    listed = [base.listed_from(part, fs, index_root) for part in h["parts"]]
+    return (h["num_blocks"], h["max_distance"], base.masks, h["num_buckets"]), listed

@@ -10,9 +10,11 @@ what concerns the new batch.
   With ``dedup.engine=ray`` exact dedup instead joins the earlier kept rows to the new ones in
   its Ray Data shuffle by digest (``curation.dedup.distributed.exact_decisions``).
 - **Semantic** (``best_semantic_matches``): a top-1 cosine search of the new embeddings in each
-  part's kept embeddings (columns key, embedding only), merged into the best match per new row
-  (highest cosine, then smallest key); one part at a time on the driver, or one Ray task per
-  part with ``dedup.engine=ray``. The driver holds the batch and per new row one score and key.
+  part's kept embeddings (columns key, embedding only) of the same k-means cluster (centroids
+  fitted on the new batch, the earlier rows assigned to them), merged into the best match per new
+  row (highest cosine, then smallest key); one part at a time on the driver. The driver holds the
+  batch and per new row one score and key. With ``dedup.engine=ray`` the run's semantic step
+  does the same search in Ray Data (``curation.dedup.distributed_semantic``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from curation import output, schema
 from curation.dedup import DECISION_SCHEMA
 
 KEY_SHA = pa.schema([("key", pa.string()), ("sha256", pa.string())])
-_BLOCK = 2048  # new rows x earlier rows of one similarity block: 2048 x 2048 float64 (32 MB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +70,7 @@ class EarlierVersion:
         return pa.concat_tables([KEY_SHA.empty_table(), *found])
 
 
-# ---- semantic: top-1 per new row, part by part ---------------------------------------------------
+# ---- semantic: top-1 per new row in its cluster, part by part -----------------------------------
 
 
 @dataclasses.dataclass
@@ -90,55 +91,75 @@ class BestMatch:
                 self.score[r], self.key[r] = s, k
 
 
-def top1_in_part(x_new: np.ndarray, part: pa.Table, column: str, threshold: float) -> pa.Table:
-    """(row, score, key): for each new row with a cosine >= ``threshold`` to a row of ``part``, its
-    best one there (highest cosine, then smallest key). ``x_new``: unit rows (``semantic.embeddings``)."""
-    from curation.dedup.semantic import embeddings
+def best_matches(x_new: np.ndarray, x_old: np.ndarray, old_keys, threshold: float) -> pa.Table:
+    """(row, score, key): for each new unit row with a cosine >= ``threshold`` to a row of ``x_old``
+    (keys ``old_keys``), its best one (highest cosine, then smallest key). Cosines come from
+    ``semantic.similar_pairs`` (rechecked per pair), so any blocking of the rows gives the same."""
+    from curation.dedup.semantic import similar_pairs
 
-    empty = pa.table(
-        {"row": pa.array([], pa.int64()), "score": pa.array([], pa.float64()), "key": pa.array([], pa.string())}
-    )
-    if not part.num_rows or not len(x_new):
-        return empty
-    part = part.sort_by("key")  # argmax takes the first maximum: the smallest key on ties
-    x_old = embeddings(part, column)
-    if x_old.shape[1] != x_new.shape[1]:
+    if len(x_old) and len(x_new) and x_old.shape[1] != x_new.shape[1]:
         raise ValueError(
-            f"earlier {column!r} embeddings have {x_old.shape[1]} dimensions, the new ones "
-            f"{x_new.shape[1]}: they come from different models"
+            f"earlier embeddings have {x_old.shape[1]} dimensions, the new ones {x_new.shape[1]}: "
+            "they come from different models"
         )
-    best = BestMatch.none(len(x_new))
-    keys = np.array(part.column("key").to_pylist(), dtype=object)
-    for lo in range(0, len(x_old), _BLOCK):
-        block = x_old[lo : lo + _BLOCK]
-        for start in range(0, len(x_new), _BLOCK):
-            sim = x_new[start : start + _BLOCK] @ block.T
-            j = np.argmax(sim, axis=1)
-            s = sim[np.arange(len(j)), j]
-            hit = np.flatnonzero(s >= threshold)
-            best.merge(start + hit, s[hit], keys[lo + j[hit]])
-    rows = np.flatnonzero(best.key != None)  # noqa: E711  (elementwise on an object array)
-    return pa.table(
+    i, j, score = similar_pairs(x_new, x_old, threshold) if len(x_new) and len(x_old) else (np.zeros(0, int),) * 3
+    pairs = pa.table(
         {
-            "row": pa.array(rows, pa.int64()),
-            "score": pa.array(best.score[rows], pa.float64()),
-            "key": pa.array(best.key[rows].tolist(), pa.string()),
+            "row": pa.array(i, pa.int64()),
+            "score": pa.array(score, pa.float64()),
+            "key": _array(old_keys).take(pa.array(j, pa.int64())),
         }
-    )
+    ).sort_by([("row", "ascending"), ("score", "descending"), ("key", "ascending")])
+    rows = pairs.column("row").to_numpy()
+    return pairs.take(pa.array(np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else [], pa.int64()))
 
 
-def _part_top1(batch: dict, uri: str, column: str, threshold: float, x_ref) -> pa.Table:
+def _array(keys) -> pa.Array:
+    return keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else pa.array(keys, pa.string())
+
+
+def top1_in_part(
+    x_new: np.ndarray, clusters: np.ndarray, centroids: np.ndarray, part: pa.Table, column: str, threshold: float
+) -> pa.Table:
+    """(row, score, key): for each new row with a cosine >= ``threshold`` to a row of ``part`` in the
+    same cluster (``part`` assigned to ``centroids``; ``clusters``: the new rows'), its best one there
+    (highest cosine, then smallest key). ``x_new``: unit rows (``semantic.embeddings``)."""
+    from curation.dedup.semantic import assign_clusters, embeddings
+
+    found = [best_matches(x_new[:0], x_new[:0], pa.array([], pa.string()), threshold)]
+    if not part.num_rows or not len(x_new):
+        return found[0]
+    x_old = embeddings(part, column)
+    old_clusters = assign_clusters(x_old, centroids)
+    for c in np.intersect1d(clusters, old_clusters):
+        new_rows, old_rows = np.flatnonzero(clusters == c), np.flatnonzero(old_clusters == c)
+        best = best_matches(x_new[new_rows], x_old[old_rows], part.column("key").take(pa.array(old_rows)), threshold)
+        found.append(best.set_column(0, "row", pa.array(new_rows[best.column("row").to_numpy()], pa.int64())))
+    return pa.concat_tables(found)
+
+
+def _part_top1(batch: dict, uri: str, column: str, threshold: float, refs) -> pa.Table:
     import ray
 
-    earlier, x_new = EarlierVersion.open(uri), ray.get(x_ref)
-    tables = [top1_in_part(x_new, earlier.kept_part(str(p), ["key", column]), column, threshold) for p in batch["path"]]
+    earlier, (x_new, clusters, centroids) = EarlierVersion.open(uri), ray.get(refs)
+    tables = [
+        top1_in_part(x_new, clusters, centroids, earlier.kept_part(str(p), ["key", column]), column, threshold)
+        for p in batch["path"]
+    ]
     return pa.concat_tables(tables)
 
 
 def best_semantic_matches(
-    earlier: EarlierVersion, x_new: np.ndarray, column: str, threshold: float, engine: str = "local"
+    earlier: EarlierVersion,
+    x_new: np.ndarray,
+    clusters: np.ndarray,
+    centroids: np.ndarray,
+    column: str,
+    threshold: float,
+    engine: str = "local",
 ) -> BestMatch:
-    """The best earlier kept match (cosine >= ``threshold``) of each new row, over every manifest part."""
+    """The best earlier kept match (cosine >= ``threshold``, in the new row's cluster) of each new
+    row, over every manifest part: one part at a time on the driver, or one Ray task per part."""
     best = BestMatch.none(len(x_new))
     if engine == "ray" and earlier.parts:
         import ray
@@ -151,11 +172,18 @@ def best_semantic_matches(
             _part_top1,
             batch_size=1,
             batch_format="numpy",
-            fn_kwargs={"uri": earlier.uri, "column": column, "threshold": threshold, "x_ref": ray.put(x_new)},
+            fn_kwargs={
+                "uri": earlier.uri,
+                "column": column,
+                "threshold": threshold,
+                "refs": ray.put((x_new, clusters, centroids)),
+            },
         )
         tables = (b for b in found.iter_batches(batch_format="pyarrow", batch_size=None))
     else:
-        tables = (top1_in_part(x_new, t, column, threshold) for t in earlier.kept_parts(["key", column]))
+        tables = (
+            top1_in_part(x_new, clusters, centroids, t, column, threshold) for t in earlier.kept_parts(["key", column])
+        )
     for t in tables:
         best.merge(
             t.column("row").to_numpy(),
@@ -167,15 +195,21 @@ def best_semantic_matches(
 
 def semantic_against(new: pa.Table, earlier: EarlierVersion, cfg, engine: str = "local") -> pa.Table:
     """Decisions dropping the new rows whose embedding is within ``cfg.threshold`` cosine of an image
-    the earlier version kept (``duplicate_of``: the best match). Empty when the earlier version
-    stored no ``cfg.embedding_column``."""
-    from curation.dedup.semantic import GROUP_PREFIX, embeddings
+    the earlier version kept in the same k-means cluster (``duplicate_of``: the best such match).
+    The centroids are fitted on ``new`` as semantic dedup fits them (``semantic._sample_centroids``)
+    and the earlier rows are assigned to them: the cost is the new rows x the earlier rows of their
+    cluster, not x every earlier row (a pair split across two clusters is missed, as within a run).
+    Empty when the earlier version stored no ``cfg.embedding_column``. ``engine="ray"``: the earlier
+    parts are searched by Ray tasks, the new batch on the driver; the run's step with
+    ``dedup.engine=ray`` uses ``distributed_semantic.against_decisions`` instead."""
+    from curation.dedup.semantic import GROUP_PREFIX, _sample_centroids, assign_clusters, embeddings
 
     if not new.num_rows or cfg.embedding_column not in earlier.columns:
         return DECISION_SCHEMA.empty_table()
-    best = best_semantic_matches(
-        earlier, embeddings(new, cfg.embedding_column), cfg.embedding_column, cfg.threshold, engine
-    )
+    x = embeddings(new, cfg.embedding_column)
+    centroids = _sample_centroids(new.select(["key", cfg.embedding_column]), new.num_rows, cfg)
+    clusters = assign_clusters(x, centroids)
+    best = best_semantic_matches(earlier, x, clusters, centroids, cfg.embedding_column, cfg.threshold, engine)
     rows = np.flatnonzero(best.key != None)  # noqa: E711
     reps = pa.array(best.key[rows].tolist(), pa.string())
     return (

@@ -12,7 +12,10 @@ Determinism: k-means trains on a sample chosen by a hash of each row's key (the
 ``kmeans_sample_size`` smallest hashes, then sorted by key) with a seeded initialisation,
 and every later step works on key-sorted rows, so input and partition order never matter.
 The local and Ray variants share every step and give identical decisions (for one choice
-of k-means backend: faiss and numpy give different centroids).
+of k-means backend: faiss and numpy give different centroids). With ``dedup.engine=ray`` the
+run's step runs in Ray Data with nothing corpus-sized on the driver
+(``curation.dedup.distributed_semantic``); ``semantic_duplicate_decisions_ray`` below still
+gathers the decisions, for a dataset handed in directly.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from curation.schema import SEMANTIC_DUPLICATE  # noqa: E402  (one place for eve
 
 GROUP_PREFIX = "semantic:"
 _ROW_BLOCK = 2048  # rows of a cluster's similarity matrix computed at once
+_SLACK = 1e-9  # candidates this far below the threshold are rechecked exactly (``similar_pairs``)
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True)
@@ -49,7 +53,9 @@ class SemanticDupConfig:
     calibrate it on real embeddings before lowering it to catch crops and burst frames.
     ``n_clusters``: k of k-means; None uses ceil(rows / ``target_cluster_size``), which keeps
     the within-cluster work at rows x cluster size. ``use_faiss``: "auto" (faiss when
-    installed), "always" or "never" (numpy Lloyd iterations).
+    installed), "always" or "never" (numpy Lloyd iterations). ``block_rows``: with
+    ``dedup.engine=ray``, a cluster of more rows is dealt into blocks and searched block pair by
+    block pair, so no task holds more than two blocks of embeddings (never changes decisions).
     """
 
     enabled: bool = False
@@ -61,6 +67,7 @@ class SemanticDupConfig:
     kmeans_sample_size: int = 100_000
     seed: int = 0
     use_faiss: str = "auto"
+    block_rows: int = 4096
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -71,6 +78,8 @@ class SemanticDupConfig:
             raise ValueError(f"semantic_dup.target_cluster_size must be >= 2, got {self.target_cluster_size}")
         if self.kmeans_iterations < 1 or self.kmeans_sample_size < 1:
             raise ValueError("semantic_dup.kmeans_iterations and kmeans_sample_size must be >= 1")
+        if self.block_rows < 1:
+            raise ValueError(f"semantic_dup.block_rows must be >= 1, got {self.block_rows}")
         if self.use_faiss not in ("auto", "always", "never"):
             raise ValueError(f"semantic_dup.use_faiss must be 'auto', 'always' or 'never', got {self.use_faiss!r}")
 
@@ -141,19 +150,37 @@ def assign_clusters(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
 # ---- within a cluster -------------------------------------------------------------------
 
 
+def similar_pairs(
+    xa: np.ndarray, xb: np.ndarray, threshold: float, *, upper: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(i, j, cosine) of every pair of unit rows ``xa[i]``, ``xb[j]`` with cosine >= ``threshold``
+    (``upper``: ``xa`` is ``xb``, pairs i < j only), ``_ROW_BLOCK`` rows of ``xa`` at a time.
+
+    The matrix product finds the candidates (within ``_SLACK`` of the threshold); each
+    candidate's cosine is then recomputed as its own row product, so the pairs and their scores
+    depend on the two vectors only, not on which other rows shared the product (a BLAS kernel
+    may round a dot product differently with the shape of the matrices): the Ray engine, which
+    blocks a cluster differently, finds the same pairs."""
+    found_i, found_j = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for start in range(0, len(xa), _ROW_BLOCK):
+        sim = xa[start : start + _ROW_BLOCK] @ xb.T
+        i, j = np.nonzero(sim >= threshold - _SLACK)
+        i = i + start
+        if upper:
+            i, j = i[j > i], j[j > i]
+        found_i.append(i.astype(np.int64))
+        found_j.append(j.astype(np.int64))
+    i, j = np.concatenate(found_i), np.concatenate(found_j)
+    score = np.sum(xa[i] * xb[j], axis=1)
+    close = score >= threshold
+    return i[close], j[close], score[close]
+
+
 def cluster_decisions(cluster: pa.Table, cfg: SemanticDupConfig, prefer: Collection[str] = ()) -> pa.Table:
     """Decisions inside one cluster: components of the pairs with cosine >= threshold."""
     table = canonical_order(cluster)
     x = embeddings(table, cfg.embedding_column)
-    a_parts, b_parts = [], []
-    for start in range(0, len(x), _ROW_BLOCK):
-        sim = x[start : start + _ROW_BLOCK] @ x.T
-        i, j = np.nonzero(sim >= cfg.threshold)
-        upper = j > i + start
-        a_parts.append(i[upper] + start)
-        b_parts.append(j[upper])
-    a = np.concatenate(a_parts) if a_parts else np.zeros(0, dtype=np.int64)
-    b = np.concatenate(b_parts) if b_parts else np.zeros(0, dtype=np.int64)
+    a, b, _ = similar_pairs(x, x, cfg.threshold, upper=True)
     labels = component_labels(table.num_rows, a, b)
     return decisions_from_labels(table, labels, SEMANTIC_DUPLICATE, GROUP_PREFIX, prefer)
 

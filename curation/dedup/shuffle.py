@@ -10,7 +10,7 @@ label = the smallest node of its component, for every node that has an edge. Alt
 large-star / small-star rounds (Kiveris et al., "Connected Components in MapReduce and
 Beyond", 2014), each one shuffle of the edge set, until a round changes no edge; every
 round is O(edges) work and O(log^2 n) rounds suffice. Only the per-round count of changed
-edges reaches the driver.
+edges reaches the driver (one number per block).
 """
 
 from __future__ import annotations
@@ -130,11 +130,16 @@ def connected_components(edges, num_partitions: int):
     # (no edge replaced by either star) exactly when the edges form a star forest around minima.
     for rounds in range(MAX_ROUNDS):
         edges = _star(_star(edges, _large_star, True, num_partitions), _small_star, False, num_partitions).materialize()
-        changed = int(edges.sum("changed") or 0) if edges.count() else 0
+        changed = sum(int(r["changed"]) for r in edges.map_batches(_changed, batch_format="pyarrow").take_all())
         log.info("connected components, round %d: %d edges changed", rounds + 1, changed)
         if changed == 0:
             return edges.map_batches(_labels, batch_format="pyarrow")
     raise RuntimeError(f"connected components did not converge in {MAX_ROUNDS} rounds")
+
+
+def _changed(batch: pa.Table) -> pa.Table:
+    """One row per block: its edges' ``changed`` count (a map: no aggregation shuffle per round)."""
+    return pa.table({"changed": [int(np.sum(batch.column("changed").to_numpy()))]})
 
 
 def _labels(batch: pa.Table) -> pa.Table:

@@ -1,13 +1,21 @@
-"""The global dedup steps of the recipe: exact, then near-duplicate, then semantic, on metadata only.
+"""The global dedup steps of the recipe: decontamination, exact, near-duplicate, then semantic, on metadata only.
 
 Each step sees only the rows the previous ones kept, so every dropped row has exactly one
-reason. With ``dedup.against`` (an earlier curation output) the run is incremental: this
-run's images are deduplicated against that version's kept images (exact by content hash,
-near-duplicates through its saved partitioned index, semantic by the best cosine match to
-its kept embeddings), read part by part (``curation.dedup.earlier``), never whole on the
-driver; the earlier version is not recomputed and its images are never dropped. Every run
-saves its near-dup index so a later run can build on it (``dedup.engine=ray``: written by the
-Ray tasks, ``distributed.write_near_index``).
+reason. With ``dedup.decontaminate.eval_images`` the run's copies of evaluation images go first,
+as ``eval_overlap`` (``curation.dedup.eval_overlap``). With ``dedup.against`` (an earlier
+curation output) the run is incremental: this run's images are deduplicated against that
+version's kept images (exact by content hash, near-duplicates through its saved partitioned
+index, semantic by the best cosine match to its kept embeddings in the same k-means cluster),
+read part by part (``curation.dedup.earlier``), never whole on the driver; the earlier version
+is not recomputed and its images are never dropped. Every run saves its near-dup index so a
+later run can build on it (``dedup.engine=ray``: written by the Ray tasks,
+``distributed.write_near_index``, extending the earlier version's with ``dedup.against``).
+
+With ``dedup.engine=ray`` every step runs in Ray Data with nothing corpus-sized on the driver:
+exact and near dedup (``distributed``), near dedup against an earlier version's index
+(``distributed_incremental``), semantic dedup with or without one (``distributed_semantic``),
+decontamination as one task per partition. Only near dedup against an index built in memory
+from an old output's manifest (written before runs saved their index) still runs on the driver.
 """
 
 from __future__ import annotations
@@ -33,7 +41,18 @@ from curation.dedup.distributed import (
     with_partitions,
     write_near_index,
 )
+from curation.dedup.distributed_incremental import near_against_decisions
+from curation.dedup.distributed_semantic import semantic_decisions
 from curation.dedup.earlier import EarlierVersion, semantic_against
+from curation.dedup.eval_overlap import (
+    EVAL_OVERLAP,
+    DecontaminateConfig,
+    EvalSet,
+    decontaminate,
+    hash_overlap,
+    semantic_overlap,
+    semantic_overlap_dataset,
+)
 from curation.dedup.exact import exact_against, exact_duplicate_decisions, exact_duplicate_decisions_ray
 from curation.dedup.incremental import NearDupIndex
 from curation.dedup.index_store import FORMAT, IndexExtension, PartitionedNearIndex, decide_against, save_any
@@ -57,6 +76,7 @@ class DedupContext:
     earlier: EarlierVersion | None = None  # the earlier version, read part by part (never whole)
     against_index: PartitionedNearIndex | NearDupIndex | None = None  # opened by its header only
     index: NearDupIndex | IndexExtension | None = None  # the near-dup index this run saves
+    eval_set: EvalSet | None = None  # dedup.decontaminate: the evaluation images, hashed (curation.eval_set)
 
     @classmethod
     def open(cls, settings: DedupSettings, near: NearDupConfig | bool | None) -> DedupContext:
@@ -147,6 +167,47 @@ class DedupStep(Step):
         return None
 
 
+class Decontaminate(DedupStep):
+    """Drops the run's exact and near copies of an evaluation set as ``eval_overlap`` (and, with
+    semantic dedup on embeddings, ``SemanticDedup`` drops its semantic copies under the same
+    reason, which this step owns in the funnel): ``curation.dedup.eval_overlap``. First of the
+    global steps, so a copy of an evaluation image is recorded as such, not as a duplicate of
+    another copy, and a near-duplicate family keeps its clean members."""
+
+    name = "decontaminate"
+    section = "dedup.decontaminate"
+    Config = DecontaminateConfig
+    reasons = (EVAL_OVERLAP,)
+    reads = ("sha256", "phash", "phash_mirror", "width", "height")  # with the default hash (``columns_read``)
+
+    @property
+    def near(self) -> NearDupConfig:
+        return getattr(self.dedup, "near", None) or NearDupConfig()
+
+    def columns_read(self) -> tuple[str, ...]:
+        return ("sha256", *self.near.hash_columns(), "width", "height")
+
+    def settings(self) -> dict:
+        return {"eval_images": self.cfg.eval_images, "max_distance": self.near.max_distance}
+
+    def not_applied(self) -> dict:
+        return {"disabled_by": f"{self.section}.eval_images unset"}
+
+    def decide(self, remaining: pa.Table, ctx: DedupContext) -> pa.Table:
+        return hash_overlap(remaining, _eval_set(ctx), self.near)
+
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
+        return decontaminate(inp, _eval_set(ctx), self.near, self.name)
+
+
+def _eval_set(ctx: DedupContext) -> EvalSet:
+    if ctx.eval_set is None:
+        raise ValueError(
+            "dedup.decontaminate.eval_images is set but the evaluation set was not read (DedupContext.eval_set)"
+        )
+    return ctx.eval_set
+
+
 class ExactDedup(DedupStep):
     name = "exact_dedup"
     section = "dedup.exact"
@@ -200,10 +261,14 @@ class NearDedup(DedupStep):
         return near
 
     def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
-        if ctx.against_index is not None:
+        base = ctx.against_index
+        if isinstance(base, NearDupIndex):  # built from an old output's manifest: searched on the driver
             return None
-        dropped = near_decisions(inp, self.cfg, schema.NEAR_DUPLICATE, GROUP_PREFIX, self.name)
-        write_near_index(inp, self.cfg, self.name)  # written by Ray tasks: nothing left for save_index
+        if base is not None:
+            dropped = near_against_decisions(inp, self.cfg, base, schema.NEAR_DUPLICATE, GROUP_PREFIX, self.name)
+        else:
+            dropped = near_decisions(inp, self.cfg, schema.NEAR_DUPLICATE, GROUP_PREFIX, self.name)
+        write_near_index(inp, self.cfg, self.name, base)  # written by Ray tasks: nothing left for save_index
         ctx.index = None
         return dropped
 
@@ -212,10 +277,15 @@ class SemanticDedup(DedupStep):
     name = "semantic_dedup"
     section = "dedup.semantic"
     Config = SemanticDupConfig
-    reasons = (schema.SEMANTIC_DUPLICATE,)
+    reasons = (schema.SEMANTIC_DUPLICATE, EVAL_OVERLAP)
 
     def columns_read(self) -> tuple[str, ...]:
-        return (self.cfg.embedding_column,)
+        return (self.cfg.embedding_column, "width", "height")  # and the representative rule's columns
+
+    def _eval(self, ctx: DedupContext) -> EvalSet | None:
+        """The evaluation set when it carries embeddings (``dedup.decontaminate`` with this step on)."""
+        ev = ctx.eval_set
+        return ev if ev is not None and self.cfg.embedding_column in ev.rows.column_names else None
 
     def settings(self) -> dict:
         return {"threshold": self.cfg.threshold}
@@ -224,6 +294,9 @@ class SemanticDedup(DedupStep):
         if not remaining.num_rows or not self.cfg.enabled:
             return DECISION_SCHEMA.empty_table()
         parts = []
+        if (ev := self._eval(ctx)) is not None:
+            parts.append(semantic_overlap(remaining, ev, self.cfg.embedding_column, self.cfg.threshold))
+            remaining = without(remaining, parts[-1])
         if ctx.earlier is not None:
             parts.append(semantic_against(remaining, ctx.earlier, self.cfg, ctx.engine))
             remaining = without(remaining, parts[-1])
@@ -234,9 +307,18 @@ class SemanticDedup(DedupStep):
         )
         return pa.concat_tables(parts).sort_by("key")
 
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
+        if not self.cfg.enabled:
+            return None
+        before = ()
+        if (ev := self._eval(ctx)) is not None:
+            col, threshold = self.cfg.embedding_column, self.cfg.threshold
+            before = (lambda i: semantic_overlap_dataset(i, ev, col, threshold),)
+        return semantic_decisions(inp, self.cfg, self.name, ctx.earlier, before)
+
 
 # The order the dedup steps run in (each sees the rows the ones before it kept).
-DEDUP_ORDER = tuple(cls.name for cls in (ExactDedup, NearDedup, SemanticDedup))
+DEDUP_ORDER = tuple(cls.name for cls in (Decontaminate, ExactDedup, NearDedup, SemanticDedup))
 
 
 def steps_before(steps: list[DedupStep], decided: list[str]) -> list[str]:
@@ -268,11 +350,13 @@ def run_global_dedup(steps: list[DedupStep], inp: GlobalDedupInput, ctx: DedupCo
     """Run the steps in order over the staged candidates, each on the rows the earlier ones kept;
     decisions are written per step and partition (``output.decisions_path``). Returns rows
     dropped per step. With ``dedup.engine=ray`` every step that has a distributed form runs in
-    Ray Data (nothing corpus-sized on the driver); the others (``engine=local``, near dedup
-    with ``dedup.against``, semantic) read their candidates into the driver and decide there.
-    An earlier version (``dedup.against``) is never loaded whole: exact dedup joins its kept
-    digests in the Ray shuffle (or streams its manifest parts on the driver), semantic dedup
-    streams a top-1 search over its parts' embeddings (``curation.dedup.earlier``)."""
+    Ray Data (nothing corpus-sized on the driver: the module docstring); the others
+    (``engine=local``, near dedup against an in-memory index) read their candidates into the
+    driver and decide there. An earlier version (``dedup.against``) is never loaded whole: exact
+    dedup joins its kept digests in the Ray shuffle (or streams its manifest parts on the
+    driver), near dedup joins the batch's band keys with its index buckets (or reads the buckets
+    the batch touches on the driver), semantic dedup searches its parts' kept embeddings cluster
+    by cluster (``curation.dedup.distributed_semantic``, ``curation.dedup.earlier``)."""
     dropped: dict[str, int] = {}
     for step in steps:
         step_inp = dataclasses.replace(inp, earlier_steps=tuple(dropped))

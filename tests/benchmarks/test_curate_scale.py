@@ -1,6 +1,6 @@
-"""``benchmarks/curate_scale.py`` at its smallest size: the global steps on 2,000 staged rows. Its
-timing of the near-dup index wraps ``curation.dedup.steps.write_near_index``: the script exits
-non-zero when the near step no longer calls it there, so that seam is checked here too."""
+"""``benchmarks/curate_scale.py`` at its smallest size: the global steps on 2,000 staged rows and a
+later batch of 200 against them, through ``curation.pipeline.global_dedup`` with the Ray engine,
+and the local engine's semantic, incremental near and semantic-against decisions equal to Ray's."""
 
 import re
 
@@ -9,19 +9,22 @@ import pytest
 pytestmark = pytest.mark.slow  # a local Ray cluster and its Ray Data jobs
 
 NUMBER = r"\d+\.\d"
+INT = r"([\d,]+)"
 
 
-def test_prints_each_global_step_and_the_baseline(bench):
+def test_prints_each_global_step_the_ray_local_checks_and_the_baseline(bench):
     out = bench("curate_scale.py", "--smallest")
     assert re.search(r"^curation global steps at scale: .* 1000 rows per partition; uniform hashes$", out, re.M), out
     line = re.search(
-        rf"^n= +2,000: global steps +{NUMBER} s \(exact {NUMBER}, near {NUMBER} of which index {NUMBER}: "
-        rf"B=\d+, \d+ bands, ([\d,]+) postings; manifest {NUMBER}, stats\+version {NUMBER}\); "
-        r"dropped exact ([\d,]+) near ([\d,]+), kept ([\d,]+); driver peak RSS \d+ MB .*"
-        rf"baseline in-process near search {NUMBER} s \(near step / baseline {NUMBER}x\)$",
+        rf"^n= +2,000: global steps +{NUMBER} s, {NUMBER} CPU-s; V: exact {NUMBER}, near {NUMBER} \(index B=\d+, "
+        rf"\d+ bands, {INT} postings\), semantic {NUMBER}, manifest {NUMBER}, stats\+version {NUMBER}; "
+        rf"B against V: exact {NUMBER}, near {NUMBER} \(index of 2 parts\), semantic {NUMBER}; "
+        rf"dropped V exact {INT} near {INT} semantic {INT}, B exact {INT} near {INT} semantic {INT}; kept {INT}; "
+        r"driver peak RSS \d+ MB .*; Ray == local: semantic equal \([\d,]+ rows\), B near equal \([\d,]+ rows\), "
+        rf"B semantic equal \([\d,]+ rows\); baseline in-process near search {NUMBER} s \(near step / baseline {NUMBER}x\)$",
         out,
         re.M,
     )
     assert line, out
-    postings, exact, near, kept = (int(g.replace(",", "")) for g in line.groups())
-    assert postings > 0 and exact > 0 and near > 0 and 0 < kept < 2000
+    postings, exact, near, semantic, _, b_near, _, kept = (int(g.replace(",", "")) for g in line.groups())
+    assert postings > 0 and exact > 0 and near > 0 and semantic > 0 and b_near > 0 and 0 < kept < 2000

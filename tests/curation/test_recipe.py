@@ -15,7 +15,10 @@ from infra.config import load_config
 from tests.curation.toy_brightness import DARK, BrightnessFilter
 
 # The recipe of the shipped job with the toy filter after the text filter: the one recipe line.
-WITH_BRIGHTNESS = Recipe([*HUMANS1B.steps[:10], BrightnessFilter, *HUMANS1B.steps[10:]], job=HUMANS1B.job)
+_AFTER_TEXT = [s.name for s in HUMANS1B.steps].index("text_filter") + 1
+WITH_BRIGHTNESS = Recipe(
+    [*HUMANS1B.steps[:_AFTER_TEXT], BrightnessFilter, *HUMANS1B.steps[_AFTER_TEXT:]], job=HUMANS1B.job
+)
 
 
 def test_the_shipped_recipe_is_in_order():
@@ -25,6 +28,7 @@ def test_the_shipped_recipe_is_in_order():
         "decode",
         "geometry",
         "image_quality",
+        "decontaminate",
         "exact_dedup",
         "near_dedup",
         "person_detection",

@@ -1,0 +1,382 @@
+"""Semantic dedup in Ray Data (``dedup.engine=ray``): nothing corpus-sized on the driver.
+
+The same decisions as the in-process step (``semantic.semantic_duplicate_decisions``, and
+``earlier.semantic_against`` with ``dedup.against``) on the run's staged candidates, every
+row-sized step in Ray tasks:
+
+1. **Centroids**: a map keeps the rows whose key rank (``semantic.key_rank``) falls below a
+   margin (about twice ``kmeans_sample_size``, widened until there are enough); one Ray task
+   takes the smallest ranks, sorts them by key and fits k-means on them
+   (``semantic._sample_centroids``: the in-process sample and fit). The driver holds an object
+   reference to the k centroids, never an embedding.
+2. **Assignment**: a map gives every row its cluster; the assigned rows (row id, embedding,
+   cluster) are materialised in the object store, and the driver reads the k cluster sizes.
+3. **Pairs**: a cluster of more than ``block_rows`` rows is dealt into b blocks by a mix of the
+   row id; each pair of blocks (i <= j) is one *unit*, and a row of block i is sent to the b units
+   that hold its block (a cluster that fits one block: one unit, one copy). One shuffle routes the
+   units into groups sized by their embedding bytes (``GROUP_BYTES``: what one reduce task holds);
+   the reduce finds each unit's pairs with cosine >= threshold (``semantic.similar_pairs``, every
+   pair rechecked by its own row product, so blocking cannot change a pair). No task holds more
+   than its group, and no unit more than two blocks, however large a cluster is.
+4. **Components and representatives**: the row pairs go through near dedup's machinery
+   (``distributed.component_decisions``: star rounds, the members' metadata read back partition
+   by partition, ``components.decisions_from_labels`` per component).
+
+**Against an earlier version** (``dedup.against``): centroids fitted on this run's candidates;
+the earlier version's kept embeddings are read manifest part by part in Ray tasks and assigned to
+the same centroids; in each cluster, units of (new block, earlier block) find every new row's best
+earlier match there (``earlier.best_matches``: highest cosine >= threshold, then smallest key), and
+one shuffle by row id keeps the best over the units. The rows it drops are then no candidates for
+the within-run search above, whose centroids are fitted on the rows left (as in process).
+
+Decisions are written per partition (``distributed.write_decisions``) after each of these
+stages, so a later stage reads the rows an earlier one left (``read_candidates``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from curation.dedup.bands import mix64
+from curation.dedup.distributed import (
+    PARTITIONED_DECISION_SCHEMA,
+    GlobalDedupInput,
+    candidates_dataset,
+    clear_step,
+    component_decisions,
+    write_decisions,
+)
+from curation.dedup.earlier import EarlierVersion, best_matches
+from curation.dedup.semantic import (
+    GROUP_PREFIX,
+    SEMANTIC_DUPLICATE,
+    SemanticDupConfig,
+    _below,
+    _sample_centroids,
+    _with_rank,
+    assign_clusters,
+    embeddings,
+    key_rank,
+    similar_pairs,
+)
+from curation.dedup.shuffle import shuffle
+from infra import storage
+
+GROUP_BYTES = 256 * 2**20  # embedding bytes of one shuffle group of units (what one reduce holds)
+MAX_GROUPS = 1024
+EMBEDDING = pa.list_(pa.float32())
+
+
+# ---- centroids and assignment -------------------------------------------------------------------
+
+
+def _fit(refs: list, n_rows: int, cfg: SemanticDupConfig) -> np.ndarray:
+    import ray
+
+    tables = [t for t in ray.get(list(refs)) if t.num_rows]
+    return _sample_centroids(pa.concat_tables(tables), n_rows, cfg)
+
+
+def fitted_centroids(inp: GlobalDedupInput, n_rows: int, cfg: SemanticDupConfig):
+    """An object reference to the k-means centroids of the candidates, fitted in a Ray task on the
+    in-process sample (the ``kmeans_sample_size`` smallest key ranks, in key order)."""
+    import ray
+
+    keyed = candidates_dataset(inp, ["key", cfg.embedding_column])
+    fraction = 2.0 * cfg.kmeans_sample_size / n_rows
+    while fraction < 1.0:
+        sample = (
+            keyed.map_batches(_with_rank, batch_format="pyarrow")
+            .map_batches(_below, fn_kwargs={"limit": int(fraction * 2**64)}, batch_format="pyarrow")
+            .materialize()
+        )
+        if sample.count() >= cfg.kmeans_sample_size:
+            break
+        fraction *= 4
+    else:
+        sample = keyed.materialize()
+    return ray.remote(_fit).remote(sample.to_arrow_refs(), n_rows, cfg)
+
+
+def num_clusters(n_rows: int, cfg: SemanticDupConfig) -> int:
+    """k of the fit (``fit_centroids`` caps it at the sample size)."""
+    return min(cfg.clusters_for(n_rows), cfg.kmeans_sample_size, n_rows)
+
+
+def _assign(batch: pa.Table, column: str, centroids, side: int) -> pa.Table:
+    """The batch with its cluster and ``side`` (0: this run's row, 1: an earlier version's)."""
+    import ray
+
+    batch = batch.set_column(batch.schema.get_field_index(column), column, batch.column(column).cast(EMBEDDING))
+    clusters = assign_clusters(embeddings(batch, column), ray.get(centroids)) if batch.num_rows else []
+    return batch.append_column("cluster", pa.array(clusters, pa.int32())).append_column(
+        "side", pa.array(np.full(batch.num_rows, side, np.int8))
+    )
+
+
+def _earlier_assigned(batch: dict, uri: str, column: str, centroids) -> pa.Table:
+    """Some of an earlier version's manifest parts: their kept (key, embedding), assigned."""
+    earlier = EarlierVersion.open(uri)
+    tables = [earlier.kept_part(str(p), ["key", column]) for p in batch["path"]]
+    kept = pa.concat_tables([t.cast(pa.schema([("key", pa.string()), (column, EMBEDDING)])) for t in tables])
+    n = kept.num_rows
+    rows = pa.table(
+        {
+            "key": kept.column("key"),
+            "partition": pa.nulls(n, pa.string()),
+            column: kept.column(column),
+            "row_id": pa.array(np.full(n, -1, np.int64)),
+        }
+    )
+    return _assign(rows, column, centroids, side=1)
+
+
+def cluster_sizes(assigned, k: int) -> np.ndarray:
+    """Rows per (side, cluster): a (2, k) array, from one aggregation (k rows reach the driver)."""
+    sizes = np.zeros((2, k), np.int64)
+    groups = max(1, min(64, k // 4096))  # (Ray Data's default, 200 groups, costs seconds per shuffle even for k = 10)
+    for r in assigned.groupby(["side", "cluster"], num_partitions=groups).count().take_all():
+        sizes[int(r["side"]), int(r["cluster"])] = int(r["count()"])
+    return sizes
+
+
+def unit_groups(inp: GlobalDedupInput, assigned, rows: int, records: int) -> int:
+    """Shuffle groups for ``records`` unit records made from ``rows`` assigned rows."""
+    if inp.shuffle_partitions:
+        return inp.shuffle_partitions
+    per_record = assigned.size_bytes() / max(rows, 1)
+    return max(1, min(MAX_GROUPS, math.ceil(records * per_record / GROUP_BYTES)))
+
+
+# ---- units: pairs of blocks of one cluster ---------------------------------------------------------
+
+
+def _spread(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row index, 0..count-1) for every copy of each row."""
+    idx = np.repeat(np.arange(len(counts)), counts)
+    return idx, np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def _own_block(batch: pa.Table, blocks: np.ndarray) -> np.ndarray:
+    """Each row's block of its cluster: a mix of its row id (of its key's rank for an earlier row)."""
+    ids = batch.column("row_id").to_numpy().astype(np.uint64)
+    old = batch.column("row_id").to_numpy() < 0
+    if old.any():
+        ids[old] = key_rank(batch.column("key").filter(pa.array(old)).to_pylist())
+    return (mix64(ids) % np.maximum(blocks, 1).astype(np.uint64)).astype(np.int64)
+
+
+def _units(batch: pa.Table, blocks, column: str, cross: bool) -> pa.Table:
+    """One record per (row, unit holding its block). ``blocks[side, cluster]``: blocks of a cluster
+    (0: no unit). Within the run (``cross`` False) a unit is a pair of blocks lo <= hi of one
+    cluster; against an earlier version it is (new block, earlier block)."""
+    import ray
+
+    blocks = ray.get(blocks)
+    cluster = batch.column("cluster").to_numpy().astype(np.int64)
+    side = batch.column("side").to_numpy().astype(np.int64)
+    mine_of = blocks[side, cluster]
+    own = _own_block(batch, mine_of)
+    idx, other = _spread(blocks[1 - side, cluster] if cross else mine_of)
+    mine, side = own[idx], side[idx]
+    if cross:
+        first, second = np.where(side == 0, mine, other), np.where(side == 0, other, mine)
+    else:
+        first, second = np.minimum(mine, other), np.maximum(mine, other)
+    keep = [c for c in ("row_id", "key", "partition", column, "side") if c in batch.column_names]
+    return (
+        batch.select(keep)
+        .take(pa.array(idx, pa.int64()))
+        .append_column("block", pa.array(mine))
+        .append_column("unit", pa.array((cluster[idx] << 32) | (first << 16) | second, pa.int64()))
+    )
+
+
+def _each_unit(group: pa.Table):
+    group = group.sort_by("unit")
+    u = group.column("unit").to_numpy()
+    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]]) if len(u) else np.zeros(0, np.int64)
+    for s, e in zip(starts, [*starts[1:], len(u)]):
+        yield int(u[s]), group.slice(int(s), int(e - s))
+
+
+def _unit_pairs(group: pa.Table, column: str, threshold: float) -> pa.Table:
+    """Row pairs with cosine >= threshold in each unit of one shuffle group."""
+    a, b = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for unit, rows in _each_unit(group):
+        lo, hi = unit >> 16 & 0xFFFF, unit & 0xFFFF
+        ids, block = rows.column("row_id").to_numpy(), rows.column("block").to_numpy()
+        x = embeddings(rows, column)
+        if lo == hi:
+            i, j, _ = similar_pairs(x, x, threshold, upper=True)
+            a.append(ids[i])
+            b.append(ids[j])
+            continue
+        first, second = block == lo, block == hi
+        i, j, _ = similar_pairs(x[first], x[second], threshold)
+        a.append(ids[first][i])
+        b.append(ids[second][j])
+    return pa.table({"a": np.concatenate(a), "b": np.concatenate(b)})
+
+
+def _unit_matches(group: pa.Table, column: str, threshold: float) -> pa.Table:
+    """Each new row's best earlier match in each unit (new block x earlier block) of one group."""
+    out = []
+    for _, rows in _each_unit(group):
+        side = rows.column("side").to_numpy()
+        new, old = rows.filter(pa.array(side == 0)), rows.filter(pa.array(side == 1))
+        if not new.num_rows or not old.num_rows:
+            continue
+        best = best_matches(embeddings(new, column), embeddings(old, column), old.column("key"), threshold)
+        at = best.column("row")
+        out.append(
+            pa.table(
+                {
+                    "row_id": new.column("row_id").take(at),
+                    "key": new.column("key").take(at),
+                    "partition": new.column("partition").take(at),
+                    "score": best.column("score"),
+                    "match": best.column("key"),
+                }
+            )
+        )
+    return pa.concat_tables(out) if out else _no_matches()
+
+
+def _no_matches() -> pa.Table:
+    return pa.table(
+        {
+            "row_id": pa.array([], pa.int64()),
+            "key": pa.array([], pa.string()),
+            "partition": pa.array([], pa.string()),
+            "score": pa.array([], pa.float64()),
+            "match": pa.array([], pa.string()),
+        }
+    )
+
+
+def _best_of_row(group: pa.Table) -> pa.Table:
+    """Per new row its best match over the units (highest cosine, then smallest key): a decision."""
+    if not group.num_rows:
+        return PARTITIONED_DECISION_SCHEMA.empty_table()
+    group = group.sort_by([("row_id", "ascending"), ("score", "descending"), ("match", "ascending")])
+    ids = group.column("row_id").to_numpy()
+    best = group.take(pa.array(np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])))
+    match = best.column("match")
+    return pa.table(
+        {
+            "key": best.column("key"),
+            "reason": pa.array([SEMANTIC_DUPLICATE] * best.num_rows, pa.string()),
+            "duplicate_of": match,
+            "duplicate_group": pc.binary_join_element_wise(GROUP_PREFIX, match, ""),
+            "partition": best.column("partition"),
+        }
+    ).cast(PARTITIONED_DECISION_SCHEMA)
+
+
+# ---- the stages -----------------------------------------------------------------------------------
+
+
+def _blocks(sizes: np.ndarray, block_rows: int, minimum: int) -> np.ndarray:
+    """Blocks per (side, cluster); 0 where a cluster has fewer than ``minimum`` rows of a side."""
+    return np.where(sizes >= minimum, -(-sizes // block_rows), 0)
+
+
+def within_decisions(inp: GlobalDedupInput, cfg: SemanticDupConfig):
+    """Decisions (a lazy dataset) among the candidates, or None when there is no pair."""
+    import ray
+
+    n = candidates_dataset(inp, ["key"]).count()
+    if n < 2:
+        return None
+    k = num_clusters(n, cfg)
+    centroids = fitted_centroids(inp, n, cfg)
+    assigned = (
+        candidates_dataset(inp, [cfg.embedding_column])
+        .map_batches(
+            _assign,
+            fn_kwargs={"column": cfg.embedding_column, "centroids": centroids, "side": 0},
+            batch_format="pyarrow",
+        )
+        .materialize()
+    )
+    sizes = cluster_sizes(assigned, k)[:1]
+    blocks = _blocks(sizes, cfg.block_rows, 2)
+    parts = unit_groups(inp, assigned, n, int((sizes * blocks).sum()))
+    units = assigned.map_batches(
+        _units,
+        fn_kwargs={"blocks": ray.put(blocks), "column": cfg.embedding_column, "cross": False},
+        batch_format="pyarrow",
+    )
+    edges = shuffle(
+        units, "unit", _unit_pairs, parts, fn_kwargs={"column": cfg.embedding_column, "threshold": cfg.threshold}
+    ).materialize()
+    if not edges.count():
+        return None
+    return component_decisions(inp, edges, SEMANTIC_DUPLICATE, GROUP_PREFIX, inp.num_partitions(edges.count()))
+
+
+def against_decisions(inp: GlobalDedupInput, earlier: EarlierVersion, cfg: SemanticDupConfig):
+    """Decisions (a lazy dataset) dropping the candidates with an earlier kept match in their cluster."""
+    import ray
+    import ray.data
+
+    n = candidates_dataset(inp, ["key"]).count()
+    if not n or not earlier.parts or cfg.embedding_column not in earlier.columns:
+        return None
+    k, column = num_clusters(n, cfg), cfg.embedding_column
+    centroids = fitted_centroids(inp, n, cfg)
+    new = candidates_dataset(inp, ["key", "partition", column]).map_batches(
+        _assign, fn_kwargs={"column": column, "centroids": centroids, "side": 0}, batch_format="pyarrow"
+    )
+    old = ray.data.from_items(
+        [{"path": p} for p in earlier.parts], override_num_blocks=max(1, min(len(earlier.parts), 200))
+    ).map_batches(
+        _earlier_assigned,
+        batch_size=1,
+        batch_format="numpy",
+        fn_kwargs={"uri": earlier.uri, "column": column, "centroids": centroids},
+    )
+    rows = new.union(old).materialize()
+    sizes = cluster_sizes(rows, k)
+    blocks = _blocks(sizes, cfg.block_rows, 1) * (sizes.min(axis=0) > 0)  # a cluster needs both sides
+    parts = unit_groups(inp, rows, int(sizes.sum()), int((sizes * blocks[::-1]).sum()))
+    units = rows.map_batches(
+        _units, fn_kwargs={"blocks": ray.put(blocks), "column": column, "cross": True}, batch_format="pyarrow"
+    )
+    matches = shuffle(units, "unit", _unit_matches, parts, fn_kwargs={"column": column, "threshold": cfg.threshold})
+    return shuffle(matches, "row_id", _best_of_row, inp.num_partitions(n))
+
+
+def semantic_decisions(
+    inp: GlobalDedupInput,
+    cfg: SemanticDupConfig,
+    step: str,
+    earlier: EarlierVersion | None = None,
+    before: tuple[Callable, ...] = (),
+) -> int:
+    """The step's decisions over the run, written per partition; returns rows dropped. Stages in
+    order, each on the rows the earlier ones left: ``before`` (functions of the input giving a
+    decisions dataset or None), the earlier version (``against_decisions``), the run itself."""
+    clear_step(*storage.resolve(inp.out), step)
+    stages = [*before]
+    if earlier is not None:
+        stages.append(lambda i: against_decisions(i, earlier, cfg))
+    stages.append(lambda i: within_decisions(i, cfg))
+    found, total = [], 0
+    for stage in stages:
+        ds = stage(inp)
+        if ds is None or not (ds := ds.materialize()).count():
+            continue
+        found.append(ds)
+        merged = found[0].union(*found[1:]) if len(found) > 1 else found[0]
+        total = write_decisions(merged, inp.out, step, inp.num_partitions(merged.count()))
+        if step not in inp.earlier_steps:  # the next stage reads the rows these decisions left
+            inp = dataclasses.replace(inp, earlier_steps=(*inp.earlier_steps, step))
+    return total
