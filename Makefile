@@ -38,11 +38,14 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Two pytest-xdist workers; tests/conftest.py says what runs together and first.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+
 test: lint browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST) --durations=25
 
 test-fast: lint browser
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 clean-demo:
 	rm -rf runs/demo

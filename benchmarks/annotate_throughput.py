@@ -23,7 +23,9 @@ Per task and size, in one run:
 
 Printed per task: each one's images/s, the job's images/s per core against the loop's
 (target >= 0.8x), the share of the time spent in model forwards (the loop's, and the job's
-summed over actors against wall x actors), and whether the two wrote the same bytes. With
+summed over actors against wall x actors), the seconds each actor spent outside shards (its
+start-up and model loads, waits for work: the fixed cost that a longer run amortises), and
+whether the two wrote the same bytes. With
 ``--device cuda`` (the GPU suite) the loop is skipped (``--no-loop``): the job's images/s per
 GPU, its forward share, and the backbone's own forward (batch ``--batch``, the job's
 precision) in TFLOP/s against ``--peak-tflops``. Results: docs/results/annotate.md.
@@ -217,7 +219,8 @@ def measure(args, size: str, task: str, dataset: str, work: Path) -> None:
     per_unit = stats["samples"] / job_s / (args.actors * args.gpus_per_actor if args.device == "cuda" else args.actors)
     unit = "GPU" if args.device == "cuda" else "core"
     line += f" | job {args.actors} actors {stats['samples'] / job_s:7.2f} img/s = {per_unit:6.2f} per {unit}"
-    line += f" (forward {stats['session_forward_share']:4.0%})"
+    idle = job_s - stats["session_busy_share"] * stats["session_seconds"]  # per actor, outside any shard
+    line += f" (forward {stats['session_forward_share']:4.0%}, outside shards {idle:5.1f} s per actor)"
     if not args.no_loop:
         line += f" = {per_unit / (n / loop_s):.2f}x of the loop per core; same bytes: {same_bytes(job_dir, work / f'loop-{size}-{task}')}"
     print(line, flush=True)

@@ -42,11 +42,66 @@ os.environ.pop("RAY_ADDRESS", None)
 SLOW_FIXTURES = {"ray_local", "bench", "s3"}
 
 
+# ``make test`` runs the tests on two pytest-xdist workers (``-n 2 --dist loadfile``): each file is
+# one unit of work (its module fixtures are made once), except that the files sharing one of these
+# expensive session runs form one unit, so that run is made once, on one worker. Those units go
+# first (``--no-loadscope-reorder`` keeps the collection order): the longest start earliest.
+SHARED_RUNS = {"demo_run": "demo-run", "pretrain_reference": "pretrain-runs"}  # fixture -> unit
+SHARED_RUN_FILES = {
+    "tests/pipelines/test_dag.py": "demo-run",
+    "tests/pipelines/test_demo.py": "demo-run",
+    "tests/training/test_pretrain_crash_resume.py": "pretrain-runs",
+    "tests/training/test_pretrain_e2e.py": "pretrain-runs",
+}
+
+
+# Then the longest single files (an order hint only, from docs/results/test_loop.md; a file
+# missing here just starts in collection order): a long unit left to the end would run alone.
+LONG_FILES = [
+    "tests/evaluation/finetune/test_finetune_crash_resume.py",
+    "tests/curation/test_resume.py",
+    "tests/training/test_v1_pretrain_e2e.py",
+    "tests/benchmarks/test_probe_trained_vs_random.py",
+    "tests/benchmarks/test_curate_scale.py",
+    "tests/evaluation/annotate/test_annotate_resume.py",
+    "tests/curation/test_object_store.py",
+]
+
+
+def work_unit(nodeid: str) -> str:
+    file = nodeid.split("::")[0]
+    return SHARED_RUN_FILES.get(file, file)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` with the shared runs' files as one unit each (see ``SHARED_RUN_FILES``)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedRunScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return SharedRunScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items) -> None:
-    """Every test that needs one of ``SLOW_FIXTURES`` is ``slow``, whether or not its file says so."""
+    """Every test that needs one of ``SLOW_FIXTURES`` is ``slow``, whether or not its file says so;
+    the shared runs' units first, then ``LONG_FILES``; a test using a shared run from a file not
+    listed is refused."""
+    first = list(dict.fromkeys(SHARED_RUNS.values()))
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SLOW_FIXTURES & fixtures:
             item.add_marker(pytest.mark.slow)
+        for name in fixtures & SHARED_RUNS.keys():
+            if work_unit(item.nodeid) != SHARED_RUNS[name]:
+                raise pytest.UsageError(
+                    f"{item.nodeid} uses {name}: add its file to SHARED_RUN_FILES (tests/conftest.py)"
+                )
+    first += LONG_FILES
+    items.sort(key=lambda item: first.index(u) if (u := work_unit(item.nodeid)) in first else len(first))
 
 
 @pytest.fixture(scope="session")

@@ -317,14 +317,18 @@ def count_annotations(job: Job) -> dict:
 
 
 def session_stats(done: list[dict], wall: float, actors: int) -> dict:
-    """This session's throughput and the share of the actors' time spent in model forwards."""
+    """This session's throughput and the shares of the actors' time (wall x actors) spent in model
+    forwards and in shards at all (the rest: start-up, model loads, waits for work)."""
     samples = sum(d["samples"] for d in done)
     forward = sum(d["forward_seconds"] for d in done)
+    busy = sum(d["seconds"] for d in done)
+    share = lambda seconds: round(seconds / (wall * actors), 4) if wall > 0 and actors else 0.0  # noqa: E731
     return {
         "session_shards": len(done),
         "session_seconds": round(wall, 3),
         "session_images_per_s": round(samples / wall, 3) if wall > 0 and samples else 0.0,
-        "session_forward_share": round(forward / (wall * actors), 4) if wall > 0 and actors else 0.0,
+        "session_forward_share": share(forward),
+        "session_busy_share": share(busy),
     }
 
 

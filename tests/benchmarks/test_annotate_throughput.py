@@ -15,7 +15,8 @@ def test_prints_the_job_against_the_same_work_loop(bench):
     assert re.search(r"^tiny: 12 samples in 4 shards of 3; batch 8, fp32$", out, re.M), out
     line = (
         rf"^tiny +seg +sapiens2_tiny_seg +trained +loop 1 process +{NUMBER} img/s \(forward +\d+%\) \| "
-        rf"job 2 actors +{NUMBER} img/s = +{NUMBER} per core \(forward +\d+%\) = {NUMBER}x of the loop per core; "
+        rf"job 2 actors +{NUMBER} img/s = +{NUMBER} per core \(forward +\d+%, outside shards +{NUMBER} s per actor\) = "
+        rf"{NUMBER}x of the loop per core; "
         r"same bytes: True$"
     )
     assert re.search(line, out, re.M), out
