@@ -25,7 +25,9 @@ Printed per task: each one's images/s, the job's images/s per core against the l
 (target >= 0.8x), the share of the time spent in model forwards (the loop's, and the job's
 summed over actors against wall x actors), the seconds each actor spent outside shards (its
 start-up and model loads, waits for work: the fixed cost that a longer run amortises), and
-whether the two wrote the same bytes. With
+whether the two wrote the same bytes. ``--parallel-loops`` adds ``--actors`` plain loops in as
+many processes (shards dealt out, no Ray): what the machine itself gives per core when that
+many copies of the work run at once. With
 ``--device cuda`` (the GPU suite) the loop is skipped (``--no-loop``): the job's images/s per
 GPU, its forward share, and the backbone's own forward (batch ``--batch``, the job's
 precision) in TFLOP/s against ``--peak-tflops``. Results: docs/results/annotate.md.
@@ -153,20 +155,40 @@ def annotate_config(args, dataset: str, out: Path, task: str, ckpt: Path, hw):
     )
 
 
-def plain_loop(cfg, out: Path) -> tuple[float, float, int]:
-    """(seconds, forward seconds, images): the job's per-sample work in one process, one thread."""
+def plain_loop(cfg, out: Path, part: tuple[int, int] = (0, 1), barrier=None) -> tuple[float, float, int]:
+    """(seconds, forward seconds, images): the job's per-sample work in one process, one thread,
+    over every ``part[1]``-th shard from ``part[0]`` (after ``barrier``, when given)."""
+    import torch
+
     from evaluation.annotate.annotator import Annotator, annotate_shard
-    from evaluation.annotate.job import absolutize, resolve_version
+    from evaluation.annotate.job import absolutize, largest_first, resolve_version
     from evaluation.annotate.models import describe
     from evaluation.annotate.shards import source_shards
 
+    torch.set_num_threads(1)
     cfg = absolutize(cfg)
     infos = {t: describe(t, cfg.tasks.of(t)) for t in cfg.tasks.enabled()}
-    shards = source_shards(resolve_version(cfg, None))
+    shards = largest_first(source_shards(resolve_version(cfg, None)))[part[0] :: part[1]]
+    if barrier is not None:
+        barrier.wait()
     start = time.perf_counter()
     annotator = Annotator(infos, cfg.tasks, dataclasses.replace(cfg.actors, num_cpus=1), "cpu")
     images = sum(annotate_shard(annotator, s, str(out))["samples"] for s in shards)
     return time.perf_counter() - start, annotator.forward_seconds, images
+
+
+def parallel_loops(cfg, out: Path, k: int) -> tuple[float, int]:
+    """(seconds, images) of ``k`` plain loops in ``k`` processes, the shards dealt out largest
+    first, started together once each has its imports done: what the machine gives ``k`` copies
+    of the same work without Ray."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Manager().Barrier(k)
+    with ProcessPoolExecutor(k, mp_context=ctx) as pool:
+        done = list(pool.map(plain_loop, [cfg] * k, [out] * k, [(i, k) for i in range(k)], [barrier] * k))
+    return max(d[0] for d in done), sum(d[2] for d in done)
 
 
 def run_job(cfg) -> tuple[float, dict]:
@@ -214,6 +236,11 @@ def measure(args, size: str, task: str, dataset: str, work: Path) -> None:
             annotate_config(args, dataset, work / f"loop-{size}-{task}", task, ckpt, hw), work / f"loop-{size}-{task}"
         )
         line += f" loop 1 process {n / loop_s:7.2f} img/s (forward {loop_fwd / loop_s:4.0%})"
+        if args.parallel_loops:
+            out = work / f"loops-{size}-{task}"
+            par_s, par_n = parallel_loops(annotate_config(args, dataset, out, task, ckpt, hw), out, args.actors)
+            line += f" | {args.actors} loop processes {par_n / par_s / args.actors:6.2f} img/s per core"
+            line += f" = {par_n / par_s / args.actors / (n / loop_s):.2f}x"
     job_dir = work / f"job-{size}-{task}"
     job_s, stats = run_job(annotate_config(args, dataset, job_dir, task, ckpt, hw))
     per_unit = stats["samples"] / job_s / (args.actors * args.gpus_per_actor if args.device == "cuda" else args.actors)
@@ -250,6 +277,9 @@ def parse(argv=None):
     p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "auto"))
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--no-loop", action="store_true")
+    p.add_argument(
+        "--parallel-loops", action="store_true", help="also --actors plain loops in as many processes, no Ray"
+    )
     p.add_argument("--smallest", action="store_true", help="tiny seg, 12 images in 4 shards")
     args = p.parse_args(argv)
     if args.smallest:

@@ -279,8 +279,10 @@ def annotate_shards(job: Job, todo: list[SourceShard]) -> list[dict]:
         batch_size=1,
         batch_format="pyarrow",
         zero_copy_batch=True,
-        # One shard in flight per actor: a queue behind a busy actor would leave another idle at the end.
-        compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=1),
+        # Two shards in flight per actor: the next one is there when a shard ends (one in flight left
+        # each actor waiting ~0.2 s for work after every shard); largest first, so the queue at the
+        # end holds the smallest shards.
+        compute=ray.data.ActorPoolStrategy(size=actors, max_tasks_in_flight_per_actor=2),
         num_cpus=a.num_cpus,
         **({"num_gpus": a.num_gpus} if a.num_gpus else {}),
     )
