@@ -5,8 +5,8 @@
     python benchmarks/curate_scale.py --smallest               # 2e3 rows only (the smoke test's run)
 
 Each size runs in a fresh process (so its driver peak RSS is its own) on a local Ray cluster
-(``--cpus``, default 2). A version V of n rows is staged as pass 1 leaves it (``_staging/<pid>/``
-Parquet parts, ``--rows-per-partition`` rows each, no image bytes) with 64-bit hashes and mirror
+(``--cpus``, default 2; ``--shuffle`` as ``ray.shuffle``). A version V of n rows is staged as pass 1 leaves it (``_staging/<pid>/``
+Parquet parts, ``--rows-per-partition`` rows each, a 6-byte placeholder for pixels) with 64-bit hashes and mirror
 hashes from ``benchmarks/dedup_scaling.py`` (``--hashes``: ``uniform`` fair-coin bits, the default,
 or the ``correlated`` stress family; neither models real PHashes), planted exact duplicates (a pool
 of n / 40 digests; ``--exact``), near duplicates (one of n / 20 originals, 0..4 bits flipped;
@@ -18,7 +18,8 @@ copies meet V's originals) is deduplicated against V (``dedup.against``).
 The global steps run through the pipeline's own ``curation.pipeline.global_dedup`` with
 ``dedup.engine=ray``, timed one by one: on V exact dedup, near dedup (with the partitioned
 near-dup index it writes) and semantic dedup (k-means on a bounded sample in a task, cosine pairs
-in block-pair units), then each partition's manifest part (the shard writer less the tar) and
+in block-pair units), then the shards (``pipeline.write_all``: the seeded placement into shards of
+``--samples-per-shard``, one shuffle, tars and sidecars) with the manifest parts naming them, and
 stats + version id (``pipeline.summarise_manifest``); on B exact, near (the Ray join of B's band
 keys with V's index buckets, and V's index extended) and semantic dedup (against V's kept
 embeddings, then within B). The driver's peak RSS over all of them is sampled every 50 ms
@@ -47,7 +48,6 @@ from dedup_scaling import KINDS  # this script's folder is on sys.path: the hash
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMBEDDING_DIM = 64
-STAGED = ("key", "partition", "sha256", "width", "height", "input_bytes", "converted", "phash", "phash_mirror")
 
 
 class PeakRss:
@@ -123,14 +123,13 @@ def embeddings(n: int, args, rng: np.random.Generator) -> np.ndarray:
 def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
     """``n`` staged rows of partition ``pid`` (keys from ``start``)."""
     import pyarrow as pa
-    from dedup_scaling import hash_values
+    from dedup_scaling import hash_pairs
 
     from curation.dedup.hashing import uint64_to_hex
 
-    values = hash_values(n, args.hashes, rng)
-    mirrors = hash_values(n, args.hashes, rng)
+    values, mirrors = hash_pairs(n, args.hashes, rng)
     originals = max(4096, args.total // 20)  # the pool grows with the corpus: families of ~2 copies
-    bases = hash_values(originals, args.hashes, np.random.default_rng(99))  # originals the copies come from
+    bases = hash_pairs(originals, args.hashes, np.random.default_rng(99))[0]  # originals the copies come from
     u = rng.random(n)
     near = u < args.near
     blank = (u >= args.near) & (u < args.near + args.blank)
@@ -159,6 +158,9 @@ def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
             "reason": pa.array(reasons.tolist(), pa.string()),
             "status": pa.nulls(n, pa.string()),
             "notes": pa.array([None] * n, pa.list_(pa.string())),
+            # No pixels: a placeholder of a few bytes per sample, so the shards are written for real.
+            "image": pa.array([b"px" + i.to_bytes(4, "little") for i in range(start, start + n)], pa.binary()),
+            "image_ext": pa.array(["jpg"] * n, pa.string()),
         }
     )
 
@@ -181,23 +183,12 @@ def stage_corpus(root: str, n: int, args, prefix: str = "p", seed: int = 0) -> l
     return pids
 
 
-def write_manifest_part(row: dict, uri: str, columns: list[str]) -> dict:
-    """What the shard writer does for one partition, less the tar: decisions applied, manifest part."""
-    from curation import output, staging, writer
-    from curation.dedup.distributed import partition_decisions
-    from infra import storage
-
-    fs, root = storage.resolve(uri)
-    rows = staging.read_partition_rows(fs, root, row["pid"], columns)
-    table = writer.apply_decisions(rows, partition_decisions(fs, root, row["pid"]))
-    storage.write_parquet(fs, output.manifest_part_path(root, row["pid"]), table)
-    return {"pid": row["pid"], "rows": table.num_rows}
-
-
-def bench_job(root: str, against: str | None = None, engine: str = "ray", out: str | None = None):
+def bench_job(
+    root: str, against: str | None = None, engine: str = "ray", out: str | None = None, samples_per_shard: int = 0
+):
     """A ``curation.pipeline.Job`` over the corpus staged at ``root`` (decisions under ``out``,
-    default ``root``): the recipe's reader, decode, CLIP and dedup steps (semantic dedup on), built
-    without start-up checks (no model runs here)."""
+    default ``root``): the recipe's reader, decode, CLIP and dedup steps (semantic dedup on) and its
+    shard writer (``samples_per_shard``), built without start-up checks (no model runs here)."""
     from curation.dedup.semantic import SemanticDupConfig
     from curation.pipeline import Job
     from curation.recipe import HUMANS1B, CurationConfig
@@ -207,6 +198,7 @@ def bench_job(root: str, against: str | None = None, engine: str = "ray", out: s
     cfg = CurationConfig(output_dir=out or root)
     cfg.input.uri = root
     cfg.dedup.engine, cfg.dedup.against = engine, against
+    cfg.shards.samples_per_shard = samples_per_shard
     cfg.dedup.semantic = SemanticDupConfig(enabled=True)
     kept = ("read", "decode", "clip_embedding", "decontaminate", "exact_dedup", "near_dedup", "semantic_dedup")
     steps = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps if s.name in kept or s is HUMANS1B.steps[-1]])
@@ -232,22 +224,35 @@ def timed_steps(job, pids: list[str], names: tuple[str, ...], seconds: dict, lab
         seconds[f"{label}{name}_dropped"] = dropped[name]
 
 
-def finish_version(root: str, pids: list[str], seconds: dict) -> None:
-    """Manifest parts (the shard writer less the tar), stats + version id, then ``_SUCCESS``: V is
-    a finished output a later batch can be deduplicated against."""
-    import ray.data
+def shard_sizes(root: str, samples_per_shard: int) -> tuple[int, str]:
+    """(shards, "N each" when every shard but the last holds exactly N samples, else their sizes),
+    counted from the sidecars' Parquet footers."""
+    import pyarrow.parquet as pq
 
+    from curation import output
+
+    out = output.CuratedOutput.at(root)
+    sizes = []
+    for path in out.sidecar_files():
+        with out.fs.open_input_file(path) as fh:
+            sizes.append(pq.ParquetFile(fh).metadata.num_rows)
+    even = all(s == samples_per_shard for s in sizes[:-1]) and 0 < sizes[-1] <= samples_per_shard
+    return len(sizes), f"{samples_per_shard} each but the last ({sizes[-1]})" if even else f"UNEVEN {sizes[:20]}"
+
+
+def finish_version(root: str, pids: list[str], seconds: dict, samples_per_shard: int) -> None:
+    """The shards (``pipeline.write_all``: kept counts, the seeded placement, one shuffle carrying the
+    samples to shards of ``samples_per_shard``, tars and sidecars) and the manifest parts naming them,
+    stats + version id, then ``_SUCCESS``: V is a finished output a later batch can be deduplicated against."""
     from curation import output, schema
-    from curation.pipeline import summarise_manifest
+    from curation.pipeline import summarise_manifest, write_all
     from curation.versions import combine_digests
     from infra import storage
 
     t, c = time.perf_counter(), cpu_seconds()
-    read = [*STAGED, "clip_embedding", "decode_ok", "reason", "status", "notes"]
-    ray.data.from_items([{"pid": p} for p in pids], override_num_blocks=min(len(pids), 64)).map(
-        write_manifest_part, fn_kwargs={"uri": root, "columns": read}
-    ).take_all()
-    seconds["write_manifest"], seconds["write_manifest_cpu"] = time.perf_counter() - t, cpu_seconds() - c
+    write_all(bench_job(root, samples_per_shard=samples_per_shard), pids, pids)
+    seconds["write_shards"], seconds["write_shards_cpu"] = time.perf_counter() - t, cpu_seconds() - c
+    seconds["shards"], seconds["shard_sizes"] = shard_sizes(root, samples_per_shard)
     t, c = time.perf_counter(), cpu_seconds()
     counts, digests = summarise_manifest(bench_job(root))
     seconds["version"] = combine_digests(digests, "bench", "bench")
@@ -269,15 +274,15 @@ def index_figures(root: str, seconds: dict, label: str = "") -> None:
     seconds[f"{label}index_parts"] = len(header["parts"])
 
 
-def global_steps(root: str, batch: str, pids: list[str], bpids: list[str]) -> dict:
-    """The global steps on V, V's manifest and stats, then B's against V; seconds per step."""
+def global_steps(root: str, batch: str, pids: list[str], bpids: list[str], samples_per_shard: int) -> dict:
+    """The global steps on V, V's shards, manifest and stats, then B's against V; seconds per step."""
     seconds: dict = {}
     timed_steps(bench_job(root), pids, ("exact_dedup", "near_dedup", "semantic_dedup"), seconds)
     index_figures(root, seconds)
-    finish_version(root, pids, seconds)
+    finish_version(root, pids, seconds, samples_per_shard)
     timed_steps(bench_job(batch, against=root), bpids, ("exact_dedup", "near_dedup", "semantic_dedup"), seconds, "b_")
     index_figures(batch, seconds, "b_")
-    v_steps = ("exact_dedup", "near_dedup", "semantic_dedup", "write_manifest", "stats_and_version")
+    v_steps = ("exact_dedup", "near_dedup", "semantic_dedup", "write_shards", "stats_and_version")
     seconds["v_total"] = sum(seconds[k] for k in v_steps)
     seconds["b_total"] = sum(seconds[f"b_{k}"] for k in ("exact_dedup", "near_dedup", "semantic_dedup"))
     seconds["global_total"] = seconds["v_total"] + seconds["b_total"]
@@ -338,6 +343,10 @@ def measure(n: int, args) -> dict:
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     import ray.data
 
+    from infra.ray_runtime import use_shuffle
+
+    use_shuffle(args.shuffle)
+
     ray.data.DataContext.get_current().enable_progress_bars = False
     ray.data.DataContext.get_current().print_on_execution_start = False
     if args.workdir:
@@ -351,7 +360,7 @@ def measure(n: int, args) -> dict:
         staged = time.perf_counter() - t
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         with PeakRss() as rss:
-            seconds = global_steps(root, batch, pids, bpids)
+            seconds = global_steps(root, batch, pids, bpids, args.samples_per_shard)
         seconds.update(
             n=n,
             partitions=len(pids),
@@ -386,7 +395,7 @@ def size_line(r: dict) -> str:
         f"n={r['n']:>10,d}: global steps {r['global_total']:8.1f} s, {r['global_cpu']:.1f} CPU-s; "
         f"V: exact {r['exact_dedup']:.1f}, near {r['near_dedup']:.1f} (index B={r['index_blocks']}, "
         f"{r['index_bands']} bands, {r['index_postings']:,} postings), semantic {r['semantic_dedup']:.1f}, "
-        f"manifest {r['write_manifest']:.1f}, stats+version {r['stats_and_version']:.1f}; "
+        f"shards + manifest {r['write_shards']:.1f} ({r['shards']:,} shards of {r['shard_sizes']}), stats+version {r['stats_and_version']:.1f}; "
         f"B against V: exact {r['b_exact_dedup']:.1f}, near {r['b_near_dedup']:.1f} (index of {r['b_index_parts']} parts), "
         f"semantic {r['b_semantic_dedup']:.1f}; dropped V exact {r['exact_dedup_dropped']:,} near "
         f"{r['near_dedup_dropped']:,} semantic {r['semantic_dedup_dropped']:,}, B exact {r['b_exact_dedup_dropped']:,} "
@@ -404,7 +413,7 @@ def size_line(r: dict) -> str:
 
 
 def growth_line(a: dict, b: dict) -> str:
-    steps = ("near_dedup", "semantic_dedup", "b_near_dedup", "b_semantic_dedup", "exact_dedup")
+    steps = ("near_dedup", "semantic_dedup", "b_near_dedup", "b_semantic_dedup", "exact_dedup", "write_shards")
     parts = ", ".join(f"{k} n^{exponent(a, b, k):.2f} (CPU n^{exponent(a, b, k + '_cpu'):.2f})" for k in steps)
     return (
         f"{a['n']:.0e} -> {b['n']:.0e}: global steps n^{exponent(a, b, 'global_total'):.2f} "
@@ -424,9 +433,16 @@ def main() -> None:
         "--hashes",
         default="uniform",
         choices=KINDS,
-        help="hash generator of benchmarks/dedup_scaling.py: uniform (fair-coin bits, default) or correlated "
-        "(the over-concentrated stress family); neither models real PHashes, whose DC bit is always set: a "
-        "family drawn from real image content comes with a later change",
+        help="hash family of benchmarks/dedup_scaling.py (hash_pairs): uniform (fair-coin bits, default), "
+        "correlated (the over-concentrated stress family), real (the pipeline's PHashes of views of real photos, "
+        "made and cached by dedup_scaling's generator: minutes per 1e6 the first time) or stress",
+    )
+    p.add_argument("--samples-per-shard", type=int, default=1000, help="shards.samples_per_shard of V's shards")
+    p.add_argument(
+        "--shuffle",
+        default="sort",
+        choices=("sort", "hash"),
+        help="ray.shuffle: sort (what auto gives a local cluster, the default) or hash (Ray's default, a joined cluster's)",
     )
     p.add_argument("--cpus", type=int, default=2)
     p.add_argument("--local-max", type=float, default=1e6, help="the in-process near search up to this size")
@@ -436,7 +452,7 @@ def main() -> None:
     p.add_argument("--one", type=float, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.smallest:
-        args.sizes, args.rows_per_partition = [2e3], 1000
+        args.sizes, args.rows_per_partition, args.samples_per_shard = [2e3], 1000, 100
     if args.one:
         print(json.dumps(measure(int(args.one), args)))
         return
@@ -457,6 +473,8 @@ def main() -> None:
             "local_max",
             "check_max",
             "hashes",
+            "samples_per_shard",
+            "shuffle",
         ):
             cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
         cmd += ["--workdir", args.workdir] if args.workdir else []
