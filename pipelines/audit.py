@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.diff:
             a, b = (load_version(ref, args.tracking_uri) for ref in args.diff)
-            d = diff_versions(a, b)
+            d = diff_versions(a, b, per_reason=args.samples)
             print(diff_summary(d))
             if not args.summary:
                 publish(

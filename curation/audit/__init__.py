@@ -6,10 +6,14 @@ what the removed images look like, how this version differs from another, and wh
 used it. Everything is derived from the output's manifest (the source of truth; stats.json
 is cross-checked against it), its resolved ``config.yaml`` and its ``_SUCCESS`` marker.
 
-- ``loading``: an output or version reference -> ``AuditedVersion`` (manifest, stats, config).
+- ``loading``: an output or version reference -> ``AuditedVersion`` (manifest parts, stats,
+  config); the manifest is streamed in bounded batches (``batches``, ``scan``), never read whole.
 - ``counts``: funnel, reasons and source groups recomputed from the manifest; terminal summary.
 - ``settings``: flat config diffs and which settings own each drop reason.
-- ``images``: pixels for galleries: kept images from the shards, dropped ones from their sources.
+- ``images``: pixels for galleries: kept images from the shards, dropped ones from their sources;
+  the galleries' deterministic samples, selected batch by batch.
+- ``distributions``: the histograms, bins fixed by a first pass, counts merged over batches.
+- ``join``: Grace hash join on local temporary files (the diff's joins by key and by SHA-256).
 - ``charts``: matplotlib charts (Agg, PNG bytes).
 - ``page``: the self-contained HTML page (inline CSS, images as data URIs, no external URL).
 - ``report`` / ``diff``: the two documents; ``record``: logging them to the curation run in MLflow.

@@ -89,6 +89,16 @@ def by_source(groups: list[dict], limit: int = 25) -> bytes:
     return _png(fig)
 
 
+def bin_edges(lo: float, hi: float, *, threshold: float | None = None, integer: bool = False) -> np.ndarray:
+    """A histogram's bins over values in [lo, hi] (and the threshold): one per integer, else 24."""
+    if threshold is not None:
+        lo, hi = min(lo, threshold), max(hi, threshold)
+    if integer:
+        return np.arange(np.floor(lo) - 0.5, np.ceil(hi) + 1.5)
+    pad = (hi - lo) * 0.02 or 0.5
+    return np.linspace(lo - pad, hi + pad, 25)
+
+
 def histogram(
     series: list[tuple[str, list[float], str]],
     *,
@@ -99,25 +109,38 @@ def histogram(
     integer: bool = False,
 ) -> bytes:
     """Stacked histogram of ``(label, values, colour)`` series, the threshold as a dashed line."""
-    fig = _figure(3.0)
-    ax = fig.add_subplot()
     values = [np.asarray(v, dtype=float) for _, v, _ in series]
     everything = np.concatenate(values) if values else np.zeros(0)
     lo = float(everything.min()) if everything.size else 0.0
     hi = float(everything.max()) if everything.size else 1.0
-    if threshold is not None:
-        lo, hi = min(lo, threshold), max(hi, threshold)
-    if integer:
-        bins = np.arange(np.floor(lo) - 0.5, np.ceil(hi) + 1.5)
-    else:
-        pad = (hi - lo) * 0.02 or 0.5
-        bins = np.linspace(lo - pad, hi + pad, 25)
+    bins = bin_edges(lo, hi, threshold=threshold, integer=integer)
+    counted = [(name, np.histogram(v, bins)[0], colour) for (name, _, colour), v in zip(series, values)]
+    return binned_histogram(
+        counted, bins, title=title, xlabel=xlabel, threshold=threshold, threshold_label=threshold_label
+    )
+
+
+def binned_histogram(
+    series: list[tuple[str, np.ndarray, str]],
+    bins: np.ndarray,
+    *,
+    title: str,
+    xlabel: str,
+    threshold: float | None = None,
+    threshold_label: str = "",
+) -> bytes:
+    """``histogram`` of counts already binned: ``(label, counts per bin, colour)`` series over ``bins``
+    (edges), e.g. merged from a manifest's parts. The same bars as ``histogram`` of the values."""
+    fig = _figure(3.0)
+    ax = fig.add_subplot()
+    centres = (bins[:-1] + bins[1:]) / 2
     ax.hist(
-        values,
+        [centres] * len(series),
         bins=bins,
+        weights=[np.asarray(c, dtype=float) for _, c, _ in series],
         stacked=True,
         color=[c for _, _, c in series],
-        label=[f"{name} ({len(v)})" for name, v, _ in series],
+        label=[f"{name} ({int(np.sum(c))})" for name, c, _ in series],
     )
     if threshold is not None:
         ax.axvline(

@@ -8,17 +8,23 @@ boxes land where the detector put them. Inputs that ended as errors are never de
 their tile is a placeholder with the reason. Reads are grouped per container (one open per tar
 or Parquet file); a failure to read becomes that tile's placeholder text, never an exception.
 
-Samples are deterministic: rows sorted by SHA-1 of their key, first N taken.
+Samples are deterministic: rows sorted by SHA-1 of their key, first N taken. Over a manifest
+streamed in batches (``Samples``) each group keeps only its N smallest so far: a bounded,
+mergeable selection that picks the same rows as sorting the whole manifest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import heapq
 import io
 import tarfile
 from collections import defaultdict
+from collections.abc import Callable, Hashable
+from operator import itemgetter
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image, ImageDraw
 
@@ -64,9 +70,60 @@ class BoxRule:
         return "#ff9100", 2
 
 
+def sample_order(key: str) -> str:
+    """Where a row stands in the samples: the SHA-1 of its key (hex)."""
+    return hashlib.sha1(key.encode()).hexdigest()
+
+
 def sample(rows: list[dict], n: int) -> list[dict]:
     """``n`` rows picked deterministically (by SHA-1 of the key): the same rows on every run."""
-    return sorted(rows, key=lambda r: hashlib.sha1(r["key"].encode()).hexdigest())[:n]
+    return sorted(rows, key=lambda r: sample_order(r["key"]))[:n]
+
+
+class Smallest:
+    """The ``n`` items of smallest sort key offered so far: a bounded selection, merged offer by offer."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.items = n, []
+
+    def offer(self, pairs: list[tuple]) -> None:
+        """``(sort key, item)`` pairs; equal sort keys keep the order they were offered in."""
+        if pairs:
+            self.items = heapq.nsmallest(self.n, self.items + pairs, key=itemgetter(0))
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.n
+
+    def values(self) -> list:
+        return [item for _, item in self.items]
+
+
+class Samples:
+    """``sample`` per group over a manifest streamed in batches: per group (``group_of`` a batch:
+    one label per row) the ``size(label)`` rows of smallest ``sample_order``, as Python rows."""
+
+    columns = None  # every column: the sampled rows are shown whole
+
+    def __init__(self, size: Callable[[Hashable], int], group_of: Callable[[pa.RecordBatch], list]) -> None:
+        self.size, self.group_of = size, group_of
+        self.groups: dict[Hashable, Smallest] = {}
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        order = [sample_order(k) for k in batch.column("key").to_pylist()]
+        labels = self.group_of(batch)
+        picks: dict[Hashable, list[int]] = {}
+        for i in sorted(range(len(order)), key=order.__getitem__):
+            chosen = picks.setdefault(labels[i], [])
+            if len(chosen) < self.size(labels[i]):
+                chosen.append(i)
+        wanted = sorted(i for chosen in picks.values() for i in chosen)
+        rows = dict(zip(wanted, batch.take(pa.array(wanted, pa.int64())).to_pylist()))
+        for label, chosen in picks.items():
+            self.groups.setdefault(label, Smallest(self.size(label))).offer([(order[i], rows[i]) for i in chosen])
+
+    def rows(self, label: Hashable) -> list[dict]:
+        return self.groups[label].values() if label in self.groups else []
 
 
 def section(config: dict, name: str, cls):

@@ -5,18 +5,22 @@ source; the steps that ran and their settings; score distributions per filter wi
 threshold marked (the scores each step of the recipe declares, ``curation.steps.Score``);
 person counts and box sizes; galleries of removed images per reason and of
 kept images (deterministic samples); the MLflow runs that produced and used the version; the
-resolved config. Every count is recomputed from the manifest.
+resolved config. Every count is recomputed from the manifest, streamed part by part (``profile``):
+the page holds counts, bins and bounded samples, never the manifest.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
-from collections.abc import Callable
 
+import numpy as np
 import yaml
 
 import curation.audit.charts as charts
 import curation.audit.counts as counts
+import curation.audit.distributions as dist
 import curation.audit.images as images
 import curation.audit.page as page
 from curation import schema
@@ -35,87 +39,113 @@ def _step(v: AuditedVersion, name: str) -> dict | None:
 def scores_of(v: AuditedVersion, recipe: Recipe = HUMANS1B) -> list[tuple[str, Score]]:
     """(step, score) for the scores the recipe's steps declare, of steps the run applied whose
     columns the manifest holds; then any other ``*_score`` column, with no step or threshold."""
-    names = set(v.manifest.column_names)
+    names = set(v.columns)
     declared = [(step.name, s) for step in recipe.steps for s in step.scores]
     found = [(step, s) for step, s in declared if (_step(v, step) or {}).get("applied") and set(s.columns()) <= names]
     known = {s.column for _, s in declared}
-    for f in v.manifest.schema:
+    for f in v.schema:
         if f.name.endswith("_score") and f.name not in known and str(f.type) in ("float", "double"):
             found.append(("", Score(f.name, None, f.name)))
     return found
 
 
-def _split(rows: list[dict], value: Callable[[dict], float | None], own: set[str]) -> list[tuple[str, list, str]]:
-    kept, mine, other = [], [], []
-    for r in rows:
-        x = value(r)
-        if x is None:
-            continue
-        (kept if r["status"] == schema.KEPT else mine if r["reason"] in own else other).append(float(x))
-    return [
-        ("kept", kept, charts.COLOURS["kept"]),
-        ("removed by this step", mine, charts.COLOURS["dropped"]),
-        ("removed by another step", other, charts.COLOURS["other"]),
-    ]
+@dataclasses.dataclass
+class Chart:
+    """A histogram of the report: its measure and how the page shows it."""
+
+    measure: dist.Measure
+    alt: str
+    labels: dict  # title, xlabel, threshold_label (``charts.binned_histogram``)
+    data: dict  # the image's data-* attributes
+    always: bool = False  # drawn even when no row has a value
+
+    def html(self) -> str:
+        return page.chart(self.measure.draw(**self.labels), self.alt, **self.data)
 
 
-def score_charts(v: AuditedVersion) -> list[str]:
+def _score_columns(step: str, s: Score, recipe: Recipe) -> tuple[str, ...]:
+    """What a derived score reads: its ``needs`` and the columns its step writes (e.g. geometry's
+    original sizes)."""
+    cls = next((c for c in recipe.steps if c.name == step), None)
+    return (*s.columns(), *(cls.writes if cls else ()))
+
+
+def _score_values(batch, s: Score, own: set[str], columns: tuple[str, ...]) -> list:
+    if s.derive is None:
+        values, present = dist.column_values(batch, s.column)
+    else:
+        values, present = dist.row_values(batch, s.value, columns)
+    return dist.split_by_outcome(values, present, dist.outcomes(batch, own))
+
+
+def score_charts(v: AuditedVersion, recipe: Recipe = HUMANS1B) -> list[Chart]:
     owned = {s["stage"]: set(s["removed"]) for s in v.stats["funnel"]}
     out = []
-    for step, s in scores_of(v):
-        series = _split(v.rows, s.value, owned.get(step, set()))
-        if not any(values for _, values, _ in series):
-            continue
+    for step, s in scores_of(v, recipe):
         threshold = (_step(v, step) or {}).get(s.setting) if s.setting else None
         threshold = float(threshold) if isinstance(threshold, (int, float)) else None
-        png = charts.histogram(
-            series,
-            title=f"{step or 'score'}: {s.column}",
-            xlabel=s.label,
-            threshold=threshold,
-            threshold_label=f"{s.setting} = {threshold:g}" if threshold is not None else "",
-            integer=s.integer,
+        columns = _score_columns(step, s, recipe)
+        values = functools.partial(_score_values, s=s, own=owned.get(step, set()), columns=columns)
+        measure = dist.Measure(
+            s.column, (*columns, "status", "reason"), values, dist.OUTCOME_SERIES, s.integer, threshold
         )
-        out.append(page.chart(png, f"{s.column} distribution", **{"data-score": s.column, "data-threshold": threshold}))
-    return out
-
-
-def people_charts(v: AuditedVersion) -> list[str]:
-    step = _step(v, PersonFilter.name)
-    if not step or not step.get("applied") or "person_count" not in v.manifest.column_names:
-        return []
-    own = {schema.NO_SALIENT_PERSON}
-    counts_png = charts.histogram(
-        _split(v.rows, lambda r: r.get("person_count"), own),
-        integer=True,
-        xlabel="person_count",
-        title="people per image (boxes scoring >= the detector threshold)",
-    )
-    out = [page.chart(counts_png, "person count distribution", **{"data-score": "person_count"})]
-    rule = images.box_rule(v.config, v.stats)
-    sizes = {"kept": [], "dropped": []}
-    for r in v.rows:
-        for box, score in zip(r.get("person_boxes") or [], r.get("person_scores") or []):
-            if score >= rule.threshold:
-                sizes["kept" if r["status"] == schema.KEPT else "dropped"].append(box_size(box, rule.measure))
-    if sizes["kept"] or sizes["dropped"]:
-        series = [
-            ("boxes in kept images", sizes["kept"], charts.COLOURS["kept"]),
-            ("boxes in removed images", sizes["dropped"], charts.COLOURS["dropped"]),
-        ]
-        png = charts.histogram(
-            series,
-            title=f"person box size ({rule.measure}, boxes scoring >= {rule.threshold:g})",
-            xlabel=f"box {rule.measure} (px)",
-            threshold=rule.min_box_size,
-            threshold_label=f"min_box_size = {rule.min_box_size:g}",
-        )
+        labels = {
+            "title": f"{step or 'score'}: {s.column}",
+            "xlabel": s.label,
+            "threshold_label": f"{s.setting} = {threshold:g}" if threshold is not None else "",
+        }
         out.append(
-            page.chart(
-                png, "person box size distribution", **{"data-score": "box_size", "data-threshold": rule.min_box_size}
-            )
+            Chart(measure, f"{s.column} distribution", labels, {"data-score": s.column, "data-threshold": threshold})
         )
     return out
+
+
+def _person_counts(batch) -> list:
+    values, present = dist.column_values(batch, "person_count")
+    return dist.split_by_outcome(values, present, dist.outcomes(batch, {schema.NO_SALIENT_PERSON}))
+
+
+def _box_sizes(batch, rule: images.BoxRule) -> list:
+    """Sizes of the boxes scoring >= the threshold: in kept images, in the others."""
+    sizes: tuple[list, list] = ([], [])
+    columns = (batch.column(c).to_pylist() for c in ("person_boxes", "person_scores", "status"))
+    for boxes, scores, status in zip(*columns):
+        for box, score in zip(boxes or [], scores or []):
+            if score >= rule.threshold:
+                sizes[status != schema.KEPT].append(box_size(box, rule.measure))
+    return [a[np.isfinite(a)] for a in (np.asarray(x, dtype=float) for x in sizes)]
+
+
+def people_charts(v: AuditedVersion) -> list[Chart]:
+    step = _step(v, PersonFilter.name)
+    if not step or not step.get("applied") or "person_count" not in v.columns:
+        return []
+    count = dist.Measure(
+        "person_count", ("person_count", "status", "reason"), _person_counts, dist.OUTCOME_SERIES, True
+    )
+    title = "people per image (boxes scoring >= the detector threshold)"
+    out = [
+        Chart(
+            count,
+            "person count distribution",
+            {"title": title, "xlabel": "person_count"},
+            {"data-score": "person_count"},
+            always=True,
+        )
+    ]
+    rule = images.box_rule(v.config, v.stats)
+    series = (("boxes in kept images", charts.COLOURS["kept"]), ("boxes in removed images", charts.COLOURS["dropped"]))
+    values = functools.partial(_box_sizes, rule=rule)
+    sizes = dist.Measure(
+        "box_size", ("person_boxes", "person_scores", "status"), values, series, threshold=rule.min_box_size
+    )
+    labels = {
+        "title": f"person box size ({rule.measure}, boxes scoring >= {rule.threshold:g})",
+        "xlabel": f"box {rule.measure} (px)",
+        "threshold_label": f"min_box_size = {rule.min_box_size:g}",
+    }
+    data = {"data-score": "box_size", "data-threshold": rule.min_box_size}
+    return [*out, Chart(sizes, "person box size distribution", labels, data)]
 
 
 def _caption_scores(recipe: Recipe = HUMANS1B) -> list[str]:
@@ -145,28 +175,46 @@ def caption(r: dict, input_root: str) -> list[str]:
     return lines
 
 
-def galleries(v: AuditedVersion, per_reason: int, kept: int) -> tuple[list[str], str]:
+def _status_reason(batch) -> list[tuple]:
+    return list(zip(batch.column("status").to_pylist(), batch.column("reason").to_pylist()))
+
+
+def sampler(per_reason: int, kept: int) -> images.Samples:
+    """The galleries' samples: ``kept`` kept rows, ``per_reason`` rows of each (status, reason)."""
+    return images.Samples(lambda label: kept if label[0] == schema.KEPT else per_reason, _status_reason)
+
+
+def galleries(v: AuditedVersion, t: counts.Tally, samples: images.Samples) -> tuple[list[str], str]:
     root = v.setting("input.uri", "")
     cap = lambda r: caption(r, root)  # noqa: E731
-    grouped: dict[tuple[str, str], list[dict]] = {}
-    for r in v.rows:
-        grouped.setdefault((r["status"], r["reason"]), []).append(r)
     removed = []
-    for e in counts.by_reason(v.rows, v.stats):
-        chosen = images.sample(grouped[(e["status"], e["reason"])], per_reason)
+    for e in counts.reason_entries(t.removed, v.stats):
+        chosen = samples.rows((e["status"], e["reason"]))
         tiles = images.tiles(chosen, cap, config=v.config, stats=v.stats)
         removed.append(
             f"<h3>{page.esc(e['reason'])} <span class=note>({page.esc(e['status'])} by "
             f"{page.esc(e['step'])}; showing {len(chosen)} of {e['count']})</span></h3>"
             + page.gallery(tiles, **{"data-reason": e["reason"], "data-total": e["count"]})
         )
-    kept_rows = grouped.get((schema.KEPT, None), [])
-    chosen = images.sample(kept_rows, kept)
-    kept_html = f"<p class=note>showing {len(chosen)} of {len(kept_rows)} kept images</p>" + page.gallery(
+    chosen = samples.rows((schema.KEPT, None))
+    kept_html = f"<p class=note>showing {len(chosen)} of {t.kept} kept images</p>" + page.gallery(
         images.tiles(chosen, cap, config=v.config, stats=v.stats, output_uri=v.uri),
-        **{"data-kept-total": len(kept_rows)},
+        **{"data-kept-total": t.kept},
     )
     return removed, kept_html
+
+
+def profile(
+    v: AuditedVersion, per_reason: int, kept: int
+) -> tuple[counts.Tally, images.Samples, list[Chart], list[Chart]]:
+    """What the report shows of the manifest, from two streamed passes: the counts, the gallery
+    samples and each histogram's range; then the histograms' counts in bins fixed by those ranges."""
+    t, samples = counts.Tally(v.setting("input.uri", "")), sampler(per_reason, kept)
+    scores, people = score_charts(v), people_charts(v)
+    measures = [c.measure for c in (*scores, *people)]
+    v.scan(t, samples, dist.Ranges(measures))
+    v.scan(dist.Counts(measures))
+    return t, samples, scores, people
 
 
 def _settings_text(step: dict) -> str:
@@ -253,8 +301,8 @@ def funnel_section(counted: dict) -> str:
     )
 
 
-def reasons_section(v: AuditedVersion) -> str:
-    reasons = counts.by_reason(v.rows, v.stats)
+def reasons_section(v: AuditedVersion, t: counts.Tally) -> str:
+    reasons = counts.reason_entries(t.removed, v.stats)
     return page.section(
         "reasons",
         "Removed, by reason",
@@ -271,8 +319,8 @@ def reasons_section(v: AuditedVersion) -> str:
     )
 
 
-def sources_section(v: AuditedVersion) -> str:
-    groups = counts.by_source(v.rows, v.setting("input.uri", ""))
+def sources_section(t: counts.Tally) -> str:
+    groups = t.by_source()
     rows = [
         [
             g["group"],
@@ -326,26 +374,28 @@ def steps_section(v: AuditedVersion) -> str:
 def render_report(
     v: AuditedVersion, *, per_reason: int = 12, kept: int = 24, runs: tuple[list[RunRef], list[RunRef]] | None = None
 ) -> str:
-    """The report page (HTML text) of version ``v``."""
-    counted = counts.recount(v)
-    removed_galleries, kept_gallery = galleries(v, per_reason, kept)
+    """The report page (HTML text) of version ``v`` (``profile``: two streamed passes over its manifest)."""
+    t, samples, scores, people = profile(v, per_reason, kept)
+    counted = counts.recount(v, t)
+    removed_galleries, kept_gallery = galleries(v, t, samples)
+    drawn = lambda cs: "".join(c.html() for c in cs if c.always or not c.measure.empty)  # noqa: E731
     sections = [
         totals_section(v, counted),
         funnel_section(counted),
-        reasons_section(v),
-        sources_section(v),
+        reasons_section(v, t),
+        sources_section(t),
         steps_section(v),
         page.section(
             "scores",
             "Score distributions per filter",
-            page.Markup('<div class="charts">' + "".join(score_charts(v)) + "</div>"),
+            page.Markup('<div class="charts">' + drawn(scores) + "</div>"),
             note="each histogram stacks kept images, images this step removed and images removed by "
             "another step; the dashed line is the step's threshold",
         ),
         page.section(
             "people",
             "People",
-            page.Markup('<div class="charts">' + "".join(people_charts(v)) + "</div>"),
+            page.Markup('<div class="charts">' + drawn(people) + "</div>"),
             note="box colours in the galleries: green = salient (kept by the rule), orange = confident "
             "but too small, grey = below the score threshold",
         ),
