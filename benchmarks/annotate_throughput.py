@@ -40,6 +40,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -226,22 +227,31 @@ def backbone_tflops(name: str, hw, batch: int, precision: str) -> tuple[float, f
     return count_flops(get_task_spec(name).backbone, tuple(hw), batch) / seconds / 1e12, seconds * 1e3
 
 
+def settle() -> None:
+    """Flush what earlier runs wrote (a dense task writes MBs per image) before the next is timed,
+    so no run pays for another's writeback."""
+    os.sync()
+
+
 def measure(args, size: str, task: str, dataset: str, work: Path) -> None:
     name = model_name(size, task)
     hw = None if size == "tiny" else tuple(args.hw)
     ckpt = make_checkpoint(name, work / "models", "cuda" if args.device == "cuda" else "cpu")
     line = f"{size:5s} {task:8s} {name:22s} {'x'.join(map(str, hw or ('trained',))):9s}"
     if not args.no_loop:
+        settle()
         loop_s, loop_fwd, n = plain_loop(
             annotate_config(args, dataset, work / f"loop-{size}-{task}", task, ckpt, hw), work / f"loop-{size}-{task}"
         )
         line += f" loop 1 process {n / loop_s:7.2f} img/s (forward {loop_fwd / loop_s:4.0%})"
         if args.parallel_loops:
             out = work / f"loops-{size}-{task}"
+            settle()
             par_s, par_n = parallel_loops(annotate_config(args, dataset, out, task, ckpt, hw), out, args.actors)
             line += f" | {args.actors} loop processes {par_n / par_s / args.actors:6.2f} img/s per core"
             line += f" = {par_n / par_s / args.actors / (n / loop_s):.2f}x"
     job_dir = work / f"job-{size}-{task}"
+    settle()
     job_s, stats = run_job(annotate_config(args, dataset, job_dir, task, ckpt, hw))
     per_unit = stats["samples"] / job_s / (args.actors * args.gpus_per_actor if args.device == "cuda" else args.actors)
     unit = "GPU" if args.device == "cuda" else "core"

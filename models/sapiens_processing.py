@@ -240,6 +240,13 @@ def resize_map(map_BCHW: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(map_BCHW, size=tuple(out_hw), mode="bilinear", align_corners=False)
 
 
+def resize_map_hwc(map_BCHW: torch.Tensor, out_hw: tuple[int, int]) -> torch.Tensor:
+    """``resize_map`` computed in channels-last memory: the same values, and each sample's
+    (H, W, C) view (what dense outputs are stored as) is contiguous, so storing it copies
+    nothing transposed."""
+    return resize_map(map_BCHW.contiguous(memory_format=torch.channels_last), out_hw)
+
+
 def seg_labels(logits_BCHW: torch.Tensor, image_hw: tuple[int, int]) -> torch.Tensor:
     """Class ids (B, H, W): the logits resized bilinearly to the image size, then argmax."""
     return resize_map(logits_BCHW, image_hw).argmax(dim=1)
@@ -251,7 +258,7 @@ def normals_to_image(
     """Unit normals at the image size: L2-normalised (norm clamped at 1e-8) before the
     padding is cropped and the map resized (not normalised again after)."""
     unit = normal_BCHW / normal_BCHW.norm(dim=1, keepdim=True).clamp(min=1e-8)
-    return resize_map(unpad(unit, padding), image_hw)
+    return resize_map_hwc(unpad(unit, padding), image_hw)
 
 
 def metric_pointmap(pointmap_B3HW: torch.Tensor, scale_B1: torch.Tensor) -> torch.Tensor:
@@ -275,11 +282,11 @@ def pointmap_to_image(
     if smooth and (image_hw[0] > xyz.shape[-2] or image_hw[1] > xyz.shape[-1]):
         for _ in range(4):
             xyz = gaussian_blur(xyz, kernel_size=[3, 3], sigma=[0.8, 0.8])
-    return resize_map(xyz, image_hw)
+    return resize_map_hwc(xyz, image_hw)
 
 
 def albedo_to_image(
     albedo_B3HW: torch.Tensor, image_hw: tuple[int, int], padding: Padding | None = None
 ) -> torch.Tensor:
     """RGB albedo in [0, 1] at the image size: clamped, padding cropped, resized."""
-    return resize_map(unpad(albedo_B3HW.clamp(0, 1), padding), image_hw)
+    return resize_map_hwc(unpad(albedo_B3HW.clamp(0, 1), padding), image_hw)

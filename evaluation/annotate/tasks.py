@@ -179,12 +179,9 @@ def labels_at(logits_BCHW, image_hw: tuple[int, int]):
     """``sapiens_processing.seg_labels`` (logits resized bilinearly, then argmax), computed
     channels-last: the same labels, at a fraction of the time (an argmax over the contiguous
     class axis, first maximum on ties as ``argmax``)."""
-    import torch
+    from models.sapiens_processing import resize_map_hwc
 
-    from models.sapiens_processing import resize_map
-
-    resized = resize_map(logits_BCHW.contiguous(memory_format=torch.channels_last), image_hw)
-    return resized.max(dim=1).indices
+    return resize_map_hwc(logits_BCHW, image_hw).max(dim=1).indices
 
 
 class SegPredictor(Predictor):
@@ -227,11 +224,11 @@ class NormalPredictor(_PaddedDense):
     members = {"normal_npy": "normal.npy"}
 
     def finish(self, s: Sample, outs: list[tuple], contexts: list) -> dict[str, Any]:
-        from models.sapiens_processing import normals_to_image, resize_map
+        from models.sapiens_processing import normals_to_image, resize_map, resize_map_hwc
 
         normal = outs[0][0]
         if self.v1:  # resized to the input size, then the image, normalised after
-            normal = resize_map(resize_map(normal, self.info.input_hw), s.hw)
+            normal = resize_map_hwc(resize_map(normal, self.info.input_hw), s.hw)
             normal = normal / (normal.norm(dim=1, keepdim=True) + 1e-5)
         else:
             normal = normals_to_image(normal, s.hw, contexts[0])
