@@ -117,10 +117,24 @@ def _entropy(p: np.ndarray) -> np.ndarray:
 
 
 def bit_statistics(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(binary entropy of each bit, |correlation| between bits) measured on a sample."""
+    """(binary entropy of each bit, |correlation| between bits; 0 for a constant bit) measured on a
+    sample (rows of 0/1). Counted exactly on packed bit columns (the pairs' co-occurrences by
+    popcount), not by a BLAS product: a multi-threaded one took 0.4 s instead of 8 ms for a
+    10,000-value sample on a loaded 2-core machine."""
+    n = len(bits)
+    packed = np.packbits(bits.astype(bool), axis=0).T.copy()  # [bit, byte]
+    words = np.zeros((packed.shape[0], -(-packed.shape[1] // 8) * 8), np.uint8)
+    words[:, : packed.shape[1]] = packed
+    words = words.view(np.uint64)  # [bit, word]
+    both = np.bitwise_count(words[:, None, :] & words[None, :, :]).sum(axis=2, dtype=np.int64)
+    p = np.diag(both) / max(n, 1)
+    cov = both / max(n, 1) - np.outer(p, p)
+    var = p * (1 - p)
     with np.errstate(invalid="ignore", divide="ignore"):
-        corr = np.nan_to_num(np.abs(np.corrcoef(bits.T.astype(np.float32))), nan=0.0)
-    return _entropy(bits.mean(axis=0)), corr
+        corr = np.nan_to_num(np.abs(cov / np.sqrt(np.outer(var, var))), nan=0.0, posinf=0.0)
+    corr[var == 0, :] = 0.0
+    corr[:, var == 0] = 0.0
+    return _entropy(p), corr
 
 
 def greedy_blocks(entropy: np.ndarray, corr: np.ndarray, num_blocks: int, max_distance: int) -> BandPlan:

@@ -18,7 +18,11 @@ underestimates the pairs. Any partition of the bits keeps the search exact: the 
 not depend on the plan, only the cost. (The interleaved deal, ``band_masks``, is one plan.)
 
 Work happens on distinct hash values, not rows: rows sharing a value are joined through it,
-so a value shared by many rows costs nothing quadratic. Nothing here reads images.
+so a value shared by many rows costs nothing quadratic. Many *distinct* values sharing one band
+key (a bucket: near-blank images, gradients) would cost m (m - 1) / 2 checks; a bucket past
+``REFINE_MIN`` values is split instead where that is cheaper (``band_close_pairs``: pigeonhole
+again, on the bits outside the band), so it costs about its pairs within t, which are output.
+The in-process, Ray and distributed searches share it. Nothing here reads images.
 """
 
 from __future__ import annotations
@@ -157,20 +161,24 @@ def band_masks(num_blocks: int, max_distance: int) -> np.ndarray:
     )
 
 
-def _run_pairs(sorted_keys: np.ndarray, max_pairs: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Positions (i, j), i < j, of equal keys in a sorted array, in chunks of ~max_pairs."""
+def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the runs of two or more equal keys in a sorted array."""
     n = len(sorted_keys)
     if n < 2:
-        return
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     cuts = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
     starts = np.concatenate(([0], cuts))
     ends = np.concatenate((cuts, [n]))
     keep = ends - starts > 1
-    starts, ends = starts[keep], ends[keep]
+    return starts[keep], ends[keep]
+
+
+def _pairs_of_runs(starts: np.ndarray, ends: np.ndarray, max_pairs: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Positions (i, j), i < j, of the pairs inside each run [start, end), in chunks of ~max_pairs."""
     if not len(starts):
         return
     sizes = ends - starts
-    pos = np.repeat(starts, sizes) + (np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes))
+    pos = _positions(starts, ends)
     partners = np.repeat(ends, sizes) - pos - 1
     cum = np.cumsum(partners)
     lo = 0
@@ -184,27 +192,140 @@ def _run_pairs(sorted_keys: np.ndarray, max_pairs: int) -> Iterator[tuple[np.nda
         lo = hi
 
 
+# A bucket (values sharing one band key) of m values costs m (m - 1) / 2 Hamming checks. Past
+# REFINE_MIN values it is split instead, when that is cheaper (``_split_runs``): its values agree
+# on the band's bits, so two of them within t bits differ in at most t of the *other* bits; those
+# are dealt into t + 1 sub-blocks, and every pair within t agrees on the band plus one sub-block
+# (pigeonhole again). One value in one sub-band costs about SORT_COST Hamming checks.
+SORT_COST = 4.0
+REFINE_MIN = 64
+
+
+@dataclasses.dataclass
+class SearchWork:
+    """What a search did, in counts: values x bands sorted (sub-bands included), candidate pairs
+    given the Hamming check, and how many of those were within t (the rest is work not output)."""
+
+    sorted: int = 0
+    checked: int = 0
+    close: int = 0
+
+    @property
+    def wasted(self) -> int:
+        return self.checked - self.close
+
+
+def sub_blocks(values: np.ndarray, mask: int, run_of: np.ndarray, max_distance: int) -> list[int]:
+    """The bits outside ``mask`` dealt into t + 1 blocks (a partition: the split stays exact), most
+    varied first (variance of each bit inside the runs ``run_of`` labels), in snake order so each
+    block gets a share of the bits that tell the runs' members apart."""
+    rest = [p for p in range(HASH_BITS) if not mask >> p & 1]
+    sizes = np.bincount(run_of).astype(np.float64)
+    spread = []
+    for p in rest:
+        bit = ((values >> np.uint64(p)) & np.uint64(1)).astype(np.float64)
+        share = np.bincount(run_of, weights=bit, minlength=len(sizes)) / np.maximum(sizes, 1)
+        spread.append(float((sizes * share * (1 - share)).sum()))
+    ranked = [rest[k] for k in sorted(range(len(rest)), key=lambda k: (-round(spread[k], 6), rest[k]))]
+    blocks = [0] * (max_distance + 1)
+    for rank, p in enumerate(ranked):
+        lap, pos = divmod(rank, max_distance + 1)
+        blocks[pos if lap % 2 == 0 else max_distance - pos] |= 1 << p
+    return blocks
+
+
+def _positions(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Every position of the runs [start, end), in order."""
+    sizes = ends - starts
+    return np.repeat(starts, sizes) + (np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes))
+
+
+def _pair_count(sorted_keys: np.ndarray) -> np.ndarray:
+    """Per run of equal keys in a sorted array: (first position, pairs in it)."""
+    cuts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    sizes = np.diff(np.r_[cuts, len(sorted_keys)])
+    return cuts, sizes * (sizes - 1) // 2
+
+
+def _split_runs(
+    values: np.ndarray, starts: np.ndarray, ends: np.ndarray, mask: int, max_distance: int, work: SearchWork
+) -> tuple[np.ndarray, list[int]]:
+    """Which of the runs (of ``values``, sorted by key under ``mask``) to split, and the sub-band
+    masks: a run is split when the pairs its sub-bands would leave plus SORT_COST per value and
+    sub-band cost less than its own pairs (the sub-band keys are sorted to count them)."""
+    members = _positions(starts, ends)
+    run_of = np.repeat(np.arange(len(starts)), ends - starts)
+    mv = values[members]
+    masks = [mask | b for b in sub_blocks(mv, mask, run_of, max_distance) if b]
+    after = np.zeros(len(starts))
+    for sub in masks:
+        order = np.argsort(mv & np.uint64(sub), kind="stable")  # stable: a run's members stay together
+        first, pairs = _pair_count((mv & np.uint64(sub))[order])
+        np.add.at(after, run_of[order[first]], pairs)
+        work.sorted += len(mv)
+    m = (ends - starts).astype(np.float64)
+    return after + SORT_COST * len(masks) * m < m * (m - 1) / 2, masks
+
+
+def band_close_pairs(
+    values: np.ndarray, mask: int, max_distance: int, max_pairs: int = 2_000_000, work: SearchWork | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Index pairs (i, j) of distinct ``values`` that agree on the bits of ``mask`` and lie within
+    ``max_distance`` bits: every such pair at least once (a pair may repeat). Buckets of more than
+    REFINE_MIN values are split by sub-bands where that is cheaper (see SORT_COST), recursively, so a
+    bucket holding a large share of the values (near-blank images) costs no quadratic work unless its
+    pairs are within t (output)."""
+    work = work if work is not None else SearchWork()
+    mask = int(mask)
+    keys = values & np.uint64(mask)
+    order = np.argsort(keys)  # any sort: only the pair set matters
+    in_order = values[order]  # the pairs' values, read in key order (cache-friendly)
+    work.sorted += len(values)
+    starts, ends = _runs(keys[order])
+    out_i, out_j = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    big = ends - starts > REFINE_MIN
+    if big.any() and HASH_BITS - bin(mask).count("1") > max_distance:
+        split, sub_masks = _split_runs(in_order, starts[big], ends[big], mask, max_distance, work)
+        if split.any():
+            chosen = np.flatnonzero(big)[split]
+            members = _positions(starts[chosen], ends[chosen])
+            for sub in sub_masks:
+                i, j = band_close_pairs(in_order[members], sub, max_distance, max_pairs, work)
+                out_i.append(order[members[i]])
+                out_j.append(order[members[j]])
+            keep = np.ones(len(starts), bool)
+            keep[chosen] = False
+            starts, ends = starts[keep], ends[keep]
+    two = ends - starts == 2  # the commonest bucket: its one pair without the general expansion
+    pairs = itertools.chain([(starts[two], starts[two] + 1)], _pairs_of_runs(starts[~two], ends[~two], max_pairs))
+    for i, j in pairs:
+        close = hamming(in_order[i], in_order[j]) <= max_distance
+        work.checked += len(i)
+        work.close += int(close.sum())
+        out_i.append(order[i[close]])
+        out_j.append(order[j[close]])
+    return np.concatenate(out_i), np.concatenate(out_j)
+
+
 def value_edges(
-    values: np.ndarray, masks: np.ndarray, max_distance: int, max_pairs: int = 2_000_000
+    values: np.ndarray,
+    masks: np.ndarray,
+    max_distance: int,
+    max_pairs: int = 2_000_000,
+    work: SearchWork | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """All index pairs (a < b) of distinct ``values`` within ``max_distance`` bits.
 
-    ``values`` must hold distinct uint64s. Exact for masks from ``band_masks`` with the same
-    ``max_distance``: each band is one sort, then the Hamming check on pairs sharing a band key.
+    ``values`` must hold distinct uint64s. Exact for the bands of any partition of the bits into
+    more than ``max_distance`` blocks (``bands.BandPlan.masks``): each band is one sort, then the
+    Hamming check on pairs sharing a band key (``band_close_pairs``). ``work`` counts what it did.
     """
     n = len(values)
     found = [np.zeros(0, dtype=np.int64)]
     for mask in masks:
-        keys = values & mask
-        order = np.argsort(keys)  # any sort: only the pair set matters
-        in_order = values[order]  # the pairs' values, read in key order (cache-friendly)
-        codes = []
-        for i, j in _run_pairs(keys[order], max_pairs):
-            close = hamming(in_order[i], in_order[j]) <= max_distance
-            a, b = order[i[close]], order[j[close]]
-            codes.append(np.minimum(a, b).astype(np.int64) * n + np.maximum(a, b))
-        if codes:
-            found.append(sorted_unique(np.concatenate(codes)))
+        i, j = band_close_pairs(values, mask, max_distance, max_pairs, work)
+        if len(i):
+            found.append(sorted_unique(np.minimum(i, j).astype(np.int64) * n + np.maximum(i, j)))
     edges = sorted_unique(np.concatenate(found))
     return edges // max(n, 1), edges % max(n, 1)
 
@@ -233,6 +354,16 @@ def row_values(table: pa.Table, cfg: NearDupConfig) -> tuple[np.ndarray, np.ndar
         keep = np.concatenate([np.ones(n, dtype=bool), cols[1] != cols[0]])
         rows, values = rows[keep], values[keep]
     return rows, values
+
+
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` by one sort (NumPy 2.4's hashes: slower at 1e6+)."""
+    order = np.argsort(values)
+    ordered = values[order]
+    first = np.r_[True, ordered[1:] != ordered[:-1]] if len(ordered) else np.zeros(0, bool)
+    inverse = np.empty(len(values), np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return ordered[first], inverse
 
 
 def labels_from_value_edges(
@@ -266,7 +397,7 @@ def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *, prefer
         return DECISION_SCHEMA.empty_table()
     table = _prepare(candidates, cfg)
     rows, values = row_values(table, cfg)
-    distinct, value_ids = np.unique(values, return_inverse=True)
+    distinct, value_ids = unique_inverse(values)
     masks = plan_bands(distinct, cfg.max_distance, num_blocks=cfg.num_blocks).masks()
     ea, eb = value_edges(distinct, masks, cfg.max_distance, cfg.max_pairs_per_chunk)
     labels = labels_from_value_edges(table.num_rows, len(distinct), rows, value_ids, ea, eb)
@@ -310,14 +441,10 @@ def _join_partition(group: pa.Table, masks: np.ndarray, max_distance: int, max_p
     out_b.append(zero[counts > 1])
     for band in np.unique(bands):
         distinct = np.unique(values[bands == band])
-        mask = masks[band]
-        keys = distinct & mask
-        order = np.argsort(keys)  # any sort: only the pair set matters
-        for i, j in _run_pairs(keys[order], max_pairs):
-            a, b = distinct[order[i]], distinct[order[j]]
-            close = hamming(a, b) <= max_distance
-            out_a.append(np.minimum(a[close], b[close]))
-            out_b.append(np.maximum(a[close], b[close]))
+        i, j = band_close_pairs(distinct, masks[band], max_distance, max_pairs)
+        a, b = distinct[i], distinct[j]
+        out_a.append(np.minimum(a, b))
+        out_b.append(np.maximum(a, b))
     return pa.table({"a": np.concatenate(out_a).astype(np.uint64), "b": np.concatenate(out_b).astype(np.uint64)})
 
 
