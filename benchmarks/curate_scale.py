@@ -7,8 +7,9 @@
 Each size runs in a fresh process (so its driver peak RSS is its own) on a local Ray cluster
 (``--cpus``, default 2; ``--shuffle`` as ``ray.shuffle``). A version V of n rows is staged as pass 1 leaves it (``_staging/<pid>/``
 Parquet parts, ``--rows-per-partition`` rows each, a 6-byte placeholder for pixels) with 64-bit hashes and mirror
-hashes from ``benchmarks/dedup_scaling.py`` (``--hashes``: ``uniform`` fair-coin bits, the default,
-or the ``correlated`` stress family; neither models real PHashes), planted exact duplicates (a pool
+hashes from ``benchmarks/dedup_scaling.py`` (``--hashes``: ``stress``, correlated bits with blank
+images' real hashes, the default; ``real``, the pipeline's PHashes of views of real photos; or
+``uniform`` / ``correlated``), planted exact duplicates (a pool
 of n / 40 digests; ``--exact``), near duplicates (one of n / 20 originals, 0..4 bits flipped;
 ``--near``), blank images (the zero hash, 0..2 bits; ``--blank``), 64-d unit embeddings with planted
 semantic copies (one of n / 20 originals plus noise, cosine ~0.9995; ``--semantic``), 3% rows
@@ -140,7 +141,7 @@ def corpus_part(n: int, start: int, pid: str, args, rng: np.random.Generator):
         values[flip] ^= np.uint64(1) << rng.integers(0, 64, flip.sum()).astype(np.uint64)
     sha = rng.integers(0, 2**63, n)
     exact = rng.random(n) < args.exact
-    sha[exact] = rng.integers(0, max(4096, args.total // 40), exact.sum())  # copies across partitions
+    sha[exact] = rng.integers(0, max(16, args.total // 40), exact.sum())  # ~2 copies a digest, across partitions
     reasons = np.where(rng.random(n) < 0.03, "too_small", None)
     return pa.table(
         {
@@ -431,11 +432,11 @@ def main() -> None:
     p.add_argument("--semantic", type=float, default=0.10, help="fraction of rows that are semantic copies")
     p.add_argument(
         "--hashes",
-        default="uniform",
+        default="stress",
         choices=KINDS,
-        help="hash family of benchmarks/dedup_scaling.py (hash_pairs): uniform (fair-coin bits, default), "
-        "correlated (the over-concentrated stress family), real (the pipeline's PHashes of views of real photos, "
-        "made and cached by dedup_scaling's generator: minutes per 1e6 the first time) or stress",
+        help="hash family of benchmarks/dedup_scaling.py (hash_pairs): stress (correlated bits, 5%% blank "
+        "images' hashes; the default), real (the pipeline's PHashes of views of real photos, made and cached by "
+        "dedup_scaling's generator: ~20 min per 1e6 the first time), uniform (fair-coin bits) or correlated",
     )
     p.add_argument("--samples-per-shard", type=int, default=1000, help="shards.samples_per_shard of V's shards")
     p.add_argument(

@@ -347,10 +347,14 @@ def image_hashes(stream: str, n: int, args, start: int = 0, dup_fraction: float 
     folder.mkdir(parents=True, exist_ok=True)
     chunks = range(start // CHUNK, math.ceil((start + n) / CHUNK))
     end = chunks.stop * CHUNK  # every cache file holds CHUNK hashes
-    roots = real_roots(end, args.seed, dup) if dup else np.arange(end, dtype=np.int64)
+    all_roots = real_roots(end, args.seed, dup) if dup else None  # without copies each index is its own root
+
+    def roots(a: int, b: int) -> np.ndarray:
+        return all_roots[a:b] if all_roots is not None else np.arange(a, b, dtype=np.int64)
+
     path = {c: folder / f"{c:06d}.npz" for c in chunks}
     tasks = [
-        (stream, args.seed, c * CHUNK, roots[c * CHUNK : (c + 1) * CHUNK] if stream == "real" else CHUNK)
+        (stream, args.seed, c * CHUNK, roots(c * CHUNK, (c + 1) * CHUNK) if stream == "real" else CHUNK)
         for c in chunks
         if not path[c].is_file()
     ]
@@ -370,7 +374,7 @@ def image_hashes(stream: str, n: int, args, start: int = 0, dup_fraction: float 
     parts = [np.load(path[c]) for c in chunks]
     skip = start - chunks.start * CHUNK
     out = {k: np.concatenate([p[k] for p in parts])[skip : skip + n] for k in ("phash", "mirror", "photo")}
-    out["root"] = roots[start : start + n]
+    out["root"] = roots(start, start + n)
     return out
 
 

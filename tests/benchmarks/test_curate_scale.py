@@ -14,7 +14,7 @@ INT = r"([\d,]+)"
 
 def test_prints_each_global_step_the_ray_local_checks_and_the_baseline(bench):
     out = bench("curate_scale.py", "--smallest")
-    assert re.search(r"^curation global steps at scale: .* 1000 rows per partition; uniform hashes$", out, re.M), out
+    assert re.search(r"^curation global steps at scale: .* 1000 rows per partition; stress hashes$", out, re.M), out
     line = re.search(
         rf"^n= +2,000: global steps +{NUMBER} s, {NUMBER} CPU-s; V: exact {NUMBER}, near {NUMBER} \(index B=\d+, "
         rf"\d+ bands, {INT} postings\), semantic {NUMBER}, shards \+ manifest {NUMBER} \({INT} shards of 100 each but the last \({INT}\)\), stats\+version {NUMBER}; "
