@@ -240,11 +240,11 @@ def _positions(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.repeat(starts, sizes) + (np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes))
 
 
-def _pair_count(sorted_keys: np.ndarray) -> np.ndarray:
-    """Per run of equal keys in a sorted array: (first position, pairs in it)."""
-    cuts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    sizes = np.diff(np.r_[cuts, len(sorted_keys)])
-    return cuts, sizes * (sizes - 1) // 2
+def _pair_count(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per run of two or more equal keys in a sorted array: (first position, pairs in it)."""
+    starts, ends = _runs(sorted_keys)
+    sizes = ends - starts
+    return starts, sizes * (sizes - 1) // 2
 
 
 def _split_runs(
@@ -357,7 +357,7 @@ def row_values(table: pa.Table, cfg: NearDupConfig) -> tuple[np.ndarray, np.ndar
 
 
 def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``np.unique(values, return_inverse=True)`` by one sort (NumPy 2.4's hashes: slower at 1e6+)."""
+    """``np.unique(values, return_inverse=True)`` by one argsort."""
     order = np.argsort(values)
     ordered = values[order]
     first = np.r_[True, ordered[1:] != ordered[:-1]] if len(ordered) else np.zeros(0, bool)
