@@ -172,6 +172,17 @@ def kill_when(proc, ready, *, timeout: float, leftovers: str, poll: float = 0.2)
         kill_pids(pids_naming(leftovers))
 
 
+def in_process(cmd: list[str]) -> None:
+    """Run a job command (``[python, pipelines/<name>.py, *args]``) in this process, through the
+    script's own ``main``, on the session's Ray (``ray_local`` must be up): an uninterrupted
+    reference for a crash-and-resume test without a second interpreter and cluster of its own."""
+    import importlib
+
+    script = Path(cmd[1])
+    assert script.parent == REPO / "pipelines", script
+    assert importlib.import_module(f"pipelines.{script.stem}").main(cmd[2:]) == 0, cmd
+
+
 @contextlib.contextmanager
 def alongside(cmd: list[str], *, log: Path, leftovers: str, env: dict | None = None, timeout: float = 1200):
     """Run ``cmd`` (an uninterrupted reference job) in its own session while the body runs: most

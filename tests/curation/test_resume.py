@@ -1,6 +1,7 @@
 """A curation job killed mid-run (SIGKILL, no clean-up) resumes to byte-identical outputs, here with
-mixed shards of 3 samples (``shards.samples_per_shard``; the per-partition layout's kill and resume is
-``tests/curation/test_object_store.py``'s)."""
+mixed shards of 3 samples (``shards.samples_per_shard``; the per-partition layout's kill and resume,
+in pass 1 and on S3, is ``tests/curation/test_object_store.py``'s). OCR is off: it is the slowest
+step on CPU and resumes like any other pass-2 step (the demo tests run it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from infra.local_cluster import pids_naming
 from pipelines.demo_corpus import build_demo_corpus
-from tests.conftest import REPO, alongside, kill_when
+from tests.conftest import REPO, in_process, kill_when
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +37,7 @@ def curate_cmd(raw: Path, out: Path, centernet: Path, ray_tmp: str) -> list[str]
         f"ray.temp_dir={ray_tmp}",
         "ray.progress_bars=off",
         f"tracking.uri=sqlite:///{out.parent / 'mlflow.db'}",
+        "content.text.enabled=false",
     ]
 
 
@@ -61,45 +63,38 @@ def _done(text: str, pattern: str) -> int:
     return int(found[1])
 
 
-def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet_path):
-    """Killed in pass 1, again once the global dedup between the passes has decided, again in
-    pass 2 (the models over the survivors), again once mixed shards are on disk; each re-run picks
-    up where the last stopped."""
+def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet_path, ray_local):
+    """Killed once the global dedup between the passes has decided, again in pass 2 (the models
+    over the survivors), again once mixed shards are on disk; each re-run picks up where the last
+    stopped."""
     raw = tmp_path / "raw"
     build_demo_corpus(raw)
-    ray_a, ray_b = f"/tmp/hvr-{os.getpid()}-a", f"/tmp/hvr-{os.getpid()}-b"
+    ray_tmp = f"/tmp/hvr-{os.getpid()}"
 
-    # The uninterrupted reference run, alongside the killed ones (its own folder, so its own
-    # MLflow store: the two never share a SQLite file). The kills wait on files, not on timing.
+    # The uninterrupted reference: the same command in this process, on the session's Ray (its own
+    # folder, so its own MLflow store). The kills wait on files, not on timing.
     ref = tmp_path / "reference" / "out"
     ref.parent.mkdir()
+    in_process(curate_cmd(raw, ref, centernet_path, f"{ray_tmp}-ref"))
     out = tmp_path / "out"
-    cmd = curate_cmd(raw, out, centernet_path, ray_b)
-    with alongside(
-        curate_cmd(raw, ref, centernet_path, ray_a), log=ref.parent / "stderr.log", leftovers=ray_a, timeout=600
-    ):
-        pass1 = lambda: list((out / "_staging").glob("*/part-*.parquet"))  # noqa: E731
-        pass2 = lambda: list((out / "_staging" / "pass2" / "_staging").glob("*/part-*.parquet"))  # noqa: E731
-        _killed(cmd, lambda: len(pass1()) >= 3, ray_b, tmp_path / "run1.log")
-        assert pass1() and not pass2() and not (out / "_SUCCESS").exists()
-        # Run 1 can get past pass 1 before the kill lands (pass 1 of the demo corpus takes well under
-        # a second on a quiet machine), so run 2 is killed only once it has logged its own plan.
-        log2 = tmp_path / "run2.log"
-        decided = lambda: (out / "_dedup").is_dir() and any((out / "_dedup").rglob("*.parquet"))  # noqa: E731
-        second = _killed(cmd, lambda: "already done" in log2.read_text() and decided(), ray_b, log2)
-        assert _done(second, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1  # pass 1 resumed, not redone
-        _killed(cmd, lambda: len(pass2()) >= 2, ray_b, tmp_path / "run3.log")
-        assert not (out / "_SUCCESS").exists()
-        # Run 4 resumes pass 2 and is killed once two mixed shards are complete (a sidecar is written
-        # after its tar); one of them then loses its sidecar, the state a kill between the two leaves.
-        sidecars = lambda: sorted((out / "shards").glob("*.parquet"))  # noqa: E731
-        fourth = _killed(cmd, lambda: len(sidecars()) >= 2, ray_b, tmp_path / "run4.log")
-        assert _done(fourth, r"pass 2: \d+ partitions to score, (\d+) already done") >= 1  # pass 2 resumed
-        assert not (out / "_SUCCESS").exists()
-        sidecars()[-1].unlink()
+    cmd = curate_cmd(raw, out, centernet_path, ray_tmp)
+    pass2 = lambda: list((out / "_staging" / "pass2" / "_staging").glob("*/part-*.parquet"))  # noqa: E731
+    decided = lambda: (out / "_dedup").is_dir() and any((out / "_dedup").rglob("*.parquet"))  # noqa: E731
+    _killed(cmd, decided, ray_tmp, tmp_path / "run1.log")
+    assert not (out / "_SUCCESS").exists()
+    second = _killed(cmd, lambda: len(pass2()) >= 2, ray_tmp, tmp_path / "run2.log")
+    assert _done(second, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1  # pass 1 resumed, not redone
+    assert not (out / "_SUCCESS").exists()
+    # Run 3 resumes pass 2 and is killed once two mixed shards are complete (a sidecar is written
+    # after its tar); one of them then loses its sidecar, the state a kill between the two leaves.
+    sidecars = lambda: sorted((out / "shards").glob("*.parquet"))  # noqa: E731
+    third = _killed(cmd, lambda: len(sidecars()) >= 2, ray_tmp, tmp_path / "run3.log")
+    assert _done(third, r"pass 2: \d+ partitions to score, (\d+) already done") >= 1  # pass 2 resumed
+    assert not (out / "_SUCCESS").exists()
+    sidecars()[-1].unlink()
 
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
     assert (out / "_SUCCESS").exists()
     assert output_files(out) == output_files(ref)  # byte-identical shards, sidecars and manifest
     assert output_files(ref)  # (and there is something to compare)
@@ -108,4 +103,4 @@ def test_kill_and_resume_gives_identical_shards_and_manifest(tmp_path, centernet
     assert _done(done.stderr, r"\d+ partitions: \d+ to score, (\d+) already done") >= 1
     todo = re.search(r"mixed shards: (\d+) of (\d+) to write", done.stderr)
     assert todo and 1 <= int(todo[1]) < int(todo[2]), done.stderr[-3000:]  # only the missing shards written
-    assert not pids_naming(ray_a) and not pids_naming(ray_b)
+    assert not pids_naming(ray_tmp)

@@ -1,5 +1,6 @@
 """An annotation job killed mid-run (SIGKILL of its process group, no clean-up) after its first
-shard committed resumes to outputs byte-identical to an undisturbed run's."""
+shard committed resumes to outputs byte-identical to an undisturbed run's (the same command, run
+in the test process on the session's Ray)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from infra.local_cluster import pids_naming
-from tests.conftest import REPO, alongside, kill_when
+from tests.conftest import REPO, in_process, kill_when
 
 pytestmark = pytest.mark.slow
 
@@ -37,24 +38,24 @@ def annotation_files(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((out / "annotations").glob("*")) if p.is_file()}
 
 
-def test_kill_after_the_first_shard_and_resume_gives_identical_annotations(demo_curated, tiny_models, tmp_path):
+def test_kill_after_the_first_shard_and_resume_gives_identical_annotations(
+    demo_curated, tiny_models, tmp_path, ray_local
+):
     dataset = demo_curated[2].output_dir
-    ray_a, ray_b = f"/tmp/hva-{os.getpid()}-a", f"/tmp/hva-{os.getpid()}-b"
+    ray_tmp = f"/tmp/hva-{os.getpid()}"
     ref, out = tmp_path / "reference" / "out", tmp_path / "killed" / "out"
     ref.parent.mkdir()
     out.parent.mkdir()
-    cmd = annotate_cmd(dataset, out, tiny_models, ray_b)
-    with alongside(
-        annotate_cmd(dataset, ref, tiny_models, ray_a), log=ref.parent / "stderr.log", leftovers=ray_a, timeout=600
-    ):
-        committed = lambda: list((out / "annotations").glob("*.parquet"))  # noqa: E731
-        with (tmp_path / "run1.log").open("w") as log:
-            proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=log)
-            kill_when(proc, lambda: len(committed()) >= 1, timeout=300, leftovers=ray_b)
-        shards = len(list(Path(dataset, "shards").glob("*.tar")))
-        assert 1 <= len(committed()) < shards and not (out / "_SUCCESS").exists()
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
+    in_process(annotate_cmd(dataset, ref, tiny_models, f"{ray_tmp}-ref"))
+    cmd = annotate_cmd(dataset, out, tiny_models, ray_tmp)
+    committed = lambda: list((out / "annotations").glob("*.parquet"))  # noqa: E731
+    with (tmp_path / "run1.log").open("w") as log:
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=log)
+        kill_when(proc, lambda: len(committed()) >= 1, timeout=300, leftovers=ray_tmp)
+    shards = len(list(Path(dataset, "shards").glob("*.tar")))
+    assert 1 <= len(committed()) < shards and not (out / "_SUCCESS").exists()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
     found = re.search(r"(\d+) shards: (\d+) to annotate, (\d+) already done", done.stderr)
     assert found and int(found[1]) == shards and int(found[3]) >= 1, done.stderr[-3000:]  # resumed, not redone
     assert (out / "_SUCCESS").exists() and annotation_files(out) == annotation_files(ref)
@@ -62,4 +63,4 @@ def test_kill_after_the_first_shard_and_resume_gives_identical_annotations(demo_
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
     ids = [(d / "annotation_id").read_text() for d in (out, ref)]
     assert ids[0] == ids[1]
-    assert not pids_naming(ray_a) and not pids_naming(ray_b)
+    assert not pids_naming(ray_tmp)

@@ -3,7 +3,7 @@
 The whole process group of a running ``pipelines/finetune.py`` (driver, local Ray cluster,
 two FSDP2 Ray Train workers) is SIGKILLed while a step after a checkpoint runs. Re-running
 the same command resumes from the newest checkpoint and gives exactly the uninterrupted
-run's per-step losses (``history.jsonl``, replayed steps keeping their latest value) and
+run's (the same command, run in the test process on the session's Ray) per-step losses (``history.jsonl``, replayed steps keeping their latest value) and
 exported weights: the batches are a function of the step (no loader state), the model and
 AdamW state come back from the DCP checkpoint.
 """
@@ -21,7 +21,7 @@ import torch
 from infra import jsonl
 from infra.local_cluster import pids_naming
 from models.io import load_state_dict_file
-from tests.conftest import REPO, alongside, kill_when
+from tests.conftest import REPO, in_process, kill_when
 
 pytestmark = pytest.mark.slow
 STEPS, EVERY = 20, 5
@@ -75,38 +75,30 @@ def losses(task_dir: Path) -> dict[int, float]:
     return {row["step"]: row["loss"] for row in history(task_dir)}
 
 
-def test_sigkilled_finetune_resumes_to_the_uninterrupted_result(tmp_path):
-    ray_a, ray_b = f"/tmp/hvf-{os.getpid()}-a", f"/tmp/hvf-{os.getpid()}-b"
+def test_sigkilled_finetune_resumes_to_the_uninterrupted_result(tmp_path, ray_local):
+    ray_tmp = f"/tmp/hvf-{os.getpid()}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    # The uninterrupted reference runs alongside the crashed one, with its own MLflow store so the
-    # two never share a SQLite file. Neither depends on the other's timing: the kill waits on
-    # files, the numbers are a function of the step.
+    # The uninterrupted reference: the same command in this process (its own MLflow store), on the
+    # session's Ray. The killed run's numbers are a function of the step, not of the cluster.
     (tmp_path / "ref-store").mkdir()
-    with alongside(
-        cmd(tmp_path / "reference", tmp_path / "ref-store", ray_a),
-        log=tmp_path / "ref-store" / "stderr.log",
-        leftovers=ray_a,
+    in_process(cmd(tmp_path / "reference", tmp_path / "ref-store", f"{ray_tmp}-ref"))
+    task_dir = tmp_path / "crashed" / "seg"
+    proc = subprocess.Popen(
+        cmd(tmp_path / "crashed", tmp_path, ray_tmp),
         env=env,
-    ):
-        task_dir = tmp_path / "crashed" / "seg"
-        proc = subprocess.Popen(
-            cmd(tmp_path / "crashed", tmp_path, ray_b),
-            env=env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        kill_when(proc, lambda: past_a_checkpoint(task_dir), timeout=1200, leftovers=ray_b)
-        killed_at, ckpts = history(task_dir)[-1]["step"], checkpoints(task_dir)
-        assert killed_at < STEPS and not (task_dir / "export" / "export.json").exists(), (
-            "the run finished before the kill"
-        )
-        assert not pids_naming(ray_b), "a process of the killed job survived"
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    kill_when(proc, lambda: past_a_checkpoint(task_dir), timeout=1200, leftovers=ray_tmp)
+    killed_at, ckpts = history(task_dir)[-1]["step"], checkpoints(task_dir)
+    assert killed_at < STEPS and not (task_dir / "export" / "export.json").exists(), "the run finished before the kill"
+    assert not pids_naming(ray_tmp), "a process of the killed job survived"
 
-        done = subprocess.run(
-            cmd(tmp_path / "crashed", tmp_path, ray_b), env=env, capture_output=True, text=True, timeout=1200
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+    done = subprocess.run(
+        cmd(tmp_path / "crashed", tmp_path, ray_tmp), env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
     starts = session_starts(task_dir)
     print(f"killed after step {killed_at} (checkpoints {ckpts}); sessions started at {starts}")
     assert len(starts) == 2 and starts[0] == 0, starts
@@ -118,4 +110,4 @@ def test_sigkilled_finetune_resumes_to_the_uninterrupted_result(tmp_path):
     ref_w = load_state_dict_file(tmp_path / "reference" / "seg" / "export" / "model.safetensors")
     w = load_state_dict_file(task_dir / "export" / "model.safetensors")
     assert w.keys() == ref_w.keys() and all(torch.equal(w[k], ref_w[k]) for k in w)
-    assert not pids_naming(ray_a) and not pids_naming(ray_b)
+    assert not pids_naming(ray_tmp)
