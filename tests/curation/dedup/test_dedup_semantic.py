@@ -73,3 +73,22 @@ def test_faiss_always_without_faiss_says_how_to_install():
         pass
     with pytest.raises(ValueError, match="faiss-cpu"):
         semantic_duplicate_decisions(embedding_table(50), SemanticDupConfig(enabled=True, use_faiss="always"))
+
+
+def test_cluster_assignment_scores_in_bounded_blocks(monkeypatch):
+    """The same clusters as one ``rows x k`` argmax, with many blocks forced, and a numpy peak far
+    below that matrix (20,000 rows x 2,000 centroids: 320 MB whole, 64 MiB a block)."""
+    import tracemalloc
+
+    from curation.dedup import semantic
+
+    rng = np.random.default_rng(0)
+    x, c = rng.normal(size=(20_000, 8)), rng.normal(size=(2_000, 8))
+    whole = np.argmax(x @ c.T, axis=1)
+    tracemalloc.start()
+    got = semantic.assign_clusters(x, c)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert np.array_equal(got, whole) and peak < 100 * 2**20, peak
+    monkeypatch.setattr(semantic, "SCORE_BLOCK", 7_000)  # 3 rows a block, a ragged last block
+    assert np.array_equal(semantic.assign_clusters(x[:1_000], c), whole[:1_000])
