@@ -7,8 +7,8 @@ row-sized step in Ray tasks:
 1. **Centroids**: a map keeps the rows whose key rank (``semantic.key_rank``) falls below a
    margin (about twice ``kmeans_sample_size``, widened until there are enough); one Ray task
    takes the smallest ranks, sorts them by key and fits k-means on them
-   (``semantic._sample_centroids``: the in-process sample and fit). The driver holds an object
-   reference to the k centroids, never an embedding.
+   (``semantic._sample_centroids``: the in-process sample and fit, flat or a two-level tree). The
+   driver holds an object reference to the k centroids, never an embedding.
 2. **Assignment**: a map gives every row its cluster; the assigned rows (row id, embedding,
    cluster) are materialised in the object store, and the driver reads the k cluster sizes.
 3. **Pairs**: a cluster of more than ``block_rows`` rows is dealt into b blocks by a mix of the
@@ -60,7 +60,6 @@ from curation.dedup.semantic import (
     _below,
     _sample_centroids,
     _with_rank,
-    assign_clusters,
     embeddings,
     key_rank,
     similar_pairs,
@@ -114,7 +113,7 @@ def _assign(batch: pa.Table, column: str, centroids, side: int) -> pa.Table:
     import ray
 
     batch = batch.set_column(batch.schema.get_field_index(column), column, batch.column(column).cast(EMBEDDING))
-    clusters = assign_clusters(embeddings(batch, column), ray.get(centroids)) if batch.num_rows else []
+    clusters = ray.get(centroids).assign(embeddings(batch, column)) if batch.num_rows else []
     return batch.append_column("cluster", pa.array(clusters, pa.int32())).append_column(
         "side", pa.array(np.full(batch.num_rows, side, np.int8))
     )

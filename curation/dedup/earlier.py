@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,9 @@ import pyarrow.compute as pc
 
 from curation import output, schema
 from curation.dedup import DECISION_SCHEMA
+
+if TYPE_CHECKING:
+    from curation.dedup.semantic import Centroids
 
 KEY_SHA = pa.schema([("key", pa.string()), ("sha256", pa.string())])
 
@@ -119,18 +123,18 @@ def _array(keys) -> pa.Array:
 
 
 def top1_in_part(
-    x_new: np.ndarray, clusters: np.ndarray, centroids: np.ndarray, part: pa.Table, column: str, threshold: float
+    x_new: np.ndarray, clusters: np.ndarray, centroids: Centroids, part: pa.Table, column: str, threshold: float
 ) -> pa.Table:
     """(row, score, key): for each new row with a cosine >= ``threshold`` to a row of ``part`` in the
     same cluster (``part`` assigned to ``centroids``; ``clusters``: the new rows'), its best one there
     (highest cosine, then smallest key). ``x_new``: unit rows (``semantic.embeddings``)."""
-    from curation.dedup.semantic import assign_clusters, embeddings
+    from curation.dedup.semantic import embeddings
 
     found = [best_matches(x_new[:0], x_new[:0], pa.array([], pa.string()), threshold)]
     if not part.num_rows or not len(x_new):
         return found[0]
     x_old = embeddings(part, column)
-    old_clusters = assign_clusters(x_old, centroids)
+    old_clusters = centroids.assign(x_old)
     for c in np.intersect1d(clusters, old_clusters):
         new_rows, old_rows = np.flatnonzero(clusters == c), np.flatnonzero(old_clusters == c)
         best = best_matches(x_new[new_rows], x_old[old_rows], part.column("key").take(pa.array(old_rows)), threshold)
@@ -153,7 +157,7 @@ def best_semantic_matches(
     earlier: EarlierVersion,
     x_new: np.ndarray,
     clusters: np.ndarray,
-    centroids: np.ndarray,
+    centroids: Centroids,
     column: str,
     threshold: float,
     engine: str = "local",
@@ -202,13 +206,13 @@ def semantic_against(new: pa.Table, earlier: EarlierVersion, cfg, engine: str = 
     Empty when the earlier version stored no ``cfg.embedding_column``. ``engine="ray"``: the earlier
     parts are searched by Ray tasks, the new batch on the driver; the run's step with
     ``dedup.engine=ray`` uses ``distributed_semantic.against_decisions`` instead."""
-    from curation.dedup.semantic import GROUP_PREFIX, _sample_centroids, assign_clusters, embeddings
+    from curation.dedup.semantic import GROUP_PREFIX, _sample_centroids, embeddings
 
     if not new.num_rows or cfg.embedding_column not in earlier.columns:
         return DECISION_SCHEMA.empty_table()
     x = embeddings(new, cfg.embedding_column)
     centroids = _sample_centroids(new.select(["key", cfg.embedding_column]), new.num_rows, cfg)
-    clusters = assign_clusters(x, centroids)
+    clusters = centroids.assign(x)
     best = best_semantic_matches(earlier, x, clusters, centroids, cfg.embedding_column, cfg.threshold, engine)
     rows = np.flatnonzero(best.key != None)  # noqa: E711
     reps = pa.array(best.key[rows].tolist(), pa.string())

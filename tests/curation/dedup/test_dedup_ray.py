@@ -1,6 +1,7 @@
 """Ray Data variants give exactly the local decisions, whatever the partitioning."""
 
 import pyarrow as pa
+import pytest
 from dedup_fixtures import embedding_table, planted_table, shuffled
 
 from curation.dedup.near import NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
@@ -27,9 +28,12 @@ def test_near_dup_ray_without_duplicates(ray_local):
     assert near_duplicate_decisions_ray(dataset(table, 2), NearDupConfig(num_partitions=2)).num_rows == 0
 
 
-def test_semantic_ray_equals_local(ray_local):
+@pytest.mark.parametrize("max_flat", [1024, 2], ids=["flat", "tree"])
+def test_semantic_ray_equals_local(ray_local, max_flat):
     table = embedding_table(600, seed=4)
-    cfg = SemanticDupConfig(enabled=True, target_cluster_size=100, kmeans_sample_size=200)  # sample < rows
+    cfg = SemanticDupConfig(  # sample < rows
+        enabled=True, target_cluster_size=100, kmeans_sample_size=200, max_flat_clusters=max_flat
+    )
     local = semantic_duplicate_decisions(table, cfg)
     assert local.num_rows > 100
     assert semantic_duplicate_decisions_ray(dataset(shuffled(table, 5), 4), cfg).equals(local)

@@ -72,8 +72,11 @@ def decisions(inp: GlobalDedupInput) -> pa.Table:
 def test_ray_semantic_dedup_equals_the_in_process_step(ray_local, tmp_path):
     inp = staged(tmp_path / "run")
     earlier, ev = earlier_and_eval(tmp_path, inp)
-    # ~8 clusters of ~100 rows, each dealt into 3 blocks: units of two blocks, never a whole cluster
-    cfg = SemanticDupConfig(enabled=True, target_cluster_size=100, kmeans_sample_size=300, block_rows=40)
+    # ~8 clusters of ~100 rows (a two-level tree: 3 coarse), each dealt into 3 blocks: units of two
+    # blocks, never a whole cluster
+    cfg = SemanticDupConfig(
+        enabled=True, target_cluster_size=100, kmeans_sample_size=300, block_rows=40, max_flat_clusters=3
+    )
     step = SemanticDedup(cfg)
     local = run_global_dedup([step], inp, DedupContext(engine="local", earlier=earlier, eval_set=ev))
     want = decisions(inp)
