@@ -9,9 +9,14 @@ Hash families (``--kinds``), each with ``--dup-fraction`` planted near-duplicate
 (fair-coin bits) and ``correlated`` (bit j = [w_j . z + ``--noise`` e_j > 0], z Gaussian of
 ``--latent-dim``; ``correlated:D:NOISE``), copies = 0..t bits flipped; ``real``: PHash and mirror
 hash, by the pipeline's own decode path (``decode_image`` with its JPEG draft, ``phash_hex_pair``),
-of JPEGs made from the real photos our dependencies and ../shared/assets ship (random crops or
-two-photo collages, rescaled, turned, mirrored, recoloured or grey, any quality), copies =
-re-encodes, rescales and slight crops of an earlier image; ``stress``: ``correlated`` plus
+of JPEGs made from the real photos our dependencies and ../shared/assets ship (random crops,
+for ``--collage-share`` of them two photos' crops side by side; rescaled, turned, mirrored,
+recoloured or grey, any quality), copies = re-encodes, rescales and slight crops of an earlier
+image. The default share, 1, makes every base image a scene of its own (two crops of the same two
+photos, in the same places, rarely meet again), as a corpus of distinct photos is; at 0.5 half the
+base images are crops of one of the ~24 photos, and same-photo crops that happen to overlap are
+near-duplicates the generator did not plant: their pairs grow ~ n^2 / photos (``--collage-share
+0.5`` is the family of the 2026-12-03 results, hash for hash). ``stress``: ``correlated`` plus
 ``--blank-fraction`` blank images (solid colours, faint noise, gradients) hashed the same way.
 Image hashes are made by ``--workers`` processes, cached under ``--cache-dir`` by the generator's
 code and settings; the real family, PHash and mirror hash, is searched with both, as the pipeline
@@ -187,20 +192,23 @@ def _crop(im, size: tuple[int, int], rng: np.random.Generator):
 
 
 COLLAGE = -2  # the photo of a two-photo collage (in ``base_view``'s result)
+COLLAGE_SHARE = 1.0  # every base image a two-photo collage (see the module docstring)
 
 
-def base_view(photos: list, seed: int, index: int) -> tuple[bytes, int]:
+def base_view(photos: list, seed: int, index: int, collage_share: float = 0.5) -> tuple[bytes, int]:
     """Image ``index`` of the real family as JPEG bytes, and its photo (``COLLAGE`` for two): a random
-    crop of one photo (``_crop``), a fifth of the time two photos' crops side by side or one above
-    the other (split at 30-70%); 64-320 px on the short side, aspect 0.6-1.65, mirrored half the
-    time, recoloured (``_recolour``), saved at quality 60-95 (4:2:0 or 4:4:4)."""
+    crop of one photo (``_crop``), or for a ``collage_share`` of the images two photos' crops side by
+    side or one above the other (split at 30-70%); 64-320 px on the short side, aspect 0.6-1.65,
+    mirrored half the time, recoloured (``_recolour``), saved at quality 60-95 (4:2:0 or 4:4:4).
+    The random draws do not depend on ``collage_share``: image ``index`` at two shares differs only
+    where one makes a collage and the other a single crop."""
     from PIL import Image
 
     rng = np.random.default_rng([seed, 0, index])
     short, aspect = math.exp(rng.uniform(math.log(64), math.log(320))), math.exp(rng.uniform(-0.5, 0.5))
     size = (max(16, round(short * max(aspect, 1))), max(16, round(short / min(aspect, 1))))
     first, second = (int(x) for x in rng.integers(len(photos), size=2))
-    collage, across, split = rng.random() < 0.5, rng.random() < 0.5, rng.uniform(0.3, 0.7)
+    collage, across, split = rng.random() < collage_share, rng.random() < 0.5, rng.uniform(0.3, 0.7)
     if not collage:
         view, photo = _crop(photos[first], size, rng), first
     else:
@@ -271,9 +279,10 @@ def _load_photos(files: list[str]) -> None:
 
 
 def _hash_chunk(task: tuple) -> dict:
-    """Hashes of one chunk of a stream: ``("real", seed, start, roots)`` (root = the index itself for
-    a base image, else the earlier base it copies) or ``("blank", seed, start, count)``."""
-    stream, seed, start, what = task
+    """Hashes of one chunk of a stream: ``("real", seed, start, roots, collage_share)`` (root = the
+    index itself for a base image, else the earlier base it copies) or ``("blank", seed, start, count,
+    None)``."""
+    stream, seed, start, what, collage_share = task
     n = what if stream == "blank" else len(what)
     out = {k: np.zeros(n, np.uint64) for k in ("phash", "mirror")}
     out["photo"] = np.full(n, -1, np.int16)
@@ -282,7 +291,7 @@ def _hash_chunk(task: tuple) -> dict:
         if stream == "blank":
             raw = blank_image(seed, i)
         else:
-            raw, out["photo"][k] = base_view(_PHOTOS, seed, int(what[k]))
+            raw, out["photo"][k] = base_view(_PHOTOS, seed, int(what[k]), collage_share)
             if what[k] != i:
                 raw = near_copy(raw, seed, i)
         out["phash"][k], out["mirror"][k] = pipeline_phash_pair(raw)
@@ -311,7 +320,7 @@ def real_roots(n: int, seed: int, dup_fraction: float) -> np.ndarray:
         root = nxt
 
 
-def cache_key(stream: str, seed: int, dup_fraction: float, photos: dict[str, Path]) -> str:
+def cache_key(stream: str, seed: int, dup_fraction: float, collage_share: float | None, photos: dict[str, Path]) -> str:
     """Digest of everything a stream's hashes depend on: the generator (its functions' source and
     settings), the photos' bytes and the pipeline's decode and hash code."""
     import inspect
@@ -321,7 +330,7 @@ def cache_key(stream: str, seed: int, dup_fraction: float, photos: dict[str, Pat
 
     code = [_load_photos, _hash_chunk, base_view, _crop, _recolour, near_copy, blank_image, _jpeg, real_roots, _unit]
     code.append(pipeline_phash_pair)
-    h = hashlib.sha256(json.dumps([stream, seed, dup_fraction, MAX_SIDE, CHUNK]).encode())
+    h = hashlib.sha256(json.dumps([stream, seed, dup_fraction, collage_share, MAX_SIDE, CHUNK]).encode())
     for f in code:
         h.update(inspect.getsource(f).encode())
     for f in (*sorted(photos.values()), decode.__file__, hashing.__file__):
@@ -336,14 +345,16 @@ def default_cache_dir() -> str:
 def image_hashes(stream: str, n: int, args, start: int = 0, dup_fraction: float | None = None) -> dict[str, np.ndarray]:
     """Hashes ``start .. start + n`` of the ``real`` or ``blank`` stream (phash, mirror, photo, root),
     from the cache, made by ``args.workers`` processes where missing. ``start``: a multiple of CHUNK;
-    ``dup_fraction`` (real only; default ``args.dup_fraction``): the share of planted copies."""
+    ``dup_fraction`` (real only; default ``args.dup_fraction``): the share of planted copies; real
+    images are collages for ``args.collage_share`` of them."""
     import multiprocessing
 
     photos = real_photo_files()
     if stream == "real" and len(photos) < 8:
         raise RuntimeError(f"only {len(photos)} real photos found ({sorted(photos)}); the real family needs 8+")
     dup = (args.dup_fraction if dup_fraction is None else dup_fraction) if stream == "real" else 0.0
-    folder = Path(args.cache_dir) / f"{stream}-{cache_key(stream, args.seed, dup, photos)}"
+    share = args.collage_share if stream == "real" else None
+    folder = Path(args.cache_dir) / f"{stream}-{cache_key(stream, args.seed, dup, share, photos)}"
     folder.mkdir(parents=True, exist_ok=True)
     chunks = range(start // CHUNK, math.ceil((start + n) / CHUNK))
     end = chunks.stop * CHUNK  # every cache file holds CHUNK hashes
@@ -354,7 +365,7 @@ def image_hashes(stream: str, n: int, args, start: int = 0, dup_fraction: float 
 
     path = {c: folder / f"{c:06d}.npz" for c in chunks}
     tasks = [
-        (stream, args.seed, c * CHUNK, roots(c * CHUNK, (c + 1) * CHUNK) if stream == "real" else CHUNK)
+        (stream, args.seed, c * CHUNK, roots(c * CHUNK, (c + 1) * CHUNK) if stream == "real" else CHUNK, share)
         for c in chunks
         if not path[c].is_file()
     ]
@@ -362,7 +373,7 @@ def image_hashes(stream: str, n: int, args, start: int = 0, dup_fraction: float 
         t0 = time.perf_counter()
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(args.workers, initializer=_load_photos, initargs=([str(p) for p in photos.values()],)) as pool:
-            for (_, _, first, _), out in zip(tasks, pool.imap(_hash_chunk, tasks)):
+            for (_, _, first, _, _), out in zip(tasks, pool.imap(_hash_chunk, tasks)):
                 tmp = folder / f".{first // CHUNK:06d}.{os.getpid()}.npz"
                 np.savez(tmp, **out)
                 os.replace(tmp, path[first // CHUNK])
@@ -402,8 +413,15 @@ def hash_values(n: int, kind: str, rng: np.random.Generator, latent_dim: int = 8
 
 def image_args(**kw) -> argparse.Namespace:
     """The image families' settings (``--cache-dir``, ``--workers``, ``--seed``, ``--dup-fraction``,
-    ``--blank-fraction``) at their defaults, for callers without this script's command line."""
-    defaults = {"cache_dir": default_cache_dir(), "workers": 2, "seed": 0, "dup_fraction": 0.1, "blank_fraction": 0.05}
+    ``--blank-fraction``, ``--collage-share``) at their defaults, for callers without this script's command line."""
+    defaults = {
+        "cache_dir": default_cache_dir(),
+        "workers": 2,
+        "seed": 0,
+        "dup_fraction": 0.1,
+        "blank_fraction": 0.05,
+        "collage_share": COLLAGE_SHARE,
+    }
     return argparse.Namespace(**{**defaults, **kw})
 
 
@@ -826,6 +844,7 @@ def run_child(method: str, n: int, kind: str, args) -> dict:
     for flag in ("max_distance", "dup_fraction", "latent_dim", "noise", "digest_max", "cache_dir", "seed", "repeats"):
         cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     cmd += ["--blank-fraction", str(args.blank_fraction), "--workers", str(args.workers)]
+    cmd += ["--collage-share", str(args.collage_share)]
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode or not lines:
@@ -900,7 +919,7 @@ def check_pipeline_path(args, count: int = 6) -> str:
     _load_photos([str(p) for p in real_photo_files().values()])
     raws = []
     for i in range(count):
-        raw, _ = base_view(_PHOTOS, args.seed, i)
+        raw, _ = base_view(_PHOTOS, args.seed, i, args.collage_share)
         raws += [raw, near_copy(raw, args.seed, i), blank_image(args.seed, i)]
     decoded = DecodeStep(DecodeConfig()).process(
         pa.table({"key": [f"c{i}" for i in range(len(raws))], "raw": raws, "reason": [None] * len(raws)})
@@ -910,7 +929,7 @@ def check_pipeline_path(args, count: int = 6) -> str:
     same = int((ours == step).all(axis=1).sum())
     assert same == len(raws), f"the generator's hash differs from DecodeStep's on {len(raws) - same} images"
     cached = image_hashes("real", count, args)
-    fresh = _hash_chunk(("real", args.seed, 0, cached["root"]))
+    fresh = _hash_chunk(("real", args.seed, 0, cached["root"], args.collage_share))
     assert np.array_equal(fresh["phash"], cached["phash"]) and np.array_equal(fresh["mirror"], cached["mirror"]), (
         "the cached real hashes differ from a fresh computation: remove the cache folder"
     )
@@ -932,7 +951,8 @@ def describe_image_families(args, n_max: int, kinds: list[str]) -> None:
         d = np.bitwise_count(h["phash"][copy] ^ h["phash"][h["root"][copy]])
         dm = np.minimum(d, np.bitwise_count(h["phash"][copy] ^ h["mirror"][h["root"][copy]]))
         print(
-            f"  {len(real_photo_files())} real photos; {len(copy)} planted copies ({len(copy) / n_max:.1%}): "
+            f"  {len(real_photo_files())} real photos; base images {np.mean(h['photo'][h['root'] == np.arange(n_max)] == COLLAGE):.1%} "
+            f"collages (--collage-share {args.collage_share}); {len(copy)} planted copies ({len(copy) / n_max:.1%}): "
             f"distance to their base median {np.median(d):.0f}, within t={t} bits {np.mean(d <= t):.1%} "
             f"(hash or mirror hash {np.mean(dm <= t):.1%}); mirror hash differs from hash in "
             f"{np.mean(h['mirror'][:m] != h['phash'][:m]):.1%}, "
@@ -987,6 +1007,9 @@ def main() -> None:
     p.add_argument("--max-distance", type=int, default=4)
     p.add_argument("--dup-fraction", type=float, default=0.1, help="planted near-duplicates, every family")
     p.add_argument("--blank-fraction", type=float, default=0.05, help="stress: share of blank images")
+    p.add_argument(
+        "--collage-share", type=float, default=COLLAGE_SHARE, help="real: share of base images that are collages"
+    )
     p.add_argument("--latent-dim", type=int, default=8, help="correlated hashes: dimension of the latent Gaussian")
     p.add_argument(
         "--noise", type=float, default=1.0, help="correlated hashes: per-bit noise (0: fully determined by z)"
