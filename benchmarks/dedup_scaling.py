@@ -11,12 +11,8 @@ Hash families (``--kinds``), each with ``--dup-fraction`` planted near-duplicate
 hash, by the pipeline's own decode path (``decode_image`` with its JPEG draft, ``phash_hex_pair``),
 of JPEGs made from the real photos our dependencies and ../shared/assets ship (random crops,
 for ``--collage-share`` of them two photos' crops side by side; rescaled, turned, mirrored,
-recoloured or grey, any quality), copies = re-encodes, rescales and slight crops of an earlier
-image. The default share, 1, makes every base image a scene of its own (two crops of the same two
-photos, in the same places, rarely meet again), as a corpus of distinct photos is; at 0.5 half the
-base images are crops of one of the ~24 photos, and same-photo crops that happen to overlap are
-near-duplicates the generator did not plant: their pairs grow ~ n^2 / photos (``--collage-share
-0.5`` is the family of the 2026-12-03 results, hash for hash). ``stress``: ``correlated`` plus
+recoloured or grey, any quality; default share 1: every base image a scene of its own), copies =
+re-encodes, rescales and slight crops of an earlier image; ``stress``: ``correlated`` plus
 ``--blank-fraction`` blank images (solid colours, faint noise, gradients) hashed the same way.
 Image hashes are made by ``--workers`` processes, cached under ``--cache-dir`` by the generator's
 code and settings; the real family, PHash and mirror hash, is searched with both, as the pipeline
@@ -192,10 +188,10 @@ def _crop(im, size: tuple[int, int], rng: np.random.Generator):
 
 
 COLLAGE = -2  # the photo of a two-photo collage (in ``base_view``'s result)
-COLLAGE_SHARE = 1.0  # every base image a two-photo collage (see the module docstring)
+COLLAGE_SHARE = 1.0  # every base image a two-photo collage (``base_view``)
 
 
-def base_view(photos: list, seed: int, index: int, collage_share: float = 0.5) -> tuple[bytes, int]:
+def base_view(photos: list, seed: int, index: int, collage_share: float) -> tuple[bytes, int]:
     """Image ``index`` of the real family as JPEG bytes, and its photo (``COLLAGE`` for two): a random
     crop of one photo (``_crop``), or for a ``collage_share`` of the images two photos' crops side by
     side or one above the other (split at 30-70%); 64-320 px on the short side, aspect 0.6-1.65,
@@ -950,9 +946,10 @@ def describe_image_families(args, n_max: int, kinds: list[str]) -> None:
         copy = np.flatnonzero(h["root"] != np.arange(n_max))
         d = np.bitwise_count(h["phash"][copy] ^ h["phash"][h["root"][copy]])
         dm = np.minimum(d, np.bitwise_count(h["phash"][copy] ^ h["mirror"][h["root"][copy]]))
+        collages = np.mean(h["photo"][h["root"] == np.arange(n_max)] == COLLAGE)
         print(
-            f"  {len(real_photo_files())} real photos; base images {np.mean(h['photo'][h['root'] == np.arange(n_max)] == COLLAGE):.1%} "
-            f"collages (--collage-share {args.collage_share}); {len(copy)} planted copies ({len(copy) / n_max:.1%}): "
+            f"  {len(real_photo_files())} real photos; base images {collages:.1%} collages"
+            f" (--collage-share {args.collage_share}); {len(copy)} planted copies ({len(copy) / n_max:.1%}): "
             f"distance to their base median {np.median(d):.0f}, within t={t} bits {np.mean(d <= t):.1%} "
             f"(hash or mirror hash {np.mean(dm <= t):.1%}); mirror hash differs from hash in "
             f"{np.mean(h['mirror'][:m] != h['phash'][:m]):.1%}, "

@@ -28,7 +28,7 @@ def test_prints_families_runs_counts_and_the_decisions_check(bench):
     # the real family: made with the pipeline's hash, a PHash's DC bit always set, held against real photos
     assert re.search(r"^  made 2000 real hashes in \d+ s", out, re.M), out
     assert re.search(r"^hash family real: \d+ hashes; DC bit set 100\.0%", out, re.M), out
-    # every base image a scene of its own by default (two photos' crops): no unplanted same-photo pairs
+    # by default every base image is a two-photo collage (a scene of its own)
     assert re.search(r"^  \d+ real photos; base images 100\.0% collages \(--collage-share 1\.0\)", out, re.M), out
     assert re.search(r"^pipeline hash check: (\d+) of \1 generated JPEGs .* hash as DecodeStep does", out, re.M), out
     reference = re.search(r"^  reference: untouched real photos: (\d+) hashes; DC bit set 100\.0%", out, re.M)
