@@ -71,7 +71,12 @@ def decisions_from_labels(
     members = np.flatnonzero(np.bincount(labels)[labels] > 1) if len(labels) else labels
     if not len(members):
         return DECISION_SCHEMA.empty_table()
-    sub = meta.select(meta_columns(meta.column_names)).take(members)
+    ranked = _ranked_members(meta.select(meta_columns(meta.column_names)).take(members), labels[members], prefer)
+    return _decisions_from_ranked(ranked, reason, group_prefix)
+
+
+def _ranked_members(sub: pa.Table, labels: np.ndarray, prefer: Collection[str]) -> pa.Table:
+    """Group members sorted by label, then by ``representative_rank`` (one Arrow sort)."""
     keys = sub.column("key")
     pixels = pc.multiply(
         pc.fill_null(sub.column("width").cast(pa.int64()), 0), pc.fill_null(sub.column("height").cast(pa.int64()), 0)
@@ -85,7 +90,7 @@ def decisions_from_labels(
     ranks, rank_keys = _rank_keys(sub)
     ranked = pa.table(
         {
-            "label": labels[members],
+            "label": labels,
             "other": pc.invert(pc.is_in(keys, value_set=pa.array(sorted(prefer), pa.string()))),
             "converted": pc.fill_null(converted.cast(pa.bool_()), False),
             **ranks,
@@ -94,7 +99,7 @@ def decisions_from_labels(
             "key": keys,
         }
     )
-    ranked = ranked.take(
+    return ranked.take(
         pc.sort_indices(
             ranked,
             sort_keys=[
@@ -108,6 +113,10 @@ def decisions_from_labels(
             ],
         )
     )
+
+
+def _decisions_from_ranked(ranked: pa.Table, reason: str, group_prefix: str) -> pa.Table:
+    """Every member but each group's first is dropped as a duplicate of that first row."""
     sorted_labels = ranked.column("label").to_numpy()
     first = np.concatenate([[True], sorted_labels[1:] != sorted_labels[:-1]])
     rep_keys = ranked.column("key").take(pa.array(np.flatnonzero(first)[np.cumsum(first) - 1]))
