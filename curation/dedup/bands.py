@@ -1,12 +1,18 @@
 """Data-driven bands for the exact near-duplicate search (``curation.dedup.near``).
 
 Any partition of the 64 bit positions into B blocks keeps the search exact: two values at
-most t bits apart differ in at most t blocks, so they agree on at least one *band* (a choice
-of B - t blocks). Which partition, and which B, only sets the cost: the sort of every band
-plus the Hamming check of every pair that agrees on a band. On uniform bits a band of k bits
-collides with probability 2^-k; on real PHashes the bits are biased and correlated (they are
-signs of one image's low DCT coefficients), bands collide far more often and a B chosen for
-uniform bits lets the candidate pairs grow with n^2 (issue 14: n^1.36 from 1e5 to 1e6).
+most t bits apart differ in at most t blocks, so they agree on the B - t blocks left, and on every
+*band* (a set of blocks, whose bits are compared as one key) inside them. Bands of all (B - t)-
+subsets (C(B, t) of them) are one exact plan; a *covering design* is another: any family of
+k-subsets (k < B - t) such that every (B - t)-subset contains one (``covering_bands``; e.g. for
+t = 4, 12 bands of 3 of 9 blocks instead of 15 bands of 2 of 6, both 21.3 bits, or 21 bands of 4
+of 10 blocks, 25.6 bits). Which plan only sets the cost: the sort of every band plus the Hamming
+check of every pair that agrees on a band. On uniform bits a band of k bits collides with
+probability 2^-k, so a larger corpus wants longer bands, and the designs give a step of 1-2 bits
+per step in band count where all-subsets plans jump (15 bands of 21.3 bits, then 35 of 27.4). On
+real PHashes the bits are biased and correlated (they are signs of one image's low DCT
+coefficients), bands collide far more often and a B chosen for uniform bits lets the candidate
+pairs grow with n^2 (issue 14: n^1.36 from 1e5 to 1e6).
 
 ``plan_bands`` chooses from the data instead:
 
@@ -16,9 +22,10 @@ uniform bits lets the candidate pairs grow with n^2 (issue 14: n^1.36 from 1e5 t
    the sample), each into the block where it is least correlated with the bits already there
    (so no band loses a whole family of redundant bits) and whose entropy is lowest; the plain
    interleaved deal (bit p into block p % B) is also a candidate;
-3. for B from the uniform-bit optimum to two more, the candidate pairs of each band *counted* on the sample and scaled by
-   (n / sample)^2 (never below the uniform-bit figure), and the cost
-   ``bands * n * VALUE_COST + pairs * PAIR_COST``; the cheapest (B, deal) wins.
+3. for the PLAN_OPTIONS designs cheapest on uniform bits at this n (``band_designs``), the
+   candidate pairs of each band *counted* on the sample and scaled by (n / sample)^2 (never below
+   the uniform-bit figure), and the cost ``bands * n * VALUE_COST + pairs * PAIR_COST``; the
+   cheapest (design, deal) wins.
 
 The plan depends on the values only (not on their order), so local and Ray runs given the
 same values choose the same bands; decisions never depend on the plan.
@@ -27,8 +34,10 @@ same values choose the same bands; decisions never depend on the plan.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+from collections.abc import Collection
 
 import numpy as np
 
@@ -36,15 +45,25 @@ HASH_BITS = 64
 MAX_BANDS = 5000
 SAMPLE_SIZE = 10_000
 VALUE_COST = 1.0  # relative cost of one value in one band (its share of the band's sort)
-PAIR_COST = 1.0  # relative cost of one candidate pair (generate + Hamming check; measured ratio, this machine)
+# relative cost of one candidate pair (generate + Hamming check), measured against one value's share
+# of a band's sort (docs/results/dedup_scaling.md, 2026-12-07)
+PAIR_COST = 0.3
+DESIGN_SEARCH_LIMIT = 500_000  # options x differing sets a covering-design search may hold
+DESIGN_ATTEMPTS = 8
+DESIGN_MAX_BLOCKS = 12  # covering designs are searched for B up to this
+PLAN_OPTIONS = 6  # designs costed on the sample
 
 
 @dataclasses.dataclass(frozen=True)
 class BandPlan:
-    """Blocks (one 64-bit mask each, a partition of the bits) and the tolerated distance t."""
+    """Blocks (one 64-bit mask each, a partition of the bits), the tolerated distance t, and the
+    bands as sets of block indices: every (B - t)-subset when ``bands`` is None, else a covering
+    design (``covering_bands``: every (B - t)-subset contains one of them, so the search stays exact).
+    """
 
     blocks: tuple[int, ...]
     max_distance: int
+    bands: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         union = 0
@@ -57,25 +76,82 @@ class BandPlan:
                 f"band plan: {len(self.blocks)} blocks must cover the 64 bits and exceed "
                 f"max_distance={self.max_distance}"
             )
+        if self.bands is not None and not covers(self.bands, self.num_blocks, self.max_distance):
+            raise ValueError(
+                f"band plan: bands {self.bands} miss a set of {self.num_blocks - self.max_distance} "
+                f"of the {self.num_blocks} blocks (two values {self.max_distance} bits apart could share no band)"
+            )
 
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
 
+    def band_sets(self) -> tuple[tuple[int, ...], ...]:
+        if self.bands is not None:
+            return self.bands
+        return tuple(itertools.combinations(range(self.num_blocks), self.num_blocks - self.max_distance))
+
     def masks(self) -> np.ndarray:
-        """One mask per band: the union of each choice of (B - t) blocks."""
-        keep = self.num_blocks - self.max_distance
-        return np.array(
-            [sum(self.blocks[b] for b in combo) for combo in itertools.combinations(range(self.num_blocks), keep)],
-            dtype=np.uint64,
-        )
+        """One mask per band: the union of its blocks."""
+        return np.array([sum(self.blocks[b] for b in band) for band in self.band_sets()], dtype=np.uint64)
 
     def to_json(self) -> dict:
-        return {"blocks": [f"{b:016x}" for b in self.blocks], "max_distance": self.max_distance}
+        d = {"blocks": [f"{b:016x}" for b in self.blocks], "max_distance": self.max_distance}
+        if self.bands is not None:
+            d["bands"] = [list(band) for band in self.bands]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> BandPlan:
-        return cls(tuple(int(b, 16) for b in d["blocks"]), int(d["max_distance"]))
+        bands = tuple(tuple(int(b) for b in band) for band in d["bands"]) if "bands" in d else None
+        return cls(tuple(int(b, 16) for b in d["blocks"]), int(d["max_distance"]), bands)
+
+
+def covers(bands: Collection[Collection[int]], num_blocks: int, max_distance: int) -> bool:
+    """Whether every set of ``max_distance`` blocks (those two values may differ in) misses at least
+    one band entirely, i.e. whether every two values within t bits agree on some band."""
+    sets = [sum(1 << b for b in band) for band in bands]
+    if any(not 0 < s < 1 << num_blocks for s in sets):
+        return False
+    return all(
+        any(s & sum(1 << b for b in differ) == 0 for s in sets)
+        for differ in itertools.combinations(range(num_blocks), max_distance)
+    )
+
+
+@functools.cache
+def covering_bands(num_blocks: int, max_distance: int, band_blocks: int) -> tuple[tuple[int, ...], ...] | None:
+    """A small set of ``band_blocks``-subsets of the blocks such that every (B - t)-subset contains
+    one (a covering design / Turan system), by greedy covering with a fixed seed, then dropping bands
+    the rest already cover; None when the search would be too large (see DESIGN_SEARCH_LIMIT).
+
+    Each band is longer than in the plan of all (B - t)-subsets of fewer blocks with the same count,
+    e.g. for t = 4: 21 bands of 4 of 10 blocks (25.6 bits) against 15 bands of 2 of 6 (21.3 bits).
+    """
+    b, t, k = num_blocks, max_distance, band_blocks
+    if not 0 < k < b - t or math.comb(b, k) * math.comb(b, t) > DESIGN_SEARCH_LIMIT:
+        return None
+    differ = np.array([sum(1 << x for x in d) for d in itertools.combinations(range(b), t)], dtype=np.int64)
+    options = list(itertools.combinations(range(b), k))
+    option_sets = np.array([sum(1 << x for x in o) for o in options], dtype=np.int64)
+    hits = (option_sets[:, None] & differ[None, :]) == 0  # option misses that differing set
+    rng = np.random.default_rng(0)
+    best: list[int] | None = None
+    for attempt in range(DESIGN_ATTEMPTS):
+        open_, chosen = np.ones(len(differ), bool), []
+        while open_.any():
+            gain = hits[:, open_].sum(axis=1)
+            top = np.flatnonzero(gain == gain.max())
+            pick = int(top[rng.integers(len(top))] if attempt else top[0])
+            chosen.append(pick)
+            open_ &= ~hits[pick]
+        for pick in list(chosen):  # drop bands the others cover
+            rest = [c for c in chosen if c != pick]
+            if hits[rest].any(axis=0).all():
+                chosen = rest
+        if best is None or len(chosen) < len(best):
+            best = chosen
+    return tuple(sorted(options[c] for c in best))
 
 
 def interleaved(num_blocks: int, max_distance: int) -> BandPlan:
@@ -163,27 +239,46 @@ def sample_pairs(sample: np.ndarray, masks: np.ndarray) -> float:
 def plan_cost(plan: BandPlan, sample: np.ndarray, n_values: int) -> float:
     masks = plan.masks()
     scale = (n_values / max(len(sample), 1)) ** 2
-    band_bits = HASH_BITS * (plan.num_blocks - plan.max_distance) / plan.num_blocks
-    uniform = len(masks) * n_values * (n_values - 1) / 2 / 2.0**band_bits
+    uniform = sum(n_values * (n_values - 1) / 2 / 2.0 ** bin(int(m)).count("1") for m in masks)
     pairs = max(sample_pairs(sample, masks) * scale, uniform)
     return len(masks) * n_values * VALUE_COST + pairs * PAIR_COST
 
 
-def uniform_blocks(n_values: int, max_distance: int) -> int:
-    """B minimising the cost on uniform bits: C(B, t) * (n + PAIR_COST * n^2 / 2 / 2^(64 (B - t) / B))."""
+def uniform_cost(num_bands: int, band_bits: float, n_values: int) -> float:
+    """Cost of a plan on uniform bits: each band sorts n values and checks n^2 / 2 / 2^bits pairs."""
+    return num_bands * n_values * (VALUE_COST + PAIR_COST * n_values / 2 / 2.0**band_bits)
+
+
+@functools.cache
+def band_designs(max_distance: int) -> tuple[tuple[int, tuple[tuple[int, ...], ...] | None], ...]:
+    """The exact plans' shapes, (B, bands): every (B - t)-subset of B blocks (bands None), and the
+    covering designs of fewer blocks per band for B up to DESIGN_MAX_BLOCKS, where they use fewer
+    bands than all subsets."""
     t = max_distance
-    costs = {
-        b: math.comb(b, t) * n_values * (VALUE_COST + PAIR_COST * n_values / 2 / 2.0 ** (HASH_BITS * (b - t) / b))
-        for b in range(t + 1, HASH_BITS + 1)
-        if math.comb(b, t) <= MAX_BANDS
-    }
-    return min(costs, key=lambda b: (costs[b], b))
+    out: list[tuple[int, tuple[tuple[int, ...], ...] | None]] = [
+        (b, None) for b in range(t + 1, HASH_BITS + 1) if math.comb(b, t) <= MAX_BANDS
+    ]
+    for b in range(t + 2, DESIGN_MAX_BLOCKS + 1):
+        for k in range(1, b - t):
+            design = covering_bands(b, t, k)
+            if design is not None and len(design) <= MAX_BANDS:
+                out.append((b, design))
+    return tuple(out)
+
+
+def design_shape(design: tuple[int, tuple[tuple[int, ...], ...] | None], max_distance: int) -> tuple[int, float]:
+    """(bands, bits per band) of a design, blocks of 64 / B bits."""
+    b, bands = design
+    if bands is None:
+        return math.comb(b, max_distance), HASH_BITS * (b - max_distance) / b
+    return len(bands), HASH_BITS * len(bands[0]) / b
 
 
 def plan_bands(
     values: np.ndarray, max_distance: int, *, n_values: int | None = None, num_blocks: int | None = None
 ) -> BandPlan:
-    """The cheapest exact plan for these values (a sample of them when ``n_values`` is given)."""
+    """The cheapest exact plan for these values (a sample of them when ``n_values`` is given):
+    the PLAN_OPTIONS designs cheapest on uniform bits, each with both deals, costed on the sample."""
     t = max_distance
     sample = sample_values(values)
     n = n_values if n_values is not None else len(sorted_unique(values))
@@ -191,13 +286,13 @@ def plan_bands(
         return interleaved(num_blocks or t + 1, t)
     entropy, corr = bit_statistics(bit_matrix(sample))
     if num_blocks:
-        options = [num_blocks]
-    else:  # around the uniform-bit optimum; correlated bits want more blocks, never fewer
-        b0 = uniform_blocks(n, t)
-        options = [b for b in (b0, b0 + 1, b0 + 2) if b <= HASH_BITS and math.comb(b, t) <= MAX_BANDS]
+        options = [(num_blocks, None)]
+    else:  # correlated bits collide more than uniform ones: the sample decides among the near-best
+        options = sorted(band_designs(t), key=lambda d: (uniform_cost(*design_shape(d, t), n), d[0]))[:PLAN_OPTIONS]
     best, best_cost = None, math.inf
-    for blocks in options:
-        for plan in (interleaved(blocks, t), greedy_blocks(entropy, corr, blocks, t)):
+    for blocks, bands in options:
+        for deal in (interleaved(blocks, t), greedy_blocks(entropy, corr, blocks, t)):
+            plan = dataclasses.replace(deal, bands=bands)
             cost = plan_cost(plan, sample, n)
             if cost < best_cost:
                 best, best_cost = plan, cost
