@@ -22,7 +22,7 @@ pairs grow with n^2 (issue 14: n^1.36 from 1e5 to 1e6).
    the sample), each into the block where it is least correlated with the bits already there
    (so no band loses a whole family of redundant bits) and whose entropy is lowest; the plain
    interleaved deal (bit p into block p % B) is also a candidate;
-3. for the PLAN_OPTIONS designs cheapest on uniform bits at this n (``band_designs``), the
+3. for the PLAN_OPTIONS designs cheapest on uniform bits at this n (``cheapest_designs``), the
    candidate pairs of each band *counted* on the sample and scaled by (n / sample)^2 (never below
    the uniform-bit figure), and the cost ``bands * n * VALUE_COST + pairs * PAIR_COST``; the
    cheapest (design, deal) wins.
@@ -274,6 +274,39 @@ def design_shape(design: tuple[int, tuple[tuple[int, ...], ...] | None], max_dis
     return len(bands), HASH_BITS * len(bands[0]) / b
 
 
+def fewest_bands(num_blocks: int, max_distance: int, band_blocks: int) -> int:
+    """Schoenheim's lower bound on the bands of a covering design (its complements, B - k blocks
+    each, must cover every t-subset): no design of this shape has fewer."""
+    v, k, bound = num_blocks, num_blocks - band_blocks, 1
+    for i in range(max_distance - 1, -1, -1):
+        bound = math.ceil((v - i) / (k - i) * bound)
+    return bound
+
+
+def cheapest_designs(max_distance: int, n_values: int) -> list[tuple[int, tuple[tuple[int, ...], ...] | None]]:
+    """The PLAN_OPTIONS designs of ``band_designs`` cheapest on uniform bits at ``n_values``, searching
+    a covering design only while its lower bound (``fewest_bands``) could still rank."""
+    t = max_distance
+    scored = [
+        (uniform_cost(*design_shape((b, None), t), n_values), b, None)
+        for b in range(t + 1, HASH_BITS + 1)
+        if math.comb(b, t) <= MAX_BANDS
+    ]
+    shapes = sorted(
+        (uniform_cost(fewest_bands(b, t, k), HASH_BITS * k / b, n_values), b, k)
+        for b in range(t + 2, DESIGN_MAX_BLOCKS + 1)
+        for k in range(1, b - t)
+    )
+    for bound, b, k in shapes:
+        costs = sorted(c for c, _, _ in scored)
+        if len(costs) >= PLAN_OPTIONS and bound >= costs[PLAN_OPTIONS - 1]:
+            break
+        design = covering_bands(b, t, k)
+        if design is not None and len(design) <= MAX_BANDS:
+            scored.append((uniform_cost(*design_shape((b, design), t), n_values), b, design))
+    return [(b, bands) for _, b, bands in sorted(scored, key=lambda s: (s[0], s[1]))[:PLAN_OPTIONS]]
+
+
 def plan_bands(
     values: np.ndarray, max_distance: int, *, n_values: int | None = None, num_blocks: int | None = None
 ) -> BandPlan:
@@ -288,7 +321,7 @@ def plan_bands(
     if num_blocks:
         options = [(num_blocks, None)]
     else:  # correlated bits collide more than uniform ones: the sample decides among the near-best
-        options = sorted(band_designs(t), key=lambda d: (uniform_cost(*design_shape(d, t), n), d[0]))[:PLAN_OPTIONS]
+        options = cheapest_designs(t, n)
     best, best_cost = None, math.inf
     for blocks, bands in options:
         for deal in (interleaved(blocks, t), greedy_blocks(entropy, corr, blocks, t)):

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from curation.dedup import DECISION_SCHEMA
-from curation.dedup.bands import plan_bands, sorted_unique
+from curation.dedup.bands import interleaved, plan_bands, sorted_unique
 from curation.dedup.components import (
     META_COLUMNS,
     canonical_order,
@@ -151,15 +151,8 @@ def plan_blocks(n_values: int, max_distance: int) -> int:
 
 
 def band_masks(num_blocks: int, max_distance: int) -> np.ndarray:
-    """One 64-bit mask per band: the bits of each choice of (num_blocks - max_distance) blocks."""
-    blocks = [sum(1 << p for p in range(b, HASH_BITS, num_blocks)) for b in range(num_blocks)]
-    return np.array(
-        [
-            sum(blocks[b] for b in combo)
-            for combo in itertools.combinations(range(num_blocks), num_blocks - max_distance)
-        ],
-        dtype=np.uint64,
-    )
+    """One 64-bit mask per band: the bits of each choice of (num_blocks - max_distance) interleaved blocks."""
+    return interleaved(num_blocks, max_distance).masks()
 
 
 def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

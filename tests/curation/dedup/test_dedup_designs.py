@@ -8,7 +8,19 @@ import numpy as np
 import pytest
 from dedup_fixtures import planted_table
 
-from curation.dedup.bands import BandPlan, band_designs, covering_bands, covers, interleaved, plan_bands
+from curation.dedup.bands import (
+    PLAN_OPTIONS,
+    BandPlan,
+    band_designs,
+    cheapest_designs,
+    covering_bands,
+    covers,
+    design_shape,
+    fewest_bands,
+    interleaved,
+    plan_bands,
+    uniform_cost,
+)
 from curation.dedup.hashing import hamming, hex_to_uint64
 from curation.dedup.near import sort_by_band, value_edges
 
@@ -81,3 +93,13 @@ def test_packed_band_sort_groups_exactly_the_equal_masked_keys():
     assert same_key.sum() > 1000  # many ties
     np.testing.assert_array_equal(same_key, masked[1:] == masked[:-1])  # runs of keys == runs of masked bits
     assert len(np.unique(masked)) == len(np.unique(keys))
+
+
+@pytest.mark.parametrize("t", [2, 4, 10])
+def test_the_planner_searches_designs_lazily_yet_ranks_as_if_it_had_all(t):
+    for b, bands in band_designs(t):
+        if bands is not None:
+            assert len(bands) >= fewest_bands(b, t, len(bands[0]))  # the bound that lets it stop early
+    for n in (10**3, 10**5, 2 * 10**6, 10**8, 10**9):
+        full = sorted(band_designs(t), key=lambda d: (uniform_cost(*design_shape(d, t), n), d[0]))
+        assert cheapest_designs(t, n) == full[:PLAN_OPTIONS], n
