@@ -4,6 +4,7 @@
     python benchmarks/dedup_scaling.py --quick          # small sizes, a minute or two
     python benchmarks/dedup_scaling.py --smallest       # 1e3 and 2e3 only (the smoke test's run)
     python benchmarks/dedup_scaling.py --hashes OUTPUT  # a real curation output's manifest hashes
+    python benchmarks/dedup_scaling.py --plan-model     # the planner's cost model, 1e5 to 1e10
 
 Hash families (``--kinds``), each with ``--dup-fraction`` planted near-duplicates: ``uniform``
 (fair-coin bits) and ``correlated`` (bit j = [w_j . z + ``--noise`` e_j > 0], z Gaussian of
@@ -975,6 +976,29 @@ def describe_image_families(args, n_max: int, kinds: list[str]) -> None:
         )
 
 
+def print_plan_model(max_distance: int, sizes=tuple(10**e for e in range(5, 11))) -> None:
+    """``--plan-model``: the planner's own cost model on uniform bits (``bands.uniform_cost``, values
+    sorted + PAIR_COST x pairs) per value for the cheapest exact banded plan at each size, its growth
+    per decade, and beside it an exact search of another kind whose work per value is flat in n:
+    each value looked up with every variant of each 32-bit half within t // 2 bits (two values
+    within t differ in at most t // 2 bits of one half). A model, not a measurement."""
+    from curation.dedup.bands import HASH_BITS, PAIR_COST, cheapest_designs, design_shape, uniform_cost
+
+    t, half = max_distance, HASH_BITS // 2
+    probes = 2 * sum(math.comb(half, i) for i in range(t // 2 + 1))
+    print(f"plan model, t={t}: cost per value (values sorted + {PAIR_COST} x pairs), uniform bits")
+    print(f"{'n':>8s} {'B':>3s} {'bands':>5s} {'bits':>5s} {'cost/value':>10s} {'growth':>7s} {'half-probes':>11s}")
+    prev = None
+    for n in sizes:
+        design = cheapest_designs(t, n)[0]
+        bands, bits = design_shape(design, t)
+        cost = uniform_cost(bands, bits, n) / n
+        probe_cost = probes * (1 + PAIR_COST * n / 2.0**half)
+        grow = f"n^{1 + math.log10(cost / prev):.2f}" if prev else ""
+        print(f"{n:8.0e} {design[0]:3d} {bands:5d} {bits:5.1f} {cost:10.2f} {grow:>7s} {probe_cost:11.0f}")
+        prev = cost
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", nargs="+", type=float, default=[1e4, 1e5, 1e6], help="ours, every kind")
@@ -1026,6 +1050,7 @@ def main() -> None:
         help="a curation output whose manifest hashes the real family is checked against",
     )
     p.add_argument("--digest-max", type=float, default=1e5, help=argparse.SUPPRESS)
+    p.add_argument("--plan-model", action="store_true", help="print the planner's cost model per size and stop")
     p.add_argument("--quick", action="store_true", help="sizes 1e3 1e4 (ours), 1e3 3e3 (imagededup), 1e3 (bktree)")
     p.add_argument(
         "--smallest",
@@ -1034,6 +1059,9 @@ def main() -> None:
     )
     p.add_argument("--one", nargs=3, metavar=("METHOD", "N", "KIND"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.plan_model:
+        print_plan_model(args.max_distance)
+        return
     if args.one:
         print(json.dumps(measure_one(args.one[0], int(args.one[1]), args.one[2], args)))
         return

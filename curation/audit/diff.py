@@ -497,83 +497,11 @@ def render_diff(d: VersionDiff, *, per_reason: int = 12) -> str:
         ],
         id="diff-totals",
     )
-    change_rows = [
-        [c.key, settings._show(c.old), settings._show(c.new), "bookkeeping" if c.bookkeeping else "content"]
-        for c in d.config_changes
-    ]
-    change_attrs = [
-        {
-            "data-key": c.key,
-            "data-old": json.dumps(c.old),
-            "data-new": json.dumps(c.new),
-            "data-bookkeeping": str(c.bookkeeping).lower(),
-        }
-        for c in d.config_changes
-    ]
-    if d.code_changed:
-        change_rows.append(["code version", d.a.code_version, d.b.code_version, "content"])
-        change_attrs.append({"data-key": "code_version", "data-bookkeeping": "false"})
-    funnel_rows, funnel_attrs = _funnel_rows(d)
-    shifts = reason_shifts(d)
     sections = [
         page.section("summary", "Totals", totals),
-        page.section(
-            "settings",
-            "Setting changes",
-            page.table(
-                ["setting", "A", "B", "kind"], change_rows, table_attrs={"id": "config-changes"}, row_attrs=change_attrs
-            ),
-            note="bookkeeping settings (tracking, Ray, output folder, name) cannot change the content",
-        ),
-        page.section(
-            "funnel",
-            "Funnel, side by side",
-            page.table(
-                ["step", "A passed on", "B passed on", "B - A"],
-                funnel_rows,
-                numeric={1, 2, 3},
-                table_attrs={"id": "funnel-compare"},
-                row_attrs=funnel_attrs,
-            ),
-            page.chart(
-                charts.compare(
-                    [r[0] for r in funnel_rows],
-                    [a.get("data-a-out") for a in funnel_attrs],
-                    [a.get("data-b-out") for a in funnel_attrs],
-                ),
-                "passed on per step, A and B",
-            ),
-        ),
-        page.section(
-            "reason-shifts",
-            "Removals by reason, A vs B",
-            page.table(
-                ["status", "reason", "A", "B", "B - A", "changed settings owning the reason"],
-                [
-                    [
-                        e["status"],
-                        e["reason"],
-                        e["a"],
-                        e["b"],
-                        e["b"] - e["a"],
-                        ", ".join(e["explained_by"]) if e["a"] != e["b"] and e["explained_by"] else "-",
-                    ]
-                    for e in shifts
-                ],
-                numeric={2, 3, 4},
-                table_attrs={"id": "reason-shifts"},
-                row_attrs=[
-                    {
-                        "data-reason": e["reason"],
-                        "data-a": e["a"],
-                        "data-b": e["b"],
-                        "data-explained-by": ",".join(e["explained_by"]),
-                    }
-                    for e in shifts
-                ],
-            ),
-            note="all inputs, not only kept ones: an image can move from one reason to another",
-        ),
+        _settings_section(d),
+        _funnel_section(d),
+        _shifts_section(d),
         _change_section("removed", "Removed (kept in A, not in B)", d.removals, d.a, "B", per_reason),
         _change_section("added", "Added (kept in B, not in A)", d.additions, d.b, "A", per_reason),
     ]
@@ -591,3 +519,90 @@ def render_diff(d: VersionDiff, *, per_reason: int = 12) -> str:
         )
     header = [f"A {d.a.id} · {d.a.uri}", f"B {d.b.id} · {d.b.uri}"]
     return page.document(f"Dataset versions {d.a.id} -> {d.b.id}", header, sections)
+
+
+def _settings_section(d: VersionDiff) -> str:
+    """Every changed setting (and the code version), each marked content or bookkeeping."""
+    change_rows = [
+        [c.key, settings._show(c.old), settings._show(c.new), "bookkeeping" if c.bookkeeping else "content"]
+        for c in d.config_changes
+    ]
+    change_attrs = [
+        {
+            "data-key": c.key,
+            "data-old": json.dumps(c.old),
+            "data-new": json.dumps(c.new),
+            "data-bookkeeping": str(c.bookkeeping).lower(),
+        }
+        for c in d.config_changes
+    ]
+    if d.code_changed:
+        change_rows.append(["code version", d.a.code_version, d.b.code_version, "content"])
+        change_attrs.append({"data-key": "code_version", "data-bookkeeping": "false"})
+    return page.section(
+        "settings",
+        "Setting changes",
+        page.table(
+            ["setting", "A", "B", "kind"], change_rows, table_attrs={"id": "config-changes"}, row_attrs=change_attrs
+        ),
+        note="bookkeeping settings (tracking, Ray, output folder, name) cannot change the content",
+    )
+
+
+def _funnel_section(d: VersionDiff) -> str:
+    """The two funnels side by side, as a table and a chart."""
+    funnel_rows, funnel_attrs = _funnel_rows(d)
+    return page.section(
+        "funnel",
+        "Funnel, side by side",
+        page.table(
+            ["step", "A passed on", "B passed on", "B - A"],
+            funnel_rows,
+            numeric={1, 2, 3},
+            table_attrs={"id": "funnel-compare"},
+            row_attrs=funnel_attrs,
+        ),
+        page.chart(
+            charts.compare(
+                [r[0] for r in funnel_rows],
+                [a.get("data-a-out") for a in funnel_attrs],
+                [a.get("data-b-out") for a in funnel_attrs],
+            ),
+            "passed on per step, A and B",
+        ),
+    )
+
+
+def _shifts_section(d: VersionDiff) -> str:
+    """Removals per (status, reason) in A and B, with the changed settings that own each reason."""
+    shifts = reason_shifts(d)
+    return page.section(
+        "reason-shifts",
+        "Removals by reason, A vs B",
+        page.table(
+            ["status", "reason", "A", "B", "B - A", "changed settings owning the reason"],
+            [
+                [
+                    e["status"],
+                    e["reason"],
+                    e["a"],
+                    e["b"],
+                    e["b"] - e["a"],
+                    ", ".join(e["explained_by"]) if e["a"] != e["b"] and e["explained_by"] else "-",
+                ]
+                for e in shifts
+            ],
+            numeric={2, 3, 4},
+            table_attrs={"id": "reason-shifts"},
+            row_attrs=[
+                {
+                    "data-reason": e["reason"],
+                    "data-a": e["a"],
+                    "data-b": e["b"],
+                    "data-explained-by": ",".join(e["explained_by"]),
+                }
+                for e in shifts
+            ],
+        ),
+        note="all inputs, not only kept ones: an image can move from one reason to another",
+    )

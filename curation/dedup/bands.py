@@ -37,13 +37,14 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import numpy as np
 
 HASH_BITS = 64
 MAX_BANDS = 5000
 SAMPLE_SIZE = 10_000
+MIX_END = 1 << 64  # mix64 values lie in [0, MIX_END)
 VALUE_COST = 1.0  # relative cost of one value in one band (its share of the band's sort)
 # relative cost of one candidate pair (generate + Hamming check), measured against one value's share
 # of a band's sort (docs/results/dedup_scaling.md, 2026-12-07)
@@ -183,6 +184,22 @@ def sample_values(values: np.ndarray, size: int = SAMPLE_SIZE) -> np.ndarray:
     return np.sort(distinct[np.argpartition(mix64(distinct), size)[:size]])
 
 
+def sample_bound(n_values: int, size: int = SAMPLE_SIZE) -> int:
+    """A ``mix64`` bound under which ~4 x ``size`` of ``n_values`` values fall: the values below it
+    (gathered in parts, e.g. by Ray tasks) hold ``sample_values``' sample when ``size`` distinct
+    ones are among them."""
+    return min(MIX_END, MIX_END * 4 * size // max(n_values, 1))
+
+
+def distinct_estimate(sample: np.ndarray, size: int = SAMPLE_SIZE) -> int:
+    """Distinct values of the whole from its ``sample_values`` sample: all of them when the sample is
+    not full, else the k-minimum-values estimate (size - 1) / (largest mix / 2^64), ~1% off at
+    size 1e4 (order-free, so every engine plans for the same n)."""
+    if len(sample) < size:
+        return len(sample)
+    return round((size - 1) * MIX_END / (int(mix64(sample).max()) + 1))
+
+
 def bit_matrix(values: np.ndarray) -> np.ndarray:
     return ((values[:, None] >> np.arange(HASH_BITS, dtype=np.uint64)) & np.uint64(1)).astype(np.uint8)
 
@@ -283,38 +300,49 @@ def fewest_bands(num_blocks: int, max_distance: int, band_blocks: int) -> int:
     return bound
 
 
-def cheapest_designs(max_distance: int, n_values: int) -> list[tuple[int, tuple[tuple[int, ...], ...] | None]]:
-    """The PLAN_OPTIONS designs of ``band_designs`` cheapest on uniform bits at ``n_values``, searching
-    a covering design only while its lower bound (``fewest_bands``) could still rank."""
+def cheapest_designs(
+    max_distance: int, n_values: int, *, cost: Callable[[int, float], float] | None = None, options: int = PLAN_OPTIONS
+) -> list[tuple[int, tuple[tuple[int, ...], ...] | None]]:
+    """The ``options`` designs of ``band_designs`` cheapest by ``cost(bands, bits per band)`` (default:
+    ``uniform_cost`` at ``n_values``; any cost that grows with the bands at fixed bits), searching a
+    covering design only while its lower bound (``fewest_bands``) could still rank."""
     t = max_distance
+    if cost is None:
+        cost = functools.partial(_uniform_cost_at, n_values)
     scored = [
-        (uniform_cost(*design_shape((b, None), t), n_values), b, None)
+        (cost(*design_shape((b, None), t)), b, None)
         for b in range(t + 1, HASH_BITS + 1)
         if math.comb(b, t) <= MAX_BANDS
     ]
     shapes = sorted(
-        (uniform_cost(fewest_bands(b, t, k), HASH_BITS * k / b, n_values), b, k)
+        (cost(fewest_bands(b, t, k), HASH_BITS * k / b), b, k)
         for b in range(t + 2, DESIGN_MAX_BLOCKS + 1)
         for k in range(1, b - t)
     )
     for bound, b, k in shapes:
         costs = sorted(c for c, _, _ in scored)
-        if len(costs) >= PLAN_OPTIONS and bound >= costs[PLAN_OPTIONS - 1]:
+        if len(costs) >= options and bound >= costs[options - 1]:
             break
         design = covering_bands(b, t, k)
         if design is not None and len(design) <= MAX_BANDS:
-            scored.append((uniform_cost(*design_shape((b, design), t), n_values), b, design))
-    return [(b, bands) for _, b, bands in sorted(scored, key=lambda s: (s[0], s[1]))[:PLAN_OPTIONS]]
+            scored.append((cost(*design_shape((b, design), t)), b, design))
+    return [(b, bands) for _, b, bands in sorted(scored, key=lambda s: (s[0], s[1]))[:options]]
+
+
+def _uniform_cost_at(n_values: int, num_bands: int, band_bits: float) -> float:
+    return uniform_cost(num_bands, band_bits, n_values)
 
 
 def plan_bands(
     values: np.ndarray, max_distance: int, *, n_values: int | None = None, num_blocks: int | None = None
 ) -> BandPlan:
-    """The cheapest exact plan for these values (a sample of them when ``n_values`` is given):
-    the PLAN_OPTIONS designs cheapest on uniform bits, each with both deals, costed on the sample."""
+    """The cheapest exact plan for these values: the PLAN_OPTIONS designs cheapest on uniform bits,
+    each with both deals, costed on ``sample_values``' sample, for n distinct values estimated from
+    it (``distinct_estimate``) unless ``n_values`` is given. So the values' sample alone gives the
+    same plan as the values: ``plan_bands(sample_values(v), t) == plan_bands(v, t)``."""
     t = max_distance
     sample = sample_values(values)
-    n = n_values if n_values is not None else len(sorted_unique(values))
+    n = n_values if n_values is not None else distinct_estimate(sample)
     if len(sample) < 2:
         return interleaved(num_blocks or t + 1, t)
     entropy, corr = bit_statistics(bit_matrix(sample))

@@ -505,7 +505,7 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str, base=None) -> dict:
     candidate with its representative), written under the output by Ray tasks: rows shuffled by
     key bucket, postings by (band, value bucket), each group writing its bucket files. The driver
     holds counts, the per-block key digests and the lists of buckets written. The band plan is the
-    index's (``NearDupConfig.index_num_blocks`` or ``incremental.index_blocks``), not the search's.
+    index's (``NearDupConfig.index_num_blocks`` or ``incremental.index_plan``), not the search's.
     ``base`` (the earlier version's ``PartitionedNearIndex``, ``dedup.against``): the index extends
     it, as ``index_store.IndexExtension`` does on the driver: its plan and P, its parts listed
     first, this run's rows one new part."""
@@ -569,13 +569,12 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str, base=None) -> dict:
 
 def _index_plan(cfg, n: int, n_values: int, base, fs, index_root: str) -> tuple[tuple, list[dict]]:
     """((B, t, masks, P), the parts listed before this run's): a new index's own plan, or ``base``'s."""
-    from curation.dedup.incremental import index_blocks
+    from curation.dedup.incremental import index_plan
     from curation.dedup.index_store import default_buckets
-    from curation.dedup.near import band_masks
 
-    if base is None:
-        blocks = cfg.index_num_blocks or index_blocks(n_values, cfg.max_distance)  # the index's plan, not the search's
-        return (blocks, cfg.max_distance, band_masks(blocks, cfg.max_distance), default_buckets(n)), []
+    if base is None:  # the index's plan, not the search's
+        plan = index_plan(n_values, cfg.max_distance, num_blocks=cfg.index_num_blocks)
+        return (plan.num_blocks, cfg.max_distance, plan.masks(), default_buckets(n)), []
     h = base.header
     listed = [base.listed_from(part, fs, index_root) for part in h["parts"]]
     return (h["num_blocks"], h["max_distance"], base.masks, h["num_buckets"]), listed

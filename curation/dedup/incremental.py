@@ -27,50 +27,46 @@ every component that touches V (e.g. the old copies are larger), plain
 full recomputation drop an existing row (when a new row bridges two old groups, the worse
 old representative); incremental mode keeps it, by design.
 
-**The index's band plan** (``index_blocks``) is chosen apart from the in-run search's
-(``near.plan_blocks`` / ``bands.plan_bands``, which minimise one run's sort + pair work):
-the index is written once and kept, and every later batch searches it. For B interleaved
-blocks and distance t, with N values indexed (postings per band: one per distinct hash value
-of a row) and a later batch of b values, the cost per indexed value is
+**The index's band plan** (``index_plan``) is chosen apart from the in-run search's
+(``bands.plan_bands``, which minimises one run's sort + pair work): the index is written once
+and kept, and every later batch searches it. For a plan of m bands of L bits (all (B - t)-subsets
+of B interleaved blocks, or a covering design, ``bands.covering_bands``), with N values indexed
+(postings per band: one per distinct hash value of a row) and a later batch of b values, the
+cost per indexed value is
 
-    C(B, t) x 2                       postings written once, and streamed once by the batch
-                                      (b >= P buckets: every bucket file of a band is opened)
-  + C(B, t) x b x 2^-(64 (B - t) / B)  candidate pairs that batch checks, per indexed value
-                                      (bands x N x 2^-(band bits) per query value, uniform bits)
+    m x 2                       postings written once, and streamed once by the batch
+                                (b >= P buckets: every bucket file of a band is opened)
+  + m x b x 2^-L                candidate pairs that batch checks, per indexed value
+                                (bands x N x 2^-L per query value, uniform bits)
 
 a posting and a candidate counted at the same cost (a candidate is a key read back and a
 row fetched, about what a posting costs to write). The batch assumed is
 ``INDEX_BATCH_FRACTION`` of the index (a version adds a tenth of the corpus) and at least
-``INDEX_MIN_BATCH`` values. With t = 4 that gives B = 6 (15 bands) up to ~7e7 values
-(~3.5e7 images with mirror hashes), B = 7 (35) up to ~4e9 values, B = 8 (70) up to ~8e10;
-the in-run search's ``plan_blocks`` takes B = 7 from ~4e6 values, 8 from ~2e8, 9 from ~4e9:
-at 1e7 images (~2e7 values) the index stores 15 postings per value instead of 35, at 1e9
-images 35 instead of 70. Any B is exact (pigeonhole): the
-plan changes only cost. ``NearDupConfig.index_num_blocks`` overrides it; an index that is
-appended to keeps the plan its header records.
+``INDEX_MIN_BATCH`` values. With t = 4 that gives 9 bands of 18.3 bits up to ~3e6 values, 12 of
+21.3 up to ~4e7, 21 of 25.6 up to ~7e8, 32 of 28.4 up to ~4e9 (2e9 values: 1e9 images with mirror
+hashes), where all-subsets plans alone would store 15, 15, 35 and 35 postings per value. Any plan
+is exact (pigeonhole): the plan changes only cost. ``NearDupConfig.index_num_blocks`` asks for all
+(B - t)-subsets of B blocks instead; an index that is appended to keeps the masks its header records.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation.dedup import DECISION_SCHEMA
+from curation.dedup.bands import BandPlan, cheapest_designs, interleaved
 from curation.dedup.components import component_labels, decisions_from_labels, meta_columns
 from curation.dedup.hashing import hamming
 from curation.dedup.near import (
-    _MAX_BANDS,
     GROUP_PREFIX,
-    HASH_BITS,
     NEAR_DUPLICATE,
     NearDupConfig,
     _check_columns,
     _prepare,
-    band_masks,
     row_values,
     value_edges,
 )
@@ -80,23 +76,29 @@ INDEX_MIN_BATCH = 100_000  # ... and at least this many values
 
 
 def index_batch(n_values: int) -> int:
-    """Values of the later batch ``index_blocks`` assumes for an index of ``n_values``."""
+    """Values of the later batch ``index_plan`` assumes for an index of ``n_values``."""
     return max(INDEX_MIN_BATCH, int(INDEX_BATCH_FRACTION * n_values))
 
 
-def index_cost(num_blocks: int, max_distance: int, batch_values: int) -> float:
-    """Relative cost per indexed value of B interleaved blocks (the module docstring's model)."""
-    t = max_distance
-    band_bits = HASH_BITS * (num_blocks - t) / num_blocks
-    return math.comb(num_blocks, t) * (2.0 + batch_values / 2.0**band_bits)
+def index_cost(num_bands: int, band_bits: float, batch_values: int) -> float:
+    """Relative cost per indexed value of a plan of ``num_bands`` bands of ``band_bits`` bits (the
+    module docstring's model)."""
+    return num_bands * (2.0 + batch_values / 2.0**band_bits)
 
 
-def index_blocks(n_values: int, max_distance: int, batch_values: int | None = None) -> int:
-    """B of the index's band plan for ``n_values`` postings per band (the cheapest by ``index_cost``;
-    ties to fewer blocks). ``batch_values`` None: ``index_batch(n_values)``."""
+def index_plan(
+    n_values: int, max_distance: int, *, batch_values: int | None = None, num_blocks: int | None = None
+) -> BandPlan:
+    """The index's band plan for ``n_values`` postings per band: the design cheapest by ``index_cost``
+    (``bands.cheapest_designs``), interleaved blocks; ``num_blocks`` given: all (B - t)-subsets of B
+    blocks. ``batch_values`` None: ``index_batch(n_values)``."""
+    if num_blocks is not None:
+        return interleaved(num_blocks, max_distance)
     b = index_batch(n_values) if batch_values is None else batch_values
-    options = [k for k in range(max_distance + 1, HASH_BITS + 1) if math.comb(k, max_distance) <= _MAX_BANDS]
-    return min(options, key=lambda k: (index_cost(k, max_distance, b), k))
+    [(blocks, bands)] = cheapest_designs(
+        max_distance, n_values, cost=lambda n_bands, bits: index_cost(n_bands, bits, b), options=1
+    )
+    return dataclasses.replace(interleaved(blocks, max_distance), bands=bands)
 
 
 @dataclasses.dataclass
@@ -115,28 +117,19 @@ class NearDupIndex:
     match_mirrored: bool
     max_distance: int
     num_blocks: int
-    plan_masks: tuple[int, ...] | None = None  # the band masks, when not ``band_masks(num_blocks, t)``
+    plan_masks: tuple[int, ...]  # the band masks (``index_plan``'s, or the stored header's)
 
     @property
     def masks(self) -> np.ndarray:
-        if self.plan_masks is not None:
-            return np.array(self.plan_masks, dtype=np.uint64)
-        return band_masks(self.num_blocks, self.max_distance)
+        return np.array(self.plan_masks, dtype=np.uint64)
 
     @classmethod
     def build(cls, candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table | None = None) -> NearDupIndex:
         """Index of a version's candidates; ``decisions``: its near-dup decisions (None: all kept)."""
-        table = _prepare(candidates, cfg)
-        rep = table.column("key").to_pylist()
-        if decisions is not None and decisions.num_rows:
-            dup_of = dict(zip(decisions.column("key").to_pylist(), decisions.column("duplicate_of").to_pylist()))
-            rep = [dup_of.get(k, k) for k in rep]
-        table = table.append_column("representative", pa.array(rep, pa.string()))
-        _, values = row_values(table, cfg)
-        distinct = np.unique(values)
-        blocks = cfg.index_num_blocks or index_blocks(len(values), cfg.max_distance)
-        orders = [np.argsort(distinct & m) for m in band_masks(blocks, cfg.max_distance)]
-        return cls(table, distinct, orders, cfg.hash, cfg.match_mirrored, cfg.max_distance, blocks)
+        rows = _indexed_rows(candidates, cfg, decisions)
+        n_values = len(row_values(rows, cfg)[1])
+        plan = index_plan(n_values, cfg.max_distance, num_blocks=cfg.index_num_blocks)
+        return cls.from_rows(rows, cfg, masks=plan.masks(), num_blocks=plan.num_blocks, max_distance=cfg.max_distance)
 
     def extended(self, new: pa.Table, new_decisions: pa.Table, cfg: NearDupConfig) -> NearDupIndex:
         """The index of the next version: these rows plus a new batch and its decisions."""
@@ -157,12 +150,13 @@ class NearDupIndex:
         )
         new_rows = _prepare(new, cfg)  # columns the older index lacks (a step's rank_*) are not kept
         merged = pa.concat_tables([old, new_rows.select(old.column_names).cast(old.schema)])
-        same = dataclasses.replace(cfg, index_num_blocks=self.num_blocks, max_distance=self.max_distance)
-        index = NearDupIndex.build(merged, same, decisions)  # this index's plan, whatever cfg asks
-        if self.plan_masks is None:
-            return index
-        return NearDupIndex.from_rows(
-            index.rows, same, masks=self.masks, num_blocks=self.num_blocks, max_distance=self.max_distance
+        same = dataclasses.replace(cfg, max_distance=self.max_distance)
+        return NearDupIndex.from_rows(  # this index's plan, whatever cfg asks
+            _indexed_rows(merged, same, decisions),
+            same,
+            masks=self.masks,
+            num_blocks=self.num_blocks,
+            max_distance=self.max_distance,
         )
 
     @classmethod
@@ -190,6 +184,17 @@ class NearDupIndex:
 
     def check(self, cfg: NearDupConfig) -> None:
         check_settings(self.hash, self.match_mirrored, self.max_distance, cfg)
+
+
+def _indexed_rows(candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table | None) -> pa.Table:
+    """Prepared candidates with a ``representative`` column (each row's own key unless ``decisions``
+    name another)."""
+    table = _prepare(candidates, cfg)
+    rep = table.column("key").to_pylist()
+    if decisions is not None and decisions.num_rows:
+        dup_of = dict(zip(decisions.column("key").to_pylist(), decisions.column("duplicate_of").to_pylist()))
+        rep = [dup_of.get(k, k) for k in rep]
+    return table.append_column("representative", pa.array(rep, pa.string()))
 
 
 def check_settings(hash_name: str, match_mirrored: bool, max_distance: int, cfg: NearDupConfig) -> None:

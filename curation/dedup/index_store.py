@@ -5,7 +5,7 @@ Layout (under an output's ``_dedup/near_index/``; any pyarrow filesystem)::
 
     index.json                          header: format, hash, match_mirrored, max_distance,
                                         num_blocks, masks (the index's band plan:
-                                        ``incremental.index_blocks`` or ``index_num_blocks``,
+                                        ``incremental.index_plan`` or ``index_num_blocks``,
                                         kept by every later part), num_buckets, parts
     parts/<part id>/rows/<b>.parquet    one part's rows (key, hashes, size, quality, representative),
                                         bucketed by crc32(key) % P

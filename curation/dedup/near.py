@@ -37,7 +37,17 @@ import numpy as np
 import pyarrow as pa
 
 from curation.dedup import DECISION_SCHEMA
-from curation.dedup.bands import interleaved, plan_bands, sorted_unique
+from curation.dedup.bands import (
+    MAX_BANDS,
+    MIX_END,
+    SAMPLE_SIZE,
+    interleaved,
+    mix64,
+    plan_bands,
+    sample_bound,
+    sample_values,
+    sorted_unique,
+)
 from curation.dedup.components import (
     META_COLUMNS,
     canonical_order,
@@ -50,7 +60,6 @@ from curation.schema import NEAR_DUPLICATE  # noqa: E402  (one place for every r
 
 GROUP_PREFIX = "phash:"
 HASH_BITS = 64
-_MAX_BANDS = 5000
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True)
@@ -77,7 +86,7 @@ class NearDupConfig:
     ``index_num_blocks``: B of the band plan of the near-dup index a run saves for later
     versions (``curation.dedup.index_store``), chosen apart from the search's: the index stores
     every value once per band, for good, so its plan trades storage against a later batch's
-    candidate pairs (``curation.dedup.incremental.index_blocks``, the default when None).
+    candidate pairs (``curation.dedup.incremental.index_plan``, the default when None).
     Any B keeps searches exact; an index appended to keeps the plan its header records.
     ``index_locations``: where earlier versions' outputs lie now, when one was moved or copied
     after a later version's index listed its part (``dedup.against`` itself is always
@@ -110,10 +119,10 @@ class NearDupConfig:
                     f"near_dup.{name} must be an int in {self.max_distance + 1}..{HASH_BITS} "
                     f"(more than max_distance), or None to choose it; got {blocks!r}"
                 )
-            if blocks is not None and math.comb(blocks, self.max_distance) > _MAX_BANDS:
+            if blocks is not None and math.comb(blocks, self.max_distance) > MAX_BANDS:
                 raise ValueError(
                     f"near_dup.{name}={blocks} gives C({blocks}, {self.max_distance}) > "
-                    f"{_MAX_BANDS} bands; use fewer blocks or None"
+                    f"{MAX_BANDS} bands; use fewer blocks or None"
                 )
         if isinstance(self.index_locations, str) or not all(isinstance(x, str) and x for x in self.index_locations):
             raise ValueError(
@@ -133,21 +142,6 @@ class NearDupConfig:
 
 
 # ---- banding ----------------------------------------------------------------------------
-
-
-def plan_blocks(n_values: int, max_distance: int) -> int:
-    """Number of blocks B minimising the expected work per value (see the module docstring)."""
-    t = max_distance
-    best, best_cost = t + 1, math.inf
-    for blocks in range(t + 1, HASH_BITS + 1):
-        bands = math.comb(blocks, t)
-        if bands > _MAX_BANDS:
-            break
-        band_bits = HASH_BITS * (blocks - t) / blocks
-        cost = bands * (1.0 + n_values / 2.0**band_bits)
-        if cost < best_cost:
-            best, best_cost = blocks, cost
-    return best
 
 
 def band_masks(num_blocks: int, max_distance: int) -> np.ndarray:
@@ -470,6 +464,30 @@ def _rows_touching(batch: pa.Table, cfg: NearDupConfig, hot: np.ndarray) -> pa.T
     return batch.filter(pa.array(touching))
 
 
+def _values_below(batch: pa.Table, cfg: NearDupConfig, bound: int) -> pa.Table:
+    """The batch's distinct hash values whose ``mix64`` is below ``bound``."""
+    _, values = row_values(batch, cfg)
+    values = sorted_unique(values)
+    return pa.table({"value": values if bound >= MIX_END else values[mix64(values) < np.uint64(bound)]})
+
+
+def _ray_sample(ds, cfg: NearDupConfig, n_values: int) -> np.ndarray:
+    """``bands.sample_values`` of the dataset's hash values, gathered by tasks: each sends its values
+    under a ``mix64`` bound (~4 x SAMPLE_SIZE in all); the bound grows 16x while too few distinct
+    values are under it (a corpus of few distinct values), up to every value."""
+    bound = sample_bound(n_values)
+    while True:
+        below = _collect(
+            ds.select_columns(cfg.hash_columns()).map_batches(
+                _values_below, fn_kwargs={"cfg": cfg, "bound": bound}, batch_format="pyarrow"
+            )
+        )
+        kept = sorted_unique(np.concatenate([b.column("value").to_numpy() for b in below] or [np.empty(0, np.uint64)]))
+        if len(kept) >= SAMPLE_SIZE or bound == MIX_END:
+            return sample_values(kept)
+        bound = min(MIX_END, bound * 16)
+
+
 def _collect(ds) -> list[pa.Table]:
     return [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None) if b.num_rows]
 
@@ -477,13 +495,15 @@ def _collect(ds) -> list[pa.Table]:
 def near_duplicate_decisions_ray(candidates_ds, cfg: NearDupConfig, *, prefer: Collection[str] = ()) -> pa.Table:
     """The same decisions as ``near_duplicate_decisions``, with the search in Ray Data.
 
-    Steps: (1) each row's distinct hash values become one row per band, keyed by a hash of
+    Steps: (0) the plan, ``bands.plan_bands`` of the values' sample gathered by tasks
+    (``_ray_sample``), so the same values get the same bands as in one process;
+    (1) each row's distinct hash values become one row per band, keyed by a hash of
     (band, band key) into ``num_partitions`` shuffle partitions; (2) ``groupby(part)`` +
     ``map_groups`` sorts each partition by band key and emits Hamming-verified edges between
     hash values; (3) on the driver: the rows touching an edge are fetched (a filter on the
     dataset, metadata columns only) and grouped by union-find over the edge list. The edge
     list and the rows that have a duplicate are small next to the run; the driver never
-    holds the full candidate table. Shuffle volume: rows x values per row x C(B, t) bands.
+    holds the full candidate table. Shuffle volume: rows x values per row x the plan's bands.
     """
     if not cfg.enabled:
         return DECISION_SCHEMA.empty_table()
@@ -494,7 +514,7 @@ def near_duplicate_decisions_ray(candidates_ds, cfg: NearDupConfig, *, prefer: C
     if n_rows == 0:
         return DECISION_SCHEMA.empty_table()
     n_values = n_rows * len(cfg.hash_columns())
-    masks = band_masks(cfg.num_blocks or plan_blocks(n_values, cfg.max_distance), cfg.max_distance)
+    masks = plan_bands(_ray_sample(ds, cfg, n_values), cfg.max_distance, num_blocks=cfg.num_blocks).masks()
     parts = cfg.num_partitions or max(1, math.ceil(n_values * len(masks) / 1_000_000))
     edges_ds = (
         ds.select_columns(cfg.hash_columns())

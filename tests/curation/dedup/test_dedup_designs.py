@@ -10,15 +10,20 @@ from dedup_fixtures import planted_table
 
 from curation.dedup.bands import (
     PLAN_OPTIONS,
+    SAMPLE_SIZE,
     BandPlan,
     band_designs,
     cheapest_designs,
     covering_bands,
     covers,
     design_shape,
+    distinct_estimate,
     fewest_bands,
     interleaved,
+    mix64,
     plan_bands,
+    sample_bound,
+    sample_values,
     uniform_cost,
 )
 from curation.dedup.hashing import hamming, hex_to_uint64
@@ -103,3 +108,21 @@ def test_the_planner_searches_designs_lazily_yet_ranks_as_if_it_had_all(t):
     for n in (10**3, 10**5, 2 * 10**6, 10**8, 10**9):
         full = sorted(band_designs(t), key=lambda d: (uniform_cost(*design_shape(d, t), n), d[0]))
         assert cheapest_designs(t, n) == full[:PLAN_OPTIONS], n
+
+
+def test_a_sample_alone_gives_the_values_plan():
+    """What lets the Ray search plan from tasks' samples: ``plan_bands`` of the values'
+    ``sample_values`` sample is the plan of the values (n estimated from the sample either way),
+    and the values under ``sample_bound`` hold that sample."""
+    rng = np.random.default_rng(11)
+    base = rng.integers(0, 2**63, 60_000, dtype=np.uint64)
+    values = np.concatenate([base, base[:20_000] ^ np.uint64(0b1011)])  # correlated: planted near copies
+    sample = sample_values(values)
+    assert len(sample) == SAMPLE_SIZE
+    assert plan_bands(sample, 4) == plan_bands(values, 4)
+    below = values[mix64(values) < np.uint64(sample_bound(len(values)))]
+    np.testing.assert_array_equal(sample_values(below), sample)
+    n = len(np.unique(values))
+    assert abs(distinct_estimate(sample) - n) < 0.05 * n
+    few = np.repeat(base[:50], 100)  # fewer distinct values than a sample: counted exactly
+    assert distinct_estimate(sample_values(few)) == 50

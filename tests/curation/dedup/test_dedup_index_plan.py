@@ -12,24 +12,54 @@ from dedup_fixtures import planted_table
 from test_dedup_index_store import only, with_width
 from test_dedup_near import reference_decisions
 
-from curation.dedup.incremental import NearDupIndex, index_blocks, index_cost
+from curation.dedup.incremental import NearDupIndex, index_batch, index_cost, index_plan
 from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index
-from curation.dedup.near import NearDupConfig, near_duplicate_decisions, plan_blocks
+from curation.dedup.near import NearDupConfig, near_duplicate_decisions, row_values
 
 
 def test_the_index_plan_grows_with_the_index_and_stays_bounded():
     sizes = [10**k for k in range(3, 12)]
-    blocks = [index_blocks(n, 4) for n in sizes]
-    assert blocks == sorted(blocks)  # monotone in the index size
-    assert all(math.comb(b, 4) <= 210 for b in blocks)  # bounded: <= C(10, 4) bands up to 1e11
-    assert blocks[0] == 6 and index_blocks(2 * 10**7, 4) == 6 and index_blocks(2 * 10**9, 4) == 7
-    # fewer postings than the search's plan where the search steps up (1e7 and 1e9 images with mirrors)
-    for n in (2 * 10**7, 2 * 10**9):
-        assert math.comb(index_blocks(n, 4), 4) < math.comb(plan_blocks(n, 4), 4)
-    # the chosen B is the cheapest of its neighbours under the stated model
+    plans = [index_plan(n, 4) for n in sizes]
+    shapes = [(len(p.masks()), min(bin(int(m)).count("1") for m in p.masks())) for p in plans]
+    assert [bits for _, bits in shapes] == sorted(bits for _, bits in shapes)  # longer bands as it grows
+    assert all(bands <= 126 for bands, _ in shapes)  # bounded: <= C(9, 4) bands up to 1e11
+    # covering designs store fewer postings than all subsets of the same band length at every size
+    for p in plans:
+        assert p.bands is not None and len(p.masks()) < math.comb(p.num_blocks, 4)
+    # the chosen plan is the cheapest under the stated model, of every plan with the same design search
     for n in sizes:
-        b, batch = index_blocks(n, 4), max(100_000, n // 10)
-        assert index_cost(b, 4, batch) <= min(index_cost(k, 4, batch) for k in (b - 1, b + 1) if k > 4)
+        batch = index_batch(n)
+        cost = index_cost(*shape_of(index_plan(n, 4)), batch)
+        for b in range(5, 12):
+            assert cost <= index_cost(*shape_of(index_plan(n, 4, num_blocks=b)), batch)
+
+
+def shape_of(plan):
+    masks = plan.masks()
+    return len(masks), bin(int(masks[0])).count("1") * 1.0
+
+
+def test_an_index_stores_its_covering_design_and_keeps_it_when_extended(tmp_path):
+    """The default plan is a covering design (fewer postings than all subsets); the header records
+    its masks, and an extension keeps them; decisions against it equal brute force."""
+    cfg = NearDupConfig(max_distance=4)
+    fs = pafs.LocalFileSystem()
+    table = planted_table(900, seed=37, max_flips=5)
+    part = np.random.default_rng(37).integers(0, 3, table.num_rows)
+    v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))
+    v1, b1 = with_width(v1, 4000), with_width(b1, 2000)
+    memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
+    expected = index_plan(len(row_values(memory.rows, cfg)[1]), 4).masks()
+    np.testing.assert_array_equal(memory.masks, expected)
+    assert len(expected) < math.comb(memory.num_blocks, 4)
+    header = save_index(memory, fs, str(tmp_path / "v1"), num_buckets=8)
+    assert header["masks"] == [str(int(m)) for m in expected]
+    d1, ext = decide_against(b1, PartitionedNearIndex.open(fs, str(tmp_path / "v1")), cfg)
+    assert ext.write(fs, str(tmp_path / "v2"))["masks"] == header["masks"]
+    _, memory2 = decide_against(b1, memory, cfg)
+    np.testing.assert_array_equal(memory2.masks, expected)
+    assert d1.num_rows > 10
+    assert d1.to_pylist() == only(pa.Table.from_pylist(reference_decisions(pa.concat_tables([v1, b1]), 4)), b1)
 
 
 @pytest.mark.parametrize(

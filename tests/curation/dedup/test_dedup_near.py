@@ -6,8 +6,9 @@ import pytest
 from dedup_fixtures import BASE, flip_bits, planted_table, rows, shuffled
 
 from curation.dedup import DECISION_SCHEMA
+from curation.dedup.bands import plan_bands
 from curation.dedup.hashing import hamming, hex_to_uint64
-from curation.dedup.near import NearDupConfig, band_masks, near_duplicate_decisions, plan_blocks, value_edges
+from curation.dedup.near import NearDupConfig, band_masks, near_duplicate_decisions, value_edges
 
 
 def decisions(table, **cfg):
@@ -89,9 +90,9 @@ def test_banded_search_finds_exactly_the_brute_force_pairs(t):
     i, j = np.triu_indices(len(values), 1)
     truth = set(zip(i[d[i, j] <= t].tolist(), j[d[i, j] <= t].tolist()))
     assert truth or t == 0  # planted pairs exist (distinct values are never 0 bits apart)
-    for blocks in {plan_blocks(len(values), t), t + 1, t + 3}:
-        a, b = value_edges(values, band_masks(blocks, t), t, max_pairs=5000)
-        assert set(zip(a.tolist(), b.tolist())) == truth, blocks
+    for masks in (plan_bands(values, t).masks(), band_masks(t + 1, t), band_masks(t + 3, t)):
+        a, b = value_edges(values, masks, t, max_pairs=5000)
+        assert set(zip(a.tolist(), b.tolist())) == truth, len(masks)
 
 
 def test_decisions_do_not_depend_on_row_order():

@@ -37,3 +37,24 @@ def test_semantic_ray_equals_local(ray_local, max_flat):
     local = semantic_duplicate_decisions(table, cfg)
     assert local.num_rows > 100
     assert semantic_duplicate_decisions_ray(dataset(shuffled(table, 5), 4), cfg).equals(local)
+
+
+def test_the_ray_search_plans_from_the_same_sample_as_one_process(ray_local):
+    """``_ray_sample`` gathers exactly ``bands.sample_values`` of every hash value, also when the
+    first mix bound holds too few distinct values (many rows share values), so the Ray search
+    plans the same bands as the local one."""
+    import numpy as np
+
+    from curation.dedup.bands import SAMPLE_SIZE, plan_bands, sample_values
+    from curation.dedup.near import _ray_sample, row_values
+
+    cfg = NearDupConfig()
+    many = planted_table(30_000, seed=8)  # 60,000 values: the first bound keeps ~2/3 of them
+    repeated = pa.concat_tables([planted_table(6000, seed=9)] * 5)  # 12,000 distinct of 60,000: ~8,000 kept
+    few = pa.concat_tables([planted_table(2000, seed=10)] * 20)  # 4,000 distinct values: all of them
+    for table in (many, repeated, few):
+        _, values = row_values(table, cfg)
+        sample = _ray_sample(dataset(table, 4), cfg, len(values))
+        np.testing.assert_array_equal(sample, sample_values(values))
+        assert plan_bands(sample, cfg.max_distance) == plan_bands(values, cfg.max_distance)
+    assert len(sample_values(row_values(repeated, cfg)[1])) == SAMPLE_SIZE
