@@ -70,6 +70,16 @@ def _figure(rng: np.random.Generator, category: str, hw: tuple[int, int]):
     a random position where it fits (centred where it does not)."""
     H, W = hw
     height = rng.uniform(0.55, 0.85) * H
+    kp, r_head = _skeleton(rng, category, height)
+    kp = _placed(rng, kp, height, hw)
+    caps = _capsules(rng, kp, r_head, height)
+    depth = FOCAL_PX * PERSON_HEIGHT_M * rng.uniform(0.95, 1.05) / height
+    return np.stack([kp[n] for n in COCO17_KEYPOINTS]), caps, depth
+
+
+def _skeleton(rng: np.random.Generator, category: str, height: float) -> tuple[dict, float]:
+    """Keypoints in the figure's frame (head top at 0) for the category's limb angles with
+    per-limb variation, and the head's radius."""
     u_arm, l_arm, u_leg, l_leg = (a + rng.normal(0, 7) for a in _CATEGORY_ANGLES[category])
     jitter = lambda: rng.normal(0, 6)  # noqa: E731 - per-limb variation around the category
     p = lambda fx, fy: np.array([fx * height, fy * height])  # noqa: E731 - figure frame, head top at 0
@@ -102,14 +112,23 @@ def _figure(rng: np.random.Generator, category: str, hw: tuple[int, int]):
                 f"{name}_ankle": an,
             }
         )
+    return kp, r_head
+
+
+def _placed(rng: np.random.Generator, kp: dict, height: float, hw: tuple[int, int]) -> dict:
+    """The keypoints tilted a little and shifted to a random place in the image where they fit."""
+    H, W = hw
     tilt = math.radians(rng.normal(0, 5))
     rot = np.array([[math.cos(tilt), -math.sin(tilt)], [math.sin(tilt), math.cos(tilt)]])
     pts = {k: rot @ v for k, v in kp.items()}
     allp = np.stack(list(pts.values()))
     lo, hi = allp.min(axis=0) - 0.1 * height, allp.max(axis=0) + 0.1 * height  # limb radii and margin
     shift = np.array([_place(rng, lo[0], hi[0], W), _place(rng, lo[1], hi[1], H)])
-    kp = {k: v + shift for k, v in pts.items()}
+    return {k: v + shift for k, v in pts.items()}
 
+
+def _capsules(rng: np.random.Generator, kp: dict, r_head: float, height: float) -> list:
+    """Head, torso and limbs as capsules with random skin and clothing colours."""
     skin = _random_colour(rng, hue=(0.02, 0.1), sat=(0.3, 0.6), val=(0.55, 0.95))
     shirt, trousers = _random_colour(rng), _random_colour(rng)
     arm_depth = -0.06  # metres: arms in front of the torso where they cross it
@@ -124,8 +143,7 @@ def _figure(rng: np.random.Generator, category: str, hw: tuple[int, int]):
             _Capsule(kp[f"{side}_hip"], kp[f"{side}_knee"], 0.05 * height, leg_cls, trousers, 0.0),
             _Capsule(kp[f"{side}_knee"], kp[f"{side}_ankle"], 0.04 * height, leg_cls, trousers, 0.01),
         ]
-    depth = FOCAL_PX * PERSON_HEIGHT_M * rng.uniform(0.95, 1.05) / height
-    return np.stack([kp[n] for n in COCO17_KEYPOINTS]), caps, depth
+    return caps
 
 
 def _place(rng: np.random.Generator, lo: float, hi: float, size: int) -> float:

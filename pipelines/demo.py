@@ -270,6 +270,40 @@ def probe_rows(trained: dict, baseline: dict | None, finetuned: dict | None = No
     return rows
 
 
+def _probe_lines(outcomes: dict, baseline: DagResult | None) -> list[str]:
+    """The probe table (pretrained, random-init baseline, fine-tuned) and where each run lies."""
+    base = baseline.outcomes[-1].result.metrics if baseline else None
+    tuned = outcomes["finetune"].result.metrics if "finetune" in outcomes else None
+    lines = [
+        "frozen-backbone probes (synthetic probe set; the baseline: the same probes on a random-init backbone;",
+        " fine-tuned: the pretrained backbone + the same head trained end to end)",
+        *probe_rows(outcomes["probe"].result.metrics, base, tuned),
+        f"  pretrained: {outcomes['probe'].folder}",
+    ]
+    if tuned:
+        ft = outcomes["finetune"]
+        lines.append(
+            f"  fine-tuned: {ft.folder}  ({ft.result.steps} steps per task, LP-FT as "
+            "configs/dag_demo.yaml says; exports: backbone. + decode_head., sha256 in MLflow)"
+        )
+    if baseline:
+        lines += [
+            f"  random init: {baseline.outcomes[-1].folder}",
+            "  (40 tiny steps on a few images do not make a better backbone than random init: the demo shows the loop;",
+            "  the recipe needs the data and steps of configs/pretrain_*.yaml)",
+        ]
+    return lines
+
+
+def _annotate_lines(a) -> list[str]:
+    """The pseudo-label models, counts and folder of the annotate stage's result ``a``."""
+    return [
+        "pseudo-labels (" + ", ".join(f"{t}: {m['name']}" for t, m in a.models.items()) + ")",
+        f"  {a.ok} of {a.samples} samples of dataset version {a.dataset_id}: annotation version {a.version_id}",
+        f"  annotations: {a.output_dir}",
+    ]
+
+
 def summary(
     result: DagResult,
     baseline: DagResult | None,
@@ -295,36 +329,9 @@ def summary(
             "",
         ]
     if "probe" in outcomes:
-        base = baseline.outcomes[-1].result.metrics if baseline else None
-        tuned = outcomes["finetune"].result.metrics if "finetune" in outcomes else None
-        lines += [
-            "frozen-backbone probes (synthetic probe set; the baseline: the same probes on a random-init backbone;",
-            " fine-tuned: the pretrained backbone + the same head trained end to end)",
-            *probe_rows(outcomes["probe"].result.metrics, base, tuned),
-            f"  pretrained: {outcomes['probe'].folder}",
-        ]
-        if tuned:
-            ft = outcomes["finetune"]
-            lines.append(
-                f"  fine-tuned: {ft.folder}  ({ft.result.steps} steps per task, LP-FT as "
-                "configs/dag_demo.yaml says; exports: backbone. + decode_head., sha256 in MLflow)"
-            )
-        if baseline:
-            lines += [
-                f"  random init: {baseline.outcomes[-1].folder}",
-                "  (40 tiny steps on a few images do not make a better backbone than random init: the demo shows "
-                "the loop;",
-                "  the recipe needs the data and steps of configs/pretrain_*.yaml)",
-            ]
-        lines.append("")
+        lines += [*_probe_lines(outcomes, baseline), ""]
     if "annotate" in outcomes:
-        a = outcomes["annotate"].result
-        lines += [
-            "pseudo-labels (" + ", ".join(f"{t}: {m['name']}" for t, m in a.models.items()) + ")",
-            f"  {a.ok} of {a.samples} samples of dataset version {a.dataset_id}: annotation version {a.version_id}",
-            f"  annotations: {a.output_dir}",
-            "",
-        ]
+        lines += [*_annotate_lines(outcomes["annotate"].result), ""]
     if audit_page:
         lines += [f"audit page:   {audit_page}"]
     if "annotate" in outcomes and outcomes["annotate"].result.gallery:

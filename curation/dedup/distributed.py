@@ -509,7 +509,7 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str, base=None) -> dict:
     ``base`` (the earlier version's ``PartitionedNearIndex``, ``dedup.against``): the index extends
     it, as ``index_store.IndexExtension`` does on the driver: its plan and P, its parts listed
     first, this run's rows one new part."""
-    from curation.dedup.index_store import part_dir, part_entry, part_id, write_header
+    from curation.dedup.index_store import write_header
 
     fs, root = storage.resolve(inp.out)
     index_root = output.path(root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
@@ -528,43 +528,43 @@ def write_near_index(inp: GlobalDedupInput, cfg, step: str, base=None) -> dict:
     plan, parts = _index_plan(cfg, n, n_values, base, fs, index_root)
     blocks, max_distance, masks, p = plan
     if n:
-        pid = part_id(n, sum(s for _, _, s in sums) % 2**128)
-        part = part_dir(index_root, pid)
-        kw = {"uri": inp.out, "part": part, "num_buckets": p}
-        shuffles = inp.num_partitions(n)
-        row_b = shuffle(
-            rows.map_batches(_row_bucket_of, fn_kwargs={"num_buckets": p}, batch_format="pyarrow"),
-            "_b",
-            _write_buckets_of,
-            shuffles,
-            fn_kwargs={**kw, "kind": "rows"},
-        )
-        records = rows.map_batches(
-            _band_records, fn_kwargs={"cfg": cfg, "masks": masks, "num_buckets": p}, batch_format="pyarrow"
-        )
-        band_b = shuffle(
-            records, "_b", _write_buckets_of, inp.num_partitions(n * len(masks)), fn_kwargs={**kw, "kind": "bands"}
-        )
-        written = np.concatenate(
-            [b.column("_b").to_numpy() for b in band_b.iter_batches(batch_format="pyarrow", batch_size=None)]
-            or [np.zeros(0, int)]
-        )
-        rows_written = [int(r["_b"]) for r in row_b.take_all()]
-        parts.append(
-            part_entry(
-                pid,
-                n,
-                rows_written,
-                [written[written // p == j] % p for j in range(len(masks))],
-                postings=n_values * len(masks),
-            )
-        )
+        parts.append(_write_index_part(inp, cfg, rows, index_root, sums, masks, p))
     if base is not None:
         h = base.header
         cfg = dataclasses.replace(cfg, hash=h["hash"], match_mirrored=h["match_mirrored"])
     return write_header(
         fs, index_root, cfg, masks=masks, num_blocks=blocks, max_distance=max_distance, num_buckets=p, parts=parts
     )
+
+
+def _write_index_part(inp: GlobalDedupInput, cfg, rows, index_root: str, sums: list, masks: np.ndarray, p: int) -> dict:
+    """This run's part of the index: ``rows`` (with representatives) shuffled into P key buckets and
+    their postings into (band, value bucket) files, by Ray tasks; its header entry."""
+    from curation.dedup.index_store import part_dir, part_entry, part_id
+
+    n, n_values = sum(r for r, _, _ in sums), sum(v for _, v, _ in sums)
+    pid = part_id(n, sum(s for _, _, s in sums) % 2**128)
+    kw = {"uri": inp.out, "part": part_dir(index_root, pid), "num_buckets": p}
+    row_b = shuffle(
+        rows.map_batches(_row_bucket_of, fn_kwargs={"num_buckets": p}, batch_format="pyarrow"),
+        "_b",
+        _write_buckets_of,
+        inp.num_partitions(n),
+        fn_kwargs={**kw, "kind": "rows"},
+    )
+    records = rows.map_batches(
+        _band_records, fn_kwargs={"cfg": cfg, "masks": masks, "num_buckets": p}, batch_format="pyarrow"
+    )
+    band_b = shuffle(
+        records, "_b", _write_buckets_of, inp.num_partitions(n * len(masks)), fn_kwargs={**kw, "kind": "bands"}
+    )
+    written = np.concatenate(
+        [b.column("_b").to_numpy() for b in band_b.iter_batches(batch_format="pyarrow", batch_size=None)]
+        or [np.zeros(0, int)]
+    )
+    rows_written = [int(r["_b"]) for r in row_b.take_all()]
+    bands_written = [written[written // p == j] % p for j in range(len(masks))]
+    return part_entry(pid, n, rows_written, bands_written, postings=n_values * len(masks))
 
 
 def _index_plan(cfg, n: int, n_values: int, base, fs, index_root: str) -> tuple[tuple, list[dict]]:
