@@ -6,39 +6,16 @@
     python benchmarks/dedup_scaling.py --hashes OUTPUT  # a real curation output's manifest hashes
     python benchmarks/dedup_scaling.py --plan-model     # the planner's cost model, 1e5 to 1e10
 
-Hash families (``--kinds``), each with ``--dup-fraction`` planted near-duplicates: ``uniform``
-(fair-coin bits) and ``correlated`` (bit j = [w_j . z + ``--noise`` e_j > 0], z Gaussian of
-``--latent-dim``; ``correlated:D:NOISE``), copies = 0..t bits flipped; ``real``: PHash and mirror
-hash, by the pipeline's own decode path (``decode_image`` with its JPEG draft, ``phash_hex_pair``),
-of JPEGs made from the real photos our dependencies and ../shared/assets ship (random crops,
-for ``--collage-share`` of them two photos' crops side by side; rescaled, turned, mirrored,
-recoloured or grey, any quality; default share 1: every base image a scene of its own), copies =
-re-encodes, rescales and slight crops of an earlier image; ``stress``: ``correlated`` plus
-``--blank-fraction`` blank images (solid colours, faint noise, gradients) hashed the same way.
-Image hashes are made by ``--workers`` processes, cached under ``--cache-dir`` by the generator's
-code and settings; the real family, PHash and mirror hash, is searched with both, as the pipeline
-does (others: hash only). The script prints each family's statistics (DC bit share, per-bit
-means, mean |correlation| between AC bits, distance between unrelated hashes) and checks ``real``
-against the untouched photos' PHashes and a real run's kept rows (``--reference-run``): each
-figure of the reference against the range the family gives at the reference's sample size.
-
-Methods, each (kind, size) in a fresh subprocess: ``ours`` (``near_duplicate_decisions``), ``ray``
-(``near_duplicate_decisions_ray``, in-process Ray of 2 CPUs, 8 blocks, started before the clock),
-imagededup's ``find_duplicates`` (``brute_force_cython``, ``bktree``; hash only: ours is checked
-against it without mirrors) at ``--imagededup-sizes`` / ``--bktree-sizes``, larger sizes
-EXTRAPOLATED by a power law fitted to its own runs. Where imagededup ran, the script asserts it
-and ours make the same decisions (dropped rows and groups, by digest).
-
-For ``ours`` it counts the search's work, which the load cannot change: blocks and bands of the
-plan, band pairs per item (pairs sharing a band key: the plain search's Hamming checks), checked
-pairs per item (what the search checked: a bucket past ``near.REFINE_MIN`` values is split by
-sub-bands), wasted pairs per item (checked, farther than t: work that is not output), the largest
-bucket, true pairs within t, accidental ones (among the values before copies are planted), and
-work = values sorted (bands and sub-bands) + checked pairs. Time is the wall time of the search
-call (ours, ray: the best of ``--repeats``); "rss MB" the first call's peak RSS above the level
-after imports, data and a warm-up call; "traced MB" the tracemalloc peak of an untimed run (ours).
-Growth exponents are log(ratio) / log(size ratio); compare within one run. Results:
-docs/results/dedup_scaling.md.
+Families (``--kinds``, each with ``--dup-fraction`` planted copies): ``uniform``, ``correlated``
+(thresholded Gaussian latents), ``real`` (the pipeline's own PHash and mirror hash of crops,
+collages, rescales and re-encodes of the real photos we ship; checked against the photos and
+``--reference-run``) and ``stress`` (correlated plus ``--blank-fraction`` blank images). Image
+hashes are cached under ``--cache-dir``. Methods, each (kind, size) in a fresh subprocess: ``ours``,
+``ray`` and imagededup's brute force / BK-tree, whose decisions must equal ours where it ran.
+For ``ours`` it counts work the load cannot change: the plan, band pairs, checked and wasted
+pairs per item, the largest bucket, true and accidental pairs, values sorted. Time is the best of
+``--repeats``; "rss MB" the first call's peak RSS above the level after a warm-up call, "traced MB"
+a tracemalloc peak (ours); growth exponents compare sizes within one run. Results: docs/results/dedup_scaling.md.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
-from dedup_fixtures import planted_table
-from test_dedup_index_store import only, with_width
+from test_dedup_index_store import only, three_batches
 from test_dedup_near import reference_decisions
 
 from curation.dedup.incremental import NearDupIndex, index_batch, index_cost, index_plan
@@ -44,10 +43,7 @@ def test_an_index_stores_its_covering_design_and_keeps_it_when_extended(tmp_path
     its masks, and an extension keeps them; decisions against it equal brute force."""
     cfg = NearDupConfig(max_distance=4)
     fs = pafs.LocalFileSystem()
-    table = planted_table(900, seed=37, max_flips=5)
-    part = np.random.default_rng(37).integers(0, 3, table.num_rows)
-    v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))
-    v1, b1 = with_width(v1, 4000), with_width(b1, 2000)
+    v1, b1, b2 = three_batches(37)
     memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
     expected = index_plan(len(row_values(memory.rows, cfg)[1]), 4).masks()
     np.testing.assert_array_equal(memory.masks, expected)
@@ -81,10 +77,7 @@ def test_decisions_through_an_index_with_a_non_default_plan_equal_brute_force(tm
     v1's plan; b2 against version 2 equals the whole-table brute force."""
     cfg = NearDupConfig(max_distance=4, index_num_blocks=blocks)
     fs = pafs.LocalFileSystem()
-    table = planted_table(900, seed=31, max_flips=5)
-    part = np.random.default_rng(31).integers(0, 3, table.num_rows)
-    v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))
-    v1, b1 = with_width(v1, 4000), with_width(b1, 2000)  # older rows larger: the rule keeps them
+    v1, b1, b2 = three_batches(31)
     memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
     header = save_index(memory, fs, str(tmp_path / "v1"), num_buckets=8)
     assert header["num_blocks"] == blocks and len(header["masks"]) == math.comb(blocks, 4)

@@ -20,6 +20,14 @@ def with_width(table: pa.Table, width: int) -> pa.Table:
     )
 
 
+def three_batches(seed: int) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """v1, b1, b2: a planted table split at random in three; older rows larger, so the rule keeps them."""
+    table = planted_table(900, seed=seed, max_flips=5)
+    part = np.random.default_rng(seed).integers(0, 3, table.num_rows)
+    v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))
+    return with_width(v1, 4000), with_width(b1, 2000), b2
+
+
 def only(decisions, keys: pa.Table) -> list[dict]:
     return decisions.filter(pc.is_in(decisions.column("key"), value_set=keys.column("key"))).to_pylist()
 
@@ -29,10 +37,7 @@ def test_chain_of_two_versions_partitioned_equals_in_memory_equals_brute_force(t
     are larger, so the brute-force reference over everything picks the same representatives."""
     cfg = NearDupConfig(max_distance=4)
     fs = pafs.LocalFileSystem()
-    table = planted_table(900, seed=21, max_flips=5)
-    part = np.random.default_rng(21).integers(0, 3, table.num_rows)
-    v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))
-    v1, b1 = with_width(v1, 4000), with_width(b1, 2000)
+    v1, b1, b2 = three_batches(21)
     memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
     save_index(memory, fs, str(tmp_path / "v1"), num_buckets=8)
     d1, ext = decide_against(b1, PartitionedNearIndex.open(fs, str(tmp_path / "v1")), cfg)
