@@ -23,7 +23,8 @@ Per task and size, in one run:
      out): ``--actors`` actors of one CPU, timed from the call to ``_SUCCESS`` (prepare, the
      models' sha256, actor start-up, every shard, the counts; no gallery, no MLflow).
 
-Printed per task: each one's images/s, the job's images/s per core against the loop's
+Printed per task: each one's images/s (the loop's also per CPU-second of its process, a figure
+that other work on the machine moves less), the job's images/s per core against the loop's
 (target >= 0.8x), the share of the time spent in model forwards (the loop's, and the job's
 summed over actors against wall x actors), the seconds each actor spent outside shards (its
 start-up and model loads, waits for work: the fixed cost that a longer run amortises), and
@@ -207,9 +208,10 @@ def annotate_config(args, dataset: str, out: Path, task: str, ckpt: Path, hw, on
     )
 
 
-def plain_loop(cfg, out: Path, part: tuple[int, int] = (0, 1), barrier=None) -> tuple[float, float, int]:
-    """(seconds, forward seconds, images): the job's per-sample work in one process, one thread,
-    over every ``part[1]``-th shard from ``part[0]`` (after ``barrier``, when given)."""
+def plain_loop(cfg, out: Path, part: tuple[int, int] = (0, 1), barrier=None) -> tuple[float, float, int, float]:
+    """(seconds, forward seconds, images, CPU seconds of the process): the job's per-sample work in
+    one process, one thread, over every ``part[1]``-th shard from ``part[0]`` (after ``barrier``,
+    when given)."""
     import torch
 
     from evaluation.annotate.annotator import Annotator, annotate_shard
@@ -223,10 +225,10 @@ def plain_loop(cfg, out: Path, part: tuple[int, int] = (0, 1), barrier=None) -> 
     shards = largest_first(source_shards(resolve_version(cfg, None)))[part[0] :: part[1]]
     if barrier is not None:
         barrier.wait()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     annotator = Annotator(infos, cfg.tasks, dataclasses.replace(cfg.actors, num_cpus=1), "cpu")
     images = sum(annotate_shard(annotator, s, str(out))["samples"] for s in shards)
-    return time.perf_counter() - start, annotator.forward_seconds, images
+    return time.perf_counter() - start, annotator.forward_seconds, images, time.process_time() - cpu
 
 
 def parallel_loops(cfg, out: Path, k: int) -> tuple[float, int]:
@@ -322,8 +324,12 @@ def measure_runtime(
     loop_dir, loops_dir, job_dir = work / f"loop-{tag}", work / f"loops-{tag}", work / f"job-{tag}"
     if not args.no_loop:
         settle()
-        loop_s, loop_fwd, n = plain_loop(annotate_config(args, dataset, loop_dir, task, ckpt, hw, onnx), loop_dir)
-        line += f" loop 1 process {n / loop_s:7.2f} img/s (forward {loop_fwd / loop_s:4.0%})"
+        loop_s, loop_fwd, n, loop_cpu = plain_loop(
+            annotate_config(args, dataset, loop_dir, task, ckpt, hw, onnx), loop_dir
+        )
+        line += (
+            f" loop 1 process {n / loop_s:7.2f} img/s (forward {loop_fwd / loop_s:4.0%}, {n / loop_cpu:7.2f} per CPU-s)"
+        )
         if args.parallel_loops:
             settle()
             par_s, par_n = parallel_loops(
@@ -331,6 +337,11 @@ def measure_runtime(
             )
             line += f" | {args.actors} loop processes {par_n / par_s / args.actors:6.2f} img/s per core"
             line += f" = {par_n / par_s / args.actors / (n / loop_s):.2f}x"
+    if args.no_job:
+        print(line, flush=True)
+        shutil.rmtree(loop_dir, ignore_errors=True)
+        shutil.rmtree(loops_dir, ignore_errors=True)
+        return n / loop_s
     settle()
     job_s, stats = run_job(annotate_config(args, dataset, job_dir, task, ckpt, hw, onnx))
     per_unit = stats["samples"] / job_s / (args.actors * args.gpus_per_actor if args.device == "cuda" else args.actors)
@@ -364,17 +375,36 @@ def parse(argv=None):
     p.add_argument("--runtimes", default="torch", help=f"comma-separated, in order: {', '.join(RUNTIMES)}")
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--no-loop", action="store_true")
+    p.add_argument("--no-job", action="store_true", help="the plain loops only (no Ray)")
     p.add_argument(
         "--parallel-loops", action="store_true", help="also --actors plain loops in as many processes, no Ray"
     )
     p.add_argument("--smallest", action="store_true", help="tiny seg, 12 images in 4 shards")
     args = p.parse_args(argv)
+    if args.no_loop and args.no_job:
+        p.error("--no-loop and --no-job leave nothing to measure")
     unknown = set(args.runtimes.split(",")) - set(RUNTIMES)
     if unknown:
         p.error(f"--runtimes: unknown {sorted(unknown)}; choose from {', '.join(RUNTIMES)}")
     if args.smallest:
         args.sizes, args.tasks, args.images, args.per_shard = "tiny", "seg", 12, 3
     return args
+
+
+def start_ray(args) -> None:
+    import ray
+
+    ray.init(
+        num_cpus=max(args.actors, int(args.actors * args.cpus_per_actor + 0.999)),
+        num_gpus=1 if args.device == "cuda" else 0,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    # Ray Data starts its own helper actors on a session's first execution: Ray's start-up, left out.
+    ray.data.from_items([{"x": 1}]).map_batches(lambda b: b).take_all()
 
 
 def main(argv=None) -> int:
@@ -390,17 +420,8 @@ def main(argv=None) -> int:
         return 3
     work = Path(tempfile.mkdtemp(prefix="annotate-bench-"))
     try:
-        ray.init(
-            num_cpus=max(args.actors, int(args.actors * args.cpus_per_actor + 0.999)),
-            num_gpus=1 if args.device == "cuda" else 0,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
-        import ray.data
-
-        ray.data.DataContext.get_current().enable_progress_bars = False
-        # Ray Data starts its own helper actors on a session's first execution: Ray's start-up, left out.
-        ray.data.from_items([{"x": 1}]).map_batches(lambda b: b).take_all()
+        if not args.no_job:
+            start_ray(args)
         for size in args.sizes.split(","):
             n, per = (args.images, args.per_shard) if size == "tiny" else (args.images_large, args.per_shard_large)
             dataset = build_version(work / f"curated-{size}", n, per)

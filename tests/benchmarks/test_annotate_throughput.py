@@ -15,6 +15,7 @@ from tests.benchmarks.conftest import BENCHMARKS
 pytestmark = pytest.mark.slow  # a local Ray cluster and an actor pool
 
 NUMBER = r"\d+\.\d+"
+LOOP = rf"loop 1 process +{NUMBER} img/s \(forward +\d+%, +{NUMBER} per CPU-s\) \| "
 JOB = (
     rf"job 2 actors +{NUMBER} img/s = +{NUMBER} per core \(forward +\d+%, outside shards +{NUMBER} s per actor\) = "
     rf"{NUMBER}x of the loop per core; same bytes: True$"
@@ -25,8 +26,10 @@ def test_prints_the_job_against_the_same_work_loop(bench):
     out = bench("annotate_throughput.py", "--smallest", "--parallel-loops", timeout=180)
     assert re.search(r"^tiny: 12 samples in 4 shards of 3; batch 8, fp32$", out, re.M), out
     line = (
-        rf"^tiny +seg +sapiens2_tiny_seg +trained +torch-fp32 +loop 1 process +{NUMBER} img/s \(forward +\d+%\) \| "
-        rf"2 loop processes +{NUMBER} img/s per core = {NUMBER}x \| " + JOB
+        r"^tiny +seg +sapiens2_tiny_seg +trained +torch-fp32 +"
+        + LOOP
+        + rf"2 loop processes +{NUMBER} img/s per core = {NUMBER}x \| "
+        + JOB
     )
     assert re.search(line, out, re.M), out
 
@@ -35,8 +38,7 @@ def test_compares_torch_and_the_fp32_and_fp16_graphs_on_the_same_samples(bench):
     args = ["--sizes", "tiny", "--tasks", "depth", "--images", "12", "--per-shard", "3"]
     out = bench("annotate_throughput.py", *args, "--runtimes", "torch,onnx-fp32,onnx-fp16", timeout=900)
     for runtime in ("torch-fp32", "onnx-fp32", "onnx-fp16"):
-        line = rf"^tiny +depth +sapiens_tiny_depth +trained +{runtime} +loop 1 process +{NUMBER} img/s \(forward +\d+%\) \| "
-        assert re.search(line + JOB, out, re.M), out
+        assert re.search(rf"^tiny +depth +sapiens_tiny_depth +trained +{runtime} +" + LOOP + JOB, out, re.M), out
     for precision in ("fp32", "fp16"):
         check = rf"^ +exported sapiens_tiny_depth {precision} in \d+ s \(max abs error \S+, relative \S+ at batch 1\)$"
         assert re.search(check, out, re.M), out
