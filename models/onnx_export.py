@@ -30,7 +30,7 @@ from torch import nn
 INPUT_NAME = "image"
 PRECISIONS = ("fp32", "fp16")
 PRECISION_KEY = "humanvision.precision"  # the graph's metadata entry naming its precision
-TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
+TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
 """How far a graph's outputs may be from the eager fp32 model's, per precision: fp32 in absolute
 terms (the max abs difference); fp16 relative to each output's largest magnitude (fp16 keeps
 11 significant bits, so its error scales with the values). Each bound is several times the
