@@ -52,6 +52,7 @@ def listen(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(128)  # connections wait in the backlog until the server accepts them
     return sock
 
 
@@ -66,32 +67,44 @@ def serve(app, sock: socket.socket, host: str) -> None:
     server.run(sockets=[sock])
 
 
+def open_session(args: argparse.Namespace, cfg: ExploreConfig):
+    from pipelines.explorer.session import ExploreSession
+
+    version = load_version(args.version, args.tracking_uri)
+    against = load_version(args.against, args.tracking_uri) if args.against else None
+    return ExploreSession.open(version, cfg, against, args.annotations)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    try:
-        cfg = ExploreConfig(page_size=args.page_size, memory_limit=args.memory_limit, cache_dir=args.cache_dir)
-        version = load_version(args.version, args.tracking_uri)
-        against = load_version(args.against, args.tracking_uri) if args.against else None
-        from pipelines.explorer.app import create_app
-        from pipelines.explorer.session import ExploreSession
-
-        session = ExploreSession.open(version, cfg, against, args.annotations)
-        sock = listen(args.host, args.port)
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     if not is_loopback(args.host):
         print(
             f"WARNING: serving on {args.host}, not {LOOPBACK}: anyone who can reach it can read this version's "
             "images and manifest (there is no login)",
             file=sys.stderr,
+            flush=True,
         )
+    try:
+        cfg = ExploreConfig(page_size=args.page_size, memory_limit=args.memory_limit, cache_dir=args.cache_dir)
+        sock = listen(args.host, args.port)  # first: a taken port or a foreign address fails before any work
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        session = open_session(args, cfg)
+    except (ValueError, OSError) as err:
+        sock.close()
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    version = session.version
     index = session.explored.query.index.header
     print(
         f"dataset version {version.id} ({version.uri}): {index['rows']:,} rows in {index['parts']:,} manifest parts; "
         f"opened in {session.opened_s:.1f} s (index in {session.explored.query.folder})",
         flush=True,
     )
+    from pipelines.explorer.app import create_app
+
     serve(create_app(session), sock, args.host)
     return 0
 

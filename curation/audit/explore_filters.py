@@ -276,6 +276,12 @@ def source_prefix(vocab: Vocabulary, source: str) -> str:
     return f"{root}/{source}" if root else source
 
 
+def source_range(vocab: Vocabulary, source: str) -> tuple[str, str]:
+    """[low, high): every source under ``source`` lies in it, as ``#`` < ``/`` < ``0``."""
+    prefix = source_prefix(vocab, source)
+    return prefix + "#", prefix + "0"
+
+
 def where(q: GalleryQuery, vocab: Vocabulary) -> tuple[str, list]:
     """The SQL condition of ``q``'s filters and its bound parameters (``TRUE`` with none)."""
     terms, params = [], []
@@ -288,9 +294,10 @@ def where(q: GalleryQuery, vocab: Vocabulary) -> tuple[str, list]:
         terms.append(f"reason IN ({', '.join('?' * len(owned))})" if owned else "FALSE")
         params += owned
     if q.source is not None:
+        # ``source_range`` lets the scan prune row groups by their statistics; starts_with says exactly.
         prefix = source_prefix(vocab, q.source)
-        terms.append("(starts_with(source, ?) OR starts_with(source, ?))")
-        params += [prefix + "/", prefix + "#"]
+        terms.append("source >= ? AND source < ? AND (starts_with(source, ?) OR starts_with(source, ?))")
+        params += [*source_range(vocab, q.source), prefix + "/", prefix + "#"]
     for column, lo, hi in q.ranges:
         sql = vocab.ranges[column].sql
         for bound, op in ((lo, ">="), (hi, "<=")):

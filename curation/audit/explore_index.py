@@ -4,15 +4,18 @@ A query that names one key (an image, its family) must not read every manifest p
 rows that is a full scan per click. The index, built into the version's cache folder the first
 time it is explored (one pass over the parts' footers, one over two columns), answers them:
 
-- ``parts.parquet``: per manifest part its path, rows and smallest and largest key, from the
-  Parquet footers' statistics (DuckDB's ``parquet_metadata``): a key is looked up only in the
-  parts whose range holds it (the pipeline writes each part's keys from one input partition, so
-  ranges barely overlap; where they do, more parts are read, never fewer than needed).
+- ``parts.parquet``: per manifest part its path, rows and smallest and largest key and source,
+  from the Parquet footers' statistics (DuckDB's ``parquet_metadata``): a key is looked up only
+  in the parts whose key range holds it, and a gallery of one source reads only the parts whose
+  source range meets it (the pipeline writes each part from one input partition, so ranges
+  barely overlap; where they do, more parts are read, never fewer than needed).
 - ``families.parquet``: ``(duplicate_of, key)`` of every row recorded as a duplicate, sorted by
   ``duplicate_of`` in row groups of ``FAMILY_ROW_GROUP`` rows: a family is read from the row
   groups whose statistics hold its representative (DuckDB prunes the others).
-- ``index.json``: written last, what the index was built from (the parts, their rows) and how
-  long it took. An index that does not match the version's parts is built again.
+- ``index.json``: written last, what the index was built from (the parts, their rows), whether
+  every part has the same schema (then queries read the parts as one table without comparing
+  their schemas each time) and how long it took. An index that does not match the version's
+  parts is built again.
 
 Files are written to a temporary name and renamed, so a killed build leaves no half index.
 """
@@ -25,7 +28,7 @@ import os
 import time
 from pathlib import Path
 
-INDEX_VERSION = 1
+INDEX_VERSION = 3
 FAMILY_ROW_GROUP = 16_384
 PARTS_FILE, FAMILIES_FILE, HEADER_FILE = "parts.parquet", "families.parquet", "index.json"
 
@@ -39,9 +42,22 @@ def sql_list(paths) -> str:
     return "[" + ", ".join(sql_string(str(p)) for p in paths) + "]"
 
 
-def scan(paths) -> str:
-    """The SQL table of Parquet files ``paths`` (columns a file lacks are nulls)."""
-    return f"read_parquet({sql_list(paths)}, union_by_name = true)"
+def scan(paths, union: bool = True) -> str:
+    """The SQL table of Parquet files ``paths``; with ``union`` the columns a file lacks are nulls
+    (DuckDB then reads every file's schema at each query: only for parts whose schemas differ)."""
+    return f"read_parquet({sql_list(paths)}{', union_by_name = true' * union})"
+
+
+def same_schema(db, parts) -> bool:
+    """Whether every part holds the same columns, of the same types, in the same order."""
+    rows = db.execute(
+        f"SELECT file_name, name, duckdb_type FROM parquet_schema({sql_list(parts)}) "
+        "WHERE duckdb_type IS NOT NULL ORDER BY file_name, column_id"
+    ).fetchall()
+    columns: dict[str, list] = {}
+    for file, name, kind in rows:
+        columns.setdefault(file, []).append((name, kind))
+    return len({tuple(c) for c in columns.values()}) <= 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +65,7 @@ class ExploreIndex:
     """A built index: the parts' key ranges (in memory: one entry per part) and the families file."""
 
     folder: Path
-    parts: list[tuple[str, str | None, str | None]]  # (path, smallest key, largest key), in path order
+    parts: list[tuple[str, str | None, str | None, str | None, str | None]]  # path, key and source ranges
     header: dict
 
     @classmethod
@@ -70,12 +86,16 @@ class ExploreIndex:
 
     def parts_holding(self, keys) -> list[str]:
         """The parts whose key range may hold one of ``keys`` (a part without statistics always may)."""
-        keys = sorted(keys)
-        return [
-            p
-            for p, lo, hi in self.parts
-            if lo is None or hi is None or any(lo <= k <= hi for k in keys)  # few keys: a plain test
-        ]
+        return [p for p, lo, hi, _, _ in self.parts if lo is None or hi is None or any(lo <= k <= hi for k in keys)]
+
+    def parts_with_sources(self, low: str, high: str) -> list[str]:
+        """The parts whose source range meets [``low``, ``high``), in path order (a part without
+        statistics always does)."""
+        return [p for p, _, _, lo, hi in self.parts if lo is None or hi is None or (lo < high and hi >= low)]
+
+    @property
+    def same_schema(self) -> bool:
+        return bool(self.header.get("same_schema"))
 
     @property
     def families(self) -> str:
@@ -83,8 +103,11 @@ class ExploreIndex:
 
 
 def _key_ranges(db, folder: Path) -> dict[str, tuple]:
-    rows = db.execute(f"SELECT path, key_min, key_max FROM read_parquet({sql_string(str(folder / PARTS_FILE))})")
-    return {p: (lo, hi) for p, lo, hi in rows.fetchall()}
+    """path -> (smallest key, largest key, smallest source, largest source) of each indexed part."""
+    rows = db.execute(
+        f"SELECT path, key_min, key_max, source_min, source_max FROM read_parquet({sql_string(str(folder / PARTS_FILE))})"
+    )
+    return {p: tuple(ranges) for p, *ranges in rows.fetchall()}
 
 
 def _read_header(folder: Path) -> dict | None:
@@ -104,10 +127,12 @@ def _copy(db, select: str, final: Path, params: list | None = None, row_group: i
 def build(db, parts: tuple[str, ...], has_families: bool, folder: Path) -> dict:
     """Index ``parts`` into ``folder`` (see the module doc); returns the header written last."""
     t0 = time.perf_counter()
+    column = lambda c, f, s: f"{f}(stats_{s}_value) FILTER (WHERE path_in_schema = '{c}') AS {c}_{s}"  # noqa: E731
     ranges = (
-        "SELECT file_name AS path, sum(row_group_num_rows)::BIGINT AS rows, "
-        "min(stats_min_value) AS key_min, max(stats_max_value) AS key_max "
-        f"FROM parquet_metadata({sql_list(parts)}) WHERE path_in_schema = 'key' GROUP BY file_name"
+        "SELECT file_name AS path, (sum(row_group_num_rows) FILTER (WHERE path_in_schema = 'key'))::BIGINT AS rows, "
+        f"{column('key', 'min', 'min')}, {column('key', 'max', 'max')}, "
+        f"{column('source', 'min', 'min')}, {column('source', 'max', 'max')} "
+        f"FROM parquet_metadata({sql_list(parts)}) GROUP BY file_name"
     )
     _copy(db, ranges, folder / PARTS_FILE)
     t1 = time.perf_counter()
@@ -123,6 +148,7 @@ def build(db, parts: tuple[str, ...], has_families: bool, folder: Path) -> dict:
         "version": INDEX_VERSION,
         "parts": len(parts),
         "rows": int(rows or 0),
+        "same_schema": same_schema(db, parts),
         "key_ranges_s": round(t1 - t0, 3),
         "families_s": round(time.perf_counter() - t1, 3),
     }

@@ -12,6 +12,7 @@ nothing of the manifest is loaded when it opens. It answers:
   the filters let through (a top-k, never a full sort in memory).
 - ``count(query)``: from stats.json when only status, step and reason filter (exact, no scan),
   else counted up to ``count_limit`` (a scan that stops there).
+- A gallery of one source reads only the parts whose source range meets it (the index's).
 - ``row(key)``, ``rows(keys)``, ``family(row)``, ``neighbours(row)``: through the version's
   ``ExploreIndex`` (key ranges per part, duplicate families sorted), so one image or one family
   reads the parts that may hold it, not the manifest.
@@ -30,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 from curation import schema
-from curation.audit.explore_filters import BULKY, GalleryQuery, Vocabulary, order_by, quoted, where
+from curation.audit.explore_filters import BULKY, GalleryQuery, Vocabulary, order_by, quoted, source_range, where
 from curation.audit.explore_index import ExploreIndex, scan
 from curation.audit.loading import AuditedVersion
 
@@ -130,8 +131,8 @@ class ManifestQuery:
         self.vocab = Vocabulary.of(v)
         self.folder = cache_folder(v, self.cfg)
         self.db = connect(self.cfg, self.folder)
-        self.db.execute(f"CREATE VIEW manifest AS SELECT * FROM {scan(v.parts)}")
         self.index = ExploreIndex.open(self.db, v.parts, "duplicate_of" in self.vocab.columns, self.folder / "index")
+        self.db.execute(f"CREATE VIEW manifest AS SELECT * FROM {scan(v.parts, union=not self.index.same_schema)}")
 
     def _select(self, columns) -> str:
         return ", ".join(quoted(c) for c in columns if c in self.vocab.columns)
@@ -139,16 +140,27 @@ class ManifestQuery:
     def _run(self, sql: str, params: list) -> list[dict]:
         return _dicts(self.db.cursor().execute(sql, params))
 
+    def _table(self, q: GalleryQuery) -> str | None:
+        """What ``q`` reads: the manifest, or for one source the parts whose sources may hold it
+        (``ExploreIndex.parts_with_sources``); None when no part can."""
+        if q.source is None:
+            return "manifest"
+        parts = self.index.parts_with_sources(*source_range(self.vocab, q.source))
+        return scan(parts, union=not self.index.same_schema) if parts else None
+
     def page(self, q: GalleryQuery) -> Page:
         """Page ``q.page`` of the gallery ``q``: its rows (``GALLERY_COLUMNS`` and the values it
         ranges over or sorts by, as ``value.<name>``)."""
+        table = self._table(q)
+        if table is None:
+            return Page([], False)
         condition, params = where(q, self.vocab)
         shown = dict.fromkeys([c for c, _, _ in q.ranges] + ([q.sort.removeprefix("-")] if q.sort else []))
         values = "".join(
             f", {self.vocab.ranges[c].sql} AS {quoted('value.' + c)}" for c in shown if c in self.vocab.ranges
         )
         sql = (
-            f"SELECT {self._select(GALLERY_COLUMNS)}{values} FROM manifest WHERE {condition} "
+            f"SELECT {self._select(GALLERY_COLUMNS)}{values} FROM {table} WHERE {condition} "
             f"{order_by(q, self.vocab)} LIMIT ? OFFSET ?"
         )
         rows = self._run(sql, [*params, q.page_size + 1, q.offset])
@@ -177,9 +189,12 @@ class ManifestQuery:
         count, else counted up to ``count_limit`` (not exact when the limit was reached)."""
         if q.counted_by_stats:
             return self.stats_count(q), True
+        table = self._table(q)
+        if table is None:
+            return 0, True
         condition, params = where(q, self.vocab)
         limit = self.cfg.count_limit
-        sql = f"SELECT count(*) AS n FROM (SELECT 1 FROM manifest WHERE {condition} LIMIT ?)"
+        sql = f"SELECT count(*) AS n FROM (SELECT 1 FROM {table} WHERE {condition} LIMIT ?)"
         n = self._run(sql, [*params, limit + 1])[0]["n"]
         return min(n, limit), n <= limit
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 
-from evaluation.annotate import layout
 from infra import storage
 
 
@@ -27,6 +26,9 @@ class AnnotationLookup:
     """The finished annotation output at ``uri`` of dataset version ``dataset_id``."""
 
     def __init__(self, uri: str, dataset_id: str) -> None:
+        from evaluation.annotate import layout
+
+        self.layout = layout
         self.fs, self.root = storage.resolve(uri)
         done = layout.read_success(self.fs, self.root)
         if done is None:
@@ -40,7 +42,7 @@ class AnnotationLookup:
         """The annotation row of ``key`` (kept in ``shard``), values summarised; None when absent."""
         if not shard:
             return None
-        path = layout.table_path(self.root, layout.shard_id(shard))
+        path = self.layout.table_path(self.root, self.layout.shard_id(shard))
         if not storage.exists(self.fs, path):
             return None
         with self.fs.open_input_file(path) as fh:

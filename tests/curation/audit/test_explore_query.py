@@ -99,6 +99,9 @@ def test_a_score_range_from_one_source(mq, rows, version):
     expected = [r["key"] for r in rows if r["source"].startswith(prefix) and 10 <= (r["sharpness"] or -1) <= 12]
     keys, (n, exact), _ = ask(mq, source="00003.tar", min__sharpness=10, max__sharpness=12, page_size=480)
     assert 0 < len(expected) and keys == expected[:480] and (n, exact) == (len(expected), True)
+    low, high = prefix[:-1] + "#", prefix[:-1] + "0"
+    assert mq.index.parts_with_sources(low, high) == [v.parts[3]]  # only the part holding that tar is read
+    assert ask(mq, source="00003.ta")[:2] == ([], (0, True))  # a source is a folder or file, not a string prefix
     below = [r["key"] for r in rows if r["sharpness"] is not None and r["sharpness"] <= 0.5]
     keys, _, _ = ask(mq, max__sharpness=0.5)  # an open range
     assert keys == below[:PAGE]
