@@ -63,7 +63,15 @@ class ExploreConfig:
     cache_dir: str = ""  # "": $XDG_CACHE_HOME/humanvision/explore (or ~/.cache/...)
 
     def __post_init__(self) -> None:
-        for name in ("page_size", "max_page_size", "count_limit", "family_limit", "neighbours", "threads"):
+        for name in (
+            "page_size",
+            "max_page_size",
+            "count_limit",
+            "family_limit",
+            "neighbour_scan_rows",
+            "neighbours",
+            "threads",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"explore.{name} must be >= 1, got {getattr(self, name)}")
         if self.page_size > self.max_page_size:
