@@ -98,3 +98,19 @@ def test_the_detector_threshold_is_per_detector(centernet_path, tmp_path):
     assert "person_score_max" in message and "detector.calibration" in message
     cfg = DetectorConfig(backend="ultralytics", weights=str(yolo), score_threshold=0.6, calibration="pilot, 500 images")
     assert start_up(PersonFilter(cfg)) == []
+
+
+def test_every_model_step_of_the_recipe_traces_the_threshold_it_drops_by():
+    """A model step added to the recipe with a score threshold must say where it comes from."""
+    from curation.filters.model import ModelStep
+    from curation.recipe import HUMANS1B
+
+    exempt = {
+        "clip_embedding": "drops nothing",
+        "text_filter": "OCR box geometry and counts, set on the labelled cases of test_content_text.py",
+    }
+    model_steps = [cls for cls in HUMANS1B.steps if issubclass(cls, ModelStep)]
+    assert {cls.name for cls in model_steps} >= set(exempt)
+    for cls in model_steps:
+        if cls.name not in exempt:
+            assert cls.threshold_setting in {s.setting for s in cls.scores}, cls.name
