@@ -90,6 +90,18 @@ def output_schema(tasks: list[str]) -> pa.Schema:
     return pa.schema([*BASE_FIELDS, *(f for t in tasks for f in PREDICTORS[t].fields)])
 
 
+class _SampleBytes(io.BytesIO):
+    """A sample's bytes as Pillow reads them, named by the sample: Pillow's messages quote the file
+    object, and an object address would make a re-annotated shard's bytes differ."""
+
+    def __init__(self, data: bytes, key: str) -> None:
+        super().__init__(data)
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"<sample {self.key!r}>"
+
+
 def decode(record: Record) -> np.ndarray:
     """The sample's RGB pixels (H, W, 3); ``BadSample`` when its bytes do not decode (Pillow's
     plugins raise almost any exception type on a malformed file) or the header gives another size
@@ -98,7 +110,7 @@ def decode(record: Record) -> np.ndarray:
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(record.image)) as im:
+        with Image.open(_SampleBytes(record.image, record.key)) as im:
             want = (record.meta.get("width"), record.meta.get("height"))
             if None not in want and im.size != want:
                 raise BadSample(

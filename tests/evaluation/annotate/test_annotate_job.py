@@ -109,6 +109,9 @@ def test_mlflow_records_lineage_params_the_input_version_and_small_artifacts(ann
     assert [a.path for a in client.list_artifacts(run.info.run_id, "gallery")] == ["gallery/gallery.html"]
 
 
+NAMES = ("obama.jpg", "messi5.jpg")
+
+
 def _mtimes(out: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in sorted((out / layout.ANNOTATIONS).glob("*"))}
 
@@ -134,9 +137,8 @@ def test_too_many_bad_samples_fail_the_job_after_writing_and_a_higher_share_fini
         "b1": ("missing", "missing_image"),
         "a1": ("ok", None),
     }
-    assert (
-        rows["b0"]["error"].startswith("UnidentifiedImageError: ") and "no image of sample 'b1'" in rows["b1"]["error"]
-    )
+    assert rows["b0"]["error"] == "UnidentifiedImageError: cannot identify image file <sample 'b0'>"
+    assert "no image of sample 'b1'" in rows["b1"]["error"]
     assert rows["b0"]["seg_png"] is None and rows["a1"]["seg_png"]
     for shard in ("000000", "000001"):  # the annotation tar holds the source tar's keys: they pair up
         names = [tarfile.open(tmp_path / d / f"{shard}.tar").getnames() for d in ("curated/shards", "out/annotations")]
@@ -165,6 +167,22 @@ def test_too_many_bad_samples_fail_the_job_after_writing_and_a_higher_share_fini
     assert not (out / "_FAILED").exists() and _mtimes(out) == written
     with pytest.raises(TooManyErrors, match=r"over max_error_share=0.25: .* counts are in .*_SUCCESS$"):
         run_annotation(dataclasses.replace(cfg, max_error_share=0.25))  # a finished version, checked
+
+
+def test_a_shard_redone_after_a_kill_gives_the_same_bytes_error_rows_included(tiny_models, tmp_path, ray_local):
+    shards = [[sample(f"s{i}{j}", n, [(0.1, 0.1, 0.6, 0.95)], [0.9]) for j, n in enumerate(NAMES)] for i in range(3)]
+    shards[1][0] = {**shards[1][0], "image": b"\xff\xd8\xff not a jpeg"}
+    dataset = write_version(tmp_path / "curated", shards)
+    out = tmp_path / "out"
+    cfg = annotate_config(dataset, out, tiny_models, tasks=("seg",), **{"actors.num_actors": 1, "max_error_share": 0.5})
+    first = run_annotation(cfg)
+    files = {p.name: p.read_bytes() for p in sorted((out / layout.ANNOTATIONS).glob("*"))}
+    (out / "_SUCCESS").unlink()  # as a kill before shard 000001's table (its commit marker) was written
+    (out / layout.ANNOTATIONS / "000001.parquet").unlink()
+    again = run_annotation(cfg)
+    assert (first.stats["session_shards"], again.stats["session_shards"]) == (3, 1)
+    assert {p.name: p.read_bytes() for p in sorted((out / layout.ANNOTATIONS).glob("*"))} == files
+    assert (again.stats["samples"], again.stats["ok"], again.stats["reasons"]) == (6, 5, {"decode_failed": 1})
 
 
 def _wrong_shape_seg_graph(path: Path, hw: tuple[int, int]) -> None:
