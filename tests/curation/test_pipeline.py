@@ -12,7 +12,8 @@ import pytest
 from curation.config import InputConfig
 from curation.filters.geometry import GeometryConfig
 from curation.filters.person import DetectorConfig
-from curation.pipeline import job_digest, run_curation
+from curation.job import job_digest
+from curation.pipeline import run_curation
 from curation.recipe import CurationConfig, weightless_content_filters
 from infra.tracking import TrackingConfig
 

@@ -14,8 +14,9 @@ from PIL import Image
 
 from curation import schema
 from curation.config import DecodeConfig, InputConfig
+from curation.partitions import plan_partitions
 from curation.pipeline import run_curation
-from curation.readers import plan_partitions, read_partition
+from curation.readers import read_partition
 from curation.recipe import CurationConfig, weightless_content_filters
 from infra.tracking import TrackingConfig
 from pipelines.demo_corpus import jpeg_bytes
