@@ -14,7 +14,7 @@ Supported inputs (local paths or object-store URIs through pyarrow.fs):
 - ``parquet``: the partition's row groups, image bytes in a column or read from a path column.
 
 A file that cannot be read becomes a ``read_failed`` row (one for the rest of a container),
-and the run goes on.
+and the run goes on; a record of failed downloads that cannot be read fails the partition.
 """
 
 from __future__ import annotations
@@ -222,24 +222,39 @@ IMG2DATASET_SUCCESS = "success"  # its ``status`` of a sample that is in the tar
 def img2dataset_failures(uri: str, in_tar: set[str]) -> list[tuple[int, dict]]:
     """(row number, record) of each download img2dataset's Parquet beside the tar ``uri`` records as
     not successful. Its layout: ``<stem>.parquet`` with ``key`` and ``status`` columns next to
-    ``<stem>_stats.json``; without it, none (a curated output's sidecar beside its tar is no such
-    record). Keys with a sample in the tar (``in_tar``) are skipped: every input counts once."""
+    ``<stem>_stats.json``. Keys with a sample in the tar (``in_tar``) are skipped: every input
+    counts once.
+
+    Without both files there is no such record and none: the tar is a plain WebDataset shard (a
+    curated output's sidecar beside its tar is no record of failures either), and every image it
+    holds is read; what no record names, no reader could count. A record that is there but cannot
+    be read (a transient object-store error, a truncated file, not img2dataset's columns) raises
+    ``RuntimeError``: its failed downloads would vanish from the funnel, so the partition fails
+    and a re-run redoes it (``curation.pipeline``: finished partitions are kept)."""
     fs, path = storage.resolve(uri)
     stem = path.removesuffix(".tar")
-    if not (storage.exists(fs, f"{stem}.parquet") and storage.exists(fs, f"{stem}_stats.json")):
+    record = f"{stem}.parquet"
+    if not (storage.exists(fs, record) and storage.exists(fs, f"{stem}_stats.json")):
         return []
     try:
-        with fs.open_input_file(f"{stem}.parquet") as fh:
+        with fs.open_input_file(record) as fh:
             table = pq.read_table(fh)
-    except (OSError, pa.ArrowInvalid):
-        return []  # an unreadable record of failures: the tar's samples are still read
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise _unreadable_record(storage.to_uri(fs, record), f"{type(err).__name__}: {err}") from err
     if not {"key", "status"} <= set(table.column_names):
-        return []
+        raise _unreadable_record(storage.to_uri(fs, record), f"no 'key' and 'status' columns in {table.column_names}")
     return [
         (i, r)
         for i, r in enumerate(table.to_pylist())
         if r["status"] != IMG2DATASET_SUCCESS and str(r["key"]) not in in_tar
     ]
+
+
+def _unreadable_record(uri: str, why: str) -> RuntimeError:
+    return RuntimeError(
+        f"img2dataset's record of failed downloads {uri} cannot be read ({why}); re-run to resume once "
+        "it reads, or remove it to read the tar without its failed downloads"
+    )
 
 
 def _add_failed_download(buf: _RowBuffer, tar_stem: str, row_no: int, record: dict) -> None:
