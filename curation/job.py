@@ -7,6 +7,10 @@ one gets the digest, one that holds the same job is resumed, one that holds anot
 The job digest is everything that decides the outputs, and nothing else: not where they are
 logged, how Ray runs or the resources each step gets, and not where an input lies that enters
 by content (model weights and the evaluation set by their bytes, an earlier version by its id).
+The input's location is part of it, taken as its real path (a link to the same folder is the
+same input). ``config.yaml`` records the settings as the user gave them, local paths made
+absolute from the driver's working directory but not resolved through links: what a re-run of
+that file reads is what the user named, and the digest refuses it if the bytes changed.
 """
 
 from __future__ import annotations
@@ -98,14 +102,15 @@ def _local_paths(cfg: CurationConfig, recipe: Recipe, place: Callable[[Path], Pa
 
 
 def absolutize(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> CurationConfig:
-    """Relative local paths (output, input, weights) are taken from the driver's working
-    directory, before workers see them."""
-    return _local_paths(cfg, recipe, Path.resolve)
+    """Relative local paths (output, input, weights) taken from the driver's working directory,
+    before workers see them; links are kept as given (``config.yaml`` records these paths)."""
+    return _local_paths(cfg, recipe, Path.absolute)
 
 
 def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
     """Digest of everything that decides the outputs: not where they are logged, how Ray runs,
     the resources each step gets, nor where the model weights live (they enter by content)."""
+    cfg = _local_paths(cfg, recipe, Path.resolve)  # a location by its real path
     d = config_to_dict(cfg)
     for k in NOT_IDENTITY:
         d.pop(k, None)
