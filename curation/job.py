@@ -115,8 +115,8 @@ def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
     for k in NOT_IDENTITY:
         d.pop(k, None)
     d["dedup"]["near"].pop("index_locations", None)  # where earlier index parts lie now: not what the job is
-    if not cfg.shards.samples_per_shard:  # one shard per partition (the seed is unused): the identity outputs
-        d.pop("shards", None)  # written before the setting existed still have, so they resume and are reused
+    if not cfg.shards.samples_per_shard:  # one shard per partition: nothing is shuffled, the seed decides nothing
+        d["shards"].pop("seed", None)
     if cfg.dedup.against:  # the earlier version by content (its id), not where it lies
         d["dedup"]["against"] = {"dataset_id": output.from_output(cfg.dedup.against).id}
     eval_images = getattr(getattr(cfg.dedup, "decontaminate", None), "eval_images", "")
