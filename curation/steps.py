@@ -192,10 +192,6 @@ class Writer(Step):
         """Raise ``RuntimeError`` unless the written shards' sample counts fit the layout."""
 
 
-def _ends(steps: Sequence[type[Step]]) -> tuple[list[type[Step]], list[type[Step]]]:
-    return [s for s in steps if issubclass(s, Reader)], [s for s in steps if issubclass(s, Writer)]
-
-
 class RowStep(Step):
     """A step over batches of rows. Subclasses set ``name`` and ``reasons`` and implement ``process``."""
 
@@ -289,7 +285,7 @@ def check_fits(steps: list[RowStep], read_cpus: float, total_cpus: float, autosc
 def _check_ends(steps: tuple[type[Step], ...]) -> None:
     """One reader, first, and one writer, last: what comes between reads the reader's columns and
     the writer writes what it leaves."""
-    readers, writers = _ends(steps)
+    readers, writers = [s for s in steps if issubclass(s, Reader)], [s for s in steps if issubclass(s, Writer)]
     if len(readers) != 1 or len(writers) != 1 or steps[0] is not readers[0] or steps[-1] is not writers[0]:
         raise ValueError(
             f"recipe: needs one reader first and one writer last, got readers {[s.name for s in readers]} "
