@@ -33,6 +33,9 @@ from infra.config import config_to_dict, dump_config
 # Where and how wide a step runs, never what it decides: a job killed on one cluster shape can
 # resume on another (more GPUs, fewer actors) into the same output.
 RESOURCE_KEYS = frozenset({"num_cpus", "num_gpus", "num_actors"})
+# A step's record of where its threshold was measured (``curation.filters.thresholds``): it
+# describes the threshold, it decides nothing, so recording a calibration never makes a new job.
+NOT_DECIDING_KEYS = RESOURCE_KEYS | {"calibration"}
 NOT_IDENTITY = ("tracking", "ray", "output_dir", "name", "dataset_name")
 # A step's settings that name a local file or folder.
 PATH_SETTINGS = ("weights", "head_weights", "clip_head_weights", "eval_images")
@@ -53,9 +56,10 @@ class CurationJob:
         return storage.to_uri(self.fs, self.root)
 
 
-def _without_resources(value):
+def _deciding(value):
+    """The settings that decide outputs: without resources and calibration records, at any depth."""
     if isinstance(value, dict):
-        return {k: _without_resources(v) for k, v in value.items() if k not in RESOURCE_KEYS}
+        return {k: _deciding(v) for k, v in value.items() if k not in NOT_DECIDING_KEYS}
     return value
 
 
@@ -128,7 +132,7 @@ def job_digest(cfg: CurationConfig, recipe: Recipe = HUMANS1B) -> str:
         for p in parents:
             node = node[p]
         node[leaf] = content_digest(path)
-    return hashlib.sha256(json.dumps(_without_resources(d), sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(_deciding(d), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def prepare(cfg: CurationConfig, recipe: Recipe) -> CurationJob:

@@ -33,3 +33,14 @@ def test_config_records_paths_as_given_and_the_digest_takes_real_ones(tmp_path, 
     assert (relative.input.uri, relative.output_dir) == (str(link / "raw"), str(tmp_path / "out"))
     assert relative.detector.weights == str(link / "detector.onnx")
     assert job_digest(relative) == job.digest
+
+
+def test_a_calibration_record_is_no_new_job_but_its_threshold_is(tmp_path, centernet_path):
+    """``calibration`` says where a threshold was measured: recording one keeps the job (and its
+    output folder); the threshold itself decides outputs."""
+    cfg = demo_config(tmp_path / "raw", tmp_path / "out", centernet_path)
+    before = job_digest(cfg)
+    cfg.detector.calibration = "measured on 40 labelled photos, weights sha256 abc"
+    assert job_digest(cfg) == before
+    cfg.detector.score_threshold = 0.55
+    assert job_digest(cfg) != before
