@@ -28,7 +28,9 @@ that other work on the machine moves less), the job's images/s per core against 
 (target >= 0.8x), the share of the time spent in model forwards (the loop's, and the job's
 summed over actors against wall x actors), the seconds each actor spent outside shards (its
 start-up and model loads, waits for work: the fixed cost that a longer run amortises), and
-whether the two wrote the same bytes.
+whether the two wrote the same bytes. Every sample must be annotated: a sample the loop or the
+job could not annotate (an error row) stops the benchmark (the job runs with
+``max_error_share=0``), since error rows are neither throughput nor bytes worth comparing.
 
 ``--runtimes`` (default ``torch``): ``torch`` runs the checkpoint in PyTorch at ``--precision``;
 ``onnx-fp32`` and ``onnx-fp16`` export it first (``pipelines/export.py``'s export, not timed; on
@@ -200,6 +202,7 @@ def annotate_config(args, dataset: str, out: Path, task: str, ckpt: Path, hw, on
     )
     return AnnotateConfig(
         output_dir=str(out),
+        max_error_share=0.0,  # any sample not annotated fails the job: see the module docstring
         data=DataSettings(dataset=dataset),
         tasks=from_dict(TasksConfig, {task: settings}),
         actors=actors,
@@ -227,8 +230,15 @@ def plain_loop(cfg, out: Path, part: tuple[int, int] = (0, 1), barrier=None) -> 
         barrier.wait()
     start, cpu = time.perf_counter(), time.process_time()
     annotator = Annotator(infos, cfg.tasks, dataclasses.replace(cfg.actors, num_cpus=1), "cpu")
-    images = sum(annotate_shard(annotator, s, str(out))["samples"] for s in shards)
-    return time.perf_counter() - start, annotator.forward_seconds, images, time.process_time() - cpu
+    done = [annotate_shard(annotator, s, str(out)) for s in shards]
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    images, errors = sum(d["samples"] for d in done), sum(d["errors"] for d in done)
+    if errors:
+        raise RuntimeError(
+            f"the plain loop could not annotate {errors} of {images} samples (their status, reason and error: "
+            f"{out}/annotations/*.parquet): error rows are not throughput"
+        )
+    return seconds, annotator.forward_seconds, images, cpu_seconds
 
 
 def parallel_loops(cfg, out: Path, k: int) -> tuple[float, int]:
