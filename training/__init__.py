@@ -11,12 +11,12 @@ Pieces: ``config`` (settings), ``data`` (resumable shard stream), ``augment`` (m
 
 from training.config import PretrainConfig
 
-__all__ = ["PretrainConfig", "PretrainResult", "run_pretraining"]
+__all__ = ["PretrainConfig", "TrainingResult", "run_pretraining"]
 
 
 def __getattr__(name: str):
     # The driver pulls in Ray and MLflow; import it only when asked for.
-    if name in ("PretrainResult", "run_pretraining"):
+    if name in ("TrainingResult", "run_pretraining"):
         from training import run
 
         return getattr(run, name)

@@ -215,8 +215,22 @@ class PretrainConfig:
         """Raise ``ValueError`` naming the setting when the run cannot work."""
         from models.registry import family_of, get_config
 
-        model, v1 = get_config(self.model), family_of(self.model) == "sapiens1"
-        stride = model.feature_stride
+        v1 = family_of(self.model) == "sapiens1"
+        self._validate_views(get_config(self.model).feature_stride)
+        if v1:
+            self._validate_v1()
+        elif self.crops.num_global < 2:
+            raise ValueError("crops.num_global must be >= 2 (the CLS loss pairs each teacher view with another view)")
+        self._validate_schedule()
+        if self.batch_size_per_worker < 2 and self.loss.koleo_weight > 0 and not v1:
+            raise ValueError("KoLeo needs batch_size_per_worker >= 2 (nearest neighbours within the batch)")
+        if not v1 and (
+            self.decoder.embed_dim % self.decoder.num_heads or (self.decoder.embed_dim // self.decoder.num_heads) % 4
+        ):
+            raise ValueError("decoder.embed_dim / decoder.num_heads must be an integer divisible by 4 (2-D RoPE)")
+
+    def _validate_views(self, stride: int) -> None:
+        """The dataset reference, the crop sizes and the masking, for a model of ``stride``."""
         if not self.data.dataset:
             raise ValueError(
                 "data.dataset is empty: give a dataset version id, a dataset name or a curation output folder"
@@ -227,10 +241,6 @@ class PretrainConfig:
         ):
             if h % stride or w % stride or h <= 0 or w <= 0:
                 raise ValueError(f"{name} = {h}x{w} must be positive multiples of the model's stride {stride}")
-        if v1:
-            self._validate_v1()
-        elif self.crops.num_global < 2:
-            raise ValueError("crops.num_global must be >= 2 (the CLS loss pairs each teacher view with another view)")
         if self.crops.num_local < 0:
             raise ValueError("crops.num_local must be >= 0")
         if not 0.0 < self.masking.ratio < 1.0:
@@ -240,10 +250,11 @@ class PretrainConfig:
             raise ValueError(
                 "masking.ratio masks every patch of the global view: lower it or enlarge crops.global_size"
             )
+
+    def _validate_schedule(self) -> None:
+        """Steps, batch, checkpoints, loader, optimiser, metrics and tracking."""
         if self.steps < 1 or self.batch_size_per_worker < 1:
             raise ValueError("steps and batch_size_per_worker must be >= 1")
-        if self.batch_size_per_worker < 2 and self.loss.koleo_weight > 0 and not v1:
-            raise ValueError("KoLeo needs batch_size_per_worker >= 2 (nearest neighbours within the batch)")
         if self.checkpoint.every < 1 or self.checkpoint.keep < 1 or self.checkpoint.preemption_check_every < 0:
             raise ValueError(
                 "checkpoint.every and checkpoint.keep must be >= 1, checkpoint.preemption_check_every >= 0"
@@ -259,10 +270,6 @@ class PretrainConfig:
                 "tracking.enabled=false: a pretraining run keeps its losses, resume record and lineage "
                 "in MLflow; leave tracking enabled (tracking.uri chooses the store)"
             )
-        if not v1 and (
-            self.decoder.embed_dim % self.decoder.num_heads or (self.decoder.embed_dim // self.decoder.num_heads) % 4
-        ):
-            raise ValueError("decoder.embed_dim / decoder.num_heads must be an integer divisible by 4 (2-D RoPE)")
 
     def _validate_v1(self) -> None:
         """Sapiens v1 (a ``sapiens_*`` model): MAE only, on ``crops.num_global`` masked views."""

@@ -24,6 +24,8 @@ from training.config import PretrainConfig
 
 @dataclass(frozen=True)
 class StepCost:
+    """FLOPs and patch tokens of one training step of one rank's batch."""
+
     flops: int  # per step, one rank's batch
     tokens: int  # patch tokens through the encoders per step, one rank's batch
     teacher_flops: int
@@ -88,15 +90,16 @@ def _mae_step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
 
 
 def step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
+    """FLOPs of one rank's step (``batch`` samples) for the objective of ``cfg.model``'s family."""
     if family_of(cfg.model) == "sapiens1":
         return _mae_step_cost(cfg, batch)
+    return _sapiens2_step_cost(cfg, batch)
+
+
+def _sapiens2_modules(cfg: PretrainConfig) -> tuple[Sapiens2Backbone, DINOHead, MAEDecoder]:
+    """Backbone, DINO head and MAE decoder of ``cfg`` on the meta device."""
     bcfg = get_config(cfg.model)
-    G, L = cfg.crops.num_global, cfg.crops.num_local
-    (H, W), (h, w) = cfg.crops.global_size, cfg.crops.local_size
     s = bcfg.feature_stride
-    P = (H // s) * (W // s)
-    V = P - int(round(cfg.masking.ratio * P))
-    prefix = 1 + bcfg.num_storage_tokens
     with torch.device("meta"):
         backbone = Sapiens2Backbone(bcfg)
         head = DINOHead(
@@ -113,29 +116,47 @@ def step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
                 embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth, num_heads=cfg.decoder.num_heads
             ),
         )
+    return backbone, head, decoder
 
-    def meta(*shape, dtype=torch.float32):
-        return torch.empty(*shape, device="meta", dtype=dtype)
 
-    def masked_encoder():
-        backbone.embed(meta(G * batch, 3, H, W))
+def masked_encoder_flops(backbone: Sapiens2Backbone, rows: int, hw: tuple[int, int], visible: int) -> int:
+    """A Sapiens2 MAE encoder pass over ``rows`` images of size ``hw``: the patch embedding of
+    the full image, then the blocks and the final norm on the prefix and ``visible`` grid tokens."""
+    bcfg = backbone.config
+    prefix = 1 + bcfg.num_storage_tokens
+
+    def run():
+        backbone.embed(_meta(rows, 3, *hw))
         rope_dtype = backbone.rope_embed.table_dtype
-        x = meta(G * batch, prefix + V, bcfg.embed_dim)
-        rope = (meta(V, bcfg.head_dim, dtype=rope_dtype), meta(V, bcfg.head_dim, dtype=rope_dtype))
+        x = _meta(rows, prefix + visible, bcfg.embed_dim)
+        rope = (_meta(visible, bcfg.head_dim, dtype=rope_dtype), _meta(visible, bcfg.head_dim, dtype=rope_dtype))
         for block in backbone.blocks:
             x = block(x, rope)
         backbone.ln1(x)
 
-    teacher = _count(lambda: (backbone(meta(G * batch, 3, H, W)), head(meta(G * batch, bcfg.embed_dim))))
-    student = _count(masked_encoder)
+    return _count(run)
+
+
+def _sapiens2_step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
+    """Teacher on the G full global views (+ DINO head); student on the masked global views,
+    the MAE decoder on every position, the L local views and the DINO head on G + L CLS tokens."""
+    backbone, head, decoder = _sapiens2_modules(cfg)
+    bcfg = backbone.config
+    G, L = cfg.crops.num_global, cfg.crops.num_local
+    (H, W), (h, w) = cfg.crops.global_size, cfg.crops.local_size
+    s, prefix, D = bcfg.feature_stride, 1 + bcfg.num_storage_tokens, bcfg.embed_dim
+    P = (H // s) * (W // s)
+    V = P - int(round(cfg.masking.ratio * P))
+    teacher = _count(lambda: (backbone(_meta(G * batch, 3, H, W)), head(_meta(G * batch, D))))
+    student = masked_encoder_flops(backbone, G * batch, (H, W), V)
     student += _count(
         lambda: decoder(
-            meta(G * batch, prefix + V, bcfg.embed_dim), meta(G * batch, V, dtype=torch.long), (H // s, W // s), prefix
+            _meta(G * batch, prefix + V, D), _meta(G * batch, V, dtype=torch.long), (H // s, W // s), prefix
         )
     )
     if L:
-        student += _count(lambda: backbone(meta(L * batch, 3, h, w)))
-    student += _count(lambda: head(meta((G + L) * batch, bcfg.embed_dim)))
+        student += _count(lambda: backbone(_meta(L * batch, 3, h, w)))
+    student += _count(lambda: head(_meta((G + L) * batch, D)))
     return StepCost(
         flops=teacher + 3 * student,
         tokens=tokens_per_step(cfg, batch),

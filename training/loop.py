@@ -88,6 +88,9 @@ class Session:
     last: dict = field(default_factory=dict)
     tick: float = 0.0
     saved_for_notice: bool = False
+    step_tokens: int = 0  # patch tokens per step (throughput)
+    step_flops: float | None = None  # FLOPs per step, counted only when the device's peak is known (MFU)
+    peak_tflops: float | None = None
 
     @property
     def run_dir(self) -> str:
@@ -96,15 +99,6 @@ class Session:
     @property
     def meta(self) -> dict:
         return {"run_name": self.cfg.run_name, "dataset_id": self.payload["dataset"]["id"], "model": self.cfg.model}
-
-
-@dataclass(frozen=True)
-class StepCost:
-    """What throughput and MFU are computed from: tokens and (only with a known peak) FLOPs per step."""
-
-    tokens: int
-    flops: float | None
-    peak_tflops: float
 
 
 def train_loop_per_worker(payload: dict) -> None:
@@ -202,16 +196,14 @@ def _train(s: Session) -> None:
     """Steps until the session's end, with a checkpoint every ``checkpoint.every`` steps, at
     the end, and when Ray says a node is about to be preempted."""
     cfg = s.cfg
-    peak = peak_tflops(cfg.peak_tflops, s.device)
-    cost = StepCost(
-        tokens=tokens_per_step(cfg, cfg.batch_size_per_worker),
-        flops=step_cost(cfg, cfg.batch_size_per_worker).flops if peak else None,  # counting takes seconds
-        peak_tflops=peak,
-    )
+    s.peak_tflops = peak_tflops(cfg.peak_tflops, s.device)
+    s.step_tokens = tokens_per_step(cfg, cfg.batch_size_per_worker)
+    if s.peak_tflops:  # counting takes seconds
+        s.step_flops = step_cost(cfg, cfg.batch_size_per_worker).flops
     session_end = cfg.steps if cfg.max_steps_this_session <= 0 else min(cfg.steps, s.step + cfg.max_steps_this_session)
     s.tick = time.perf_counter()
     while s.step < session_end:
-        _one_step(s, cost)
+        _one_step(s)
         if s.step % cfg.checkpoint.every == 0 or s.step == session_end:
             _save_and_report(s)
         elif _preemption_notice(cfg, s.step, s.saved_for_notice):
@@ -222,7 +214,7 @@ def _train(s: Session) -> None:
             s.saved_for_notice = True
 
 
-def _one_step(s: Session, cost: StepCost) -> None:
+def _one_step(s: Session) -> None:
     """Next batch, one optimiser step, its values (with timings and throughput) recorded."""
     cfg = s.cfg
     waited = time.perf_counter()
@@ -250,10 +242,10 @@ def _one_step(s: Session, cost: StepCost) -> None:
         step_time_s=elapsed,
         data_wait_s=data_wait,
         images_per_s=s.world * batch.size / elapsed,
-        tokens_per_s=s.world * cost.tokens / elapsed,
+        tokens_per_s=s.world * s.step_tokens / elapsed,
     )
-    if cost.flops:
-        s.last["mfu"] = cost.flops / elapsed / (cost.peak_tflops * 1e12)
+    if s.step_flops:
+        s.last["mfu"] = s.step_flops / elapsed / (s.peak_tflops * 1e12)
     if s.keys_file is not None:
         jsonl.append(s.keys_file, {"step": s.step, "keys": batch.keys})
     if s.logger is not None:

@@ -35,7 +35,7 @@ HISTORY_KEYS = ("loss", "loss_mae", "loss_cl", "loss_koleo", "lr", "momentum", "
 
 
 @dataclass
-class PretrainResult:
+class TrainingResult:
     """What a session leaves. ``losses``: total loss per step 1..``final_step`` (from
     MLflow, all sessions of the run); ``history``: every logged value per step.
     ``completed``: the run reached ``steps`` (else it stopped at ``max_steps_this_session``).
@@ -113,48 +113,22 @@ def _dataset_version(cfg: PretrainConfig, tracking_uri: str) -> DatasetVersion:
         ) from None
 
 
-def run_pretraining(cfg: PretrainConfig) -> PretrainResult:
+def run_pretraining(cfg: PretrainConfig) -> TrainingResult:
+    """Start or resume the run ``cfg`` names (see the module docstring) and train it to the
+    end of this session."""
     started = time.time()
     cfg.validate()
     cfg = with_run_name(absolutize(cfg))
     fs, storage_root = storage.resolve(cfg.storage_path)
     run_dir = storage.to_uri(fs, storage.join(storage_root, cfg.run_name))
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri, cfg.storage_path)
-
-    record = _read_record(fs, run_dir)
-    dataset = _dataset_version(cfg, tracking_uri)
-    digest = identity_digest(cfg)
-    if record is not None:
-        _check_resumable(cfg, record, digest, dataset.id)
-        shards = tuple(record["dataset"]["shards"])
-    else:
-        shards = dataset.shards
-    if not shards:
-        raise ValueError(f"dataset {dataset.id} ({dataset.uri}) has no shards")
-
-    run_id = _start_mlflow_run(cfg, tracking_uri, record, dataset, shards, digest)
-    record = record or {
-        "identity_digest": digest,
-        "identity": identity_dict(cfg),
-        "created": time.time(),
-        "dataset": {
-            "id": dataset.id,
-            "name": dataset.name,
-            "uri": dataset.uri,
-            "shards": list(shards),
-            "num_samples": dataset.num_samples,
-        },
-    }
-    record.update(mlflow_run_id=run_id, tracking_uri=tracking_uri)
-    storage.atomic_write_bytes(
-        fs, storage.join(storage.resolve(run_dir)[1], RUN_RECORD), json.dumps(record, indent=2).encode()
-    )
-    storage.atomic_write_bytes(fs, storage.join(storage.resolve(run_dir)[1], "config.yaml"), dump_config(cfg).encode())
-
+    record, dataset, shards = _inputs(cfg, run_dir, tracking_uri)
+    run_id = _start_mlflow_run(cfg, tracking_uri, record, dataset, shards, identity_digest(cfg))
+    record = _write_record(cfg, run_dir, record or _new_record(cfg, dataset, shards), run_id, tracking_uri)
     start_ray(cfg.ray)
     payload = {
         "config": config_to_dict(cfg),
-        "shards": list(shards),
+        "shards": list(record["dataset"]["shards"]),
         "run_dir": run_dir,
         "tracking_uri": tracking_uri,
         "mlflow_run_id": run_id,
@@ -165,7 +139,46 @@ def run_pretraining(cfg: PretrainConfig) -> PretrainResult:
     except BaseException:
         end_run(tracking_uri, run_id, "FAILED")
         raise
-    return _finish(cfg, result, run_dir, tracking_uri, run_id, record, started)
+    return _finish(cfg, result, run_dir, record, started)
+
+
+def _inputs(cfg: PretrainConfig, run_dir: str, tracking_uri: str) -> tuple[dict | None, DatasetVersion, tuple]:
+    """The run's record (None for a new run, checked against ``cfg`` for a resumed one), the
+    dataset version ``data.dataset`` names and the shards to stream (a resumed run: its own)."""
+    record = _read_record(storage.resolve(run_dir)[0], run_dir)
+    dataset = _dataset_version(cfg, tracking_uri)
+    if record is not None:
+        _check_resumable(cfg, record, identity_digest(cfg), dataset.id)
+        shards = tuple(record["dataset"]["shards"])
+    else:
+        shards = dataset.shards
+    if not shards:
+        raise ValueError(f"dataset {dataset.id} ({dataset.uri}) has no shards")
+    return record, dataset, shards
+
+
+def _new_record(cfg: PretrainConfig, dataset: DatasetVersion, shards: tuple) -> dict:
+    return {
+        "identity_digest": identity_digest(cfg),
+        "identity": identity_dict(cfg),
+        "created": time.time(),
+        "dataset": {
+            "id": dataset.id,
+            "name": dataset.name,
+            "uri": dataset.uri,
+            "shards": list(shards),
+            "num_samples": dataset.num_samples,
+        },
+    }
+
+
+def _write_record(cfg: PretrainConfig, run_dir: str, record: dict, run_id: str, tracking_uri: str) -> dict:
+    """``run.json`` (with this session's MLflow run and store) and the session's ``config.yaml``."""
+    fs, root = storage.resolve(run_dir)
+    record.update(mlflow_run_id=run_id, tracking_uri=tracking_uri)
+    storage.atomic_write_bytes(fs, storage.join(root, RUN_RECORD), json.dumps(record, indent=2).encode())
+    storage.atomic_write_bytes(fs, storage.join(root, "config.yaml"), dump_config(cfg).encode())
+    return record
 
 
 def _trainer(cfg: PretrainConfig, payload: dict):
@@ -260,11 +273,10 @@ def _start_mlflow_run(cfg: PretrainConfig, tracking_uri: str, record: dict | Non
     return run_id
 
 
-def _finish(cfg, result, run_dir, tracking_uri, run_id, record, started) -> PretrainResult:
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    fs, root = storage.resolve(run_dir)
+def _finish(cfg: PretrainConfig, result, run_dir: str, record: dict, started: float) -> TrainingResult:
+    """Tag and end the MLflow run with where the session stopped; the session's result."""
+    tracking_uri, run_id = record["tracking_uri"], record["mlflow_run_id"]
+    fs = storage.resolve(run_dir)[0]
     checkpoint_uri = result.checkpoint.path if result.checkpoint is not None else None
     if checkpoint_uri and "://" not in checkpoint_uri and not storage.is_local(fs):
         checkpoint_uri = storage.to_uri(fs, checkpoint_uri)
@@ -272,11 +284,43 @@ def _finish(cfg, result, run_dir, tracking_uri, run_id, record, started) -> Pret
     final_step = int((result.metrics or {}).get("step", 0)) or max(
         (s for s, v in history.items() if "loss" in v), default=0
     )
-    manifest_path = storage.join(root, EXPORT_DIR, EXPORT_MANIFEST)
-    manifest = json.loads(storage.read_bytes(fs, manifest_path)) if storage.exists(fs, manifest_path) else {}
-    if manifest.get("step") != final_step:
-        manifest = {}  # an export of an earlier end, not of this state
+    manifest = _export_manifest(run_dir, final_step)
     completed = final_step >= cfg.steps
+    _tag_end(tracking_uri, run_id, final_step, completed, checkpoint_uri, manifest)
+    return TrainingResult(
+        run_name=cfg.run_name,
+        run_dir=run_dir,
+        checkpoint_uri=checkpoint_uri,
+        student_weights=manifest.get("export_student"),
+        teacher_weights=manifest.get("export_teacher"),
+        checkpoint_digest=manifest.get("export_student_sha256", ""),
+        final_step=final_step,
+        completed=completed,
+        losses=[history[s]["loss"] for s in range(1, final_step + 1) if "loss" in history.get(s, {})],
+        mlflow_run_id=run_id,
+        tracking_uri=tracking_uri,
+        dataset_id=record["dataset"]["id"],
+        dataset_uri=record["dataset"]["uri"],
+        config_digest=record["identity_digest"],
+        seconds=round(time.time() - started, 3),
+        history=history,
+    )
+
+
+def _export_manifest(run_dir: str, final_step: int) -> dict:
+    """The export manifest of the state at ``final_step`` ({} when there is none: an export of
+    an earlier end describes another state)."""
+    fs, root = storage.resolve(run_dir)
+    path = storage.join(root, EXPORT_DIR, EXPORT_MANIFEST)
+    manifest = json.loads(storage.read_bytes(fs, path)) if storage.exists(fs, path) else {}
+    return manifest if manifest.get("step") == final_step else {}
+
+
+def _tag_end(
+    tracking_uri: str, run_id: str, final_step: int, completed: bool, checkpoint_uri: str | None, manifest: dict
+) -> None:
+    from mlflow import MlflowClient
+
     tags = {"training.final_step": str(final_step), "training.state": "completed" if completed else "paused"}
     if checkpoint_uri:
         tags["checkpoint.uri"] = checkpoint_uri
@@ -291,25 +335,7 @@ def _finish(cfg, result, run_dir, tracking_uri, run_id, record, started) -> Pret
                     "checkpoint.teacher_digest": manifest["export_teacher_sha256"],
                 }
             )
+    client = MlflowClient(tracking_uri)
     for key, value in tags.items():
         client.set_tag(run_id, key, value)
     client.set_terminated(run_id, status="FINISHED" if completed else "KILLED")
-    losses = [history[s]["loss"] for s in range(1, final_step + 1) if "loss" in history.get(s, {})]
-    return PretrainResult(
-        run_name=cfg.run_name,
-        run_dir=run_dir,
-        checkpoint_uri=checkpoint_uri,
-        student_weights=manifest.get("export_student"),
-        teacher_weights=manifest.get("export_teacher"),
-        checkpoint_digest=manifest.get("export_student_sha256", ""),
-        final_step=final_step,
-        completed=completed,
-        losses=losses,
-        mlflow_run_id=run_id,
-        tracking_uri=tracking_uri,
-        dataset_id=record["dataset"]["id"],
-        dataset_uri=record["dataset"]["uri"],
-        config_digest=record["identity_digest"],
-        seconds=round(time.time() - started, 3),
-        history=history,
-    )
