@@ -1,5 +1,9 @@
 """FLOPs of one training step, counted with ``FlopCounterMode`` on the meta device.
 
+Distillation: the frozen teacher's forward on the G global views, the student's forward on
+the same views (masked, with its MAE decoder, when the MAE term is on) and its projection
+heads; backward as twice the student's forward.
+
 Per sample: teacher forward on the G full global views; student forward on the G
 masked global views (visible tokens only, after a full patch embedding), the L local
 views, the MAE decoder (all P positions) and the DINO head on G + L CLS tokens; the
@@ -19,7 +23,9 @@ from models.pretrain_heads import DINOHead, MAEDecoder, MAEDecoderConfig
 from models.registry import family_of, get_config
 from models.sapiens1 import Sapiens1Backbone, Sapiens1MAEDecoder
 from models.sapiens2 import Sapiens2Backbone
-from training.config import PretrainConfig
+from training.config import PretrainConfig, TrainConfig
+from training.distill_config import DistillConfig
+from training.meta_arch import DistillMetaArch
 
 
 @dataclass(frozen=True)
@@ -32,13 +38,16 @@ class StepCost:
     student_forward_flops: int
 
 
-def tokens_per_step(cfg: PretrainConfig, batch: int) -> int:
+def tokens_per_step(cfg: TrainConfig, batch: int) -> int:
     """Patch tokens through the encoders per step and rank: teacher G*P, student G*V + L*P_local
-    (Sapiens v1: the student's G*V alone, there is no teacher)."""
+    (Sapiens v1: the student's G*V alone, there is no teacher; distillation without the MAE
+    term: the student sees all G*P)."""
     s = get_config(cfg.model).feature_stride
     (H, W), (h, w) = cfg.crops.global_size, cfg.crops.local_size
     P, P_local = (H // s) * (W // s), (h // s) * (w // s)
     V = P - int(round(cfg.masking.ratio * P))
+    if isinstance(cfg, DistillConfig) and not cfg.loss.mae_weight:
+        V = P
     teacher = P if family_of(cfg.model) == "sapiens2" else 0
     return batch * (cfg.crops.num_global * (teacher + V) + cfg.crops.num_local * P_local)
 
@@ -89,11 +98,42 @@ def _mae_step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
     )
 
 
-def step_cost(cfg: PretrainConfig, batch: int) -> StepCost:
-    """FLOPs of one rank's step (``batch`` samples) for the objective of ``cfg.model``'s family."""
+def step_cost(cfg: TrainConfig, batch: int) -> StepCost:
+    """FLOPs of one rank's step (``batch`` samples) for ``cfg``'s objective."""
+    if isinstance(cfg, DistillConfig):
+        return _distill_step_cost(cfg, batch)
     if family_of(cfg.model) == "sapiens1":
         return _mae_step_cost(cfg, batch)
     return _sapiens2_step_cost(cfg, batch)
+
+
+def _distill_step_cost(cfg: DistillConfig, batch: int) -> StepCost:
+    """The frozen teacher on the G global views; the student on the same views (the masked ones
+    with the MAE term, plus its decoder) and its projection heads on every token it encodes."""
+    with torch.device("meta"):
+        teacher = Sapiens2Backbone(get_config(cfg.teacher.model))
+        student = DistillMetaArch.build_student(cfg)
+    backbone, bcfg = student["backbone"], student["backbone"].config
+    G, (H, W), s = cfg.crops.num_global, cfg.crops.global_size, bcfg.feature_stride
+    P, prefix, D = (H // s) * (W // s), 1 + bcfg.num_storage_tokens, bcfg.embed_dim
+    V = P - int(round(cfg.masking.ratio * P)) if cfg.loss.mae_weight else P
+    rows = G * batch
+    teacher_flops = _count(lambda: teacher(_meta(rows, 3, H, W)))
+    if cfg.loss.mae_weight:
+        decoder = student["mae_decoder"]
+        flops = masked_encoder_flops(backbone, rows, (H, W), V)
+        flops += _count(
+            lambda: decoder(_meta(rows, prefix + V, D), _meta(rows, V, dtype=torch.long), (H // s, W // s), prefix)
+        )
+    else:
+        flops = _count(lambda: backbone(_meta(rows, 3, H, W)))
+    flops += _count(lambda: (student["cls_proj"](_meta(rows, D)), student["patch_proj"](_meta(rows, V, D))))
+    return StepCost(
+        flops=teacher_flops + 3 * flops,
+        tokens=tokens_per_step(cfg, batch),
+        teacher_flops=teacher_flops,
+        student_forward_flops=flops,
+    )
 
 
 def _sapiens2_modules(cfg: PretrainConfig) -> tuple[Sapiens2Backbone, DINOHead, MAEDecoder]:
