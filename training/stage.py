@@ -11,6 +11,7 @@ manifest).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 from pathlib import Path
@@ -105,8 +106,9 @@ class TrainingStage(Stage):
             )
         return self.read_result(cfg, record, export)
 
+    @abc.abstractmethod
     def read_result(self, cfg: TrainConfig, record: dict, export: dict) -> StageResult:
-        raise NotImplementedError
+        """The stage's result from the run record and the export manifest."""
 
 
 class PretrainStage(TrainingStage, Stage[PretrainConfig, PretrainResult]):
