@@ -8,9 +8,10 @@
 
 The teacher: a released Sapiens2 pretrain file (with or without a ``backbone.`` prefix) or a
 platform export, checked against ``teacher.model``. The student exports in the official layout
-(``<run>/export/student_backbone.safetensors``): fine-tuning, probing, annotation (through a
-fine-tune export) and ONNX export take it like any backbone. Re-running with the same run_name
-(and storage_path) resumes from its newest checkpoint.
+(``<run>/export/student_backbone.safetensors``), which ``models.build_backbone(student.model,
+weights=...)`` loads as fine-tuning and probing load any backbone; a task checkpoint on it goes
+through ONNX export and annotation. Re-running with the same run_name (and storage_path)
+resumes from its newest checkpoint.
 """
 
 from __future__ import annotations

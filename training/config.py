@@ -218,7 +218,8 @@ class InitConfig:
     (``export/student_backbone.safetensors``), checked strictly against ``model``. ``heads``: a
     platform DCP checkpoint folder (``<run>/checkpoint_<step>``) whose student heads (DINO head,
     MAE decoder, projection heads) the run starts from; without it they start fresh. Both
-    enter the run's identity by their content's sha256, never by their path."""
+    enter the run's identity by their content's sha256, never by their path (and the default
+    ``run_name``: a run named by default needs its files to find itself again)."""
 
     backbone: str = ""
     heads: str = ""

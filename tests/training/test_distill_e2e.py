@@ -139,3 +139,35 @@ def test_the_benchmark_prints_cost_and_cosine_for_teacher_and_student(run, tmp_p
     cos = report["cosine"]
     assert all(-1 <= v <= 1 for part in cos.values() for v in part.values())
     assert cos["after"]["patch"] > cos["before"]["patch"]  # what the run's own loss optimised
+
+
+def test_the_probe_suite_takes_the_student_and_finds_the_distillation_run(run, tmp_path):
+    from mlflow import MlflowClient
+
+    from evaluation import ProbeConfig, run_probes
+    from infra.config import load_config
+
+    result = run["outcome"].result
+    cfg = load_config(
+        ProbeConfig,
+        REPO / "configs" / "probe_tiny.yaml",
+        [
+            f"output_dir={tmp_path / 'probe'}",
+            "backbone.name=sapiens2_nano",
+            f"backbone.checkpoint={result.student_weights}",
+            f"tracking.uri={run['dag'].tracking_uri}",
+            "tasks=[knn]",
+            "synthetic.train_images=8",
+            "synthetic.val_images=4",
+            "synthetic.height=64",
+            "synthetic.width=48",
+            "knn.k=[3]",
+            "knn.image_size=[64,48]",
+        ],
+    )
+    probed = run_probes(cfg)
+    assert set(probed.metrics) == {"knn"}
+    # found by the student's digest: the run that produced the checkpoint is the distillation's
+    assert probed.lineage.pretrain_run_id == result.run_id and probed.lineage.source == "digest"
+    tags = MlflowClient(run["dag"].tracking_uri).get_run(probed.parent_run_id).data.tags
+    assert tags["lineage.checkpoint_digest"] == result.checkpoint_digest
