@@ -140,7 +140,10 @@ def features(arch, x: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float(torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1).mean())
+    """Mean cosine of matching tokens: the report the distillation loss module defines."""
+    from training.losses.feature_distill_loss import token_cosine
+
+    return token_cosine(a, b)
 
 
 def fitted_cosine(student_NPd: torch.Tensor, teacher_NPD: torch.Tensor) -> float:
