@@ -61,8 +61,13 @@ def test_sigkilled_distillation_resumes_to_the_uninterrupted_weights(distill_ref
         "ray.progress_bars=off",
     ]
     env = dict(os.environ)
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    kill_when(proc, lambda: past_a_checkpoint(run_dir), timeout=1200, leftovers=ray_tmp)
+    log = distill_reference["folder"] / "crashed.log"  # a pipe could fill and stall the job
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        kill_when(proc, lambda: past_a_checkpoint(run_dir), timeout=1200, leftovers=ray_tmp)
+    except AssertionError as failed:
+        raise AssertionError(f"{failed}\n{log.read_text()[-3000:]}") from None
     at_kill, ckpts_at_kill = recorded_steps(run_dir), checkpoint_steps(run_dir)
     assert not (run_dir / EXPORT_DIR / EXPORT_MANIFEST).exists(), "the run finished before the kill"
     assert not pids_naming(ray_tmp), "a process of the killed job survived"
