@@ -29,8 +29,8 @@ set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
 PART1="backbone,backbone_compiled,pretrain,detector"
-# Part 2 has 570 - 360 = 210 s left: the place for the distilled student's section (add it to PART2,
-# to the section checks below and to tests/benchmarks/test_gpu_suite.py).
+# Part 2 has 570 - 360 = 210 s left: room for the distilled student's block below (`--only distill`,
+# 60 s), which is not in either part.
 PART2="annotate,annotate_onnx_fp16"
 SECTIONS="$PART1,$PART2"
 PEAK=989          # dense bf16 TFLOP/s of an H100/H200
@@ -73,7 +73,7 @@ done
 [[ "$PEAK" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--peak-tflops must be a number, got '$PEAK'"
 IFS=, read -r -a WANTED <<< "$SECTIONS"
 for s in "${WANTED[@]}"; do
-    case "$s" in backbone|backbone_compiled|pretrain|detector|annotate|annotate_onnx_fp16) ;; *) die "unknown section '$s' (known: $PART1,$PART2)" ;; esac
+    case "$s" in backbone|backbone_compiled|pretrain|detector|annotate|annotate_onnx_fp16|distill) ;; *) die "unknown section '$s' (known: $PART1,$PART2,distill)" ;; esac
 done
 
 BACKBONE=("$PY" "$REPO/benchmarks/backbone_step.py" --device cuda --model sapiens2_1b --hw 1024 768 --batch 4
@@ -88,6 +88,15 @@ ANNOTATE=("$PY" "$REPO/benchmarks/annotate_throughput.py" --device cuda --sizes 
 ANNOTATE_ONNX=("$PY" "$REPO/benchmarks/annotate_throughput.py" --device cuda --sizes 0.4b --tasks pose --hw 1024 768
                --runtimes torch,onnx-fp16 --precision bf16 --images-large 32 --per-shard-large 8 --actors 4
                --gpus-per-actor 0.25 --cpus-per-actor 3 --batch 8 --no-loop --peak-tflops "$PEAK")
+
+# --- The distilled student (its own block; not in the default SECTIONS, whose limits fill the
+# 10-minute budget: `--only distill`, about a minute). sapiens2_0.1b, the student a sapiens2_1b
+# teacher distils into, against that teacher at 1024x768, bf16 autocast, forward only: images/s per
+# GPU of each and the ratio, measured in the same run (benchmarks/distill_student.py --device cuda;
+# random weights, as speed does not depend on them).
+T_DISTILL=60
+DISTILL=("$PY" "$REPO/benchmarks/distill_student.py" --device cuda --teacher-model sapiens2_1b
+         --student-model sapiens2_0.1b --hw 1024 768 --batch 8 --steps 10 --warmup 3)
 
 run() {  # run NAME LIMIT_S CMD...: one section under its limit, its status remembered
     local name="$1" limit="$2"; shift 2
@@ -150,6 +159,7 @@ for s in "${WANTED[@]}"; do
         detector) run detector "$T_DETECTOR" "${DETECT[@]}" ;;
         annotate) run annotate "$T_ANNOTATE" "${ANNOTATE[@]}" ;;
         annotate_onnx_fp16) run annotate_onnx_fp16 "$T_ANNOTATE_ONNX" "${ANNOTATE_ONNX[@]}" ;;
+        distill) run distill "$T_DISTILL" "${DISTILL[@]}" ;;
     esac
 done
 echo
