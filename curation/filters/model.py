@@ -233,7 +233,10 @@ def decode_rgb(data: bytes, min_side: int | None = None, max_side: int | None = 
 def decode_pending(
     table: pa.Table, mask: list[bool], min_side: int | None = None, max_side: int | None = None
 ) -> tuple[dict[int, Image.Image], dict[int, str]]:
-    """Decoded images of the rows in ``mask`` by row index, and per-row decode errors."""
+    """Decoded images of the rows in ``mask`` by row index, and per-row decode errors (what Pillow
+    raises on a row's bytes; a ``MemoryError`` fails the batch: ``curation.decode.pillow_error``)."""
+    from curation.decode import pillow_error
+
     images: dict[int, Image.Image] = {}
     errors: dict[int, str] = {}
     column = table.column("image")
@@ -241,12 +244,13 @@ def decode_pending(
         if not pending:
             continue
         data = column[i].as_py()
+        if data is None:
+            errors[i] = "ValueError: row has no image bytes"
+            continue
         try:
-            if data is None:
-                raise ValueError("row has no image bytes")
             images[i] = decode_rgb(data, min_side=min_side, max_side=max_side)
-        except Exception as err:  # one bad row must not fail the batch
-            errors[i] = f"{type(err).__name__}: {err}"
+        except Exception as err:  # noqa: BLE001 - one bad row must not fail the batch
+            errors[i] = str(pillow_error(schema.DECODE_FAILED, err))
     return images, errors
 
 
