@@ -75,11 +75,8 @@ def curated_demo(demo_curated):
 
 # The uninterrupted Sapiens2 tiny run that the end-to-end checks read and the crash-and-resume
 # test compares against (tests/training/test_pretrain_crash_resume.py runs the same settings
-# through pipelines/pretrain.py): checkpoints at 2, 4, 6 and 8, so a kill after step 3 has one
-# behind it and keep=2 has two to rotate out; loss windows of 3 steps (test_pretrain_e2e). Each
-# step runs on two workers in three runs (reference, killed, resumed); the steps after the first
-# checkpoint are the margin a loaded machine's kill needs to land before the run ends.
-REFERENCE_STEPS, REFERENCE_EVERY = 8, 2
+# through pipelines/pretrain.py): checkpoints at 4, 8 and 12, so a kill after step 5 has one behind it.
+REFERENCE_STEPS, REFERENCE_EVERY = 12, 4
 
 
 def reference_settings(dataset_id: str, store: Path, storage: Path) -> list[str]:
