@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 
 from curation import output, readers, schema, staging
-from curation.dedup.distributed import GlobalDedupInput, decided_steps, partition_decisions
+from curation.dedup.decisions import GlobalDedupInput, decided_steps, partition_decisions
 from curation.dedup.eval_overlap import EvalSet
 from curation.dedup.steps import (
     Decontaminate,
