@@ -184,14 +184,6 @@ def value_sample(values_ds) -> np.ndarray:
         bound = min(MIX_END, bound * 16)
 
 
-def near_plans(sample: np.ndarray, cfg: NearDupConfig) -> tuple[BandPlan, list[np.ndarray]]:
-    """(outer plan of t + 1 blocks, the band masks of the search within each outer block), both
-    from the band planner on the values' sample (module docstring)."""
-    t = cfg.max_distance
-    outer = plan_bands(sample, t, num_blocks=t + 1)
-    return outer, [plan_bands(sample, t, num_blocks=cfg.num_blocks, within=b).masks() for b in outer.blocks]
-
-
 def _outer_rows(batch: pa.Table, outer: BandPlan, num_partitions: int) -> pa.Table:
     """One record per (distinct value, outer block): shuffle group, block, value, row."""
     rows, values = batch.column("row_id").to_numpy(), batch.column("value").to_numpy()
@@ -230,7 +222,9 @@ def group_edges(group: pa.Table, inner: list[np.ndarray], max_distance: int, max
 
 def near_edges(values_ds, cfg: NearDupConfig, num_partitions: int):
     """Row edges (a lazy dataset) of the rows whose values lie within t bits (module docstring)."""
-    outer, inner = near_plans(value_sample(values_ds), cfg)
+    sample, t = value_sample(values_ds), cfg.max_distance  # the outer plan, then the search's in each block
+    outer = plan_bands(sample, t, num_blocks=t + 1)
+    inner = [plan_bands(sample, t, num_blocks=cfg.num_blocks, within=b).masks() for b in outer.blocks]
     records = values_ds.map_batches(
         _outer_rows, fn_kwargs={"outer": outer, "num_partitions": num_partitions}, batch_format="pyarrow"
     )

@@ -20,7 +20,6 @@ components over the batch's rows and the representatives, which is all the decis
 from __future__ import annotations
 
 import dataclasses
-import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -36,12 +35,13 @@ from curation.dedup.distributed import (
     values_dataset,
     write_decisions,
 )
-from curation.dedup.index_store import PartitionedNearIndex, band_file, rows_file, value_buckets
+from curation.dedup.index_store import PartitionedNearIndex, band_file, key_buckets, rows_file, value_buckets
 from curation.dedup.near import GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, cross_pairs
 from curation.dedup.shuffle import shuffle, slices
 from infra import storage
 
 OLD_NODE = 1 << 62  # node ids of stored rows: OLD_NODE | part << 44 | bucket << 32 | position in the file
+EDGE_SCHEMA = pa.schema([("row_id", pa.int64()), ("key", pa.string())])  # a batch row reaching a stored key
 NEW_GROUPS = 1 << 30  # ``node >> 32`` below this: a staging partition; above: (part, bucket) of a stored row
 MEMBER_TYPES = {
     "key": pa.string(),
@@ -120,7 +120,7 @@ def _bucket_edges(rows: pa.Table, postings: pa.Table, mask: int, max_distance: i
     old, holder = np.unique(postings.column("value").to_numpy(), return_inverse=True)
     i, j = cross_pairs(distinct, old, mask, max_distance)
     if not len(i):
-        return pa.table({"row_id": pa.array([], pa.int64()), "key": pa.array([], pa.string())})
+        return EDGE_SCHEMA.empty_table()
     reach = np.full(len(old), np.iinfo(np.int64).max)
     np.minimum.at(reach, j, first[i])  # per stored value: the smallest new row reaching it
     hit = np.isin(np.arange(len(old)), j)[holder]
@@ -141,7 +141,7 @@ def _bucket_edges(rows: pa.Table, postings: pa.Table, mask: int, max_distance: i
 
 def _join_buckets(group: pa.Table, layout: IndexLayout, max_distance: int) -> pa.Table:
     """The (row_id, stored key) edges of the buckets in one shuffle group (one file at a time)."""
-    out = [pa.table({"row_id": pa.array([], pa.int64()), "key": pa.array([], pa.string())})]
+    out = [EDGE_SCHEMA.empty_table()]
     for bucket, rows in slices(group, "_b"):
         j, b = divmod(bucket, layout.num_buckets)
         for p in range(len(layout.parts)):
@@ -151,8 +151,7 @@ def _join_buckets(group: pa.Table, layout: IndexLayout, max_distance: int) -> pa
 
 
 def _key_bucket(batch: pa.Table, column: str, num_buckets: int) -> pa.Table:
-    keys = batch.column(column).to_pylist()
-    return batch.append_column("_kb", pa.array([zlib.crc32(k.encode()) % num_buckets for k in keys], pa.int64()))
+    return batch.append_column("_kb", pa.array(key_buckets(batch.column(column).to_pylist(), num_buckets)))
 
 
 def _stored(layout: IndexLayout, b: int, keys: pa.Array) -> pa.Table | None:
@@ -169,7 +168,7 @@ def _stored(layout: IndexLayout, b: int, keys: pa.Array) -> pa.Table | None:
 def _representatives(group: pa.Table, layout: IndexLayout) -> pa.Table:
     """(row_id, representative key) per edge record (``new`` false) of the group. The batch's own
     keys come as ``new`` records: one the index already holds is refused."""
-    out = [pa.table({"row_id": pa.array([], pa.int64()), "key": pa.array([], pa.string())})]
+    out = [EDGE_SCHEMA.empty_table()]
     for b, rows in slices(group, "_kb"):
         stored = _stored(layout, b, pc.unique(rows.column("key")))
         if stored is None or not stored.num_rows:

@@ -139,12 +139,6 @@ def unit_groups(inp: GlobalDedupInput, assigned, rows: int, records: int) -> int
     return max(1, min(MAX_GROUPS, math.ceil(records * per_record / GROUP_BYTES)))
 
 
-def _spread(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row index, 0..count-1) for every copy of each row."""
-    idx = np.repeat(np.arange(len(counts)), counts)
-    return idx, np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-
-
 def _own_block(batch: pa.Table, blocks: np.ndarray) -> np.ndarray:
     """Each row's block of its cluster: a mix of its row id (of its key's rank for an earlier row)."""
     ids = batch.column("row_id").to_numpy().astype(np.uint64)
@@ -165,7 +159,9 @@ def _units(batch: pa.Table, blocks, column: str, cross: bool) -> pa.Table:
     side = batch.column("side").to_numpy().astype(np.int64)
     mine_of = blocks[side, cluster]
     own = _own_block(batch, mine_of)
-    idx, other = _spread(blocks[1 - side, cluster] if cross else mine_of)
+    counts = blocks[1 - side, cluster] if cross else mine_of  # one copy per unit holding the row's block
+    idx = np.repeat(np.arange(len(counts)), counts)
+    other = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     mine, side = own[idx], side[idx]
     if cross:
         first, second = np.where(side == 0, mine, other), np.where(side == 0, other, mine)

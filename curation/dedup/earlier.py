@@ -62,22 +62,11 @@ class EarlierVersion:
         return pa.concat_tables([KEY_SHA.empty_table(), *found])
 
 
-@dataclasses.dataclass
-class BestMatch:
-    """Per new row the best earlier match so far: cosine (-inf: none at or above the threshold) and key."""
-
-    score: np.ndarray
-    key: np.ndarray  # object array of str (None: no match)
-
-    @classmethod
-    def none(cls, n: int) -> BestMatch:
-        return cls(np.full(n, -np.inf), np.full(n, None, dtype=object))
-
-    def merge(self, rows: np.ndarray, score: np.ndarray, key: np.ndarray) -> None:
-        """Take (row, score, key) candidates where they beat the current best (higher cosine, then smaller key)."""
-        for r, s, k in zip(rows.tolist(), score.tolist(), key.tolist()):
-            if s > self.score[r] or (s == self.score[r] and self.key[r] is not None and k < self.key[r]):
-                self.score[r], self.key[r] = s, k
+def best_per_row(pairs: pa.Table) -> pa.Table:
+    """Of (row, score, key) candidates, each row's best: the highest cosine, then the smallest key."""
+    pairs = pairs.sort_by([("row", "ascending"), ("score", "descending"), ("key", "ascending")])
+    rows = pairs.column("row").to_numpy()
+    return pairs.take(pa.array(np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else [], pa.int64()))
 
 
 def best_matches(x_new: np.ndarray, x_old: np.ndarray, old_keys, threshold: float) -> pa.Table:
@@ -90,15 +79,8 @@ def best_matches(x_new: np.ndarray, x_old: np.ndarray, old_keys, threshold: floa
             "they come from different models"
         )
     i, j, score = similar_pairs(x_new, x_old, threshold) if len(x_new) and len(x_old) else (np.zeros(0, int),) * 3
-    pairs = pa.table(
-        {
-            "row": pa.array(i, pa.int64()),
-            "score": pa.array(score, pa.float64()),
-            "key": _array(old_keys).take(pa.array(j, pa.int64())),
-        }
-    ).sort_by([("row", "ascending"), ("score", "descending"), ("key", "ascending")])
-    rows = pairs.column("row").to_numpy()
-    return pairs.take(pa.array(np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else [], pa.int64()))
+    keys = _array(old_keys).take(pa.array(j, pa.int64()))
+    return best_per_row(pa.table({"row": pa.array(i, pa.int64()), "score": pa.array(score, pa.float64()), "key": keys}))
 
 
 def _array(keys) -> pa.Array:
@@ -130,17 +112,12 @@ def best_semantic_matches(
     centroids: Centroids,
     column: str,
     threshold: float,
-) -> BestMatch:
-    """The best earlier kept match (cosine >= ``threshold``, in the new row's cluster) of each new
-    row, over every manifest part, one part at a time."""
-    best = BestMatch.none(len(x_new))
+) -> pa.Table:
+    """(row, score, key): each new row's best earlier kept match (cosine >= ``threshold``, in its
+    cluster) over every manifest part, one part at a time."""
+    best = best_matches(x_new[:0], x_new[:0], pa.array([], pa.string()), threshold)
     for part in earlier.kept_parts(["key", column]):
-        t = top1_in_part(x_new, clusters, centroids, part, column, threshold)
-        best.merge(
-            t.column("row").to_numpy(),
-            t.column("score").to_numpy(),
-            np.array(t.column("key").to_pylist(), dtype=object),
-        )
+        best = best_per_row(pa.concat_tables([best, top1_in_part(x_new, clusters, centroids, part, column, threshold)]))
     return best
 
 
@@ -152,19 +129,12 @@ def semantic_against(new: pa.Table, earlier: EarlierVersion, cfg) -> pa.Table:
         return DECISION_SCHEMA.empty_table()
     x = embeddings(new, cfg.embedding_column)
     centroids = sample_centroids(new.select(["key", cfg.embedding_column]), new.num_rows, cfg)
-    clusters = centroids.assign(x)
-    best = best_semantic_matches(earlier, x, clusters, centroids, cfg.embedding_column, cfg.threshold)
-    rows = np.flatnonzero(best.key != None)  # noqa: E711
-    reps = pa.array(best.key[rows].tolist(), pa.string())
-    return (
-        pa.table(
-            {
-                "key": new.column("key").take(pa.array(rows, pa.int64())),
-                "reason": pa.array([schema.SEMANTIC_DUPLICATE] * len(rows), pa.string()),
-                "duplicate_of": reps,
-                "duplicate_group": pc.binary_join_element_wise(GROUP_PREFIX, reps, ""),
-            }
-        )
-        .cast(DECISION_SCHEMA)
-        .sort_by("key")
-    )
+    best = best_semantic_matches(earlier, x, centroids.assign(x), centroids, cfg.embedding_column, cfg.threshold)
+    reps = best.column("key")
+    decisions = {
+        "key": new.column("key").take(best.column("row")),
+        "reason": pa.array([schema.SEMANTIC_DUPLICATE] * len(reps), pa.string()),
+        "duplicate_of": reps,
+        "duplicate_group": pc.binary_join_element_wise(GROUP_PREFIX, reps, ""),
+    }
+    return pa.table(decisions).cast(DECISION_SCHEMA).sort_by("key")

@@ -61,8 +61,8 @@ class NearDupConfig:
     index_locations: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.hash not in ("phash", "dhash"):
-            raise ValueError(f"dedup.near.hash must be 'phash' or 'dhash', got {self.hash!r}")
+        if self.hash != "phash":  # the decode step writes phash and phash_mirror only
+            raise ValueError(f"dedup.near.hash must be 'phash' (the hash decode writes), got {self.hash!r}")
         if not isinstance(self.max_distance, int) or not 0 <= self.max_distance <= 16:
             raise ValueError(
                 f"dedup.near.max_distance must be an int in 0..16 bits, got {self.max_distance!r} "
@@ -319,16 +319,6 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered[first], inverse
 
 
-def labels_from_value_edges(
-    n_rows: int, n_values: int, rows: np.ndarray, value_ids: np.ndarray, ea: np.ndarray, eb: np.ndarray
-) -> np.ndarray:
-    """Component label per row of the graph of rows and values: ``rows[k]`` - ``value_ids[k]``,
-    ``ea[k]`` - ``eb[k]``."""
-    a = np.concatenate([rows, ea + n_rows])
-    b = np.concatenate([value_ids + n_rows, eb + n_rows])
-    return component_labels(n_rows + n_values, a, b)[:n_rows]
-
-
 def prepare(candidates: pa.Table, cfg: NearDupConfig) -> pa.Table:
     check_columns(candidates.column_names, cfg)
     return canonical_order(
@@ -349,5 +339,6 @@ def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *, prefer
     distinct, value_ids = unique_inverse(values)
     masks = plan_bands(distinct, cfg.max_distance, num_blocks=cfg.num_blocks).masks()
     ea, eb = value_edges(distinct, masks, cfg.max_distance, cfg.max_pairs_per_chunk)
-    labels = labels_from_value_edges(table.num_rows, len(distinct), rows, value_ids, ea, eb)
+    n = table.num_rows  # nodes: rows, then distinct values
+    labels = component_labels(n + len(distinct), np.r_[rows, ea + n], np.r_[value_ids + n, eb + n])[:n]
     return decisions_from_labels(table, labels, NEAR_DUPLICATE, GROUP_PREFIX, prefer)

@@ -23,13 +23,9 @@ MAX_ROUNDS = 64
 EDGE_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.int64()), ("changed", pa.int8())])
 
 
-def partition_of(keys: np.ndarray, num_partitions: int, salt: int = 0) -> np.ndarray:
-    return (mix64(keys.astype(np.uint64) ^ np.uint64(salt)) % np.uint64(num_partitions)).astype(np.int32)
-
-
 def _with_part(batch: pa.Table, key: str, num_partitions: int) -> pa.Table:
-    part = partition_of(batch.column(key).to_numpy(), num_partitions)
-    return batch.append_column("_part", pa.array(part))
+    keys = batch.column(key).to_numpy().astype(np.uint64)
+    return batch.append_column("_part", pa.array((mix64(keys) % np.uint64(num_partitions)).astype(np.int32)))
 
 
 def shuffle(ds, key: str, reduce, num_partitions: int, fn_kwargs: dict | None = None):
