@@ -377,14 +377,17 @@ def hash_values(n: int, kind: str, rng: np.random.Generator, latent_dim: int = 8
         return rng.integers(0, 2**64, n, dtype=np.uint64)
     if kind != "correlated":
         raise ValueError(f"hash_values draws uniform or correlated values, not {kind!r} (see hash_pairs)")
-    w = np.random.default_rng(12345).standard_normal((64, latent_dim)).astype(np.float32)  # fixed across runs
-    w /= np.linalg.norm(w, axis=1, keepdims=True)
+    w = np.random.default_rng(12345).standard_normal((64, latent_dim))  # fixed across runs
+    w = np.rint(w / np.linalg.norm(w, axis=1, keepdims=True) * 2.0**20).astype(np.int64)
     weights = np.uint64(1) << np.arange(64, dtype=np.uint64)
     out = np.empty(n, dtype=np.uint64)
-    for s in range(0, n, 200_000):  # chunks keep the float matrix small at 1e6+
+    for s in range(0, n, 200_000):  # chunks keep the matrices small at 1e6+
         m = min(n, s + 200_000) - s
-        z = rng.standard_normal((m, latent_dim), dtype=np.float32)
-        bits = (z @ w.T + noise * rng.standard_normal((m, 64), dtype=np.float32)) > 0
+        z = np.rint(rng.standard_normal((m, latent_dim), dtype=np.float32) * 2.0**20).astype(np.int64)
+        e = np.rint(noise * rng.standard_normal((m, 64), dtype=np.float32) * 2.0**40).astype(np.int64)
+        # integers: the projection is exact (a float product's rounding, and with it the sign of a
+        # near-zero sum, follows the CPU's BLAS kernel), so every machine draws the same bits
+        bits = z @ w.T + e > 0
         out[s : s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     return out
 
