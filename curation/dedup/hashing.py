@@ -17,10 +17,12 @@ most. So imagededup's PHash of the *file* equals the manifest's only where decod
 imagededup reads and the shortcuts moved no bit: a manifest's hashes can be checked against
 imagededup on the decoded pixels, within that bound, not recomputed from the files alone.
 
-The pipeline's hash is the same on every machine: its coefficients are rounded to
-``COEFFICIENT_STEP`` before they are compared, far above the rounding differences of the matrix
-products between BLAS kernels (CPUs). Without it the bits of a blank or symmetric image, whose
-coefficients are mostly zero, were the signs of that rounding noise. (``fast=False`` keeps
+The pipeline's hash does not follow the BLAS kernel (CPU) it runs on: its coefficients are rounded
+to ``COEFFICIENT_STEP`` before they are compared, far above the rounding differences of the matrix
+products between kernels, so a bit can differ only where two coefficients lie within a step of
+each other across the median (the test perturbs the products). Without it the bits of a blank or
+symmetric image, whose coefficients are mostly zero, were the signs of that rounding noise. The
+thumbnail itself is Pillow's (decode and resize): equal where the Pillow and libjpeg builds are. (``fast=False`` keeps
 imagededup's floating-point DCT, noise included.) Almost all of the cost is the Lanczos resize
 of the full image, not the DCT (docs/results/curation_design.md).
 """

@@ -1,4 +1,5 @@
 import itertools
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -143,6 +144,26 @@ def test_disabled_and_empty():
 def test_invalid_settings_say_what_to_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NearDupConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "dedup.near.max_distance=40",
+        "dedup.near.num_blocks=3",
+        "dedup.near.index_num_blocks=65",
+        "dedup.near.max_pairs_per_chunk=0",
+        "dedup.near.hash=dhash",
+    ],
+)
+def test_a_bad_value_in_the_curation_config_names_its_real_key(override):
+    """The message names the key as a user writes it in the curation config (not a former name)."""
+    from curation.recipe import CurationConfig
+    from infra.config import load_config
+
+    key = override.partition("=")[0]
+    with pytest.raises(ValueError, match=rf"^{re.escape(key)}\b"):
+        load_config(CurationConfig, overrides=["input.uri=x", "output_dir=y", override])
 
 
 def test_duplicate_keys_are_refused():
