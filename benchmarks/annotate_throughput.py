@@ -25,7 +25,10 @@ Printed per task: each one's images/s, the job's images/s per core against the l
 (target >= 0.8x), the share of the time spent in model forwards (the loop's, and the job's
 summed over actors against wall x actors), the seconds each actor spent outside shards (its
 start-up and model loads, waits for work: the fixed cost that a longer run amortises), and
-whether the two wrote the same bytes. ``--parallel-loops`` adds ``--actors`` plain loops in as
+whether the two wrote the same bytes. Every sample must be annotated: a sample the loop or the
+job could not annotate (an error row) stops the benchmark (the job runs with
+``max_error_share=0``), since error rows are neither throughput nor bytes worth comparing.
+``--parallel-loops`` adds ``--actors`` plain loops in as
 many processes (shards dealt out, no Ray): what the machine itself gives per core when that
 many copies of the work run at once. With
 ``--device cuda`` (the GPU suite) the loop is skipped (``--no-loop``): the job's images/s per
@@ -149,6 +152,7 @@ def annotate_config(args, dataset: str, out: Path, task: str, ckpt: Path, hw):
     )
     return AnnotateConfig(
         output_dir=str(out),
+        max_error_share=0.0,  # any sample not annotated fails the job: see the module docstring
         data=DataSettings(dataset=dataset),
         tasks=from_dict(TasksConfig, {task: settings}),
         actors=actors,
@@ -175,8 +179,18 @@ def plain_loop(cfg, out: Path, part: tuple[int, int] = (0, 1), barrier=None) -> 
         barrier.wait()
     start = time.perf_counter()
     annotator = Annotator(infos, cfg.tasks, dataclasses.replace(cfg.actors, num_cpus=1), "cpu")
-    images = sum(annotate_shard(annotator, s, str(out))["samples"] for s in shards)
-    return time.perf_counter() - start, annotator.forward_seconds, images
+    done = [annotate_shard(annotator, s, str(out)) for s in shards]
+    seconds, images, errors = (
+        time.perf_counter() - start,
+        sum(d["samples"] for d in done),
+        sum(d["errors"] for d in done),
+    )
+    if errors:
+        raise RuntimeError(
+            f"the plain loop could not annotate {errors} of {images} samples (their status, reason and error: "
+            f"{out}/annotations/*.parquet): error rows are not throughput"
+        )
+    return seconds, annotator.forward_seconds, images
 
 
 def parallel_loops(cfg, out: Path, k: int) -> tuple[float, int]:

@@ -7,9 +7,13 @@ The corpus (``build_corpus``): distinct JPEGs, random crops (30-70% of each side
 quarter turns and qualities of the real demo photos, each accepted only if its PHash (pass 1's
 own draft decode and hash) is more than ``MIN_BITS_APART`` bits from every accepted image's
 PHash and mirror hash; every 5th image is a duplicate of an earlier distinct one, alternately
-byte-identical and a near copy (re-encoded smaller, within 2 bits). So every prefix, both sizes
-included, holds 20% duplicates (10% exact, 10% near) and pass 1 keeps exactly the other 80%
-(checked). Partitions of the config's default size (1,000 images). Measured in one run:
+byte-identical and a near copy: a repost, re-encoded 5-20% smaller at quality 60-75, which
+the near search pairs with its original (its PHash within the job config's
+``dedup.near.max_distance``; a draw that moved it further is drawn again, and an original that
+no draw brings within reach gives way to another). So every prefix, both sizes included, holds
+20% duplicates (10% exact, 10% near) and pass 1 keeps exactly the other 80% (checked); how far
+the near copies' hashes moved is printed. Partitions of the config's default size (1,000
+images). Measured in one run:
 
   1. two baselines, each in one process and in N processes (N = the CPUs given to Ray), before
      and after the pipeline runs (their sum is the baseline the ratios use): a Pillow loop
@@ -38,6 +42,7 @@ docs/results/curation_throughput.md.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import hashlib
 import io
@@ -70,7 +75,7 @@ CENTERNET = REPO.parent / "shared" / "assets" / "models" / "person_centernet_512
 
 DUPLICATE_EVERY = 5  # image i is a duplicate when i % 5 == 4: 20% of every prefix
 MIN_BITS_APART = 10  # distinct images' PHashes (and mirror hashes): more than this apart (near dedup: 4)
-NEAR_COPY_BITS = 2  # a near copy's PHash: at most this far from its original's
+NEAR_COPY_TRIES = 20  # reposts drawn of one original before another original is drawn
 
 
 def _jpeg(im: Image.Image, quality: int) -> bytes:
@@ -97,6 +102,10 @@ class DistinctImages:
         ]
         self.hashes = np.zeros(0, np.uint64)
         self.tried = 0
+        self.near_bits = CurationConfig().dedup.near.max_distance  # what the runs' near search pairs
+        self.moved: collections.Counter = collections.Counter()  # near copies by bits their PHash moved
+        self.redrawn = 0  # reposts that moved it further than ``near_bits`` (drawn again)
+        self.passed_over = 0  # originals no repost brought within reach
 
     def _candidate(self) -> Image.Image | None:
         rng, src = self.rng, self.rng.choice(self.sources)
@@ -121,26 +130,40 @@ class DistinctImages:
             self.hashes = np.concatenate([self.hashes, v])
             return data
 
-    def near_copy(self, data: bytes) -> bytes:
-        """A smaller re-encode of ``data`` whose PHash is within ``NEAR_COPY_BITS`` of its own."""
+    def near_copy(self, data: bytes) -> bytes | None:
+        """A repost of ``data`` (5-20% smaller, quality 60-75) whose PHash is within ``near_bits`` of
+        its own, or None when ``NEAR_COPY_TRIES`` draws all moved it further."""
         im, h = Image.open(io.BytesIO(data)).convert("RGB"), pass1_hashes(data)[0]
-        for _ in range(20):
+        for _ in range(NEAR_COPY_TRIES):
             s = self.rng.uniform(0.8, 0.95)
             copy = _jpeg(im.resize((int(im.width * s), int(im.height * s))), self.rng.randint(60, 75))
-            if int(hamming(pass1_hashes(copy)[0], h)) <= NEAR_COPY_BITS:
+            bits = int(hamming(pass1_hashes(copy)[0], h))
+            if bits <= self.near_bits:
+                self.moved[bits] += 1
                 return copy
-        raise RuntimeError("no near copy within reach; lower MIN_BITS_APART or widen the search")
+            self.redrawn += 1
+        return None
+
+    def duplicate(self, distinct: list[bytes], exact: bool) -> bytes:
+        """A copy of a random one of ``distinct``: its bytes, or a near copy (of another original
+        when no repost of the first is within reach)."""
+        while True:
+            original = distinct[self.rng.randrange(len(distinct))]
+            copy = original if exact else self.near_copy(original)
+            if copy is not None:
+                return copy
+            self.passed_over += 1
 
 
-def build_corpus(folder: Path, n: int, seed: int = 0) -> list[Path]:
-    """``n`` JPEGs: image i is a duplicate of a random earlier distinct image when
-    ``i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1`` (byte-identical and near copy in turn), else a
-    new distinct image. Any prefix of k images holds k // DUPLICATE_EVERY duplicates."""
+def build_corpus(folder: Path, n: int, seed: int = 0) -> tuple[list[Path], DistinctImages]:
+    """``n`` JPEGs and the generator that drew them (its counts): image i is a duplicate of a random
+    earlier distinct image when ``i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1`` (byte-identical and
+    near copy in turn), else a new distinct image. Any prefix of k images holds k // DUPLICATE_EVERY
+    duplicates."""
     gen, distinct, paths = DistinctImages(seed), [], []
     for i in range(n):
         if i % DUPLICATE_EVERY == DUPLICATE_EVERY - 1:
-            original = distinct[gen.rng.randrange(len(distinct))]
-            data = original if (i // DUPLICATE_EVERY) % 2 == 0 else gen.near_copy(original)
+            data = gen.duplicate(distinct, exact=(i // DUPLICATE_EVERY) % 2 == 0)
         else:
             data = gen.next()
             distinct.append(data)
@@ -148,7 +171,7 @@ def build_corpus(folder: Path, n: int, seed: int = 0) -> list[Path]:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
         paths.append(p)
-    return paths
+    return paths, gen
 
 
 def distinct_in(n: int) -> int:
@@ -560,7 +583,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hv-bench-"))
     try:
         t0 = time.perf_counter()
-        paths = build_corpus(work / "raw-large", max(args.images, args.large))
+        paths, gen = build_corpus(work / "raw-large", max(args.images, args.large))
         built = time.perf_counter() - t0
         small = link_corpus(paths[: args.images], work / "raw")
         mb = sum(p.stat().st_size for p in small) / 2**20
@@ -576,6 +599,11 @@ def main() -> None:
             f"({dups / len(small):.0%}: byte-identical and near copies in turn; the same share in the "
             f"{args.large} for the slope); built in {built:.0f} s; {n} CPUs for Ray; load average "
             f"{os.getloadavg()[0]:.1f}"
+        )
+        moved = ", ".join(f"{k} bits: {v}" for k, v in sorted(gen.moved.items()))
+        print(
+            f"near copies' PHash moved from their originals' ({moved}); reposts drawn again (moved more "
+            f"than {gen.near_bits} bits): {gen.redrawn}; originals passed over: {gen.passed_over}"
         )
         cheap_path(work, paths, args, n)
         if not args.skip_detector:

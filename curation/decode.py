@@ -16,7 +16,9 @@ What is done on purpose (recorded in ``notes``):
 Errors (``curation.schema``): ``empty_file``, ``not_an_image``, ``decompression_bomb``
 (pixel count from the header, checked before any pixel is decoded), ``truncated`` (only
 a full ``load()`` catches it: ``verify()`` passes truncated JPEGs), ``decode_failed``,
-``unsupported_mode``. A bad file never raises out of the step.
+``unsupported_mode``. A bad file never raises out of the step. A ``MemoryError`` is not a
+bad file: the pixel count was checked against ``decode.max_pixels`` before any pixel was
+decoded, so running out of memory is the worker's, and it fails the run (``pillow_error``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,16 @@ class DecodeError(Exception):
         # Messages go into the manifest: no object addresses, so re-runs record the same text.
         super().__init__(_ADDRESS.sub("", message))
         self.reason = reason
+
+
+def pillow_error(reason: str, err: Exception) -> DecodeError:
+    """``err``, raised by Pillow on a file's bytes, as that file's ``DecodeError(reason)``: its
+    plugins raise almost any exception type on a malformed file (``OSError``, ``SyntaxError``,
+    ``struct.error``, ``ValueError``, ``IndexError``, ...). A ``MemoryError`` is re-raised instead
+    (see the module docstring)."""
+    if isinstance(err, MemoryError):
+        raise err
+    return DecodeError(reason, f"{type(err).__name__}: {err}")
 
 
 def _scale_high_depth(im: Image.Image) -> Image.Image:
@@ -121,7 +133,7 @@ def open_checked(raw: bytes, max_pixels: int) -> Image.Image:
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
         raise DecodeError(schema.DECOMPRESSION_BOMB, str(err)) from None
     except Exception as err:  # noqa: BLE001 - hostile bytes can break any plugin's header parser
-        raise DecodeError(schema.NOT_AN_IMAGE, f"{type(err).__name__}: {err}") from None
+        raise pillow_error(schema.NOT_AN_IMAGE, err) from None
     w, h = im.size
     if w * h > max_pixels:
         raise DecodeError(schema.DECOMPRESSION_BOMB, f"{w}x{h} = {w * h} pixels > decode.max_pixels={max_pixels}")
@@ -180,6 +192,8 @@ def _keeps_bytes(im: Image.Image, cfg: DecodeConfig) -> bool:
         return False
     try:
         return im.getexif().get(0x0112, 1) in (None, 1)
+    except MemoryError:
+        raise
     except Exception:  # noqa: BLE001 - a broken EXIF block: the full path records what fails
         return False
 
@@ -209,7 +223,7 @@ def decode_image(raw: bytes, cfg: DecodeConfig, draft_side: int | None = None) -
     except DecodeError:
         raise
     except Exception as err:  # noqa: BLE001
-        raise DecodeError(schema.DECODE_FAILED, f"{type(err).__name__}: {err}") from None
+        raise pillow_error(schema.DECODE_FAILED, err) from None
     if cfg.max_side and max(rgb.size) > cfg.max_side:
         rgb = ImageOps.contain(rgb, (cfg.max_side, cfg.max_side), Image.Resampling.LANCZOS)
         notes.append("resized")
@@ -229,7 +243,7 @@ def _load(im: Image.Image) -> None:
         )
         raise DecodeError(reason, text) from None
     except Exception as err:  # noqa: BLE001
-        raise DecodeError(schema.DECODE_FAILED, f"{type(err).__name__}: {err}") from None
+        raise pillow_error(schema.DECODE_FAILED, err) from None
 
 
 def encode_output(raw: bytes, rgb: Image.Image, facts: dict, cfg: DecodeConfig) -> bytes:
@@ -288,8 +302,7 @@ class DecodeStep(RowStep):
         if out["reason"] is not None:  # the reader already failed this one
             return out
         try:
-            rgb, facts = decode_image(raw or b"", self.cfg, draft_side=HASH_DRAFT_SIDE)
-            out["image"] = encode_output(raw, rgb, facts, self.cfg)
+            rgb, facts, out["image"] = self._decode(raw or b"", out["key"])
             if out["image"] is raw:  # kept as it is: readable again where the reader found it
                 out["bytes_uri"], out["bytes_offset"] = row.get("bytes_uri"), row.get("bytes_offset")
         except DecodeError as err:
@@ -307,6 +320,18 @@ class DecodeStep(RowStep):
             **self._from_pixels(rgb, facts["size"]),
         )
         return out
+
+    def _decode(self, raw: bytes, key: str) -> tuple[Image.Image, dict, bytes]:
+        """``decode_image`` and ``encode_output`` of one input; ``DecodeError`` for a bad file, and a
+        ``MemoryError`` naming the input and the setting (see the module docstring)."""
+        try:
+            rgb, facts = decode_image(raw, self.cfg, draft_side=HASH_DRAFT_SIDE)
+            return rgb, facts, encode_output(raw, rgb, facts, self.cfg)
+        except MemoryError as err:
+            raise MemoryError(
+                f"out of memory decoding input {key!r} ({len(raw)} bytes, within decode.max_pixels="
+                f"{self.cfg.max_pixels}): give the decode step more memory or lower decode.max_pixels"
+            ) from err
 
     def _from_pixels(self, rgb: Image.Image, size: tuple[int, int]) -> dict:
         """What pass 1 keeps of the pixels (``rgb``: of an image of ``size``, or its draft decode):

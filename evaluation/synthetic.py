@@ -269,39 +269,38 @@ def generate_synthetic_set(
     return root
 
 
-def _write_split(out: Path, split: str, count: int, hw: tuple[int, int], seed: int) -> None:
-    for sub in ("images", "seg", "normal", "albedo", "pointmap", "masks"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    images, annotations, rows = [], [], []
-    for i in range(count):
-        s = render_sample(np.random.default_rng([seed, 0 if split == "train" else 1, i]), hw)
-        name = f"{i:06d}"
-        Image.fromarray(s["image"]).save(out / "images" / f"{name}.png")
-        Image.fromarray(s["seg"]).save(out / "seg" / f"{name}.png")
-        Image.fromarray((s["mask"] * 255).astype(np.uint8)).save(out / "masks" / f"{name}.png")
-        for key in ("normal", "albedo", "pointmap"):
-            np.save(out / key / f"{name}.npy", s[key])
-        ys, xs = np.nonzero(s["mask"])
-        kps = [[float(x), float(y), 2] if v else [0.0, 0.0, 0] for (x, y), v in zip(s["keypoints"], s["visible"])]
-        images.append({"id": i + 1, "file_name": f"{name}.png", "height": hw[0], "width": hw[1]})
-        annotations.append(
-            {
-                "id": i + 1,
-                "image_id": i + 1,
-                "category_id": 1,
-                "iscrowd": 0,
-                "bbox": [
-                    float(xs.min()),
-                    float(ys.min()),
-                    float(xs.max() - xs.min() + 1),
-                    float(ys.max() - ys.min() + 1),
-                ],
-                "area": float(s["mask"].sum()),
-                "keypoints": [v for k in kps for v in k],
-                "num_keypoints": int(s["visible"].sum()),
-            }
-        )
-        rows.append((f"{name}.png", POSE_CATEGORIES[s["category"]]))
+def _save_sample(out: Path, name: str, s: dict) -> None:
+    """One sample's image, part mask, human mask and dense labels under ``out``."""
+    Image.fromarray(s["image"]).save(out / "images" / f"{name}.png")
+    Image.fromarray(s["seg"]).save(out / "seg" / f"{name}.png")
+    Image.fromarray((s["mask"] * 255).astype(np.uint8)).save(out / "masks" / f"{name}.png")
+    for key in ("normal", "albedo", "pointmap"):
+        np.save(out / key / f"{name}.npy", s[key])
+
+
+def _coco_annotation(i: int, s: dict) -> dict:
+    """The COCO person annotation of sample ``i`` (ids from 1): box and area of its mask, keypoints."""
+    ys, xs = np.nonzero(s["mask"])
+    kps = [[float(x), float(y), 2] if v else [0.0, 0.0, 0] for (x, y), v in zip(s["keypoints"], s["visible"])]
+    return {
+        "id": i + 1,
+        "image_id": i + 1,
+        "category_id": 1,
+        "iscrowd": 0,
+        "bbox": [
+            float(xs.min()),
+            float(ys.min()),
+            float(xs.max() - xs.min() + 1),
+            float(ys.max() - ys.min() + 1),
+        ],
+        "area": float(s["mask"].sum()),
+        "keypoints": [v for k in kps for v in k],
+        "num_keypoints": int(s["visible"].sum()),
+    }
+
+
+def _write_labels(out: Path, images: list[dict], annotations: list[dict], rows: list[tuple[str, str]]) -> None:
+    """``person_keypoints.json`` (COCO) and ``labels.csv`` (pose category per image)."""
     coco = {
         "images": images,
         "annotations": annotations,
@@ -320,6 +319,20 @@ def _write_split(out: Path, split: str, count: int, hw: tuple[int, int], seed: i
         writer = csv.writer(f)
         writer.writerow(["path", "label"])
         writer.writerows(rows)
+
+
+def _write_split(out: Path, split: str, count: int, hw: tuple[int, int], seed: int) -> None:
+    for sub in ("images", "seg", "normal", "albedo", "pointmap", "masks"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    images, annotations, rows = [], [], []
+    for i in range(count):
+        s = render_sample(np.random.default_rng([seed, 0 if split == "train" else 1, i]), hw)
+        name = f"{i:06d}"
+        _save_sample(out, name, s)
+        images.append({"id": i + 1, "file_name": f"{name}.png", "height": hw[0], "width": hw[1]})
+        annotations.append(_coco_annotation(i, s))
+        rows.append((f"{name}.png", POSE_CATEGORIES[s["category"]]))
+    _write_labels(out, images, annotations, rows)
 
 
 def split_paths(root: str | Path, task: str, split: str) -> SplitPaths:

@@ -261,12 +261,19 @@ class MetricsLogger:
 
     Importing MLflow and opening its store take seconds: that happens in a background
     thread while the caller goes on. A failed flush is logged as a warning (at most once a
-    minute) and its metrics stay buffered (up to ``max_buffer``) for the next attempt.
+    minute) and its metrics stay buffered (up to ``max_buffer``) for the next attempt. Past
+    ``max_buffer`` the oldest values are dropped: counted in ``dropped``, warned about (the
+    first time, then at most once a minute, with the count so far) and, once a flush goes
+    through, recorded on the run as the tag ``DROPPED_TAG`` (the count), so a gap in its
+    series says what it is.
     """
+
+    DROPPED_TAG = "metrics.dropped"
 
     def __init__(self, tracking_uri: str, run_id: str, *, flush_every: int, max_buffer: int = 200_000) -> None:
         self.run_id, self.flush_every, self.max_buffer = run_id, flush_every, max_buffer
         self.buffer: list[tuple[str, float, int, int]] = []
+        self.dropped, self._dropped_recorded, self._last_drop_warning = 0, 0, None
         self._last_warning = 0.0
         self._client = None
         self._tracking_uri, self._open_error, self._last_open = tracking_uri, None, 0.0
@@ -298,9 +305,21 @@ class MetricsLogger:
         now = int(time.time() * 1000)
         self.buffer.extend((key, float(v), now, step) for key, v in values.items() if v is not None)
         if len(self.buffer) > self.max_buffer:
-            del self.buffer[: len(self.buffer) - self.max_buffer]
+            self._drop(len(self.buffer) - self.max_buffer)
         if step % self.flush_every == 0:
             self.flush()
+
+    def _drop(self, n: int) -> None:
+        """Drop the ``n`` oldest buffered values, counted and warned about (see the class doc)."""
+        del self.buffer[:n]
+        self.dropped += n
+        if self._last_drop_warning is None or time.monotonic() - self._last_drop_warning > 60:
+            _log.warning(
+                "MLflow: metrics buffer full (max_buffer=%d values): dropped the oldest, %d in all so far",
+                self.max_buffer,
+                self.dropped,
+            )
+            self._last_drop_warning = time.monotonic()
 
     def flush(self) -> None:
         while self.buffer:
@@ -308,6 +327,12 @@ class MetricsLogger:
             if not self._guard("log metrics", lambda chunk=chunk: self._log_batch(chunk)):
                 return
             del self.buffer[: len(chunk)]
+        if self.dropped > self._dropped_recorded:
+            count = self.dropped
+            if self._guard(
+                "record the dropped metrics", lambda: self.client.set_tag(self.run_id, self.DROPPED_TAG, str(count))
+            ):
+                self._dropped_recorded = count
 
     def _log_batch(self, chunk) -> None:
         client = self.client  # first: waits for the background import of mlflow to finish

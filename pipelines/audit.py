@@ -27,7 +27,7 @@ from curation.audit import (
     version_summary,
 )
 from curation.audit.loading import AuditedVersion, tracking_uri_of
-from curation.audit.record import log_report, runs_of_version
+from curation.audit.record import log_report, runs_of_version, tag_explore_command
 from infra import storage
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no progress bars in the summary
@@ -49,6 +49,16 @@ def publish(html: str, v: AuditedVersion, name: str, out: str | None, tag: str, 
         uri = tracking_uri_of(v, args.tracking_uri)
         artifact = log_report(uri, v.version.run_id, str(local), tag)
     print(f"mlflow: {artifact} logged to run {v.version.run_id} ({uri})")
+
+
+def report(v: AuditedVersion, args) -> None:
+    """The report page, logged to ``v``'s curation run, which is also tagged with the explorer's command."""
+    logged = not args.no_mlflow and v.version.run_id
+    runs = runs_of_version(tracking_uri_of(v, args.tracking_uri), v.id) if logged else None
+    page = render_report(v, per_reason=args.samples, kept=args.kept_samples, runs=runs)
+    publish(page, v, "report.html", args.out, "audit.report", args)
+    if logged:
+        print(f"explore: {tag_explore_command(tracking_uri_of(v, args.tracking_uri), v.version.run_id, v.uri)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,17 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         v = load_version(args.version, args.tracking_uri)
         print(version_summary(v))
         if not args.summary:
-            runs = None
-            if not args.no_mlflow and v.version.run_id:
-                runs = runs_of_version(tracking_uri_of(v, args.tracking_uri), v.id)
-            publish(
-                render_report(v, per_reason=args.samples, kept=args.kept_samples, runs=runs),
-                v,
-                "report.html",
-                args.out,
-                "audit.report",
-                args,
-            )
+            report(v, args)
         return 0
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

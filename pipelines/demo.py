@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from curation.audit.record import explore_command
 from curation.stage import CurateResult
 from evaluation.annotate.stage import AnnotateResult
 from evaluation.finetune.stage import FinetuneResult
@@ -336,6 +337,8 @@ def summary(
         lines += [f"audit page:   {audit_page}"]
     if "annotate" in outcomes and outcomes["annotate"].result.gallery:
         lines += [f"gallery:      {outcomes['annotate'].result.gallery}"]
+    if "curate" in outcomes:
+        lines += [f"explore:      {explore_command(outcomes['curate'].result.dataset_uri, '.venv/bin/python')}"]
     lines += [
         f"mlflow:       .venv/bin/mlflow ui --backend-store-uri {result.tracking_uri}",
         f"              then open {experiment_url('http://127.0.0.1:5000', _experiment_id(result))}",

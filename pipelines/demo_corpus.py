@@ -11,6 +11,7 @@ it every dataset version id).
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import shutil
 import struct
@@ -24,9 +25,8 @@ SHARED_IMAGES = Path(__file__).resolve().parents[1].parent / "shared" / "assets"
 
 
 def _ultralytics_asset(name: str) -> Path:
-    import ultralytics
-
-    return Path(ultralytics.__file__).parent / "assets" / name
+    spec = importlib.util.find_spec("ultralytics")  # its files, without its import-time patches of Pillow
+    return Path(spec.submodule_search_locations[0]) / "assets" / name
 
 
 def _matplotlib_sample(name: str) -> Path:
@@ -103,34 +103,54 @@ def _view(base: Image.Image, i: int) -> Image.Image:
     return base.crop((x, y, x + cw, y + ch))
 
 
-def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]:
-    """File name -> (bytes, expected status, expected reason or decode note). ``base`` is a person photo.
+Case = tuple[bytes, str, str | None]  # bytes, expected status, expected reason or decode note
 
-    Each pixel-format case is cut from its own window of ``base`` so that no two of them
-    are near-duplicates; the near-duplicate cases are resized / mirrored copies of ``base``.
-    """
-    w, h = base.size
-    alpha = np.array(_view(base, 0).convert("RGBA"))
-    alpha[..., 3] = 128
-    pal = _view(base, 1).convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
-    anim = _view(base, 2)
+
+def _png(im: Image.Image) -> bytes:
+    out = io.BytesIO()
+    im.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _animated_gif(im: Image.Image) -> bytes:
+    """Two frames: ``im`` and its mirror, 32-colour palettes."""
     frames = [
-        anim.convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
-        anim.transpose(Image.Transpose.FLIP_LEFT_RIGHT).convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
+        im.convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
+        im.transpose(Image.Transpose.FLIP_LEFT_RIGHT).convert("P", palette=Image.Palette.ADAPTIVE, colors=32),
     ]
     gif = io.BytesIO()
     frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
-    grey16 = np.asarray(_view(base, 3).convert("L"), dtype=np.uint16) * 257
-    png16 = io.BytesIO()
-    Image.fromarray(grey16).save(png16, format="PNG")
-    rgba_png = io.BytesIO()
-    Image.fromarray(alpha, "RGBA").save(rgba_png, format="PNG")
-    pal_png = io.BytesIO()
-    pal.save(pal_png, format="PNG")
+    return gif.getvalue()
+
+
+def _exif_rotated(upright: Image.Image) -> bytes:
+    """A JPEG stored landscape whose EXIF orientation shows it portrait (``upright``)."""
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90 degrees clockwise on display: stored landscape, shown portrait
-    upright = _view(base, 4)
-    rotated = jpeg_bytes(upright.transpose(Image.Transpose.ROTATE_90), quality=92, exif=exif.tobytes())
+    return jpeg_bytes(upright.transpose(Image.Transpose.ROTATE_90), quality=92, exif=exif.tobytes())
+
+
+def _format_cases(base: Image.Image) -> dict[str, Case]:
+    """The pixel formats decode converts on purpose, each from its own window of ``base``."""
+    alpha = np.array(_view(base, 0).convert("RGBA"))
+    alpha[..., 3] = 128
+    grey16 = np.asarray(_view(base, 3).convert("L"), dtype=np.uint16) * 257
+    return {
+        "formats/cmyk.jpg": (jpeg_bytes(_view(base, 5).convert("CMYK")), "kept", "cmyk_converted"),
+        "formats/grey16.png": (_png(Image.fromarray(grey16)), "kept", "scaled_16bit"),
+        "formats/alpha.png": (_png(Image.fromarray(alpha, "RGBA")), "kept", "alpha_composited"),
+        "formats/palette.png": (
+            _png(_view(base, 1).convert("P", palette=Image.Palette.ADAPTIVE, colors=64)),
+            "kept",
+            "palette_converted",
+        ),
+        "formats/animated.gif": (_animated_gif(_view(base, 2)), "kept", "animated_frame0"),
+        "formats/exif_rotated.jpg": (_exif_rotated(_view(base, 4)), "kept", "exif_rotated"),
+    }
+
+
+def _bad_cases(base: Image.Image) -> dict[str, Case]:
+    """Files that are not images, or not whole ones."""
     good = jpeg_bytes(base, quality=92)
     return {
         "bad/corrupt.jpg": (np.random.default_rng(0).bytes(2048), "error", "not_an_image"),
@@ -138,26 +158,42 @@ def planted_cases(base: Image.Image) -> dict[str, tuple[bytes, str, str | None]]
         "bad/empty.jpg": (b"", "error", "empty_file"),
         "bad/truncated.jpg": (good[: len(good) // 2], "error", "truncated"),
         "bad/bomb.png": (bomb_png(), "error", "decompression_bomb"),
+    }
+
+
+def _size_cases(base: Image.Image) -> dict[str, Case]:
+    w, h = base.size
+    return {
         "small/tiny.jpg": (jpeg_bytes(base.resize((max(1, w // 10), max(1, h // 10)))), "dropped", "too_small"),
         "small/panorama.jpg": (jpeg_bytes(base.resize((w * 2, max(1, h // 3)))), "dropped", "aspect_ratio"),
-        "formats/cmyk.jpg": (jpeg_bytes(_view(base, 5).convert("CMYK")), "kept", "cmyk_converted"),
-        "formats/grey16.png": (png16.getvalue(), "kept", "scaled_16bit"),
-        "formats/alpha.png": (rgba_png.getvalue(), "kept", "alpha_composited"),
-        "formats/palette.png": (pal_png.getvalue(), "kept", "palette_converted"),
-        "formats/animated.gif": (gif.getvalue(), "kept", "animated_frame0"),
-        "formats/exif_rotated.jpg": (rotated, "kept", "exif_rotated"),
-        # near-duplicates of the full photo: smaller copies lose to the original (largest resolution wins)
+    }
+
+
+def _repost_cases(base: Image.Image) -> dict[str, Case]:
+    """Near-duplicates of the full photo: smaller copies lose to the original (largest resolution wins)."""
+    w, h = base.size
+    mirror = base.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return {
         "reposts/bus_small.jpg": (
             jpeg_bytes(base.resize((w * 3 // 4, h * 3 // 4)), quality=80),
             "dropped",
             "near_duplicate",
         ),
         "reposts/bus_mirror_small.jpg": (
-            jpeg_bytes(base.transpose(Image.Transpose.FLIP_LEFT_RIGHT).resize((w * 7 // 8, h * 7 // 8)), quality=85),
+            jpeg_bytes(mirror.resize((w * 7 // 8, h * 7 // 8)), quality=85),
             "dropped",
             "near_duplicate",
         ),
     }
+
+
+def planted_cases(base: Image.Image) -> dict[str, Case]:
+    """File name -> (bytes, expected status, expected reason or decode note). ``base`` is a person photo.
+
+    Each pixel-format case is cut from its own window of ``base`` so that no two of them
+    are near-duplicates; the near-duplicate cases are resized / mirrored copies of ``base``.
+    """
+    return {**_bad_cases(base), **_size_cases(base), **_format_cases(base), **_repost_cases(base)}
 
 
 def captioned(im: Image.Image, text: str = "WHEN THE DEMO\nFINALLY RUNS") -> Image.Image:

@@ -23,9 +23,15 @@ _TAR = ".tar#"
 _PARQUET_ROW = "#row="
 
 
+def funnel_entries(stats: dict) -> list[dict]:
+    """stats.json's funnel in pipeline order: per entry its ``step``, rows ``in`` and ``out`` and the
+    ``removed`` counts by reason (the last entry may be ``other``: reasons no step owns)."""
+    return [{"step": s["stage"], "in": s["in"], "out": s["out"], "removed": s["removed"]} for s in stats["funnel"]]
+
+
 def funnel_spec(stats: dict) -> list[tuple[str, tuple[str, ...]]]:
     """(step, reasons it owns) in pipeline order, as the run recorded them."""
-    return [(s["stage"], tuple(s["removed"])) for s in stats["funnel"] if s["stage"] != "other"]
+    return [(e["step"], tuple(e["removed"])) for e in funnel_entries(stats) if e["step"] != "other"]
 
 
 @dataclasses.dataclass

@@ -34,7 +34,7 @@ from curation.config import DecodeConfig, InputConfig
 from curation.decode import DecodeError, decode_image
 from curation.filters.person import DetectorConfig, box_size
 from curation.output import SHARDS
-from curation.readers import parquet_columns
+from curation.partitions import parquet_columns
 from infra import storage
 from infra.config import from_dict
 
@@ -230,10 +230,13 @@ def fetch_kept(output_uri: str, rows: list[dict]) -> dict[str, bytes | str]:
     return out
 
 
-def thumbnail(data: bytes, decode_cfg: DecodeConfig, boxes=None, scores=None, rule: BoxRule | None = None) -> bytes:
-    """A small JPEG of the normalised image, person boxes drawn when given. Raises DecodeError."""
+def thumbnail(
+    data: bytes, decode_cfg: DecodeConfig, boxes=None, scores=None, rule: BoxRule | None = None, side: int = THUMB_SIDE
+) -> bytes:
+    """A JPEG of the normalised image, its long side at most ``side``, person boxes drawn when
+    given. Raises DecodeError."""
     rgb, _ = decode_image(data, decode_cfg)
-    scale = THUMB_SIDE / max(rgb.size)
+    scale = side / max(rgb.size)
     thumb = (
         rgb.resize((max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale))), Image.Resampling.LANCZOS)
         if scale < 1
@@ -251,9 +254,12 @@ def thumbnail(data: bytes, decode_cfg: DecodeConfig, boxes=None, scores=None, ru
     return buf.getvalue()
 
 
-def tiles(rows: list[dict], caption, *, config: dict, stats: dict, output_uri: str | None = None) -> list[Tile]:
+def tiles(
+    rows: list[dict], caption, *, config: dict, stats: dict, output_uri: str | None = None, side: int = THUMB_SIDE
+) -> list[Tile]:
     """Tiles for ``rows`` (already sampled): pixels from ``output_uri``'s shards for kept rows when
-    given, else from the sources; errors as placeholders. ``caption(row)`` gives the caption lines."""
+    given, else from the sources; errors as placeholders. ``caption(row)`` gives the caption lines;
+    thumbnails are at most ``side`` pixels long."""
     decode_cfg = section(config, "decode", DecodeConfig)
     rule = box_rule(config, stats)
     from_shards = [r for r in rows if r["status"] == schema.KEPT and output_uri]
@@ -277,7 +283,7 @@ def tiles(rows: list[dict], caption, *, config: dict, stats: dict, output_uri: s
             out.append(Tile(r["key"], r["status"], r["reason"], lines, placeholder=got[:240]))
             continue
         try:
-            jpeg = thumbnail(got, decode_cfg, r.get("person_boxes"), r.get("person_scores"), rule)
+            jpeg = thumbnail(got, decode_cfg, r.get("person_boxes"), r.get("person_scores"), rule, side)
             out.append(Tile(r["key"], r["status"], r["reason"], lines, jpeg=jpeg))
         except DecodeError as err:
             out.append(Tile(r["key"], r["status"], r["reason"], lines, placeholder=f"{err.reason}: {err}"[:240]))

@@ -2,15 +2,23 @@
 
 Reports are small HTML files logged as artifacts (``audit/...``) of the curation run that
 produced the version (its id is in the output's ``_SUCCESS`` marker), so the record of a
-dataset version carries its audit. Runs that *used* a version are the runs that logged it as
-an input dataset (``mlflow.log_input``: digest = version id) other than curation runs.
+dataset version carries its audit, and the command that explores it interactively (tag
+``EXPLORE_TAG``). Runs that *used* a version are the runs that logged it as an input dataset
+(``mlflow.log_input``: digest = version id) other than curation runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 
 AUDIT_DIR = "audit"
+EXPLORE_TAG = "audit.explore"
+
+
+def explore_command(uri: str, python: str = "python") -> str:
+    """The command line that serves version ``uri`` in the explorer (``pipelines/explore.py``)."""
+    return f"{python} pipelines/explore.py {shlex.quote(uri)}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +39,15 @@ def log_report(tracking_uri: str, run_id: str, path: str, tag: str) -> str:
     artifact = f"{AUDIT_DIR}/{path.replace(chr(92), '/').rsplit('/', 1)[-1]}"
     client.set_tag(run_id, tag, artifact)
     return artifact
+
+
+def tag_explore_command(tracking_uri: str, run_id: str, uri: str) -> str:
+    """Tag the version's curation run with the command that explores it; returns the command."""
+    import mlflow
+
+    command = explore_command(uri)
+    mlflow.MlflowClient(tracking_uri).set_tag(run_id, EXPLORE_TAG, command)
+    return command
 
 
 def runs_of_version(tracking_uri: str, dataset_id: str) -> tuple[list[RunRef], list[RunRef]]:

@@ -25,13 +25,13 @@ import curation.audit.images as images
 import curation.audit.page as page
 from curation import schema
 from curation.audit.loading import AuditedVersion
-from curation.audit.record import RunRef
+from curation.audit.record import RunRef, explore_command
 from curation.filters.person import PersonFilter, box_size
 from curation.recipe import HUMANS1B
 from curation.steps import Recipe, Score
 
 
-def _step(v: AuditedVersion, name: str) -> dict | None:
+def step_description(v: AuditedVersion, name: str) -> dict | None:
     """The step's description in stats.json (its ``stages`` list)."""
     return next((s for s in v.stats.get("stages", []) if s["name"] == name), None)
 
@@ -41,7 +41,11 @@ def scores_of(v: AuditedVersion, recipe: Recipe = HUMANS1B) -> list[tuple[str, S
     columns the manifest holds; then any other ``*_score`` column, with no step or threshold."""
     names = set(v.columns)
     declared = [(step.name, s) for step in recipe.steps for s in step.scores]
-    found = [(step, s) for step, s in declared if (_step(v, step) or {}).get("applied") and set(s.columns()) <= names]
+    found = [
+        (step, s)
+        for step, s in declared
+        if (step_description(v, step) or {}).get("applied") and set(s.columns()) <= names
+    ]
     known = {s.column for _, s in declared}
     for f in v.schema:
         if f.name.endswith("_score") and f.name not in known and str(f.type) in ("float", "double"):
@@ -82,7 +86,7 @@ def score_charts(v: AuditedVersion, recipe: Recipe = HUMANS1B) -> list[Chart]:
     owned = {s["stage"]: set(s["removed"]) for s in v.stats["funnel"]}
     out = []
     for step, s in scores_of(v, recipe):
-        threshold = (_step(v, step) or {}).get(s.setting) if s.setting else None
+        threshold = (step_description(v, step) or {}).get(s.setting) if s.setting else None
         threshold = float(threshold) if isinstance(threshold, (int, float)) else None
         columns = _score_columns(step, s, recipe)
         values = functools.partial(_score_values, s=s, own=owned.get(step, set()), columns=columns)
@@ -117,7 +121,7 @@ def _box_sizes(batch, rule: images.BoxRule) -> list:
 
 
 def people_charts(v: AuditedVersion) -> list[Chart]:
-    step = _step(v, PersonFilter.name)
+    step = step_description(v, PersonFilter.name)
     if not step or not step.get("applied") or "person_count" not in v.columns:
         return []
     count = dist.Measure(
@@ -371,6 +375,21 @@ def steps_section(v: AuditedVersion) -> str:
     )
 
 
+def charts_section(id_: str, title: str, drawn: list, note: str) -> str:
+    """A section of charts: those with something to show, and those drawn even when empty."""
+    html = "".join(c.html() for c in drawn if c.always or not c.measure.empty)
+    return page.section(id_, title, page.Markup('<div class="charts">' + html + "</div>"), note=note)
+
+
+def config_section(v: AuditedVersion) -> str:
+    yaml_text = page.esc(yaml.safe_dump(v.config, sort_keys=False))
+    return page.section(
+        "config",
+        "Resolved configuration",
+        page.Markup("<details><summary>config.yaml</summary><pre>" + yaml_text + "</pre></details>"),
+    )
+
+
 def render_report(
     v: AuditedVersion, *, per_reason: int = 12, kept: int = 24, runs: tuple[list[RunRef], list[RunRef]] | None = None
 ) -> str:
@@ -378,25 +397,24 @@ def render_report(
     t, samples, scores, people = profile(v, per_reason, kept)
     counted = counts.recount(v, t)
     removed_galleries, kept_gallery = galleries(v, t, samples)
-    drawn = lambda cs: "".join(c.html() for c in cs if c.always or not c.measure.empty)  # noqa: E731
     sections = [
         totals_section(v, counted),
         funnel_section(counted),
         reasons_section(v, t),
         sources_section(t),
         steps_section(v),
-        page.section(
+        charts_section(
             "scores",
             "Score distributions per filter",
-            page.Markup('<div class="charts">' + drawn(scores) + "</div>"),
-            note="each histogram stacks kept images, images this step removed and images removed by "
+            scores,
+            "each histogram stacks kept images, images this step removed and images removed by "
             "another step; the dashed line is the step's threshold",
         ),
-        page.section(
+        charts_section(
             "people",
             "People",
-            page.Markup('<div class="charts">' + drawn(people) + "</div>"),
-            note="box colours in the galleries: green = salient (kept by the rule), orange = confident "
+            people,
+            "box colours in the galleries: green = salient (kept by the rule), orange = confident "
             "but too small, grey = below the score threshold",
         ),
         page.section(
@@ -408,20 +426,13 @@ def render_report(
         ),
         page.section("kept-gallery", "Kept images", kept_gallery),
         runs_section(runs),
-        page.section(
-            "config",
-            "Resolved configuration",
-            page.Markup(
-                "<details><summary>config.yaml</summary><pre>"
-                + page.esc(yaml.safe_dump(v.config, sort_keys=False))
-                + "</pre></details>"
-            ),
-        ),
+        config_section(v),
     ]
     header = [
         f"name {v.version.name} · output {v.uri}",
         f"job digest {v.job_digest} · code version {v.code_version} · "
         f"mlflow run {v.version.run_id or '-'} · {len(v.version.shards)} shards",
+        f"explore it interactively (any filter, every image, its duplicate family): {explore_command(v.uri)}",
     ]
     return page.document(f"Dataset version {v.id}", header, sections)
 

@@ -11,8 +11,10 @@ its input width is checked against the configured CLIP model's at start-up.
 
 ``aesthetic_score`` is stored for every scored row (the manifest, the shards' json and Parquet
 sidecars), so that a pretraining run can weight or select by it later. With ``min_score`` set,
-rows scoring below it get the reason ``low_aesthetic`` (LAION-Aesthetics V2 kept >= 4.5, 5,
-6 or 6.5 in its subsets); by default nothing is dropped.
+rows scoring below it get the reason ``low_aesthetic``; by default nothing is dropped. LAION's
+cut-offs with this predictor (``PUBLISHED``: its LAION-Aesthetics V2 subsets) need no more; another
+value needs its ``calibration`` record (``pipelines/calibrate.py aesthetic``), or the step warns
+at start-up (``curation.filters.thresholds``).
 
 Shapes: N images, D embedding width.
 """
@@ -25,6 +27,7 @@ import pyarrow as pa
 
 from curation.filters.embedding_head import EmbeddingHead
 from curation.filters.model import Placement, describe_state
+from curation.filters.thresholds import Published
 from curation.steps import Score
 
 LOW_AESTHETIC = "low_aesthetic"
@@ -32,6 +35,12 @@ LOW_AESTHETIC = "low_aesthetic"
 AESTHETIC_FIELDS = [pa.field("aesthetic_score", pa.float32())]  # predicted rating, about 1-10
 
 LAYERS = (0, 2, 4, 6, 7)  # the Linear layers of the v2 Sequential (Dropout at 1, 3, 5)
+
+PUBLISHED = Published(
+    (4.5, 5.0, 6.0, 6.5),
+    "LAION's cut-offs with this predictor: its LAION-Aesthetics V2 subsets improved_aesthetics_4.5plus, "
+    "5plus, 6plus and 6.5plus",
+)
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -41,6 +50,7 @@ class AestheticScoreConfig(Placement):
     enabled: bool = True
     weights: str = ""  # LAION's improved aesthetic predictor: sac+logos+ava1-l14-linearMSE.pth
     min_score: float | None = None  # drop rows scoring below it; None: score only
+    calibration: str = ""  # what a min_score other than LAION's was measured on (pipelines/calibrate.py)
     num_cpus: float = 0.25  # five small matrix products per batch
     batch_size: int = 256
 
@@ -74,6 +84,8 @@ class AestheticScore(EmbeddingHead):
     fields = AESTHETIC_FIELDS
     scores = (Score("aesthetic_score", "min_score", "predicted aesthetic rating (1-10)"),)
     score_column = "aesthetic_score"
+    threshold_setting = "min_score"
+    published = PUBLISHED
     weights_what = "LAION's improved aesthetic predictor (sac+logos+ava1-l14-linearMSE.pth)"
 
     def layout(self, state: dict, where: str) -> list[int]:

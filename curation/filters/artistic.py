@@ -8,6 +8,11 @@ probability of the non-natural classes. ``artistic_label`` is the best-matching 
 linear head (file), when configured, gives ``artistic_score`` instead; the label stays zero-shot.
 Rows scoring >= ``threshold`` get the reason ``artistic``.
 
+No threshold of this score has a source: what P(non-natural) a painting gets depends on the CLIP
+weights, the prompts and the logit scale. So the step is off by default; enabled, its threshold
+needs a ``calibration`` record, which ``pipelines/calibrate.py artistic`` writes with the threshold
+it picks from labelled images, or the step warns at start-up (``curation.filters.thresholds``).
+
 The zero-shot logic is a pure function on embeddings (``zero_shot``), tested on injected vectors.
 
 Shapes: N images, P prompts, C classes, D embedding width.
@@ -69,8 +74,9 @@ class ArtisticFilterConfig(Placement):
     """Settings of the artistic / non-natural depiction filter (``content.artistic``); ``device``
     is where the prompts are encoded at start."""
 
-    enabled: bool = True
-    threshold: float = 0.5  # drop when P(non-natural) >= threshold; calibrate per CLIP model
+    enabled: bool = False  # off until its threshold is calibrated for the CLIP weights at hand
+    threshold: float = 0.5  # drop when P(non-natural) >= threshold; measured on nothing: calibrate it
+    calibration: str = ""  # what the threshold was measured on (pipelines/calibrate.py writes it)
     natural_prompts: dict[str, list[str]] = dataclasses.field(
         default_factory=lambda: {k: list(v) for k, v in DEFAULT_NATURAL_PROMPTS.items()}
     )
@@ -143,6 +149,7 @@ class ArtisticFilter(ModelStep):
     fields = ARTISTIC_FIELDS
     scores = (Score("artistic_score", "threshold", "P(non-natural depiction)"),)
     needs_images = False
+    threshold_setting = "threshold"
 
     def __init__(
         self, cfg: ArtisticFilterConfig, clip: ClipEmbeddingConfig, prompt_embeddings: np.ndarray | None = None

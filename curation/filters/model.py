@@ -3,9 +3,10 @@
 ``ModelStep`` owns what the model steps share: placement (one ``Placement`` settings base:
 device, num_gpus, num_cpus, batch_size, num_actors) and the resources it asks Ray for, device
 choice, the start-up check of the settings and of the weight files (a missing file is a
-one-line ``WeightsUnavailableError`` naming the setting, before any Ray work), decoding the
-pending rows for the model, batching, writing typed score columns, and marking rows it could
-not decode. A concrete step implements only ``load`` (once per actor), ``score`` (a chunk of
+one-line ``WeightsUnavailableError`` naming the setting, before any Ray work), where the
+threshold it drops rows by comes from (``curation.filters.thresholds``: a warning at start-up
+when it says nowhere), decoding the pending rows for the model, batching, writing typed score
+columns, and marking rows it could not decode. A concrete step implements only ``load`` (once per actor), ``score`` (a chunk of
 rows -> one dict of column values per row) and ``reason`` (scores -> drop reason or None).
 
 Nothing here imports torch at module level: steps import their heavy libraries in ``load()``
@@ -29,6 +30,7 @@ import pyarrow.compute as pc
 from PIL import Image
 
 from curation import schema
+from curation.filters.thresholds import NOT_MEASURED, Published, calibrate_hint, threshold_source, warn_unmeasured
 from curation.steps import Resources, RowStep
 
 EMBEDDING_COLUMN = "clip_embedding"
@@ -113,6 +115,8 @@ class ModelStep(RowStep):
 
     uses_model = True
     needs_images: ClassVar[bool] = True  # decode pending rows' images for ``score``
+    threshold_setting: ClassVar[str | None] = None  # the setting a score is compared with to drop a row
+    published: ClassVar[Published | None] = None  # values of it with a source (``thresholds.Published``)
 
     def __init__(self, cfg: Any) -> None:
         super().__init__(cfg)
@@ -127,6 +131,36 @@ class ModelStep(RowStep):
         self.check_settings()
         for setting, (path, what) in self.required_files().items():
             require_file(path, f"{self.section}.{setting}", what, self.disable_hint())
+        self.check_threshold()
+
+    def threshold_value(self) -> float | None:
+        """The threshold the step drops rows by (None: it drops none)."""
+        return getattr(self.cfg, self.threshold_setting)
+
+    def published_threshold(self) -> Published | None:
+        """The published values of the threshold for the configured model (default: ``published``)."""
+        return self.published
+
+    def threshold_source(self) -> str | None:
+        """Where the configured threshold comes from (``thresholds.threshold_source``)."""
+        calibration = getattr(self.cfg, "calibration", "")
+        return threshold_source(self.threshold_value(), calibration, self.published_threshold())
+
+    def calibration_hint(self) -> str:
+        """How to calibrate the threshold, for the start-up warning."""
+        return calibrate_hint(self.section.rpartition(".")[2], self.section)
+
+    def check_threshold(self) -> None:
+        """Warn at start-up when the threshold says nowhere what it was measured on."""
+        if self.threshold_setting and self.threshold_source() is None:
+            setting = f"{self.section}.{self.threshold_setting}"
+            warn_unmeasured(setting, self.threshold_value(), f"{self.section}.calibration", self.calibration_hint())
+
+    def describe(self) -> dict:
+        out = super().describe()
+        if out["applied"] and self.threshold_setting:
+            out["threshold_source"] = self.threshold_source() or NOT_MEASURED
+        return out
 
     def check_settings(self) -> None:
         """Range checks of the step's own settings (raise ``ValueError`` naming the setting)."""
@@ -199,7 +233,10 @@ def decode_rgb(data: bytes, min_side: int | None = None, max_side: int | None = 
 def decode_pending(
     table: pa.Table, mask: list[bool], min_side: int | None = None, max_side: int | None = None
 ) -> tuple[dict[int, Image.Image], dict[int, str]]:
-    """Decoded images of the rows in ``mask`` by row index, and per-row decode errors."""
+    """Decoded images of the rows in ``mask`` by row index, and per-row decode errors (what Pillow
+    raises on a row's bytes; a ``MemoryError`` fails the batch: ``curation.decode.pillow_error``)."""
+    from curation.decode import pillow_error
+
     images: dict[int, Image.Image] = {}
     errors: dict[int, str] = {}
     column = table.column("image")
@@ -207,12 +244,13 @@ def decode_pending(
         if not pending:
             continue
         data = column[i].as_py()
+        if data is None:
+            errors[i] = "ValueError: row has no image bytes"
+            continue
         try:
-            if data is None:
-                raise ValueError("row has no image bytes")
             images[i] = decode_rgb(data, min_side=min_side, max_side=max_side)
-        except Exception as err:  # one bad row must not fail the batch
-            errors[i] = f"{type(err).__name__}: {err}"
+        except Exception as err:  # noqa: BLE001 - one bad row must not fail the batch
+            errors[i] = str(pillow_error(schema.DECODE_FAILED, err))
     return images, errors
 
 

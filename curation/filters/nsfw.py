@@ -8,8 +8,10 @@ embeddings, 1 = NSFW) is read in the layout of its PyTorch port as NVIDIA NeMo C
 For ViT-L/14 that is 768 -> 64 -> 512 -> 256 -> 1; the widths are read from the file (LAION's
 ViT-B/32 port, 512 -> 32 -> 32 -> 1, has the same keys), its input width is checked against the
 configured CLIP model's at start-up. Its input is the L2-normalised image embedding, which
-``clip_embedding`` holds. Rows scoring >= ``threshold`` get the reason ``nsfw`` (0.5: NeMo
-Curator's ``ImageNSFWFilterStage`` default).
+``clip_embedding`` holds. Rows scoring >= ``threshold`` get the reason ``nsfw``. The shipped 0.5
+is LAION's own cut-off with this detector (``PUBLISHED``; also NeMo Curator's
+``ImageNSFWFilterStage`` default); another value needs its ``calibration`` record
+(``pipelines/calibrate.py nsfw``), or the step warns at start-up (``curation.filters.thresholds``).
 
 No weights ship with the platform: a run with the filter enabled and ``weights`` unset stops
 before any work, naming the setting; disable it explicitly (``content.nsfw.enabled=false``) and
@@ -26,9 +28,16 @@ import pyarrow as pa
 
 from curation.filters.embedding_head import EmbeddingHead
 from curation.filters.model import Placement, describe_state
+from curation.filters.thresholds import Published
 from curation.steps import Score
 
 NSFW = "nsfw"
+
+PUBLISHED = Published(
+    (0.5,),
+    "LAION's cut-off with this detector: LAION-Aesthetics kept LAION-5B rows with punsafe < 0.5 "
+    "(github.com/rom1504/laion-prepro, laion5B/aesthetic/aesthetic_join.py)",
+)
 
 NSFW_FIELDS = [pa.field("nsfw_score", pa.float32())]  # P(NSFW)
 
@@ -39,7 +48,8 @@ class NsfwFilterConfig(Placement):
 
     enabled: bool = True
     weights: str = ""  # LAION's detector in NeMo Curator's PyTorch layout: clip_autokeras_binary_nsfw.pth
-    threshold: float = 0.5  # drop when P(NSFW) >= threshold
+    threshold: float = 0.5  # drop when P(NSFW) >= threshold (0.5: LAION's, see PUBLISHED)
+    calibration: str = ""  # what another threshold was measured on (pipelines/calibrate.py writes it)
     num_cpus: float = 0.25  # a few small matrix products per batch
     batch_size: int = 256
 
@@ -75,6 +85,8 @@ class NsfwFilter(EmbeddingHead):
     fields = NSFW_FIELDS
     scores = (Score("nsfw_score", "threshold", "P(NSFW)"),)
     score_column = "nsfw_score"
+    threshold_setting = "threshold"
+    published = PUBLISHED
     weights_what = "LAION's CLIP NSFW detector (NeMo Curator's PyTorch port: clip_autokeras_binary_nsfw.pth)"
 
     def check_settings(self) -> None:

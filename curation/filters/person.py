@@ -12,6 +12,11 @@ Rule (Sapiens): keep an image with at least one person box scoring >= the detect
 threshold whose size is >= ``min_box_size`` pixels, the size being the box's height, long
 side or short side (``box_size_measure``) in the normalised image's pixels. Every person box
 at or above ``record_threshold`` is recorded with its score, not only the best one.
+
+The score threshold is a per-detector setting (``curation.filters.thresholds``): the CenterNet
+asset's default was measured here (``PUBLISHED``); the Sapiens rule (> 0.9) was set for Sapiens'
+own detector and measured for no YOLO model, so the ``ultralytics`` backend warns at start-up
+unless ``calibration`` says what its threshold was measured on.
 """
 
 from __future__ import annotations
@@ -26,14 +31,22 @@ from PIL import Image
 
 from curation import schema
 from curation.filters.model import ModelStep, Placement, WeightsUnavailableError
+from curation.filters.thresholds import Published
 from curation.steps import Score
 
 Box = tuple[float, float, float, float]
 
-# Detector scores are calibrated differently: the Sapiens rule (> 0.9) assumes a YOLO-like
-# detector; the CenterNet asset scores real people 0.38-0.86 (shared/assets/PROVENANCE.md).
+# Detector scores are calibrated differently: the Sapiens rule (> 0.9) was set for Sapiens' own
+# detector (no source for any YOLO model: warned); the CenterNet asset's 0.3 is PUBLISHED below.
 DEFAULT_SCORE_THRESHOLDS = {"ultralytics": 0.9, "centernet_onnx": 0.3}
 DEFAULT_INPUT_SIZES = {"ultralytics": 640, "centernet_onnx": 512}
+PUBLISHED = {
+    "centernet_onnx": Published(
+        (0.3,),
+        "measured here: the CenterNet asset scores the people of 16 real photos 0.38-0.86 and finds "
+        "none in 12 real photos without people (shared/assets/PROVENANCE.md)",
+    ),
+}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -47,6 +60,7 @@ class DetectorConfig(Placement):
     min_box_size: int = 300
     box_size_measure: Literal["height", "long_side", "short_side"] = "height"
     record_threshold: float = 0.2  # every person box at or above this score goes into the metadata
+    calibration: str = ""  # what score_threshold was measured on, where PUBLISHED has no source for it
     input_size: int | None = None  # None: the backend's default (DEFAULT_INPUT_SIZES)
     batch_size: int = 8
     intra_op_threads: int = 1  # ONNX Runtime threads per actor on CPU
@@ -158,14 +172,28 @@ class CenterNetOnnx:
         return results
 
 
+def yolo_class() -> type:
+    """ultralytics' ``YOLO``, with Pillow's own ``Image.open`` put back.
+
+    Importing ultralytics replaces ``PIL.Image.open`` process-wide by a wrapper that, on any
+    bytes Pillow cannot identify, imports (or tries to pip-install) pi-heif: a hostile
+    input's ``UnidentifiedImageError`` would surface as ``ModuleNotFoundError`` in every
+    decode that shares the worker. We decode with Pillow's plugins only.
+    """
+    from ultralytics import YOLO
+    from ultralytics.utils import patches
+
+    Image.open = getattr(patches, "_image_open", Image.open)
+    return YOLO
+
+
 class UltralyticsYolo:
     """Any ultralytics YOLO model from a local ``.pt``/``.onnx`` file; batched predict, class 0 only."""
 
     suffixes = (".pt", ".onnx")
 
     def __init__(self, cfg: DetectorConfig) -> None:
-        from ultralytics import YOLO
-
+        YOLO = yolo_class()
         self.cfg = cfg
         weights = resolve_weights(cfg.weights, self.suffixes)
         self.model = YOLO(str(weights), task="detect")
@@ -219,6 +247,7 @@ class PersonFilter(ModelStep):
     reads = ("image", "width", "height")
     fields = schema.PERSON_FIELDS
     scores = (Score("person_score_max", "score_threshold", "best person score"),)
+    threshold_setting = "score_threshold"
 
     @property
     def enabled(self) -> bool:
@@ -229,6 +258,20 @@ class PersonFilter(ModelStep):
 
     def check(self) -> None:
         check_detector_config(self.cfg)
+        self.check_threshold()
+
+    def threshold_value(self) -> float:
+        return self.cfg.threshold
+
+    def published_threshold(self) -> Published | None:
+        return PUBLISHED.get(self.cfg.backend)
+
+    def calibration_hint(self) -> str:
+        return (
+            "score labelled photos with and without people with this detector (a pilot run's manifest "
+            "holds each image's best person score, person_score_max) and set detector.score_threshold "
+            "where they separate, with detector.calibration saying what it was measured on"
+        )
 
     def weight_files(self) -> dict[str, str]:
         return {"detector.weights": str(resolve_weights(self.cfg.weights, BACKENDS[self.cfg.backend].suffixes))}

@@ -43,7 +43,9 @@ TEXT_FIELDS = [
 
 @dataclasses.dataclass(kw_only=True)
 class TextFilterConfig(Placement):
-    """Settings of the OCR text filter (``content.text``); thresholds measured on real photos."""
+    """Settings of the OCR text filter (``content.text``). The thresholds were set on the labelled
+    cases of ``tests/curation/filters/test_content_text.py`` (real photos with and without overlaid
+    text, rendered captions and watermarks), which they separate; docs/results/content_filters.md."""
 
     enabled: bool = True
     max_side: int = 960  # images are shrunk to this longer side before OCR (smaller: faster, less small text)

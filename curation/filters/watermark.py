@@ -5,7 +5,10 @@ on a 256x256 squashed, ImageNet-normalised input; P(watermark) = softmax[:, wate
 With the defaults (``efficientnet_b3``, hidden (625, 256), class 0) it has exactly the layout
 of LAION's ``watermark_model_v1.pt``, which loads as is. The CLIP head is a ``LinearHead`` file
 giving P(watermark) from ``clip_embedding``. With both, ``watermark_score`` is the larger.
-Rows scoring >= ``threshold`` get the reason ``watermark`` (LAION-Aesthetics kept P < 0.8).
+Rows scoring >= ``threshold`` get the reason ``watermark``. The shipped 0.8 is LAION's own cut-off
+with its classifier (``PUBLISHED``); with a CLIP head, or at another value, the threshold needs
+its ``calibration`` record (``pipelines/calibrate.py watermark``), or the step warns at start-up
+(``curation.filters.thresholds``).
 
 Shapes: N images, D embedding width.
 """
@@ -28,9 +31,16 @@ from curation.filters.model import (
     load_state_file,
     resolve_device,
 )
+from curation.filters.thresholds import Published
 from curation.steps import Score
 
 WATERMARK = "watermark"
+
+PUBLISHED = Published(
+    (0.8,),
+    "LAION's cut-off with its classifier (watermark_model_v1): LAION-Aesthetics kept LAION-5B rows with "
+    "pwatermark < 0.8 (github.com/rom1504/laion-prepro, laion5B/aesthetic/aesthetic_join.py)",
+)
 
 WATERMARK_FIELDS = [pa.field("watermark_score", pa.float32())]  # P(watermark)
 
@@ -43,7 +53,8 @@ class WatermarkFilterConfig(Placement):
     """Settings of the watermark filter (``content.watermark``)."""
 
     enabled: bool = True
-    threshold: float = 0.8  # drop when P(watermark) >= threshold (LAION-Aesthetics kept < 0.8)
+    threshold: float = 0.8  # drop when P(watermark) >= threshold (0.8: LAION's, see PUBLISHED)
+    calibration: str = ""  # what another threshold was measured on (pipelines/calibrate.py writes it)
     weights: str = ""  # classifier state dict (.pt/.safetensors), e.g. LAION's watermark_model_v1.pt
     backbone: str = "efficientnet_b3"  # timm architecture (LAION named it efficientnet_b3a: same layout)
     head_hidden: tuple[int, ...] = (625, 256)  # MLP widths replacing the backbone's classifier
@@ -111,6 +122,7 @@ class WatermarkFilter(ModelStep):
     reasons = (WATERMARK,)
     fields = WATERMARK_FIELDS
     scores = (Score("watermark_score", "threshold", "P(watermark)"),)
+    threshold_setting = "threshold"
 
     def __init__(self, cfg: WatermarkFilterConfig) -> None:
         super().__init__(cfg)
@@ -129,6 +141,9 @@ class WatermarkFilter(ModelStep):
             raise ValueError(f"{self.section}.threshold={self.cfg.threshold}: a probability in [0, 1]")
         if self.cfg.watermark_class not in (0, 1):
             raise ValueError(f"{self.section}.watermark_class must be 0 or 1 (the classifier has two outputs)")
+
+    def published_threshold(self) -> Published | None:
+        return None if self.cfg.clip_head_weights else PUBLISHED  # LAION's value is its classifier's
 
     def required_files(self) -> dict[str, tuple[str, str]]:
         c, files = self.cfg, {}

@@ -11,6 +11,6 @@ folder), ``job`` (the Ray Data job), ``record`` (MLflow), ``gallery`` (the HTML 
 """
 
 from evaluation.annotate.config import AnnotateConfig
-from evaluation.annotate.job import AnnotationResult, run_annotation
+from evaluation.annotate.job import AnnotationResult, TooManyErrors, run_annotation
 
-__all__ = ["AnnotateConfig", "AnnotationResult", "run_annotation"]
+__all__ = ["AnnotateConfig", "AnnotationResult", "TooManyErrors", "run_annotation"]

@@ -9,6 +9,11 @@ exports do not record theirs, so they need it). Pose runs top-down on the person
 curation recorded (boxes scoring at least ``tasks.pose.min_box_score``, the best
 ``max_people``), with the flip test on by default.
 
+``max_error_share``: the share of samples that may go unannotated because of what is wrong
+with them (missing, corrupt, of another size than curation recorded, without usable metadata:
+``evaluation.annotate.annotator``); a job over it writes its shards and the counts, then fails
+naming the top reasons. Any other failure fails the job whatever the share.
+
 ``actors``: the Ray Data actor pool every task's models run in (one pool, every enabled task's
 model loaded once per actor): device, CPUs and (fractional) GPUs per actor, pool size, the
 model batch size and the precision (``auto``: bf16 autocast on a GPU, fp32 on a CPU).
@@ -98,6 +103,7 @@ class GallerySettings:
 class AnnotateConfig:
     name: str = "annotate"
     output_dir: str = "runs/annotations"
+    max_error_share: float = 0.05  # of the samples, missing or in error; more fails the job (after writing)
     data: DataSettings = field(default_factory=DataSettings)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     actors: ActorSettings = field(default_factory=ActorSettings)
@@ -112,6 +118,10 @@ class AnnotateConfig:
                 "data.dataset is empty: give a dataset version id, a dataset name or a curation output folder"
             )
         check_placement(self.actors, "actors")
+        if not 0.0 <= self.max_error_share <= 1.0:
+            raise ValueError(
+                f"max_error_share must be between 0 and 1 (a share of the samples), got {self.max_error_share}"
+            )
         for task in TASKS:
             s = self.tasks.of(task)
             if s.onnx and not s.checkpoint:

@@ -16,9 +16,15 @@ source shard, on a Ray Data actor pool.
    per call): each actor loads the models once and writes each shard's tar and table itself
    (``annotator.annotate_shard``), so a shard is annotated by exactly one actor and committed
    whole; a re-run redoes only the shards that were not committed, giving the same bytes.
-4. **Finish**: every sample of the version annotated once (counted from the tables), the
-   gallery page, the MLflow run (params, lineage tags, the dataset version as input, small
-   artifacts), then ``_SUCCESS`` (last).
+   A failure that is not a sample's (``annotator.AnnotationFailed``: a bug, a model whose
+   outputs post-processing cannot take, an I/O error) fails the job with its message; the
+   shards committed before it stay, and a re-run resumes from them.
+4. **Finish**: every sample of the version accounted for once (counted from the tables, with
+   the samples not annotated by reason); when their share is over ``max_error_share`` the
+   counts go to ``_FAILED`` and the job raises ``TooManyErrors`` naming the top reasons (a
+   re-run with a higher ``max_error_share`` finishes from the same shards: the setting is not
+   part of the version); else the gallery page, the MLflow run (params, lineage tags, the
+   dataset version as input, small artifacts), then ``_SUCCESS`` (last).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +75,10 @@ class Job:
         return storage.to_uri(self.fs, self.root)
 
 
+class TooManyErrors(RuntimeError):
+    """More samples than ``max_error_share`` could not be annotated (the job wrote what it could)."""
+
+
 @dataclasses.dataclass
 class AnnotationResult:
     output_dir: str
@@ -83,6 +94,7 @@ class AnnotationResult:
         lines = [
             f"annotated {s['samples']} samples of dataset version {self.dataset_id} in {s['shards']} shards: "
             f"{s['ok']} ok, {s['errors']} error, {s['missing']} missing ({', '.join(s['tasks'])})",
+            *([f"not annotated, by reason: {by_reason(s['reasons'])}"] if s["reasons"] else []),
             f"annotations: {storage.join(self.output_dir, layout.ANNOTATIONS)}",
             f"annotation version: {self.version_id}",
         ]
@@ -268,6 +280,8 @@ def annotate_shards(job: Job, todo: list[SourceShard]) -> list[dict]:
     """Every shard of ``todo`` through the actor pool, largest first; their counts and timings."""
     import ray.data
 
+    from evaluation.annotate.annotator import AnnotationFailed
+
     actors = min(job.cfg.actors.num_actors, len(todo))
     check_fits(job.cfg, actors)
     a = job.cfg.actors
@@ -286,36 +300,60 @@ def annotate_shards(job: Job, todo: list[SourceShard]) -> list[dict]:
         num_cpus=a.num_cpus,
         **({"num_gpus": a.num_gpus} if a.num_gpus else {}),
     )
-    return ds.take_all()
+    ds.context.raise_original_map_exception = True  # this dataset's own context: an actor's AnnotationFailed
+    try:
+        return ds.take_all()
+    except AnnotationFailed as err:  # Ray's RayTaskError(AnnotationFailed): the traceback, then the message
+        raise AnnotationFailed(str(getattr(err, "cause", err)).split("\n", 1)[0]) from err
 
 
 # ---- 4. finish ---------------------------------------------------------------------------------------
 
 
 def count_annotations(job: Job) -> dict:
-    """Samples per status over every committed table; refuses a version not annotated exactly once."""
+    """Samples per status, and those not annotated by reason (most first) and their share, over
+    every committed table; refuses a version not annotated exactly once."""
     import pyarrow.parquet as pq
 
-    keys, statuses = [], []
+    keys, statuses, reasons = [], [], []
     tables = layout.committed_tables(job.fs, job.root)
     for p in tables:
         with job.fs.open_input_file(p) as fh:
-            t = pq.read_table(fh, columns=["key", "status"])
+            t = pq.read_table(fh, columns=["key", "status", "reason"])
         keys += t.column("key").to_pylist()
         statuses += t.column("status").to_pylist()
+        reasons += t.column("reason").to_pylist()
     expected = job.version.num_samples
     if len(set(keys)) != len(keys) or (expected is not None and len(keys) != expected):
         raise RuntimeError(
             f"{len(keys)} annotation rows ({len(set(keys))} keys) for {expected} samples of dataset version "
             f"{job.version.id}: not every sample was annotated exactly once"
         )
+    failed = Counter(r for r, s in zip(reasons, statuses) if s != "ok")
     return {
         "shards": len(tables),
         "samples": len(keys),
         **{s: statuses.count(s) for s in ("ok", "missing")},
         "errors": statuses.count("error"),
+        "reasons": dict(sorted(failed.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "error_share": sum(failed.values()) / len(keys) if keys else 0.0,
         "tasks": list(job.infos),
     }
+
+
+def by_reason(reasons: dict[str, int]) -> str:
+    return ", ".join(f"{r} {n}" for r, n in reasons.items())
+
+
+def check_error_share(stats: dict, cfg: AnnotateConfig, where: str) -> None:
+    """``TooManyErrors`` when more of the samples than ``max_error_share`` were not annotated."""
+    failed = stats["samples"] - stats["ok"]
+    if stats["error_share"] > cfg.max_error_share:
+        top = by_reason(dict(list(stats["reasons"].items())[:3]))
+        raise TooManyErrors(
+            f"{failed} of {stats['samples']} samples ({stats['error_share']:.1%}) were not annotated, over "
+            f"max_error_share={cfg.max_error_share:g}: {top}; the rows with their errors and the counts are in {where}"
+        )
 
 
 def session_stats(done: list[dict], wall: float, actors: int) -> dict:
@@ -334,29 +372,46 @@ def session_stats(done: list[dict], wall: float, actors: int) -> dict:
     }
 
 
-def finish(job: Job, done: list[dict], wall: float) -> AnnotationResult:
-    """Counts, the gallery, the MLflow record, then ``_SUCCESS`` (last)."""
-    from evaluation.annotate.gallery import write_gallery
-    from evaluation.annotate.record import record_run
-
-    stats = {**count_annotations(job), **session_stats(done, wall, min(job.cfg.actors.num_actors, len(done)))}
-    gallery = write_gallery(job) if job.cfg.gallery.samples else None
-    run_id = record_run(job, stats, gallery)
-    success = {
+def accounting(job: Job, stats: dict, **more: Any) -> bytes:
+    """The JSON of ``_SUCCESS`` and ``_FAILED``: the version, its models and the counts."""
+    record = {
         "annotation_version_id": job.version_id,
         "dataset_id": job.version.id,
         "dataset_uri": job.version.uri,
         "models": {t: {"name": i.name, **i.digests()} for t, i in job.infos.items()},
-        "mlflow_run_id": run_id,
-        "gallery": gallery,
+        "max_error_share": job.cfg.max_error_share,
+        **more,
         **stats,
     }
-    storage.atomic_write_bytes(job.fs, layout.success_path(job.root), json.dumps(success, sort_keys=True).encode())
+    return json.dumps(record, sort_keys=True).encode()
+
+
+def finish(job: Job, done: list[dict], wall: float) -> AnnotationResult:
+    """Counts; over ``max_error_share``, ``_FAILED`` and ``TooManyErrors``; else the gallery, the
+    MLflow record, then ``_SUCCESS`` (last)."""
+    from evaluation.annotate.gallery import write_gallery
+    from evaluation.annotate.record import record_run
+
+    stats = {**count_annotations(job), **session_stats(done, wall, min(job.cfg.actors.num_actors, len(done)))}
+    failed = layout.failed_path(job.root)
+    try:
+        check_error_share(stats, job.cfg, storage.to_uri(job.fs, failed))
+    except TooManyErrors as err:
+        storage.atomic_write_bytes(job.fs, failed, accounting(job, stats, failure=str(err)))
+        raise
+    gallery = write_gallery(job) if job.cfg.gallery.samples else None
+    run_id = record_run(job, stats, gallery)
+    success = accounting(job, stats, mlflow_run_id=run_id, gallery=gallery)
+    storage.atomic_write_bytes(job.fs, layout.success_path(job.root), success)
+    if storage.exists(job.fs, failed):  # an earlier attempt's, under a lower max_error_share
+        job.fs.delete_file(failed)
     return AnnotationResult(job.uri, job.version_id, job.version.id, stats, run_id, gallery)
 
 
 def finished_result(job: Job, done: dict) -> AnnotationResult:
-    stats = {k: done[k] for k in ("shards", "samples", "ok", "errors", "missing", "tasks")}
+    """A finished version's result, checked against this job's ``max_error_share``."""
+    stats = {k: done[k] for k in ("shards", "samples", "ok", "errors", "missing", "reasons", "error_share", "tasks")}
+    check_error_share(stats, job.cfg, storage.to_uri(job.fs, layout.success_path(job.root)))
     return AnnotationResult(
         job.uri, job.version_id, job.version.id, stats, done.get("mlflow_run_id"), done.get("gallery"), skipped=True
     )

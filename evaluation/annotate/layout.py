@@ -10,7 +10,9 @@
   annotation_id                 the annotation version id: claims the folder for one job
   config.yaml                   the resolved config
   gallery.html                  the predictions drawn on a few samples (self-contained page)
-  _SUCCESS                      written last: version id, dataset version id, counts, MLflow run id
+  _SUCCESS                      written last: version id, dataset version id, counts (by reason), MLflow run id
+  _FAILED                       instead of _SUCCESS when more samples than max_error_share could not be
+                                annotated: the same counts and why the job failed (removed on success)
 ```
 
 Source shards are named by their curation partition (``curation.output``), so an annotation
@@ -25,7 +27,7 @@ from curation.output import SUCCESS_FILE
 from infra import storage
 
 ANNOTATIONS = "annotations"
-ID_FILE, CONFIG_FILE, GALLERY_FILE = "annotation_id", "config.yaml", "gallery.html"
+ID_FILE, CONFIG_FILE, GALLERY_FILE, FAILED_FILE = "annotation_id", "config.yaml", "gallery.html", "_FAILED"
 TAR, TABLE = ".tar", ".parquet"
 
 
@@ -43,6 +45,10 @@ def table_path(root: str, shard: str) -> str:
 
 def success_path(root: str) -> str:
     return storage.join(root, SUCCESS_FILE)
+
+
+def failed_path(root: str) -> str:
+    return storage.join(root, FAILED_FILE)
 
 
 def shard_id(uri: str) -> str:

@@ -2,9 +2,12 @@
 
 A source shard is a curation WebDataset tar (``<key>.<image ext>`` + ``<key>.json``) with its
 Parquet sidecar (the kept samples' metadata: size and person boxes, in the tar's order). The
-samples of a shard are the sidecar's rows (and any other key the tar holds), in that order; a
-sample whose image the tar lacks, or a tar that cannot be read to its end, gives records with an
-error rather than an exception.
+samples of a shard are the sidecar's rows (and any other key the tar holds), in that order. What
+is wrong with the shard itself gives records with a reason and an error rather than an exception:
+a sample whose image the tar lacks (``missing_image``), a tar that cannot be read to its end (a
+corrupt tar, or none where the version lists one: ``unreadable_tar``), a sample with no metadata
+or an unparsable ``<key>.json`` (``bad_metadata``). Any other failure to read (an I/O error of the
+storage) is raised: it is not a property of the samples, and a re-run reads the shard again.
 
 An annotation shard is written as curation writes its shards: tar members with fixed
 metadata (mtime 0, uid/gid 0) in the source shard's order, then the Parquet table with fixed
@@ -30,6 +33,8 @@ from infra import storage
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 MISSING = "missing"  # the status of a sample its shard's tar lacks
+# Why a sample is not annotated, when its shard is to blame (``read_shard``).
+MISSING_IMAGE, UNREADABLE_TAR, BAD_METADATA = "missing_image", "unreadable_tar", "bad_metadata"
 META_COLUMNS = ["key", "width", "height", "person_boxes", "person_scores"]
 
 
@@ -53,6 +58,7 @@ class Record:
     image: bytes | None = None
     meta: dict | None = None
     error: str | None = None
+    reason: str | None = None  # with ``error``: one of the reasons above
 
 
 def read_tar(uri: str) -> tuple[dict[str, dict[str, bytes]], str | None]:
@@ -65,7 +71,7 @@ def read_tar(uri: str) -> tuple[dict[str, dict[str, bytes]], str | None]:
                 split = split_member(info.name) if info.isfile() else None
                 if split is not None:
                     members.setdefault(split[0], {})[split[1]] = tar.extractfile(info).read()
-    except (OSError, tarfile.TarError, EOFError) as err:
+    except (FileNotFoundError, tarfile.TarError, EOFError) as err:  # the shard's own fault, not the storage's
         return members, f"shard tar unreadable after {len(members)} samples: {type(err).__name__}: {err}"
     return members, None
 
@@ -83,12 +89,17 @@ def _read_sidecar(uri: str) -> dict[str, dict]:
     return {row["key"]: row for row in table.to_pylist()}
 
 
-def _meta_of(key: str, members: dict[str, bytes], sidecar: dict[str, dict]) -> dict | None:
+def _meta_of(key: str, members: dict[str, bytes], sidecar: dict[str, dict]) -> tuple[dict | None, str | None]:
+    """The sample's metadata (its sidecar row, else its ``<key>.json``), or None and why not."""
     if key in sidecar:
-        return sidecar[key]
-    if "json" in members:
-        return json.loads(members["json"])
-    return None
+        return sidecar[key], None
+    if "json" not in members:
+        return None, f"no metadata (person boxes) of sample {key!r} in the shard"
+    try:
+        meta = json.loads(members["json"])
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        return None, f"{key}.json of the shard is not JSON: {err}"
+    return (meta, None) if isinstance(meta, dict) else (None, f"{key}.json of the shard is not a JSON object")
 
 
 def read_shard(shard: SourceShard) -> list[Record]:
@@ -99,13 +110,12 @@ def read_shard(shard: SourceShard) -> list[Record]:
     for key in [*sidecar, *(k for k in members if k not in sidecar)]:
         found = members.get(key, {})
         image = next((found[e] for e in IMAGE_EXTS if e in found), None)
-        meta = _meta_of(key, found, sidecar)
-        error = None
+        meta, error = _meta_of(key, found, sidecar)
+        reason = BAD_METADATA if error else None
         if image is None:
+            reason = UNREADABLE_TAR if tar_error else MISSING_IMAGE
             error = tar_error or f"no image of sample {key!r} in {shard.tar}"
-        elif meta is None:
-            error = f"no metadata (person boxes) of sample {key!r} in the shard"
-        records.append(Record(key, image, meta, error))
+        records.append(Record(key, image, meta, error, reason))
     return records
 
 

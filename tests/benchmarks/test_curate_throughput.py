@@ -15,6 +15,13 @@ LOOPS = ("Pillow decode loop", r"same-work loop \(draft decode \+ SHA-256 \+ PHa
 def test_prints_both_baselines_and_the_pipeline_against_them(bench):
     out = bench("curate_throughput.py", "--smallest", "--skip-detector")
     assert re.search(r"^corpus: 100 JPEGs, .* 20 duplicates \(20%: .* the 200 for the slope\)", out, re.M), out
+    # the 200-image corpus' 20 near copies, each within the near search's 4 bits of its original
+    moved = re.search(
+        r"^near copies' PHash moved from their originals' \((.*)\); .* \(moved more than 4 bits\)", out, re.M
+    )
+    assert moved, out
+    counts = {int(k): int(v) for k, v in re.findall(r"(\d+) bits: (\d+)", moved.group(1))}
+    assert sum(counts.values()) == 20 and max(counts) <= 4, out
     for loop in LOOPS:
         for n in (1, 2):
             assert re.search(

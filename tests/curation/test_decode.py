@@ -117,3 +117,24 @@ def test_reader_errors_pass_through_untouched():
         }
     )
     assert row["reason"] == "file_too_large" and not row["decode_ok"]
+
+
+@pytest.mark.parametrize(
+    "raised, reason", [(SyntaxError("broken PNG chunk"), schema.DECODE_FAILED), (MemoryError(), None)]
+)
+def test_what_pillow_raises_while_decoding_is_the_files_fault_unless_it_is_out_of_memory(
+    base, monkeypatch, raised, reason
+):
+    from PIL import ImageFile
+
+    def load(self):
+        raise raised
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
+    raw = jpeg_bytes(base)
+    if reason is not None:
+        row = decode(raw)
+        assert (row["reason"], row["error_message"]) == (reason, "SyntaxError: broken PNG chunk")
+        return
+    with pytest.raises(MemoryError, match=r"^out of memory decoding input 'k' \(\d+ bytes, within decode.max_pixels="):
+        decode(raw)

@@ -87,6 +87,7 @@ def test_a_demo_run_prints_stages_and_the_closing_table_only(demo_run):
     assert re.search(r"seg\s+mIoU\s+[\d.]+\s+[\d.]+\s+[\d.]+", out)  # pretrained, random init, fine-tuned
     assert re.search(r"pose\s+AP\s+[\d.]+\s+[\d.]+", out) and re.search(r"knn\s+top1_k20\s+[\d.]+\s+[\d.]+", out)
     assert re.search(r"mlflow ui --backend-store-uri sqlite:///\S+mlflow\.db", out)
+    assert re.search(r"^explore:\s+\.venv/bin/python pipelines/explore\.py \S+", out, re.M)
     assert "workflowType=machine_learning" in out
     audit = re.search(r"^audit page:\s+(\S+)", out, re.M)
     assert audit and os.path.isfile(audit.group(1))

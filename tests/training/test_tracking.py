@@ -36,6 +36,31 @@ def test_an_unreachable_store_costs_a_warning_not_the_run(tmp_path, caplog):
     assert "training goes on" in caplog.text and "could not be opened" in caplog.text
 
 
+def test_values_past_the_buffer_are_dropped_with_a_warning_and_their_count(tmp_path, caplog):
+    logger = MetricsLogger(f"sqlite:///{tmp_path}/missing/dir/mlflow.db", "no-such-run", flush_every=100, max_buffer=3)
+    with caplog.at_level(logging.WARNING, logger="infra.tracking"):
+        for step in range(1, 6):
+            logger.log(step, {"loss": 1.0 / step})
+    assert [v for _, v, _, _ in logger.buffer] == [1 / 3, 1 / 4, 1 / 5] and logger.dropped == 2
+    assert caplog.text.count("metrics buffer full (max_buffer=3 values)") == 1  # then at most once a minute
+    assert "1 in all so far" in caplog.text
+
+
+def test_a_run_records_how_many_values_were_dropped_once_a_flush_goes_through(tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    run_id = MlflowClient(uri).create_run(MlflowClient(uri).create_experiment("drops")).info.run_id
+    logger = MetricsLogger(uri, run_id, flush_every=4, max_buffer=2)
+    for step in range(1, 5):  # steps 1 and 2 are dropped before the flush at step 4
+        logger.log(step, {"loss": float(step)})
+    run = MlflowClient(uri).get_run(run_id)
+    assert [m.step for m in MlflowClient(uri).get_metric_history(run_id, "loss")] == [3, 4]
+    assert run.data.tags[MetricsLogger.DROPPED_TAG] == "2" and not logger.buffer
+
+
 def test_loss_trend_averages_the_first_and_last_windows_of_each_loss():
     from training.run import PretrainResult
 

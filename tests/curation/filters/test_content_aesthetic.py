@@ -12,6 +12,7 @@ from torch import nn
 from curation.filters.aesthetic import LOW_AESTHETIC, AestheticScore, AestheticScoreConfig
 from curation.filters.clip_embedding import ClipEmbeddingConfig
 from curation.filters.model import WeightsUnavailableError
+from curation.filters.thresholds import NOT_MEASURED
 from curation.steps import run_steps_locally
 from tests.curation.filters.test_content_nsfw import PortedDetector, table_of, unit_rows, with_embeddings
 
@@ -99,6 +100,7 @@ def test_min_score_drops_the_rows_below_it(predictor):
         "applied": True,
         "min_score": floor,
         "weights": step.cfg.weights,
+        "threshold_source": NOT_MEASURED,  # a median of random scores: no calibration record
     }
 
 

@@ -114,7 +114,7 @@ def _embedded_batch(embeddings: dict[str, np.ndarray | None], not_pending: dict[
 
 
 def test_step_annotates_pending_rows_only(prompts):
-    cfg = ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, threshold=0.5)
+    cfg = ArtisticFilterConfig(enabled=True, natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, threshold=0.5)
     step = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     batch = _embedded_batch(
         {"photo": e(1), "painting": e(0, 1), "cartoon": e(0, 0, 1), "no_embedding": None},

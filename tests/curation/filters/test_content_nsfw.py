@@ -12,6 +12,7 @@ from torch import nn
 from curation.filters.clip_embedding import ClipEmbeddingConfig
 from curation.filters.model import WeightsUnavailableError
 from curation.filters.nsfw import NSFW, NsfwFilter, NsfwFilterConfig
+from curation.filters.thresholds import NOT_MEASURED
 from curation.schema import BASE_FIELDS
 from curation.steps import run_steps_locally
 
@@ -138,6 +139,7 @@ def test_settings_and_the_disabled_report(detector):
         "applied": True,
         "threshold": 0.3,
         "weights": cfg.weights,
+        "threshold_source": NOT_MEASURED,  # not LAION's 0.5, and no calibration record
     }
     off = NsfwFilter(NsfwFilterConfig(enabled=False)).describe()
     assert off["applied"] is False and off["disabled_by"] == "content.nsfw.enabled=false"

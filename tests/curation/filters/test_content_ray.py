@@ -15,6 +15,7 @@ def build_content_steps(content: ContentFiltersConfig) -> list:
     return [s for s in HUMANS1B.build(cfg).row_steps if s.section.startswith("content.")]
 
 
+@pytest.mark.filterwarnings("ignore::curation.filters.thresholds.UncalibratedThresholdWarning")
 def test_steps_run_as_ray_actors(tiny_clip_dir, real_images, batch_of, render, ray_local):
     import ray.data as ray_data
 
@@ -24,7 +25,7 @@ def test_steps_run_as_ray_actors(tiny_clip_dir, real_images, batch_of, render, r
         {
             "embedding": {"model": f"local-dir:{tiny_clip_dir}", "num_cpus": 0.5, "batch_size": 4},
             # a random CLIP decides nothing meaningful: score with a soft temperature, never drop
-            "artistic": {"num_cpus": 0.5, "logit_scale": 1.0, "threshold": 1.0},
+            "artistic": {"enabled": True, "num_cpus": 0.5, "logit_scale": 1.0, "threshold": 1.0},
             "watermark": {"enabled": False},
             "nsfw": {"enabled": False},  # no real weights here (test_content_nsfw runs its head)
             "aesthetic": {"enabled": False},

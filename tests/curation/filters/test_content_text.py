@@ -173,3 +173,14 @@ def test_coverage_is_the_union_of_boxes():
     m = measure_text([a, a.copy(), _box(500, 400, 600, 480)], W, H, cfg)
     assert m.box_count == 3
     assert m.coverage == pytest.approx(2 * 101 * 81 / (W * H), rel=0.02)  # fillPoly includes edges
+
+
+def test_running_out_of_memory_while_decoding_fails_the_batch(batch_of, real_images, monkeypatch):
+    from PIL import Image
+
+    def out_of_memory(self, *args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(Image.Image, "convert", out_of_memory)
+    with pytest.raises(MemoryError):
+        run_steps_locally(batch_of({"fine": real_images["obama2"]}), [TextFilter(TextFilterConfig())])

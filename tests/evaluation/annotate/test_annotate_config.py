@@ -32,6 +32,7 @@ def test_a_misspelt_key_is_one_line_naming_it(capsys):
         (["tasks.seg.onnx=s.onnx"], "tasks.seg.onnx needs tasks.seg.checkpoint"),
         (["tasks.seg.checkpoint=s.safetensors", "actors.device=cuda"], "actors.device=cuda needs actors.num_gpus"),
         (["tasks.pose.checkpoint=p.safetensors", "tasks.pose.max_people=-1"], "tasks.pose.max_people must be >= 0"),
+        (["tasks.seg.checkpoint=s.safetensors", "max_error_share=1.5"], "max_error_share must be between 0 and 1"),
     ],
 )
 def test_settings_that_cannot_work_are_refused(overrides, message):
@@ -45,6 +46,7 @@ def test_the_demo_config_loads_and_names_four_tasks():
     cfg = load_config(AnnotateConfig, REPO / "configs" / "annotate_demo.yaml")
     cfg.validate()
     assert cfg.tasks.enabled() == ["pose", "seg", "normal", "pointmap"] and cfg.tasks.pose.flip_test
+    assert cfg.max_error_share == 0.05
 
 
 def test_a_checkpoint_of_another_task_or_a_missing_file_is_refused(tiny_models, tmp_path):

@@ -1,7 +1,8 @@
 """The annotation job on the session's curated demo version (real photos, real CenterNet boxes),
 tiny task models, on the session's local Ray: every kept sample annotated once, shards that pair
-with the source shards, the version id, resume and refusal, the MLflow record; and a version
-with a corrupt and a missing sample."""
+with the source shards, the version id, resume and refusal, the MLflow record; a version with a
+corrupt and a missing sample over and within ``max_error_share``; and a model whose outputs the
+post-processing cannot take."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from evaluation.annotate import layout, run_annotation
+from evaluation.annotate import TooManyErrors, layout, run_annotation
+from evaluation.annotate.annotator import AnnotationFailed
 from evaluation.annotate.models import file_sha256
+from pipelines.annotate import main
 from tests.evaluation.annotate.conftest import annotate_config, npy, sample, write_version
 
 pytestmark = pytest.mark.slow  # the session's curation and actor pools on a local Ray
@@ -106,20 +109,130 @@ def test_mlflow_records_lineage_params_the_input_version_and_small_artifacts(ann
     assert [a.path for a in client.list_artifacts(run.info.run_id, "gallery")] == ["gallery/gallery.html"]
 
 
-def test_a_corrupt_and_a_missing_sample_are_recorded_and_the_rest_annotated(tiny_models, tmp_path, ray_local):
+NAMES = ("obama.jpg", "messi5.jpg")
+
+
+def _mtimes(out: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in sorted((out / layout.ANNOTATIONS).glob("*"))}
+
+
+def test_too_many_bad_samples_fail_the_job_after_writing_and_a_higher_share_finishes_it(
+    tiny_models, tmp_path, ray_local, capsys
+):
     good = [sample(f"a{i}", n, [(0.1, 0.1, 0.6, 0.95)], [0.9]) for i, n in enumerate(("obama.jpg", "messi5.jpg"))]
     corrupt = {**sample("b0", "obama2.jpg", [(0.2, 0.1, 0.8, 0.9)], [0.8]), "image": b"\xff\xd8\xff not a jpeg"}
     gone = sample("b1", "franz_kafka.jpg", [(0.2, 0.1, 0.8, 0.9)], [0.8])
     dataset = write_version(tmp_path / "curated", [[good[0], corrupt], [gone, good[1]]], in_tar=lambda k: k != "b1")
-    cfg = annotate_config(dataset, tmp_path / "out", tiny_models, tasks=("pose", "seg"), **{"actors.num_actors": 1})
-    result = run_annotation(cfg)
-    rows = {r["key"]: r for rs in _tables(tmp_path / "out").values() for r in rs}
-    assert {k: r["status"] for k, r in rows.items()} == {"a0": "ok", "b0": "error", "b1": "missing", "a1": "ok"}
-    assert rows["b0"]["error"].startswith("decode: ") and "no image of sample 'b1'" in rows["b1"]["error"]
+    out = tmp_path / "out"
+    cfg = annotate_config(dataset, out, tiny_models, tasks=("pose", "seg"), **{"actors.num_actors": 1})
+    with pytest.raises(TooManyErrors) as failed:
+        run_annotation(cfg)
+    assert str(failed.value).startswith(
+        "2 of 4 samples (50.0%) were not annotated, over max_error_share=0.05: decode_failed 1, missing_image 1; "
+    )
+    rows = {r["key"]: r for rs in _tables(out).values() for r in rs}  # written all the same
+    assert {k: (r["status"], r["reason"]) for k, r in rows.items()} == {
+        "a0": ("ok", None),
+        "b0": ("error", "decode_failed"),
+        "b1": ("missing", "missing_image"),
+        "a1": ("ok", None),
+    }
+    assert rows["b0"]["error"] == "UnidentifiedImageError: cannot identify image file <sample 'b0'>"
+    assert "no image of sample 'b1'" in rows["b1"]["error"]
     assert rows["b0"]["seg_png"] is None and rows["a1"]["seg_png"]
-    assert (result.stats["ok"], result.stats["errors"], result.stats["missing"]) == (2, 1, 1)
     for shard in ("000000", "000001"):  # the annotation tar holds the source tar's keys: they pair up
         names = [tarfile.open(tmp_path / d / f"{shard}.tar").getnames() for d in ("curated/shards", "out/annotations")]
         assert [n.split(".")[0] for n in names[0] if n.endswith(".jpg")] == [
             n[:-5] for n in names[1] if n.endswith(".json")
         ]
+    counts = json.loads((out / "_FAILED").read_text())
+    assert not (out / "_SUCCESS").exists() and counts["failure"] == str(failed.value)
+    assert (counts["samples"], counts["ok"], counts["errors"], counts["missing"]) == (4, 2, 1, 1)
+    assert counts["reasons"] == {"decode_failed": 1, "missing_image": 1} and counts["error_share"] == 0.5
+    written = _mtimes(out)
+
+    # the same job from the command line: exit 1 and the reasons on stderr, no shard redone
+    capsys.readouterr()
+    assert main(["--config", str(out / "config.yaml")]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: {failed.value}"
+    # a share the job is within: it finishes from the shards written, with the counts
+    assert main(["--config", str(out / "config.yaml"), "max_error_share=0.5"]) == 0
+    summary = capsys.readouterr().out
+    assert (
+        "2 ok, 1 error, 1 missing" in summary
+        and "not annotated, by reason: decode_failed 1, missing_image 1" in summary
+    )
+    done = json.loads((out / "_SUCCESS").read_text())
+    assert (done["samples"], done["ok"], done["reasons"], done["max_error_share"]) == (4, 2, counts["reasons"], 0.5)
+    assert not (out / "_FAILED").exists() and _mtimes(out) == written
+    with pytest.raises(TooManyErrors, match=r"over max_error_share=0.25: .* counts are in .*_SUCCESS$"):
+        run_annotation(dataclasses.replace(cfg, max_error_share=0.25))  # a finished version, checked
+
+
+def test_a_shard_redone_after_a_kill_gives_the_same_bytes_error_rows_included(tiny_models, tmp_path, ray_local):
+    shards = [[sample(f"s{i}{j}", n, [(0.1, 0.1, 0.6, 0.95)], [0.9]) for j, n in enumerate(NAMES)] for i in range(3)]
+    shards[1][0] = {**shards[1][0], "image": b"\xff\xd8\xff not a jpeg"}
+    dataset = write_version(tmp_path / "curated", shards)
+    out = tmp_path / "out"
+    cfg = annotate_config(dataset, out, tiny_models, tasks=("seg",), **{"actors.num_actors": 1, "max_error_share": 0.5})
+    first = run_annotation(cfg)
+    files = {p.name: p.read_bytes() for p in sorted((out / layout.ANNOTATIONS).glob("*"))}
+    (out / "_SUCCESS").unlink()  # as a kill before shard 000001's table (its commit marker) was written
+    (out / layout.ANNOTATIONS / "000001.parquet").unlink()
+    again = run_annotation(cfg)
+    assert (first.stats["session_shards"], again.stats["session_shards"]) == (3, 1)
+    assert {p.name: p.read_bytes() for p in sorted((out / layout.ANNOTATIONS).glob("*"))} == files
+    assert (again.stats["samples"], again.stats["ok"], again.stats["reasons"]) == (6, 5, {"decode_failed": 1})
+
+
+def _wrong_shape_seg_graph(path: Path, hw: tuple[int, int]) -> None:
+    """A graph the seg setting accepts (input ``image`` (B, 3, H, W), output ``logits``) whose logits
+    lack their width axis: (B, 3, H)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("ReduceMean", ["image"], ["logits"], axes=[3], keepdims=0)
+    graph = helper.make_graph(
+        [node],
+        "seg-without-width",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 3, *hw])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3, hw[0]])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def test_a_model_whose_outputs_post_processing_cannot_take_fails_the_job_with_that_error(
+    tiny_models, tmp_path, ray_local
+):
+    import torch
+
+    from evaluation.annotate.models import describe
+    from evaluation.annotate.tasks import PREDICTORS, Sample
+
+    samples = [sample(f"a{i}", n, [(0.1, 0.1, 0.6, 0.95)], [0.9]) for i, n in enumerate(("obama.jpg", "messi5.jpg"))]
+    dataset = write_version(tmp_path / "curated", [[samples[0]], [samples[1]]])
+    graph, out = tmp_path / "seg.onnx", tmp_path / "out"
+    _wrong_shape_seg_graph(graph, (64, 48))
+    cfg = annotate_config(
+        dataset, out, tiny_models, tasks=("seg",), **{"tasks.seg.onnx": str(graph), "actors.num_actors": 1}
+    )
+    predictor = PREDICTORS["seg"](describe("seg", cfg.tasks.seg), cfg.tasks.seg)
+    raised = {}
+    for s in samples:  # what the seg post-processing raises on each sample's (1, 3, 64) output
+        with pytest.raises(Exception) as direct:
+            predictor.finish(
+                Sample(s["key"], np.zeros((s["height"], s["width"], 3), np.uint8), [], []),
+                [(torch.zeros(1, 3, 64),)],
+                [None],
+            )
+        raised[s["key"]] = f"{type(direct.value).__name__}: {' '.join(str(direct.value).split())}"
+    with pytest.raises(AnnotationFailed) as failed:
+        run_annotation(cfg)
+    assert str(failed.value) in {
+        f"shard {shard}: sample '{key}', seg post-processing: {error}"
+        for shard, (key, error) in zip(("000000", "000001"), raised.items())
+    }, str(failed.value)
+    assert not list((out / layout.ANNOTATIONS).glob("*.parquet"))  # no shard committed with made-up errors
+    assert not (out / "_SUCCESS").exists() and not (out / "_FAILED").exists()

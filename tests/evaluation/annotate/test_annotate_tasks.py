@@ -1,19 +1,33 @@
 """Each task's processing around its model against the released functions it must equal
 (``models.sapiens_processing``), on real photos and tiny models, in this process; and the
-annotator's per-sample failures recorded as statuses."""
+annotator's failures: what is wrong with a sample is its row's status and reason, anything else
+raises ``AnnotationFailed``."""
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import tarfile
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from evaluation.annotate.annotator import ERROR, MISSING, OK, Annotator, decode
+from evaluation.annotate.annotator import (
+    BAD_METADATA,
+    DECODE_FAILED,
+    ERROR,
+    MISSING,
+    OK,
+    SIZE_MISMATCH,
+    AnnotationFailed,
+    Annotator,
+    decode,
+)
 from evaluation.annotate.config import ActorSettings, PoseSettings, TasksConfig, TaskSettings
 from evaluation.annotate.models import PLATFORM, TorchRunner, describe
-from evaluation.annotate.shards import Record
+from evaluation.annotate.shards import MISSING_IMAGE, Record
 from evaluation.annotate.tasks import PREDICTORS, Sample, labels_at
 from models import sapiens_processing as sp
 from models.vocab import keypoint_vocab
@@ -125,23 +139,111 @@ def test_albedo_is_an_rgb_png_and_v1_depth_a_float16_map(tiny_models, image):
     assert depth.dtype == np.float16 and depth.shape == image.shape[:2]
 
 
-def test_a_bad_image_a_wrong_size_or_a_missing_one_is_a_status_not_an_error(tiny_models):
-    data, w, h = photo("obama.jpg", 0.3)
-    meta = {"width": w, "height": h, "person_boxes": [[0, 0, w / 2, h]], "person_scores": [0.9]}
+def _pose_seg_annotator(tiny_models, batch_size: int = 2) -> Annotator:
     tasks = TasksConfig(
         pose=PoseSettings(checkpoint=str(tiny_models["pose"])), seg=TaskSettings(checkpoint=str(tiny_models["seg"]))
     )
     infos = {t: describe(t, tasks.of(t)) for t in tasks.enabled()}
-    annotator = Annotator(infos, tasks, ActorSettings(batch_size=2), "cpu")
+    return Annotator(infos, tasks, ActorSettings(batch_size=batch_size), "cpu")
+
+
+def test_what_is_wrong_with_a_sample_is_its_status_and_reason(tiny_models):
+    data, w, h = photo("obama.jpg", 0.3)
+    meta = {"width": w, "height": h, "person_boxes": [[0, 0, w / 2, h]], "person_scores": [0.9]}
     records = [
         Record("a", data, meta),
         Record("b", data[: len(data) // 3], meta),  # truncated JPEG
         Record("c", data, {**meta, "width": w + 1}),  # not the size curation recorded
-        Record("d", None, None, "no image of sample 'd' in x.tar"),
+        Record("d", None, None, "no image of sample 'd' in x.tar", MISSING_IMAGE),
+        Record("e", data, {**meta, "person_boxes": [[0, 0, float("nan"), h]]}),  # a box pose cannot crop
+        Record("f", data, {**meta, "person_scores": []}),  # boxes without their scores
+        Record("g", b"\x89PNG\r\n\x1a\n not a png", meta),
     ]
-    rows = annotator.annotate(records)
-    assert [r["status"] for r in rows] == [OK, ERROR, ERROR, MISSING]
+    rows = _pose_seg_annotator(tiny_models).annotate(records)
+    assert [(r["status"], r["reason"]) for r in rows] == [
+        (OK, None),
+        (ERROR, DECODE_FAILED),
+        (ERROR, SIZE_MISMATCH),
+        (MISSING, MISSING_IMAGE),
+        (ERROR, BAD_METADATA),
+        (ERROR, BAD_METADATA),
+        (ERROR, DECODE_FAILED),
+    ]
     assert rows[0]["error"] is None and len(rows[0]["pose_keypoints"]) == 1 and rows[0]["seg_png"]
-    assert rows[1]["error"].startswith("decode: ") and rows[1]["seg_png"] is None
+    assert rows[1]["error"].startswith("OSError: ") and rows[1]["seg_png"] is None
     assert "curation recorded" in rows[2]["error"] and rows[3]["error"].startswith("no image")
+    assert "not four finite numbers" in rows[4]["error"] and "do not pair up" in rows[5]["error"]
+    assert rows[6]["error"] == "UnidentifiedImageError: cannot identify image file <sample 'g'>"  # no address
     assert decode(records[0]).shape == (h, w, 3)
+
+
+def test_a_seg_only_job_does_not_read_the_person_boxes(tiny_models):
+    data, w, h = photo("obama.jpg", 0.3)
+    tasks = TasksConfig(seg=TaskSettings(checkpoint=str(tiny_models["seg"])))
+    annotator = Annotator({"seg": describe("seg", tasks.seg)}, tasks, ActorSettings(batch_size=2), "cpu")
+    (row,) = annotator.annotate([Record("a", data, {"width": w, "height": h, "person_boxes": [[0, 0, 1]]})])
+    assert row["status"] == OK and row["seg_png"]
+
+
+def test_a_failure_in_post_processing_fails_the_annotation_naming_sample_task_and_step(tiny_models, monkeypatch):
+    data, w, h = photo("obama.jpg", 0.3)
+    meta = {"width": w, "height": h, "person_boxes": [[0, 0, w / 2, h]], "person_scores": [0.9]}
+
+    def broken(self, s, outs, contexts):
+        raise TypeError("unsupported operand type(s) for *: 'Tensor' and 'NoneType'")
+
+    monkeypatch.setattr(PREDICTORS["seg"], "finish", broken)
+    annotator = _pose_seg_annotator(tiny_models)
+    with pytest.raises(AnnotationFailed) as failed:
+        annotator.annotate([Record("a", data, meta), Record("b", data, meta)])
+    assert str(failed.value) == (
+        "sample 'a', seg post-processing: TypeError: unsupported operand type(s) for *: 'Tensor' and 'NoneType'"
+    )
+    assert isinstance(failed.value.__cause__, TypeError)
+
+
+def test_a_memory_error_while_decoding_is_not_a_corrupt_image(tiny_models, monkeypatch):
+    from PIL import Image
+
+    data, w, h = photo("obama.jpg", 0.3)
+
+    def out_of_memory(self, mode=None, *args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr(Image.Image, "convert", out_of_memory)
+    annotator = _pose_seg_annotator(tiny_models)
+    with pytest.raises(AnnotationFailed, match=r"^sample 'a', decode: MemoryError$"):
+        annotator.annotate([Record("a", data, {"width": w, "height": h, "person_boxes": [], "person_scores": []})])
+
+
+def test_a_shards_own_faults_are_reasons_and_a_storage_error_is_raised(tmp_path):
+    from curation.output import shard_path, sidecar_path
+    from evaluation.annotate.shards import BAD_METADATA, UNREADABLE_TAR, SourceShard, read_shard
+    from tests.evaluation.annotate.conftest import sample, write_version
+
+    samples = [sample(f"k{i}", "obama.jpg", [(0.1, 0.1, 0.6, 0.95)], [0.9], scale=0.2) for i in range(3)]
+    root = write_version(tmp_path / "curated", [samples])
+    shard = SourceShard("000000", shard_path(root, "000000"), sidecar_path(root, "000000"))
+    assert [(r.key, r.reason) for r in read_shard(shard)] == [("k0", None), ("k1", None), ("k2", None)]
+    tar = Path(shard.tar)
+    whole = tar.read_bytes()
+    tar.write_bytes(whole[: whole.index(b"k1.jpg") + 1024])  # cut inside k1's image
+    records = read_shard(shard)
+    assert [(r.key, r.reason) for r in records] == [("k0", None), ("k1", UNREADABLE_TAR), ("k2", UNREADABLE_TAR)]
+    assert records[1].error.startswith("shard tar unreadable after ") and "ReadError" in records[1].error
+    tar.unlink()  # a version that lists a tar it does not have
+    assert {r.reason for r in read_shard(shard)} == {UNREADABLE_TAR}
+    tar.mkdir()  # a path the storage cannot read as a file: not the samples' fault
+    with pytest.raises(OSError) as raised:
+        read_shard(shard)
+    assert not isinstance(raised.value, FileNotFoundError)
+    tar.rmdir()
+    tar.write_bytes(whole)
+    with tarfile.open(tar, "a") as t:  # one more sample, whose json is not JSON
+        for name, data in (("k3.jpg", samples[0]["image"]), ("k3.json", b"{not json")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    records = {r.key: r for r in read_shard(shard)}
+    assert records["k3"].reason == BAD_METADATA and "k3.json of the shard is not JSON" in records["k3"].error
+    assert [records[k].reason for k in ("k0", "k1", "k2")] == [None, None, None]
