@@ -299,7 +299,7 @@ def same_decisions(job, pids: list[str], step: str, earlier: tuple[str, ...]) ->
     import pyarrow as pa
 
     from curation import output
-    from curation.dedup.distributed import read_decisions
+    from curation.dedup.decisions import read_decisions
     from infra import storage
 
     fs, root = storage.resolve(job.cfg.output_dir)
