@@ -144,7 +144,9 @@ def _start(cfg: PretrainConfig, payload: dict) -> Session:
     arch, optimizer = build(cfg, device, world)
     step, data_state = _restore(arch, optimizer, rank, payload["dataset"]["id"])
     spec = RankSpec.of(cfg, rank=rank, world_size=world, patch_stride=arch.stride, pin_memory=device.type == "cuda")
-    loader = ResumableLoader(tuple(payload["shards"]), cfg.data, spec, state=data_state)
+    loader = ResumableLoader(
+        tuple(payload["shards"]), cfg.data, spec, state=data_state, dataset_uri=payload["dataset"]["uri"]
+    )
     logger = None
     if rank == 0 and payload.get("mlflow_run_id") and _tracking_reachable(payload["tracking_uri"]):
         logger = MetricsLogger(payload["tracking_uri"], payload["mlflow_run_id"], flush_every=cfg.metrics.log_every)
@@ -251,6 +253,7 @@ def _one_step(s: Session, cost: StepCost) -> None:
         data_wait_s=data_wait,
         images_per_s=s.world * batch.size / elapsed,
         tokens_per_s=s.world * cost.tokens / elapsed,
+        **s.loader.metrics(),
     )
     if cost.flops:
         s.last["mfu"] = cost.flops / elapsed / (cost.peak_tflops * 1e12)

@@ -29,6 +29,7 @@ from infra.ray_runtime import start_ray
 from infra.tracking import end_run, get_experiment_id, log_config, make_dataset, metric_history, resolve_tracking_uri
 from training.config import PretrainConfig, identity_dict, identity_digest, with_run_name
 from training.loop import EXPORT_DIR, EXPORT_MANIFEST, train_loop_per_worker
+from training.sampling import check_sampling
 
 RUN_RECORD = "run.json"
 HISTORY_KEYS = ("loss", "loss_mae", "loss_cl", "loss_koleo", "lr", "momentum", "grad_norm")
@@ -129,10 +130,9 @@ def run_pretraining(cfg: PretrainConfig) -> PretrainResult:
         shards = tuple(record["dataset"]["shards"])
     else:
         shards = dataset.shards
-    if not shards:
-        raise ValueError(f"dataset {dataset.id} ({dataset.uri}) has no shards")
+    sampling = _check_data(cfg, record["dataset"]["uri"] if record else dataset.uri, shards, dataset.id)
 
-    run_id = _start_mlflow_run(cfg, tracking_uri, record, dataset, shards, digest)
+    run_id = _start_mlflow_run(cfg, tracking_uri, record, dataset, shards, digest, sampling)
     record = record or {
         "identity_digest": digest,
         "identity": identity_dict(cfg),
@@ -188,6 +188,14 @@ def _trainer(cfg: PretrainConfig, payload: dict):
     )
 
 
+def _check_data(cfg: PretrainConfig, dataset_uri: str, shards: tuple[str, ...], dataset_id: str) -> str | None:
+    """The run's shards and sampling policy checked before anything starts (``ValueError``); the
+    policy's description (None for ``uniform``)."""
+    if not shards:
+        raise ValueError(f"dataset {dataset_id} ({dataset_uri}) has no shards")
+    return check_sampling(cfg.data.sampling, dataset_uri, shards[0])
+
+
 def _read_record(fs, run_dir: str) -> dict | None:
     path = storage.join(storage.resolve(run_dir)[1], RUN_RECORD)
     return json.loads(storage.read_bytes(fs, path)) if storage.exists(fs, path) else None
@@ -227,7 +235,11 @@ def _diff(a, b, prefix: str = "") -> set[str]:
     return set() if a == b else {prefix.rstrip(".")}
 
 
-def _start_mlflow_run(cfg: PretrainConfig, tracking_uri: str, record: dict | None, dataset, shards, digest: str) -> str:
+def _start_mlflow_run(
+    cfg: PretrainConfig, tracking_uri: str, record: dict | None, dataset, shards, digest: str, sampling: str | None
+) -> str:
+    """The run's MLflow run (created, or the recorded one resumed); ``sampling``: the policy's
+    description, tagged ``data.sampling`` on a new run."""
     import mlflow
     from mlflow import MlflowClient
 
@@ -246,6 +258,7 @@ def _start_mlflow_run(cfg: PretrainConfig, tracking_uri: str, record: dict | Non
             "dataset.id": dataset.id,
             "dataset.name": dataset.name,
             "dataset.uri": dataset.uri,
+            **({"data.sampling": sampling} if sampling else {}),
         }
         run_id = client.create_run(experiment_id, run_name=cfg.tracking.run_name or cfg.run_name, tags=tags).info.run_id
     mlflow.set_tracking_uri(tracking_uri)
