@@ -235,3 +235,32 @@ def test_the_metrics_part_of_the_page_in_a_browser(tmp_path, open_html):
         "partly failed",
         "failed",
     ]
+
+
+def test_the_cluster_sweep_plans_a_fixed_number_of_images_seen(tmp_path):
+    """configs/sweep_0.4b.yaml: every variant valid and on one budget, the images seen its cost is computed for."""
+    from pipelines.sweeper.config import describe_budget
+
+    cfg = load_config(SweepConfig, REPO / "configs" / "sweep_0.4b.yaml", [f"output_dir={tmp_path}"])
+    plans = plan_runs(dataclasses.replace(cfg, dag=str(REPO / cfg.dag)))
+    assert len(plans) * len(cfg.seeds) == 8  # the 8 runs its comment prices
+    (line,) = describe_budget(plans["baseline"][0].dag)
+    assert "sapiens2_0.4b, 20000 steps x 32 images x 64 workers = 40960000 images seen" in line
+    assert "40,960,000 images" in (REPO / "configs" / "sweep_0.4b.yaml").read_text()
+
+
+@pytest.mark.slow  # counts the 0.4B model's FLOPs on the meta device
+def test_the_cluster_sweeps_cost_is_the_scale_plans_formula():
+    """The GPU-hours in configs/sweep_0.4b.yaml's comment: images seen x FLOPs per sample
+    (training.flops.step_cost) / (989 TFLOP/s x MFU) / 3600, as docs/scale_plan.md computes them."""
+    from training.config import PretrainConfig
+    from training.flops import step_cost
+
+    text = (REPO / "configs" / "sweep_0.4b.yaml").read_text()
+    pretrain = load_config(PretrainConfig, REPO / "configs" / "pretrain_0.4b.yaml", ["data.dataset=x"])
+    per_sample = step_cost(pretrain, 1).flops
+    assert f"FLOPs per sample {per_sample / 1e12:.2f} TFLOP" in text
+    hours = [40_960_000 * per_sample / (989e12 * mfu) / 3600 for mfu in (0.25, 0.33, 0.39)]
+    assert " / ".join(f"{h:.0f}" for h in hours) + " GPU-hours at 25 / 33 / 39% MFU" in text
+    assert " / ".join(f"{8 * h:,.0f}" for h in hours) + " GPU-hours" in text
+    assert " / ".join(f"{8 * h / 64:.0f}" for h in hours) + " hours" in text
