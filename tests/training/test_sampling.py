@@ -211,6 +211,10 @@ def test_balanced_draws_are_uniform_over_top_clusters_then_within(balanced):
     assert state.accepted / state.offered == pytest.approx(9 / 32, abs=0.02)
     ignored, _ = draw(shards, None)
     assert p_value(ignored, {k: P_LEAF_SAMPLE[leaf] for k, leaf in leaf_of.items()}) < 1e-6
+    uniform_top = collections.Counter()
+    for key, n in ignored.items():
+        uniform_top[LEAVES[leaf_of[key]][0]] += n
+    assert chisquare([uniform_top[c] for c in range(3)]).pvalue < 1e-6  # 20 : 8 : 4 without the policy
 
 
 def test_a_cap_below_the_largest_weight_flattens_the_smallest_clusters(balanced):
