@@ -16,12 +16,12 @@ semantic copies (one of n / 20 originals plus noise, cosine ~0.9995; ``--semanti
 already ended and 1% undecodable. Then a later batch B of n / 10 rows drawn the same way (so its
 copies meet V's originals) is deduplicated against V (``dedup.against``).
 
-The global steps run through the pipeline's own ``curation.pipeline.global_dedup`` with
+The global steps run through the pipeline's own ``curation.passes.global_dedup`` with
 ``dedup.engine=ray``, timed one by one: on V exact dedup, near dedup (with the partitioned
 near-dup index it writes) and semantic dedup (k-means on a bounded sample in a task, cosine pairs
-in block-pair units), then the shards (``pipeline.write_all``: the seeded placement into shards of
+in block-pair units), then the shards (``curation.finish.write_shards``: the seeded placement into shards of
 ``--samples-per-shard``, one shuffle, tars and sidecars) with the manifest parts naming them, and
-stats + version id (``pipeline.summarise_manifest``); on B exact, near (the Ray join of B's band
+stats + version id (``curation.finish.summarise_manifest``); on B exact, near (the Ray join of B's band
 keys with V's index buckets, and V's index extended) and semantic dedup (against V's kept
 embeddings, then within B). The driver's peak RSS over all of them is sampled every 50 ms
 (psutil); growth exponents log(t2/t1)/log(n2/n1) are printed between sizes, wall and CPU time
@@ -187,11 +187,11 @@ def stage_corpus(root: str, n: int, args, prefix: str = "p", seed: int = 0) -> l
 def bench_job(
     root: str, against: str | None = None, engine: str = "ray", out: str | None = None, samples_per_shard: int = 0
 ):
-    """A ``curation.pipeline.Job`` over the corpus staged at ``root`` (decisions under ``out``,
+    """A ``curation.job.CurationJob`` over the corpus staged at ``root`` (decisions under ``out``,
     default ``root``): the recipe's reader, decode, CLIP and dedup steps (semantic dedup on) and its
     shard writer (``samples_per_shard``), built without start-up checks (no model runs here)."""
     from curation.dedup.semantic import SemanticDupConfig
-    from curation.pipeline import Job
+    from curation.job import CurationJob
     from curation.recipe import HUMANS1B, CurationConfig
     from curation.steps import BuiltRecipe
     from infra import storage
@@ -203,7 +203,7 @@ def bench_job(
     cfg.dedup.semantic = SemanticDupConfig(enabled=True)
     kept = ("read", "decode", "clip_embedding", "decontaminate", "exact_dedup", "near_dedup", "semantic_dedup")
     steps = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps if s.name in kept or s is HUMANS1B.steps[-1]])
-    return Job(cfg, steps, "bench", *storage.resolve(root))
+    return CurationJob(cfg, steps, "bench", *storage.resolve(root))
 
 
 def dedup_step(job, name: str):
@@ -213,9 +213,9 @@ def dedup_step(job, name: str):
 
 
 def timed_steps(job, pids: list[str], names: tuple[str, ...], seconds: dict, label: str = "") -> None:
-    """Each named dedup step through ``pipeline.global_dedup`` alone (it reads the earlier steps'
+    """Each named dedup step through ``passes.global_dedup`` alone (it reads the earlier steps'
     decisions on disk): wall and CPU seconds, rows dropped."""
-    from curation.pipeline import global_dedup
+    from curation.passes import global_dedup
 
     for name in names:
         t, c = time.perf_counter(), cpu_seconds()
@@ -242,16 +242,16 @@ def shard_sizes(root: str, samples_per_shard: int) -> tuple[int, str]:
 
 
 def finish_version(root: str, pids: list[str], seconds: dict, samples_per_shard: int) -> None:
-    """The shards (``pipeline.write_all``: kept counts, the seeded placement, one shuffle carrying the
+    """The shards (``finish.write_shards``: kept counts, the seeded placement, one shuffle carrying the
     samples to shards of ``samples_per_shard``, tars and sidecars) and the manifest parts naming them,
     stats + version id, then ``_SUCCESS``: V is a finished output a later batch can be deduplicated against."""
     from curation import output, schema
-    from curation.pipeline import summarise_manifest, write_all
+    from curation.finish import summarise_manifest, write_shards
     from curation.versions import combine_digests
     from infra import storage
 
     t, c = time.perf_counter(), cpu_seconds()
-    write_all(bench_job(root, samples_per_shard=samples_per_shard), pids, pids)
+    write_shards(bench_job(root, samples_per_shard=samples_per_shard), pids, pids)
     seconds["write_shards"], seconds["write_shards_cpu"] = time.perf_counter() - t, cpu_seconds() - c
     seconds["shards"], seconds["shard_sizes"] = shard_sizes(root, samples_per_shard)
     t, c = time.perf_counter(), cpu_seconds()

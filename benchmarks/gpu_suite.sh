@@ -58,7 +58,7 @@ done
 [[ "$PEAK" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--peak-tflops must be a number, got '$PEAK'"
 IFS=, read -r -a WANTED <<< "$SECTIONS"
 for s in "${WANTED[@]}"; do
-    case "$s" in backbone|backbone_compiled|pretrain|detector|annotate) ;; *) die "unknown section '$s' (known: backbone,backbone_compiled,pretrain,detector,annotate)" ;; esac
+    case "$s" in backbone|backbone_compiled|pretrain|detector|annotate|distill) ;; *) die "unknown section '$s' (known: backbone,backbone_compiled,pretrain,detector,annotate,distill)" ;; esac
 done
 
 BACKBONE=("$PY" "$REPO/benchmarks/backbone_step.py" --device cuda --model sapiens2_1b --hw 1024 768 --batch 4
@@ -70,6 +70,15 @@ DETECT=("$PY" - "$DETECTOR")
 ANNOTATE=("$PY" "$REPO/benchmarks/annotate_throughput.py" --device cuda --sizes 0.4b --tasks pose,seg --hw 1024 768
           --precision bf16 --images-large 64 --per-shard-large 8 --actors 4 --gpus-per-actor 0.25
           --cpus-per-actor 3 --batch 8 --no-loop --peak-tflops "$PEAK")
+
+# --- The distilled student (its own block; not in the default SECTIONS, whose limits fill the
+# 10-minute budget: `--only distill`, about a minute). sapiens2_0.1b, the student a sapiens2_1b
+# teacher distils into, against that teacher at 1024x768, bf16 autocast, forward only: images/s per
+# GPU of each and the ratio, measured in the same run (benchmarks/distill_student.py --device cuda;
+# random weights, as speed does not depend on them).
+T_DISTILL=60
+DISTILL=("$PY" "$REPO/benchmarks/distill_student.py" --device cuda --teacher-model sapiens2_1b
+         --student-model sapiens2_0.1b --hw 1024 768 --batch 8 --steps 10 --warmup 3)
 
 run() {  # run NAME LIMIT_S CMD...: one section under its limit, its status remembered
     local name="$1" limit="$2"; shift 2
@@ -131,6 +140,7 @@ for s in "${WANTED[@]}"; do
         pretrain) run pretrain "$T_PRETRAIN" "${PRETRAIN[@]}" ;;
         detector) run detector "$T_DETECTOR" "${DETECT[@]}" ;;
         annotate) run annotate "$T_ANNOTATE" "${ANNOTATE[@]}" ;;
+        distill) run distill "$T_DISTILL" "${DISTILL[@]}" ;;
     esac
 done
 echo

@@ -49,13 +49,13 @@ def read_eval_set(
     set, wherever the set lies)."""
     import ray.data
 
-    from curation import readers
+    from curation.partitions import partition_datasource
     from curation.steps import apply_step
 
     parts = reader.plan()
     if not parts:
         raise ValueError(f"dedup.decontaminate.eval_images={reader.cfg.uri!r} holds no image")
-    source = readers.partition_datasource(parts, lambda p: _decoded(p, reader, decode), schema=None)
+    source = partition_datasource(parts, lambda p: _decoded(p, reader, decode), schema=None)
     ds = ray.data.read_datasource(source, override_num_blocks=len(parts), num_cpus=reader.cfg.num_cpus)
     columns = [*EVAL_COLUMNS, *(["image", "decode_ok", "reason"] if embedding is not None else [])]
     ds = ds.map_batches(_usable, fn_kwargs={"columns": columns}, batch_format="pyarrow")

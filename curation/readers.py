@@ -1,27 +1,24 @@
-"""Readers: input partitions with deterministic ids, and one raw row per input image.
+"""Readers: one raw row per input image of a partition (``curation.partitions``), in input order.
 
 Supported inputs (local paths or object-store URIs through pyarrow.fs):
 
-- ``folder``: image files under a folder, recursively, cut into partitions of
-  ``images_per_partition`` files in path order.
-- ``webdataset``: WebDataset / img2dataset tar shards, one partition per tar. Members are
-  grouped by key (basename up to the first dot) across the whole tar, so members of one
-  sample need not be contiguous; ``<key>.json`` / ``<key>.txt`` become ``source_meta``.
-  img2dataset's output (``NNNNN.tar`` + ``NNNNN.parquet`` + ``NNNNN_stats.json``) records its
-  failed downloads only in the Parquet: each becomes one ``download_failed`` error row of the
-  tar's partition, so the funnel starts at what was attempted.
-  Tar members are only read into memory, never extracted, so hostile member names
-  (``../x``, absolute paths) cannot write anywhere; they are sanitised into keys.
-- ``parquet``: files with an image-bytes column or a path/URI column, partitioned by row
-  groups of about ``images_per_partition`` rows.
+- ``folder``: the partition's image files.
+- ``webdataset``: a WebDataset / img2dataset tar shard. Members are grouped by key (basename
+  up to the first dot) across the whole tar, so members of one sample need not be contiguous;
+  ``<key>.json`` / ``<key>.txt`` become ``source_meta``. img2dataset's output (``NNNNN.tar`` +
+  ``NNNNN.parquet`` + ``NNNNN_stats.json``) records its failed downloads only in the Parquet:
+  each becomes one ``download_failed`` error row of the tar's partition, so the funnel starts at
+  what was attempted (``img2dataset_failures``). Tar members are only read into memory, never
+  extracted, so hostile member names (``../x``, absolute paths) cannot write anywhere; they are
+  sanitised into keys.
+- ``parquet``: the partition's row groups, image bytes in a column or read from a path column.
 
-A partition id is ``<ordinal>-<digest of its members>``; it names the partition's staging
-folder and its output shard, so a re-run of the same job maps to the same names.
+A file that cannot be read becomes a ``read_failed`` row (one for the rest of a container),
+and the run goes on; a record of failed downloads that cannot be read fails the partition.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -36,106 +33,19 @@ import pyarrow.parquet as pq
 
 from curation.config import InputConfig
 from curation.output import split_member
+from curation.partitions import Partition, parquet_columns, plan_partitions
 from curation.schema import DOWNLOAD_FAILED, EMPTY_FILE, FILE_TOO_LARGE, RAW_FIELDS, RAW_SCHEMA, READ_FAILED
-from curation.steps import Step
+from curation.steps import Reader
 from infra import storage
 
 ROWS_PER_BLOCK = 64  # raw rows per yielded table: keeps read tasks streaming
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
-IMAGE_BYTES_COLUMNS = ("image", "jpg", "jpeg", "png", "webp", "bytes", "image_bytes")
-PATH_COLUMNS = ("path", "uri", "url", "file", "filepath", "image_path")
-
-
-@dataclasses.dataclass(frozen=True)
-class Partition:
-    """A unit of work and of resume: its rows become one output shard."""
-
-    id: str
-    kind: str  # "files" | "tar" | "parquet" | "staged" (a later pass: rows read back from staging)
-    uris: tuple[str, ...]  # files: the image files; tar/parquet: the one container file
-    root: str = ""  # files: the folder keys are made relative to
-    sizes: tuple[int, ...] = ()  # files: byte sizes from the listing
-    row_groups: tuple[int, ...] = ()  # parquet: the row groups of this partition
 
 
 def make_key(name: str, source: str) -> str:
     """Stable, unique, WebDataset-safe key: readable stem plus a digest of the full source URI."""
     stem = _KEY_UNSAFE.sub("_", name).strip("_")[-40:] or "img"
     return f"{stem}-{hashlib.sha1(source.encode()).hexdigest()[:12]}"
-
-
-def _partition_id(ordinal: int, kind: str, members: list[str]) -> str:
-    digest = hashlib.sha1("\n".join([kind, *members]).encode()).hexdigest()[:10]
-    return f"{ordinal:06d}-{digest}"
-
-
-def detect_format(cfg: InputConfig) -> str:
-    if cfg.format != "auto":
-        return cfg.format
-    fs, root = storage.resolve(cfg.uri)
-    files = storage.list_files(fs, root)
-    if any(f.base_name.lower().endswith(".tar") for f in files):
-        return "webdataset"
-    if any(f.base_name.lower().endswith(".parquet") for f in files):
-        return "parquet"
-    return "folder"
-
-
-def plan_partitions(cfg: InputConfig) -> list[Partition]:
-    """List the input and cut it into partitions (on the driver; listing is metadata only)."""
-    kind = detect_format(cfg)
-    fs, root = storage.resolve(cfg.uri)
-    if kind == "folder":
-        files = storage.list_files(fs, root, tuple(cfg.extensions))
-        base = root if fs.get_file_info(root).type.name == "Directory" else posixpath.dirname(root)
-        parts = []
-        for ordinal, start in enumerate(range(0, len(files), cfg.images_per_partition)):
-            chunk = files[start : start + cfg.images_per_partition]
-            uris = tuple(storage.to_uri(fs, f.path) for f in chunk)
-            parts.append(
-                Partition(
-                    id=_partition_id(ordinal, "files", list(uris)),
-                    kind="files",
-                    uris=uris,
-                    root=storage.to_uri(fs, base),
-                    sizes=tuple(int(f.size) for f in chunk),
-                )
-            )
-        return parts
-    if kind == "webdataset":
-        tars = storage.list_files(fs, root, (".tar",))
-        return [
-            Partition(
-                id=_partition_id(i, "tar", [storage.to_uri(fs, t.path)]), kind="tar", uris=(storage.to_uri(fs, t.path),)
-            )
-            for i, t in enumerate(tars)
-        ]
-    if kind == "parquet":
-        parts = []
-        for f in storage.list_files(fs, root, (".parquet",)):
-            uri = storage.to_uri(fs, f.path)
-            with fs.open_input_file(f.path) as fh:
-                pf = pq.ParquetFile(fh)
-                meta = pf.metadata
-                parquet_columns(pf.schema_arrow.names, cfg, uri)  # fail on the driver, before any work
-            group: list[int] = []
-            rows = 0
-            for rg in range(meta.num_row_groups):
-                group.append(rg)
-                rows += meta.row_group(rg).num_rows
-                if rows >= cfg.images_per_partition or rg == meta.num_row_groups - 1:
-                    members = [f"{uri}#rg={g}" for g in group]
-                    parts.append(
-                        Partition(
-                            id=_partition_id(len(parts), "parquet", members),
-                            kind="parquet",
-                            uris=(uri,),
-                            row_groups=tuple(group),
-                        )
-                    )
-                    group, rows = [], 0
-        return parts
-    raise ValueError(f"input.format must be folder, webdataset or parquet, got {kind!r}")
 
 
 class _RowBuffer:
@@ -213,9 +123,7 @@ def _read_files(p: Partition, max_bytes: int) -> Iterator[pa.Table]:
         rel = posixpath.relpath(path, root) if root is not None else uri
         key = make_key(posixpath.splitext(rel)[0], uri)
         if size > max_bytes:
-            buf.add(
-                key, uri, None, size=size, reason=FILE_TOO_LARGE, error=f"{size} bytes > decode.max_bytes={max_bytes}"
-            )
+            buf.add(key, uri, None, size=size, reason=FILE_TOO_LARGE, error=_too_large(size, max_bytes))
         else:
             try:
                 buf.add(key, uri, storage.read_bytes(fs, path), size=size, at=(storage.to_uri(fs, path), 0))
@@ -292,7 +200,7 @@ def _read_tar(p: Partition, max_bytes: int, image_exts: tuple[str, ...]) -> Iter
                 size=size,
                 meta=meta,
                 reason=FILE_TOO_LARGE,
-                error=f"{size} bytes > decode.max_bytes={max_bytes}",
+                error=_too_large(size, max_bytes),
             )
         else:
             buf.add(key, source, raw, size=size, meta=meta, at=None if offset is None else (uri, offset))
@@ -314,24 +222,39 @@ IMG2DATASET_SUCCESS = "success"  # its ``status`` of a sample that is in the tar
 def img2dataset_failures(uri: str, in_tar: set[str]) -> list[tuple[int, dict]]:
     """(row number, record) of each download img2dataset's Parquet beside the tar ``uri`` records as
     not successful. Its layout: ``<stem>.parquet`` with ``key`` and ``status`` columns next to
-    ``<stem>_stats.json``; without it, none (a curated output's sidecar beside its tar is no such
-    record). Keys with a sample in the tar (``in_tar``) are skipped: every input counts once."""
+    ``<stem>_stats.json``. Keys with a sample in the tar (``in_tar``) are skipped: every input
+    counts once.
+
+    Without both files there is no such record and none: the tar is a plain WebDataset shard (a
+    curated output's sidecar beside its tar is no record of failures either), and every image it
+    holds is read; what no record names, no reader could count. A record that is there but cannot
+    be read (a transient object-store error, a truncated file, not img2dataset's columns) raises
+    ``RuntimeError``: its failed downloads would vanish from the funnel, so the partition fails
+    and a re-run redoes it (``curation.pipeline``: finished partitions are kept)."""
     fs, path = storage.resolve(uri)
     stem = path.removesuffix(".tar")
-    if not (storage.exists(fs, f"{stem}.parquet") and storage.exists(fs, f"{stem}_stats.json")):
+    record = f"{stem}.parquet"
+    if not (storage.exists(fs, record) and storage.exists(fs, f"{stem}_stats.json")):
         return []
     try:
-        with fs.open_input_file(f"{stem}.parquet") as fh:
+        with fs.open_input_file(record) as fh:
             table = pq.read_table(fh)
-    except (OSError, pa.ArrowInvalid):
-        return []  # an unreadable record of failures: the tar's samples are still read
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise _unreadable_record(storage.to_uri(fs, record), f"{type(err).__name__}: {err}") from err
     if not {"key", "status"} <= set(table.column_names):
-        return []
+        raise _unreadable_record(storage.to_uri(fs, record), f"no 'key' and 'status' columns in {table.column_names}")
     return [
         (i, r)
         for i, r in enumerate(table.to_pylist())
         if r["status"] != IMG2DATASET_SUCCESS and str(r["key"]) not in in_tar
     ]
+
+
+def _unreadable_record(uri: str, why: str) -> RuntimeError:
+    return RuntimeError(
+        f"img2dataset's record of failed downloads {uri} cannot be read ({why}); re-run to resume once "
+        "it reads, or remove it to read the tar without its failed downloads"
+    )
 
 
 def _add_failed_download(buf: _RowBuffer, tar_stem: str, row_no: int, record: dict) -> None:
@@ -346,28 +269,6 @@ def _add_failed_download(buf: _RowBuffer, tar_stem: str, row_no: int, record: di
         reason=DOWNLOAD_FAILED,
         error=f"{record['status']}: {record.get('error_message') or ''}"[:500],
     )
-
-
-def _pick_column(names: list[str], wanted: str | None, candidates: tuple[str, ...], what: str) -> str | None:
-    if wanted:
-        if wanted not in names:
-            raise ValueError(
-                f"input.parquet_{what}_column={wanted!r} is not a column of the parquet input; its columns: {names}"
-            )
-        return wanted
-    return next((c for c in candidates if c in names), None)
-
-
-def parquet_columns(names: list[str], cfg: InputConfig, uri: str) -> tuple[str | None, str | None, str | None]:
-    """(image-bytes column, path column, key column) of a parquet input; a clear error when unusable."""
-    image_col = _pick_column(names, cfg.parquet_image_column, IMAGE_BYTES_COLUMNS, "image")
-    path_col = None if image_col else _pick_column(names, cfg.parquet_path_column, PATH_COLUMNS, "path")
-    if image_col is None and path_col is None:
-        raise ValueError(
-            f"parquet input {uri} has neither an image-bytes column {IMAGE_BYTES_COLUMNS} nor a "
-            f"path column {PATH_COLUMNS}; set input.parquet_image_column or input.parquet_path_column"
-        )
-    return image_col, path_col, _pick_column(names, cfg.parquet_key_column, ("key",), "key")
 
 
 def _add_unreadable(buf: _RowBuffer, error: str) -> None:
@@ -391,55 +292,52 @@ def _parquet_rows(p: Partition, cfg: InputConfig) -> tuple[pa.Table, str | None,
         return pf.read_row_groups(list(p.row_groups), columns=columns), image_col, path_col, key_col, first_row
 
 
+def _too_large(size: int, max_bytes: int) -> str:
+    return f"{size} bytes > decode.max_bytes={max_bytes}"
+
+
+def _add_parquet_bytes(buf: _RowBuffer, source: str, name: str, raw: bytes | None, max_bytes: int) -> None:
+    """A row whose image bytes are in the Parquet (a null cell is an empty file)."""
+    key = make_key(name, source)
+    if raw is None:
+        buf.add(key, source, b"", meta=None)
+    elif len(raw) > max_bytes:
+        buf.add(key, source, None, size=len(raw), reason=FILE_TOO_LARGE, error=_too_large(len(raw), max_bytes))
+    else:
+        buf.add(key, source, raw)
+
+
+def _add_parquet_path(buf: _RowBuffer, target, name: str | None, max_bytes: int) -> None:
+    """A row whose image is read from the path or URI ``target`` the Parquet names."""
+    source = str(target)
+    key = make_key(name if name is not None else posixpath.splitext(posixpath.basename(source))[0], source)
+    try:
+        tfs, tpath = storage.resolve(source)
+        size = tfs.get_file_info(tpath).size
+        if size is not None and size > max_bytes:
+            buf.add(key, source, None, size=size, reason=FILE_TOO_LARGE, error=_too_large(size, max_bytes))
+        else:
+            buf.add(key, source, storage.read_bytes(tfs, tpath), at=(storage.to_uri(tfs, tpath), 0))
+    except (OSError, ValueError, TypeError) as err:
+        buf.add(key, source, None, reason=READ_FAILED, error=f"{type(err).__name__}: {err}")
+
+
 def _read_parquet(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[pa.Table]:
     uri = p.uris[0]
+    buf = _RowBuffer(p)
     try:
         table, image_col, path_col, key_col, first_row = _parquet_rows(p, cfg)
     except OSError as err:
-        buf = _RowBuffer(p)
         _add_unreadable(buf, f"{type(err).__name__}: {err}")
         yield buf.flush()
         return
-    buf = _RowBuffer(p)
     for i, row in enumerate(table.to_pylist()):
         row_no = first_row + i
         name = str(row[key_col]) if key_col and row.get(key_col) is not None else f"row{row_no}"
         if image_col:
-            source = f"{uri}#row={row_no}"
-            raw = row[image_col]
-            if raw is None:
-                buf.add(make_key(name, source), source, b"", meta=None)
-            elif len(raw) > max_bytes:
-                buf.add(
-                    make_key(name, source),
-                    source,
-                    None,
-                    size=len(raw),
-                    reason=FILE_TOO_LARGE,
-                    error=f"{len(raw)} bytes > decode.max_bytes={max_bytes}",
-                )
-            else:
-                buf.add(make_key(name, source), source, raw)
+            _add_parquet_bytes(buf, f"{uri}#row={row_no}", name, row[image_col], max_bytes)
         else:
-            target = row[path_col]
-            source = str(target)
-            key = make_key(name if key_col else posixpath.splitext(posixpath.basename(source))[0], source)
-            try:
-                tfs, tpath = storage.resolve(source)
-                size = tfs.get_file_info(tpath).size
-                if size is not None and size > max_bytes:
-                    buf.add(
-                        key,
-                        source,
-                        None,
-                        size=size,
-                        reason=FILE_TOO_LARGE,
-                        error=f"{size} bytes > decode.max_bytes={max_bytes}",
-                    )
-                else:
-                    buf.add(key, source, storage.read_bytes(tfs, tpath), at=(storage.to_uri(tfs, tpath), 0))
-            except (OSError, ValueError, TypeError) as err:
-                buf.add(key, source, None, reason=READ_FAILED, error=f"{type(err).__name__}: {err}")
+            _add_parquet_path(buf, row[path_col], name if key_col else None, max_bytes)
         if buf.full():
             yield buf.flush()
     if buf.rows:
@@ -459,39 +357,7 @@ def read_partition(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[p
         raise ValueError(f"unknown partition kind {p.kind!r}")
 
 
-def partition_datasource(partitions: list[Partition], read_fn, schema: pa.Schema | None = RAW_SCHEMA):
-    """A Ray Data datasource with one read task per partition; ``read_fn(p)`` yields its tables
-    (of ``schema``, or of a schema known only when read: None)."""
-    from ray.data import Datasource, ReadTask
-    from ray.data.block import BlockMetadata
-
-    class _PartitionDatasource(Datasource):
-        def estimate_inmemory_data_size(self):
-            return sum(sum(p.sizes) for p in partitions) or None
-
-        def get_read_tasks(self, parallelism, per_task_row_limit=None, data_context=None):
-            tasks = []
-            for p in partitions:
-                meta = BlockMetadata(
-                    num_rows=len(p.uris) if p.kind == "files" else None,
-                    size_bytes=sum(p.sizes) or None,
-                    exec_stats=None,
-                    input_files=p.uris,
-                )
-                tasks.append(ReadTask(lambda p=p: read_fn(p), meta, schema=schema))
-            return tasks
-
-        def get_name(self):
-            return "CurationInput"
-
-    return _PartitionDatasource()
-
-
-def partition_to_json(p: Partition) -> str:
-    return json.dumps(dataclasses.asdict(p), sort_keys=True)
-
-
-class ReadImages(Step):
+class ReadImages(Reader):
     """The recipe's first step: plan the input into partitions, read each into raw rows."""
 
     name = "read"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from curation.job import absolutize, job_digest
 from curation.output import CuratedOutput
-from curation.pipeline import absolutize, job_digest, run_curation
+from curation.pipeline import run_curation
 from curation.recipe import CurationConfig
 from curation.versions import code_version
 from infra import storage

@@ -8,7 +8,9 @@ itself as not applied. A step that writes an integer column named ``rank_<what>`
 better) ranks the copies of a duplicate family: the representative rule compares it after
 "original over converted" (``curation.dedup.representative_sort_key``). Kinds of step:
 
-- the reader and the shard writer (``curation.readers.ReadImages``, ``curation.writer.WriteShards``);
+- the **reader** and the **writer** (``Reader``, ``Writer``: ``curation.readers.ReadImages``,
+  ``curation.writer.WriteShards``), one of each per recipe, which ``BuiltRecipe.reader`` and
+  ``BuiltRecipe.writer`` name; the writer owns the output's layout;
 - a **row step** (``RowStep``): maps a ``pyarrow.Table`` batch of rows to the same rows with its
   columns added (``process``). Filters annotate: they record scores and set ``reason`` on the
   pending rows they would drop (``curation.schema.set_reasons``); the writer's one decision
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -154,6 +156,42 @@ def section_of(job: Any, dotted: str) -> Any:
     return node
 
 
+class Reader(Step):
+    """The recipe's first step: plans the input into partitions (on the driver) and reads each
+    into raw rows (in its task)."""
+
+    @abc.abstractmethod
+    def plan(self) -> list:
+        """The input's partitions, with deterministic ids (``curation.partitions.Partition``)."""
+
+    @abc.abstractmethod
+    def read(self, partition: Any) -> Iterator[pa.Table]:
+        """One partition's raw rows, in input order."""
+
+
+class Writer(Step):
+    """The recipe's last step and its one decision point: it turns reasons and dedup decisions
+    into statuses and writes the output in a layout it alone knows."""
+
+    @abc.abstractmethod
+    def write_all(
+        self,
+        output: str,
+        partitions: list[str],
+        pending: list[str],
+        decisions: Callable[[str], pa.Table],
+        staged_at: str | None = None,
+        read_cpus: float = 1.0,
+    ) -> list[dict]:
+        """Write the output of ``pending`` (of all ``partitions``) from the rows staged at
+        ``staged_at`` (default ``output``); ``decisions(pid)``: a partition's dedup decisions;
+        ``read_cpus``: the CPUs of a task that reads input bytes (``input.num_cpus``)."""
+
+    @abc.abstractmethod
+    def check_shard_sizes(self, sizes: list[int]) -> None:
+        """Raise ``RuntimeError`` unless the written shards' sample counts fit the layout."""
+
+
 class RowStep(Step):
     """A step over batches of rows. Subclasses set ``name`` and ``reasons`` and implement ``process``."""
 
@@ -244,9 +282,22 @@ def check_fits(steps: list[RowStep], read_cpus: float, total_cpus: float, autosc
 # ---- the recipe --------------------------------------------------------------------------------
 
 
+def _check_ends(steps: tuple[type[Step], ...]) -> None:
+    """One reader, first, and one writer, last: what comes between reads the reader's columns and
+    the writer writes what it leaves."""
+    readers, writers = [s for s in steps if issubclass(s, Reader)], [s for s in steps if issubclass(s, Writer)]
+    if len(readers) != 1 or len(writers) != 1 or steps[0] is not readers[0] or steps[-1] is not writers[0]:
+        raise ValueError(
+            f"recipe: needs one reader first and one writer last, got readers {[s.name for s in readers]} "
+            f"and writers {[s.name for s in writers]} in {[s.name for s in steps]}"
+        )
+
+
 def _check_first_pass(steps: tuple[type[Step], ...]) -> None:
     """Pass 1 (the row steps before the first global step) runs on every input: no model step there."""
-    for cls in steps[1:-1]:
+    for cls in steps:
+        if issubclass(cls, (Reader, Writer)):
+            continue
         if not issubclass(cls, RowStep):
             return
         if cls.uses_model:
@@ -277,6 +328,7 @@ class Recipe:
                 raise ValueError(f"recipe: two steps share the {label} {dup[0]!r}")
         self.steps = tuple(steps)
         self.job = job
+        _check_ends(self.steps)
         _check_first_pass(self.steps)
 
     def config_class(self, name: str = "CurationConfig", module: str | None = None) -> type:
@@ -334,10 +386,29 @@ class BuiltRecipe:
                 return f": {other.name!r} writes it later in the recipe; move {self.steps[index].name!r} after it"
         return ""
 
+    @property
+    def reader(self) -> Reader:
+        return self._one(Reader)
+
+    @property
+    def writer(self) -> Writer:
+        return self._one(Writer)
+
+    def _one(self, kind: type) -> Any:
+        found = [s for s in self.steps if isinstance(s, kind)]
+        if len(found) != 1:
+            raise ValueError(f"recipe: {len(found)} {kind.__name__.lower()} steps, one expected")
+        return found[0]
+
+    @property
+    def between(self) -> list[Step]:
+        """The steps between the reader and the writer, in order."""
+        return [s for s in self.steps if not isinstance(s, (Reader, Writer))]
+
     def passes(self) -> list[Pass]:
         """The enabled steps between the reader and the writer, cut after each run of global steps."""
         passes = [Pass(1, [], [])]
-        for step in self.steps[1:-1]:
+        for step in self.between:
             if not step.enabled:
                 continue
             if isinstance(step, RowStep):
@@ -351,7 +422,7 @@ class BuiltRecipe:
     def up_to(self, p: Pass) -> BuiltRecipe:
         """The steps whose columns exist when ``p``'s global steps run, and those global steps only."""
         earlier = [step for q in self.passes() if q.index <= p.index for step in q.row_steps]
-        return BuiltRecipe([self.steps[0], *earlier, *p.global_steps])
+        return BuiltRecipe([self.reader, *earlier, *p.global_steps])
 
     def of_kind(self, kind: type) -> list:
         return [s for s in self.steps if isinstance(s, kind) and s.enabled]
@@ -378,7 +449,7 @@ class BuiltRecipe:
 
     def describe(self) -> list[dict]:
         """Every step between the reader and the writer, applied or not, for stats.json and MLflow."""
-        return [s.describe() for s in self.steps[1:-1]]
+        return [s.describe() for s in self.between]
 
     def weight_files(self) -> dict[str, str]:
         return {k: v for s in self.steps if s.enabled for k, v in s.weight_files().items()}

@@ -7,9 +7,12 @@ Two layouts (``shards.samples_per_shard``, ``curation.config.ShardsConfig``):
   partition's own task (``write_partition``) before its manifest part.
 - ``N > 0``, mixed: shards of exactly N samples (the last: the rest), each kept sample placed by
   ``curation.sharding.Layout`` from its partition's first sample number; the samples travel to
-  their shard in one Ray Data shuffle (the pipeline's ``write_all``), and each shard is written
-  by one call of ``write_mixed_shard`` in its position order (``shards/<index>.tar`` and
-  ``.parquet``). Manifest parts are written once every shard is.
+  their shard in one Ray Data shuffle (``write_mixed_shards``), and each shard is written by one
+  call of ``write_mixed_shard`` in its position order (``shards/<index>.tar`` and ``.parquet``).
+  Manifest parts are written once every shard is.
+
+``WriteShards.write_all`` writes either layout (its tasks on Ray); it is the only place that
+knows which.
 
 Either way, ``<key>.jpg`` + ``<key>.json`` per sample with fixed member metadata (mtime 0,
 uid/gid 0), so equal content gives equal bytes; ``manifest/<pid>.parquet`` has one row per
@@ -21,20 +24,32 @@ marker. A partition with no kept sample writes no shard of its own, only its man
 
 from __future__ import annotations
 
+import functools
 import io
 import json
+import logging
 import tarfile
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation import schema, staging
 from curation.config import ShardsConfig
-from curation.output import empty_marker_path, manifest_part_path, shard_file_name, shard_path, sidecar_path
-from curation.sharding import Layout
-from curation.steps import Step
+from curation.output import (
+    CuratedOutput,
+    empty_marker_path,
+    manifest_part_path,
+    shard_file_name,
+    shard_path,
+    sidecar_path,
+    sidecar_stem,
+)
+from curation.sharding import Layout, first_numbers
+from curation.steps import Writer
 from infra import storage
 
+log = logging.getLogger("curation")
 _NOT_STORED = (*schema.PAYLOAD_COLUMNS, *schema.REFERENCE_COLUMNS)  # in neither the manifest nor the sidecar
 _META_SKIP = set(_NOT_STORED) | {
     "decode_ok",
@@ -206,7 +221,66 @@ def write_mixed_shard(group: pa.Table, output: str, layout: Layout) -> pa.Table:
     return pa.table({"shard": [shard], "samples": [rows.num_rows]})
 
 
-class WriteShards(Step):
+# Kept input bytes per group of the shuffle that carries the samples to their mixed shards.
+SHUFFLE_GROUP_BYTES = 512 * 2**20
+
+
+def _placed(batch: pa.Table, output: str, decisions, layout: Layout, done, staged_at: str | None) -> pa.Table:
+    pid, first = batch.column("partition")[0].as_py(), batch.column("first")[0].as_py()
+    return placed_rows(output, pid, first, decisions(pid), layout, done, staged_at)
+
+
+def write_mixed_shards(
+    output: str,
+    layout: Layout,
+    counts: list[dict],
+    firsts: dict[str, int],
+    decisions: Callable[[str], pa.Table],
+    staged_at: str | None = None,
+    read_cpus: float = 1.0,
+) -> None:
+    """The mixed shards whose sidecar is not written yet: a Ray Data task per partition with kept
+    samples (``counts``, from ``count_kept``) reads those bound for them (``placed_rows``), one
+    shuffle by shard brings each shard's samples together, and each group is written as its shard
+    (``write_mixed_shard``). What reaches the driver: one flag per shard and one row per shard written."""
+    import numpy as np
+    import ray.data
+
+    done = np.zeros(layout.num_shards, bool)
+    for path in CuratedOutput.at(output).sidecar_files():
+        done[int(sidecar_stem(path))] = True
+    todo = int((~done).sum())
+    log.info("mixed shards: %d of %d to write (%d samples each)", todo, layout.num_shards, layout.samples_per_shard)
+    if not todo:
+        return
+    items = [{"partition": c["partition"], "first": firsts[c["partition"]]} for c in counts]
+    kwargs = {"output": output, "decisions": decisions, "layout": layout, "done": done, "staged_at": staged_at}
+    ds = ray.data.from_items(items, override_num_blocks=min(len(items), 1000)).map_batches(
+        _placed, batch_size=1, batch_format="pyarrow", fn_kwargs=kwargs, num_cpus=read_cpus
+    )
+    groups = max(1, min(todo, -(-sum(c["bytes"] for c in counts) // SHUFFLE_GROUP_BYTES)))
+    written = (
+        ds.groupby(PLACE[0], num_partitions=groups)
+        .map_groups(write_mixed_shard, fn_kwargs={"output": output, "layout": layout}, batch_format="pyarrow")
+        .take_all()
+    )
+    if len(written) != todo:
+        raise RuntimeError(f"{len(written)} mixed shards written, {todo} expected")
+
+
+def _write_own_shard(pid: str, output: str, decisions, staged_at: str | None) -> dict:
+    return write_partition(output, pid, decisions(pid), staged_at)
+
+
+def _count(pid: str, output: str, decisions, staged_at: str | None) -> dict:
+    return count_kept(output, pid, decisions(pid), staged_at)
+
+
+def _write_placed(pid: str, output: str, decisions, staged_at: str | None, layout: Layout, firsts: dict) -> dict:
+    return write_partition(output, pid, decisions(pid), staged_at, (layout, firsts[pid]))
+
+
+class WriteShards(Writer):
     """The recipe's last step and its one decision point: statuses from reasons and dedup
     decisions, then the shards with their sidecars, and each partition's manifest part."""
 
@@ -214,12 +288,42 @@ class WriteShards(Step):
     section = "shards"
     Config = ShardsConfig
     reads = ("key", "image", "image_ext")
-    staged_at: str | None = None  # where the last pass staged its rows (set by the pipeline); None: the output
 
     def layout(self, total: int) -> Layout | None:
         """The mixed layout of a run of ``total`` kept samples; None for one shard per partition."""
         n = self.cfg.samples_per_shard
         return Layout(n, total, self.cfg.seed) if n else None
 
-    def write(self, output: str, pid: str, decisions: pa.Table, placed: tuple[Layout, int] | None = None) -> dict:
-        return write_partition(output, pid, decisions, self.staged_at, placed)
+    def write_all(
+        self,
+        output: str,
+        partitions: list[str],
+        pending: list[str],
+        decisions: Callable[[str], pa.Table],
+        staged_at: str | None = None,
+        read_cpus: float = 1.0,
+    ) -> list[dict]:
+        """The shards with their sidecars, and the manifest parts of the ``pending`` partitions,
+        from the rows the last pass staged at ``staged_at`` (default ``output``); a task reads its
+        partition's decisions only (``decisions(pid)``). One shard per partition: each pending
+        partition's task writes its shard, then its manifest part. Mixed shards: the kept counts
+        of all ``partitions`` (a task each), the shards not yet complete (``write_mixed_shards``,
+        its read tasks of ``read_cpus``), then the manifest parts naming them. Returns each
+        written part's counts."""
+        from infra.ray_runtime import map_tasks
+
+        where = {"output": output, "decisions": decisions, "staged_at": staged_at}
+        if not self.cfg.samples_per_shard:
+            return map_tasks(functools.partial(_write_own_shard, **where), pending, num_cpus=1, name="curation.write")
+        counts = map_tasks(functools.partial(_count, **where), partitions, num_cpus=1, name="curation.count_kept")
+        layout = self.layout(sum(c["kept"] for c in counts))
+        firsts = first_numbers({c["partition"]: c["kept"] for c in counts})
+        write_mixed_shards(output, layout, [c for c in counts if c["kept"]], firsts, decisions, staged_at, read_cpus)
+        manifest = functools.partial(_write_placed, **where, layout=layout, firsts=firsts)
+        return map_tasks(manifest, pending, num_cpus=1, name="curation.write_manifest")
+
+    def check_shard_sizes(self, sizes: list[int]) -> None:
+        """In a mixed layout, every shard but the last holds exactly ``samples_per_shard`` samples."""
+        n = self.cfg.samples_per_shard
+        if n and (any(c != n for c in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= n)):
+            raise RuntimeError(f"shards of {n} samples expected, the shards hold {sizes}")

@@ -2,7 +2,8 @@
 and albedo, and k-NN on the CLS token, trained with Ray Train and recorded in MLflow.
 
 Entry point: ``run_probes(cfg)`` (``pipelines/probe.py`` from the command line); the pieces
-are ``evaluation.datasets`` (COCO keypoints, PNG masks, float maps, labelled images),
+are ``evaluation.datasets`` (COCO keypoints, PNG masks, float maps, labelled images;
+``evaluation.coco_keypoints`` reads the COCO files),
 ``evaluation.metrics``, ``evaluation.tasks`` (head + loss + evaluator per task),
 ``evaluation.probe_trainer`` (one probe head; the Ray Train worker), ``evaluation.spec``
 (what the worker is given), ``evaluation.synthetic`` (the

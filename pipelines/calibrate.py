@@ -46,7 +46,7 @@ from curation.filters.model import EMBEDDING_COLUMN, ModelStep
 from curation.filters.nsfw import NsfwFilter
 from curation.filters.thresholds import UncalibratedThresholdWarning
 from curation.filters.watermark import WatermarkFilter
-from curation.pipeline import content_digest
+from curation.job import content_digest
 from curation.recipe import CurationConfig
 from curation.schema import EMPTY_FILE, RAW_SCHEMA, READ_FAILED
 from curation.steps import RowStep, run_steps_locally, section_of

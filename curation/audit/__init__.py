@@ -16,13 +16,14 @@ is cross-checked against it), its resolved ``config.yaml`` and its ``_SUCCESS`` 
 - ``join``: Grace hash join on local temporary files (the diff's joins by key and by SHA-256).
 - ``charts``: matplotlib charts (Agg, PNG bytes).
 - ``page``: the self-contained HTML page (inline CSS, images as data URIs, no external URL).
-- ``report`` / ``diff``: the two documents; ``record``: logging them to the curation run in MLflow.
+- ``report`` / ``diff`` (computed) and ``diff_page`` (laid out): the two documents; ``record``: logging them to the curation run in MLflow.
 
 Entry point: ``python pipelines/audit.py <output or version> [--summary]`` and
 ``python pipelines/audit.py --diff A B``.
 """
 
-from curation.audit.diff import VersionDiff, diff_summary, diff_versions, render_diff
+from curation.audit.diff import VersionDiff, diff_summary, diff_versions
+from curation.audit.diff_page import render_diff
 from curation.audit.loading import AuditedVersion, load_version
 from curation.audit.report import render_report, version_summary
 

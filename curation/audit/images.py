@@ -34,7 +34,7 @@ from curation.config import DecodeConfig, InputConfig
 from curation.decode import DecodeError, decode_image
 from curation.filters.person import DetectorConfig, box_size
 from curation.output import SHARDS
-from curation.readers import parquet_columns
+from curation.partitions import parquet_columns
 from infra import storage
 from infra.config import from_dict
 

@@ -375,6 +375,21 @@ def steps_section(v: AuditedVersion) -> str:
     )
 
 
+def charts_section(id_: str, title: str, drawn: list, note: str) -> str:
+    """A section of charts: those with something to show, and those drawn even when empty."""
+    html = "".join(c.html() for c in drawn if c.always or not c.measure.empty)
+    return page.section(id_, title, page.Markup('<div class="charts">' + html + "</div>"), note=note)
+
+
+def config_section(v: AuditedVersion) -> str:
+    yaml_text = page.esc(yaml.safe_dump(v.config, sort_keys=False))
+    return page.section(
+        "config",
+        "Resolved configuration",
+        page.Markup("<details><summary>config.yaml</summary><pre>" + yaml_text + "</pre></details>"),
+    )
+
+
 def render_report(
     v: AuditedVersion, *, per_reason: int = 12, kept: int = 24, runs: tuple[list[RunRef], list[RunRef]] | None = None
 ) -> str:
@@ -382,25 +397,24 @@ def render_report(
     t, samples, scores, people = profile(v, per_reason, kept)
     counted = counts.recount(v, t)
     removed_galleries, kept_gallery = galleries(v, t, samples)
-    drawn = lambda cs: "".join(c.html() for c in cs if c.always or not c.measure.empty)  # noqa: E731
     sections = [
         totals_section(v, counted),
         funnel_section(counted),
         reasons_section(v, t),
         sources_section(t),
         steps_section(v),
-        page.section(
+        charts_section(
             "scores",
             "Score distributions per filter",
-            page.Markup('<div class="charts">' + drawn(scores) + "</div>"),
-            note="each histogram stacks kept images, images this step removed and images removed by "
+            scores,
+            "each histogram stacks kept images, images this step removed and images removed by "
             "another step; the dashed line is the step's threshold",
         ),
-        page.section(
+        charts_section(
             "people",
             "People",
-            page.Markup('<div class="charts">' + drawn(people) + "</div>"),
-            note="box colours in the galleries: green = salient (kept by the rule), orange = confident "
+            people,
+            "box colours in the galleries: green = salient (kept by the rule), orange = confident "
             "but too small, grey = below the score threshold",
         ),
         page.section(
@@ -412,15 +426,7 @@ def render_report(
         ),
         page.section("kept-gallery", "Kept images", kept_gallery),
         runs_section(runs),
-        page.section(
-            "config",
-            "Resolved configuration",
-            page.Markup(
-                "<details><summary>config.yaml</summary><pre>"
-                + page.esc(yaml.safe_dump(v.config, sort_keys=False))
-                + "</pre></details>"
-            ),
-        ),
+        config_section(v),
     ]
     header = [
         f"name {v.version.name} · output {v.uri}",

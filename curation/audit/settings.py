@@ -3,7 +3,7 @@
 ``flatten`` turns a resolved config.yaml into ``dotted.key -> value``; ``config_changes``
 lists the keys whose values differ between two versions. A change is *bookkeeping* when it
 cannot change outputs (where runs are logged, how Ray runs, the output folder): the same
-keys ``curation.pipeline.job_digest`` leaves out.
+keys ``curation.job.job_digest`` leaves out.
 
 ``REASON_SETTINGS`` names, per drop reason, the settings that decide it (a trailing dot means
 a whole section). A removed image is explained by the changed settings that own its reason;
@@ -72,13 +72,13 @@ class Change:
         return matches(self.key, BOOKKEEPING)
 
     def __str__(self) -> str:
-        return f"{self.key}: {_show(self.old)} -> {_show(self.new)}"
+        return f"{self.key}: {show_value(self.old)} -> {show_value(self.new)}"
 
 
 _MISSING = "<absent>"
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     return value if value == _MISSING else json.dumps(value, sort_keys=True)
 
 

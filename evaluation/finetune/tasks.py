@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from evaluation.coco_keypoints import load_coco_keypoints
 from evaluation.config import SplitPaths
-from evaluation.datasets import load_coco_keypoints
 from evaluation.io import IMAGE_SUFFIXES, find_by_stem, read_class_mask
 from evaluation.synthetic import generate_synthetic_set, split_paths
 from evaluation.tasks import TASKS, TaskData

@@ -1,6 +1,7 @@
 """``benchmarks/curate_scale.py`` at its smallest size: the global steps on 2,000 staged rows and a
-later batch of 200 against them, through ``curation.pipeline.global_dedup`` with the Ray engine,
-V's kept samples written to shards of 100 (``pipeline.write_all``), and the local engine's semantic, incremental near and semantic-against decisions equal to Ray's."""
+later batch of 200 against them, through ``curation.passes.global_dedup`` with the Ray engine,
+V's kept samples written to shards of 100 (``curation.finish.write_shards``), and the local
+engine's semantic, incremental near and semantic-against decisions equal to Ray's."""
 
 import re
 

@@ -22,3 +22,10 @@ def test_dry_run_prints_every_section_with_its_limit(bench):
 def test_dry_run_of_some_sections(bench):
     out = bench("gpu_suite.sh", "--dry-run", "--only", "detector,pretrain")
     assert re.findall(r"^=== (\w+) \(limit", out, re.M) == ["detector", "pretrain"]
+
+
+def test_dry_run_of_the_distilled_student_block(bench):
+    out = bench("gpu_suite.sh", "--dry-run", "--only", "distill")
+    assert re.findall(r"^=== (\w+) \(limit (\d+)s\)", out, re.M) == [("distill", "60")]
+    assert "benchmarks/distill_student.py --device cuda --teacher-model sapiens2_1b" in out
+    assert "--student-model sapiens2_0.1b --hw 1024 768" in out

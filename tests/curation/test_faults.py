@@ -22,8 +22,9 @@ import curation.pipeline
 from curation.config import InputConfig
 from curation.filters.geometry import GeometryConfig
 from curation.filters.person import DetectorConfig
+from curation.partitions import plan_partitions
 from curation.pipeline import run_curation
-from curation.readers import plan_partitions, read_partition
+from curation.readers import read_partition
 from curation.recipe import CurationConfig, weightless_content_filters
 from infra.tracking import TrackingConfig
 from pipelines.demo_corpus import build_demo_corpus

@@ -44,6 +44,32 @@ def s3(monkeypatch):
         server.stop()
 
 
+def test_an_archived_record_of_failed_downloads_fails_the_partition(tmp_path, s3):
+    """img2dataset's output on S3 whose Parquet record can be listed but not read (archived to
+    Glacier: S3 refuses the GET): the partition fails naming the record, and once the record
+    reads, every attempted download is accounted for."""
+    import boto3
+
+    from curation.config import InputConfig
+    from tests.curation.test_readers import _img2dataset_folder, rows_of
+
+    folder = _img2dataset_folder(tmp_path / "i2d")
+    client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    for f in sorted(folder.iterdir()):
+        archived = {"StorageClass": "GLACIER"} if f.suffix == ".parquet" else {}
+        client.put_object(Bucket=BUCKET, Key=f"i2d/{f.name}", Body=f.read_bytes(), **archived)
+    cfg = InputConfig(uri=f"s3://{BUCKET}/i2d")
+    with pytest.raises(RuntimeError, match=f"s3://{BUCKET}/i2d/00000.parquet cannot be read \\(OSError: "):
+        rows_of(cfg)
+    client.put_object(Bucket=BUCKET, Key="i2d/00000.parquet", Body=(folder / "00000.parquet").read_bytes())
+    assert sorted(r["source"].rsplit("#", 1)[1] for r in rows_of(cfg)) == [
+        "000000000.jpg",
+        "000000001.jpg",
+        "row=2",
+        "row=3",
+    ]
+
+
 def curate(raw: str, out: str, centernet: Path, ray_tmp: str, mlflow_db: Path) -> list[str]:
     return [
         sys.executable,

@@ -14,8 +14,9 @@ from PIL import Image
 
 from curation import schema
 from curation.config import DecodeConfig, InputConfig
+from curation.partitions import plan_partitions
 from curation.pipeline import run_curation
-from curation.readers import plan_partitions, read_partition
+from curation.readers import read_partition
 from curation.recipe import CurationConfig, weightless_content_filters
 from infra.tracking import TrackingConfig
 from pipelines.demo_corpus import jpeg_bytes
@@ -221,6 +222,25 @@ def test_img2dataset_failed_downloads_are_inputs_and_geometry_uses_the_original_
     assert sorted(r["source"].rsplit("#", 1)[1] for r in rows_of(cfg)) == ["000000000.jpg", "000000001.jpg"]
 
 
+UNREADABLE_RECORD = r"img2dataset's record of failed downloads \S*/i2d/00000\.parquet cannot be read"
+
+
+def test_an_unreadable_record_of_failed_downloads_fails_the_partition(tmp_path):
+    cfg = InputConfig(uri=str(_img2dataset_folder(tmp_path / "i2d")))
+    record = tmp_path / "i2d" / "00000.parquet"
+    whole = record.read_bytes()
+    for broken, why in ((whole[: len(whole) // 2], "ArrowInvalid"), (b"", "ArrowInvalid")):  # cut short, empty
+        record.write_bytes(broken)
+        with pytest.raises(RuntimeError, match=f"{UNREADABLE_RECORD} \\({why}: "):
+            rows_of(cfg)
+    pq.write_table(pa.table({"url": ["http://example.com/0.jpg"]}), record)  # a Parquet, not img2dataset's record
+    with pytest.raises(RuntimeError, match=f"{UNREADABLE_RECORD} \\(no 'key' and 'status' columns in \\['url'\\]\\)"):
+        rows_of(cfg)
+    # No record at all: the tar is a plain WebDataset shard, every image it holds read.
+    record.unlink()
+    assert sorted(r["source"].rsplit("#", 1)[1] for r in rows_of(cfg)) == ["000000000.jpg", "000000001.jpg"]
+
+
 def test_img2dataset_funnel_starts_at_what_was_attempted(tmp_path, ray_local):
     cfg = CurationConfig(
         input=InputConfig(uri=str(_img2dataset_folder(tmp_path / "i2d"))),
@@ -229,6 +249,13 @@ def test_img2dataset_funnel_starts_at_what_was_attempted(tmp_path, ray_local):
         content=weightless_content_filters(text=False),
     )
     cfg.detector.backend, cfg.geometry.min_short_side = "none", 256
+    # An unreadable record of its failed downloads fails the run, which the repaired record resumes.
+    record = tmp_path / "i2d" / "00000.parquet"
+    whole = record.read_bytes()
+    record.write_bytes(whole[:100])
+    with pytest.raises(RuntimeError, match=UNREADABLE_RECORD):
+        run_curation(cfg)
+    record.write_bytes(whole)
     result = run_curation(cfg)
     stats = result.stats
     assert (stats["inputs"], stats["kept"], stats["dropped"], stats["errors"]) == (4, 1, 1, 2)

@@ -97,6 +97,20 @@ def test_each_step_writes_its_declared_fields_and_charts_its_own_columns_and_set
         type("HandListed", (BrightnessFilter,), {"writes": ("brightness",)})
 
 
+def test_the_reader_and_the_writer_are_named_not_found_by_position():
+    built = BuiltRecipe([s.from_config(_config(HUMANS1B)) for s in HUMANS1B.steps])
+    assert (built.reader.name, built.writer.name) == ("read", "write_shards")
+    assert [s.name for s in built.between] == [s.name for s in HUMANS1B.steps][1:-1]
+    first_pass = built.up_to(built.passes()[0])  # what pass 1's global steps see: the reader, no writer
+    assert first_pass.reader is built.reader
+    with pytest.raises(ValueError, match="recipe: 0 writer steps, one expected"):
+        _ = first_pass.writer
+    reader, *between, writer = HUMANS1B.steps
+    for steps in ([reader, *between], [writer, reader, *between], [reader, writer, *between]):
+        with pytest.raises(ValueError, match="recipe: needs one reader first and one writer last"):
+            Recipe(steps, job=HUMANS1B.job)
+
+
 def test_a_model_step_before_the_first_dedup_is_refused():
     steps = list(HUMANS1B.steps)
     person = steps.pop(steps.index(next(s for s in steps if s.name == "person_detection")))

@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from curation import schema, staging
-from curation.config import ShardsConfig
-from curation.pipeline import job_digest
+from curation.config import InputConfig, ShardsConfig
+from curation.job import job_digest
 from curation.recipe import CurationConfig, weightless_content_filters
 from curation.sharding import Layout, first_numbers, permute
 from curation.writer import PLACE, count_kept, placed_rows, write_mixed_shard, write_partition
@@ -50,7 +50,9 @@ def test_layout_fills_every_shard_but_the_last_and_mixes_the_partitions():
 
 def test_layout_is_part_of_the_job_identity():
     def cfg(**shards) -> CurationConfig:
-        c = CurationConfig(input={"uri": "/in"}, output_dir="/out", content=weightless_content_filters(text=False))
+        c = CurationConfig(
+            input=InputConfig(uri="/in"), output_dir="/out", content=weightless_content_filters(text=False)
+        )
         c.detector.backend = "none"
         c.shards = ShardsConfig(**shards)
         return c

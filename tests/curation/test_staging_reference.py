@@ -13,7 +13,8 @@ from PIL import Image
 from curation import staging
 from curation.config import DecodeConfig, InputConfig
 from curation.decode import DecodeStep
-from curation.readers import plan_partitions, read_partition
+from curation.partitions import plan_partitions
+from curation.readers import read_partition
 from curation.steps import run_steps_locally
 from infra import storage
 from pipelines.demo_corpus import jpeg_bytes

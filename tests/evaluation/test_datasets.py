@@ -11,12 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
+from evaluation.coco_keypoints import load_coco_keypoints
 from evaluation.datasets import (
     CocoKeypointDataset,
     DenseMapDataset,
     LabeledImageDataset,
     SegmentationDataset,
-    load_coco_keypoints,
 )
 from evaluation.io import read_float_map
 from evaluation.metrics.pose import COCO17_SIGMAS, WHOLEBODY133_SIGMAS

@@ -20,7 +20,7 @@ MIN_SHORT_SIDE_A, MIN_SHORT_SIDE_C = 256, 500
 @dataclasses.dataclass
 class Run:
     cfg: CurationConfig
-    result: object  # curation.pipeline.CurationResult
+    result: object  # curation.finish.CurationResult
 
     @property
     def output(self) -> str:

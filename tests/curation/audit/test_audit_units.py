@@ -13,7 +13,8 @@ from PIL import Image
 
 from curation.audit import counts, images, settings
 from curation.config import InputConfig
-from curation.readers import plan_partitions, read_partition
+from curation.partitions import plan_partitions
+from curation.readers import read_partition
 
 
 def jpeg(colour: str, size=(64, 48)) -> bytes:

@@ -20,7 +20,8 @@ from curation.dedup.distributed import GlobalDedupInput, partition_decisions
 from curation.dedup.eval_overlap import EVAL_OVERLAP, EvalSet, semantic_overlap
 from curation.dedup.steps import DedupContext, DedupStep, run_global_dedup
 from curation.eval_set import read_eval_set
-from curation.pipeline import Job, evaluation_set
+from curation.job import CurationJob
+from curation.passes import evaluation_set
 from curation.readers import ReadImages
 from curation.recipe import HUMANS1B, CurationConfig
 from curation.stats import stats_from_counts
@@ -87,7 +88,7 @@ def test_copies_of_evaluation_images_are_dropped_as_eval_overlap_by_both_engines
     steps = built.of_kind(DedupStep)  # the recipe's enabled global steps, in order
     cfg = CurationConfig(output_dir=str(tmp_path / "local"))
     cfg.dedup.decontaminate.eval_images = str(ev_dir)
-    job = Job(cfg, built, "test", *storage.resolve(str(tmp_path / "local")))
+    job = CurationJob(cfg, built, "test", *storage.resolve(str(tmp_path / "local")))
     ev = evaluation_set(job, steps)  # read as the run reads it: the recipe's reader and decode step
     reader = ReadImages(InputConfig(uri=str(ev_dir)))
     assert sorted(ev.rows.column("source").to_pylist()) == ["val/franz_kafka.jpg", "val/messi5.jpg", "val/obama.jpg"]
@@ -166,7 +167,7 @@ def test_semantic_overlap_takes_the_closest_evaluation_image():
 
 def test_the_evaluation_set_enters_the_job_by_its_content_not_its_path(tmp_path):
     from curation.filters.person import DetectorConfig
-    from curation.pipeline import job_digest
+    from curation.job import job_digest
     from curation.recipe import weightless_content_filters
 
     ev_dir, corpus = folders(tmp_path)
