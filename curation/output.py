@@ -12,6 +12,7 @@
   _dedup/decisions/<step>/<partition>.parquet   global dedup decisions, by step and partition
   _dedup/near_index/index.json, parts/<id>/...   the near-dup index, bucketed by band key (index_store)
   _staging/                     scored rows waiting for the global steps (removed at the end)
+  clusters.json                 hierarchical k-means of the kept samples: per level its k and counts, the parents
   _SUCCESS                      written last: dataset version id, MLflow run id
 ```
 
@@ -41,6 +42,7 @@ DEDUP_DIR, STAGING_DIR, LISTING_FILE = "_dedup", "_staging", "_listing.json"
 NEAR_INDEX_DIR = "near_index"  # _dedup/near_index/: the partitioned near-dup index (curation.dedup.index_store)
 NEAR_INDEX_HEADER = "index.json"
 DECISIONS_DIR = "decisions"  # _dedup/decisions/<step>/<partition>.parquet: one step's drops in one partition
+CLUSTERS_FILE = "clusters.json"  # the kept samples' hierarchical clusters (CuratedOutput.clusters)
 
 _MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's base_plus_ext, exactly
 
@@ -150,6 +152,33 @@ class CuratedOutput:
     def sidecar_files(self) -> list[str]:
         """Paths of the shards' Parquet sidecars, sorted (a sidecar is written after its tar)."""
         return self._files(SHARDS, ".parquet")
+
+    def read_sidecar(self, shard: str, columns: list[str]) -> pa.Table:
+        """``columns`` of one shard's sidecar, in the tar's order, read by projection (nothing else
+        of the file is decoded). ``shard``: the tar's path or URI, or its stem. A column the sidecar
+        lacks is a ``ValueError`` naming it and the columns it has."""
+        import pyarrow.parquet as pq
+
+        stem = shard.rsplit("/", 1)[-1].removesuffix(".tar")
+        with self.fs.open_input_file(sidecar_path(self.root, stem)) as fh:
+            parquet = pq.ParquetFile(fh)
+            missing = [c for c in columns if c not in parquet.schema_arrow.names]
+            if missing:
+                raise ValueError(
+                    f"the sidecar of shard {stem!r} has no column {', '.join(map(repr, missing))} "
+                    f"(it has {', '.join(parquet.schema_arrow.names)})"
+                )
+            return parquet.read(columns=columns)
+
+    def clusters(self) -> dict:
+        """The kept samples' hierarchical clusters (``CLUSTERS_FILE``): ``{"format": 1, "levels":
+        [{"k": clusters, "counts": {"<id>": kept samples}}, ...] (level 0 the coarsest), "parents":
+        [None, {"<level-1 id>": <level-0 id>}, ...], "embedding": what embedded the images}``; each
+        sidecar row carries its ids in ``cluster_l0``, ``cluster_l1``, .... A ``ValueError`` when the
+        version has none."""
+        if not self.has(CLUSTERS_FILE):
+            raise ValueError(f"{self.uri!r} has no {CLUSTERS_FILE}: it was curated without hierarchical clusters")
+        return self.read_json(CLUSTERS_FILE)
 
     def samples_in_shards(self) -> int:
         """Samples written to shards, counted from the sidecars' Parquet footers."""
