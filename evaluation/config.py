@@ -39,7 +39,7 @@ class SplitPaths:
 
 
 @dataclasses.dataclass(kw_only=True)
-class TaskSettings:
+class ProbeTaskConfig:
     """One probe: frozen features from ``feature_blocks`` feed one light head trained for
     ``steps`` AdamW steps (cosine schedule after ``warmup_steps``)."""
 
@@ -69,7 +69,7 @@ class TaskSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class PoseSettings(TaskSettings):
+class ProbePoseConfig(ProbeTaskConfig):
     """Top-down pose: one crop per person box (``box_padding`` x the box, at the input's aspect)."""
 
     heatmap_sigma: float = 2.0  # UDP Gaussian sigma in heatmap pixels (Sapiens: 6 at 256x192)
@@ -80,7 +80,7 @@ class PoseSettings(TaskSettings):
 
 
 @dataclasses.dataclass(kw_only=True)
-class SegSettings(TaskSettings):
+class SegSettings(ProbeTaskConfig):
     num_classes: int = 0  # 0: from the synthetic set (7), else required for real data
     class_names: list[str] = field(default_factory=list)  # optional, for per-class IoU names
     ignore_index: int = 255
@@ -89,7 +89,7 @@ class SegSettings(TaskSettings):
 
 
 @dataclasses.dataclass(kw_only=True)
-class KnnSettings(TaskSettings):
+class KnnSettings(ProbeTaskConfig):
     """k-NN on the CLS token, temperature-weighted vote (DINO): no training, ``steps`` unused."""
 
     k: list[int] = field(default_factory=lambda: [10, 20])
@@ -125,11 +125,11 @@ class ProbeConfig:
         default_factory=lambda: list(TASK_NAMES)
     )
     backbone: BackboneSettings = field(default_factory=BackboneSettings)
-    pose: PoseSettings = field(default_factory=PoseSettings)
+    pose: ProbePoseConfig = field(default_factory=ProbePoseConfig)
     seg: SegSettings = field(default_factory=SegSettings)
-    pointmap: TaskSettings = field(default_factory=TaskSettings)
-    normal: TaskSettings = field(default_factory=TaskSettings)
-    albedo: TaskSettings = field(default_factory=TaskSettings)
+    pointmap: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    normal: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    albedo: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
     knn: KnnSettings = field(default_factory=KnnSettings)
     synthetic: SyntheticSettings = field(default_factory=SyntheticSettings)
     # tracking.run_name None: the output folder's name.
@@ -140,7 +140,7 @@ class ProbeConfig:
     # the suite has always run with); re-running redoes the probes.
     ray: RayConfig = ray_section(max_failures=0)
 
-    def task(self, name: str) -> TaskSettings:
+    def task(self, name: str) -> ProbeTaskConfig:
         return getattr(self, name)
 
     def validate(self) -> None:

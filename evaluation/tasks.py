@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import evaluation.visualize as viz
-from evaluation.config import KnnSettings, PoseSettings, SegSettings, SplitPaths, TaskSettings
+from evaluation.config import KnnSettings, ProbePoseConfig, ProbeTaskConfig, SegSettings, SplitPaths
 from evaluation.datasets import (
     CocoKeypointDataset,
     DenseMapDataset,
@@ -71,7 +71,7 @@ class Evaluator:
 class PoseTask:
     name = "pose"
 
-    def datasets(self, s: PoseSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
+    def datasets(self, s: ProbePoseConfig, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
         kw = dict(
             image_size=tuple(s.image_size),
             heatmap_sigma=s.heatmap_sigma,
@@ -91,15 +91,15 @@ class PoseTask:
             raise ValueError(f"pose: train has {train.coco.num_keypoints} keypoints, val {val.coco.num_keypoints}")
         return train, val
 
-    def head(self, in_dim: int, s: PoseSettings, stride: int, train: CocoKeypointDataset) -> nn.Module:
+    def head(self, in_dim: int, s: ProbePoseConfig, stride: int, train: CocoKeypointDataset) -> nn.Module:
         return build_task_head(
             "pose", in_dim, num_keypoints=train.coco.num_keypoints, hidden_dim=s.head_hidden_dim, upsample=stride // 4
         )
 
-    def loss(self, s: PoseSettings, train: CocoKeypointDataset) -> LossFn:
+    def loss(self, s: ProbePoseConfig, train: CocoKeypointDataset) -> LossFn:
         return lambda out, batch: heatmap_loss(out["heatmaps"], batch["heatmaps"], batch["weights"])
 
-    def evaluator(self, s: PoseSettings, val: CocoKeypointDataset) -> Evaluator:
+    def evaluator(self, s: ProbePoseConfig, val: CocoKeypointDataset) -> Evaluator:
         return PoseEvaluator(val, s.num_visuals, truncated=bool(s.max_val_samples))
 
 
@@ -254,7 +254,7 @@ class DenseTask:
     def __init__(self, kind: str) -> None:
         self.name = kind
 
-    def datasets(self, s: TaskSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
+    def datasets(self, s: ProbeTaskConfig, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
         kw = dict(image_size=tuple(s.image_size), kind=self.name)
         return (
             DenseMapDataset(
@@ -265,13 +265,13 @@ class DenseTask:
             ),
         )
 
-    def head(self, in_dim: int, s: TaskSettings, stride: int, train: DenseMapDataset) -> nn.Module:
+    def head(self, in_dim: int, s: ProbeTaskConfig, stride: int, train: DenseMapDataset) -> nn.Module:
         return build_task_head(self.name, in_dim, hidden_dim=s.head_hidden_dim, upsample=stride)
 
-    def loss(self, s: TaskSettings, train: DenseMapDataset) -> LossFn:
+    def loss(self, s: ProbeTaskConfig, train: DenseMapDataset) -> LossFn:
         return _DENSE_LOSS[self.name]
 
-    def evaluator(self, s: TaskSettings, val: DenseMapDataset) -> Evaluator:
+    def evaluator(self, s: ProbeTaskConfig, val: DenseMapDataset) -> Evaluator:
         return DenseEvaluator(self.name, val, s.num_visuals)
 
 

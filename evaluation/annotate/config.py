@@ -33,7 +33,7 @@ TASKS = ("pose", "seg", "normal", "pointmap", "depth", "albedo")
 
 
 @dataclasses.dataclass(kw_only=True)
-class TaskSettings:
+class AnnotateTaskConfig:
     """One task's model: a checkpoint file ("" = the task is off), optionally its ONNX graph."""
 
     checkpoint: str = ""
@@ -48,7 +48,7 @@ class TaskSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class PoseSettings(TaskSettings):
+class AnnotatePoseConfig(AnnotateTaskConfig):
     """Pose runs on each person box of a sample scoring at least ``min_box_score`` (0: every
     box curation recorded), the ``max_people`` best (0: all), with the released flip test."""
 
@@ -59,18 +59,18 @@ class PoseSettings(TaskSettings):
 
 @dataclasses.dataclass(kw_only=True)
 class TasksConfig:
-    pose: PoseSettings = field(default_factory=PoseSettings)
-    seg: TaskSettings = field(default_factory=TaskSettings)
-    normal: TaskSettings = field(default_factory=TaskSettings)
-    pointmap: TaskSettings = field(default_factory=TaskSettings)
-    depth: TaskSettings = field(default_factory=TaskSettings)
-    albedo: TaskSettings = field(default_factory=TaskSettings)
+    pose: AnnotatePoseConfig = field(default_factory=AnnotatePoseConfig)
+    seg: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
+    normal: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
+    pointmap: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
+    depth: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
+    albedo: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
 
     def enabled(self) -> list[str]:
         """The tasks that run, in ``TASKS`` order."""
         return [t for t in TASKS if getattr(self, t).enabled]
 
-    def of(self, task: str) -> TaskSettings:
+    def of(self, task: str) -> AnnotateTaskConfig:
         return getattr(self, task)
 
 

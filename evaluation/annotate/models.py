@@ -18,7 +18,7 @@ import hashlib
 import time
 from pathlib import Path
 
-from evaluation.annotate.config import TaskSettings
+from evaluation.annotate.config import AnnotateTaskConfig
 
 RELEASED, PLATFORM = "released", "platform"
 
@@ -67,7 +67,7 @@ def _existing(path: str, setting: str) -> str:
     return str(p.resolve())
 
 
-def _released(task: str, path: str, s: TaskSettings) -> dict:
+def _released(task: str, path: str, s: AnnotateTaskConfig) -> dict:
     from models.task_models import check_task_weights_file, get_task_spec, infer_task_model
 
     spec = get_task_spec(s.model) if s.model else infer_task_model(path)
@@ -81,7 +81,7 @@ def _released(task: str, path: str, s: TaskSettings) -> dict:
     )
 
 
-def _platform(task: str, path: str, s: TaskSettings) -> dict:
+def _platform(task: str, path: str, s: AnnotateTaskConfig) -> dict:
     from models.registry import family_of
     from models.task_checkpoints import PLATFORM_OUTPUTS, file_metadata
 
@@ -106,7 +106,7 @@ def _platform(task: str, path: str, s: TaskSettings) -> dict:
     )
 
 
-def describe(task: str, s: TaskSettings) -> ModelInfo:
+def describe(task: str, s: AnnotateTaskConfig) -> ModelInfo:
     """What ``tasks.<task>`` runs, from the files' headers; a ``ValueError`` naming the setting
     when a file is missing or holds something else."""
     from models.io import weight_shapes

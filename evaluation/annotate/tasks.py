@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from evaluation.annotate.config import PoseSettings, TaskSettings
+from evaluation.annotate.config import AnnotatePoseConfig, AnnotateTaskConfig
 from evaluation.annotate.models import PLATFORM, ModelInfo, Runner
 
 
@@ -85,7 +85,7 @@ class Predictor:
     fields: ClassVar[list[pa.Field]]
     members: ClassVar[dict[str, str]] = {}  # binary column -> tar member extension
 
-    def __init__(self, info: ModelInfo, settings: TaskSettings) -> None:
+    def __init__(self, info: ModelInfo, settings: AnnotateTaskConfig) -> None:
         self.info, self.settings = info, settings
         self.v1 = info.family == "sapiens1" and info.layout != PLATFORM  # released v1 heads' own code
 
@@ -116,7 +116,7 @@ class PosePredictor(Predictor):
         pa.field("pose_keypoint_scores", pa.list_(pa.list_(pa.float32()))),  # P x K heatmap maxima
     ]
 
-    def __init__(self, info: ModelInfo, settings: PoseSettings) -> None:
+    def __init__(self, info: ModelInfo, settings: AnnotatePoseConfig) -> None:
         super().__init__(info, settings)
         self.flip_indices = None
         if settings.flip_test:
@@ -130,7 +130,7 @@ class PosePredictor(Predictor):
             self.flip_indices = list(keypoint_vocab(info.vocab).flip_indices)
 
     def people(self, s: Sample) -> list[tuple[list[float], float]]:
-        cfg: PoseSettings = self.settings
+        cfg: AnnotatePoseConfig = self.settings
         found = [
             (b, sc) for b, sc in zip(s.boxes, s.box_scores) if sc >= cfg.min_box_score and b[2] > b[0] and b[3] > b[1]
         ]

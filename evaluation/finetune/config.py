@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import field
 from typing import Literal
 
-from evaluation.config import BackboneSettings, PoseSettings, SegSettings, SyntheticSettings, TaskSettings
+from evaluation.config import BackboneSettings, ProbePoseConfig, ProbeTaskConfig, SegSettings, SyntheticSettings
 from infra.ray_runtime import RayConfig, ray_section
 from infra.tracking import TrackingConfig, tracking_section
 from training.config import CheckpointConfig, ParallelConfig
@@ -111,17 +111,17 @@ class FinetuneConfig:
     parallel: ParallelConfig = field(default_factory=lambda: ParallelConfig(activation_checkpointing=False))
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(every=100, keep=2))
     log_every: int = 10
-    pose: PoseSettings = field(default_factory=PoseSettings)
+    pose: ProbePoseConfig = field(default_factory=ProbePoseConfig)
     seg: SegSettings = field(default_factory=SegSettings)
-    depth: TaskSettings = field(default_factory=TaskSettings)
-    normal: TaskSettings = field(default_factory=TaskSettings)
-    pointmap: TaskSettings = field(default_factory=TaskSettings)
-    albedo: TaskSettings = field(default_factory=TaskSettings)
+    depth: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    normal: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    pointmap: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    albedo: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
     synthetic: SyntheticSettings = field(default_factory=SyntheticSettings)
     tracking: TrackingConfig = tracking_section("finetuning")
     ray: RayConfig = ray_section(max_failures=0)
 
-    def task(self, name: str) -> TaskSettings:
+    def task(self, name: str) -> ProbeTaskConfig:
         return getattr(self, name)
 
     def validate(self) -> None:

@@ -37,7 +37,7 @@ NOT_IDENTITY = ("output_dir", "tracking", "ray", "name", "max_steps_this_session
 
 
 @dataclasses.dataclass
-class FinetuneResult:
+class FinetuneRunResult:
     metrics: dict[str, dict[str, float]]
     exports: dict[str, dict[str, str]]  # task -> {"export": path, "export_sha256": hex}
     losses: dict[str, dict[int, float]]  # task -> step -> loss (the last logged value of each step)
@@ -235,7 +235,7 @@ def finished_task(task_dir: Path, steps: int) -> dict | None:
     return {"metrics": json.loads(metrics.read_text()), "export": {k: export[k] for k in ("export", "export_sha256")}}
 
 
-def run_finetune(cfg: FinetuneConfig) -> FinetuneResult:
+def run_finetune(cfg: FinetuneConfig) -> FinetuneRunResult:
     """Fine-tune ``cfg.backbone`` on ``cfg.tasks``; see the module docstring."""
     from infra.ray_runtime import start_ray
 
@@ -268,9 +268,9 @@ def run_finetune(cfg: FinetuneConfig) -> FinetuneResult:
     return _finish(cfg, out, record, lineage, done)
 
 
-def _finish(cfg: FinetuneConfig, out: Path, record: dict, lineage: Lineage, done: dict) -> FinetuneResult:
+def _finish(cfg: FinetuneConfig, out: Path, record: dict, lineage: Lineage, done: dict) -> FinetuneRunResult:
     finished = {t: d for t, d in done.items() if d is not None}
-    result = FinetuneResult(
+    result = FinetuneRunResult(
         metrics={t: d["metrics"] for t, d in finished.items()},
         exports={t: d["export"] for t, d in finished.items()},
         losses={t: task_losses(out / t) for t in cfg.tasks},
@@ -297,7 +297,7 @@ def _finish(cfg: FinetuneConfig, out: Path, record: dict, lineage: Lineage, done
     return result
 
 
-def _record_mlflow(uri: str, result: FinetuneResult, results_file: Path) -> None:
+def _record_mlflow(uri: str, result: FinetuneRunResult, results_file: Path) -> None:
     import mlflow
     from mlflow import MlflowClient
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from evaluation.config import KnnSettings, PoseSettings, SegSettings, TaskSettings
+from evaluation.config import KnnSettings, ProbePoseConfig, ProbeTaskConfig, SegSettings
 from evaluation.features import FrozenBackbone
 from evaluation.probe_trainer import run_probe, warmup_cosine
 from evaluation.synthetic import PART_CLASSES, split_paths
@@ -19,11 +19,11 @@ from models.io import load_weights
 
 HW = [64, 48]
 SETTINGS = {
-    "pose": PoseSettings,
+    "pose": ProbePoseConfig,
     "seg": SegSettings,
-    "pointmap": TaskSettings,
-    "normal": TaskSettings,
-    "albedo": TaskSettings,
+    "pointmap": ProbeTaskConfig,
+    "normal": ProbeTaskConfig,
+    "albedo": ProbeTaskConfig,
     "knn": KnnSettings,
 }
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from evaluation.annotate.annotator import Annotator
-from evaluation.annotate.config import ActorSettings, TasksConfig, TaskSettings
+from evaluation.annotate.config import ActorSettings, AnnotateTaskConfig, TasksConfig
 from evaluation.annotate.models import OnnxRunner, TorchRunner, describe
 from evaluation.annotate.shards import Record
 from evaluation.annotate.tasks import PREDICTORS, Sample
@@ -44,7 +44,7 @@ def _records(n: int = 3) -> list[Record]:
 def test_onnxruntime_gives_the_pytorch_outputs_within_tolerance(tiny_models, depth_onnx):
     from evaluation.annotate.annotator import decode
 
-    s = TaskSettings(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx))
+    s = AnnotateTaskConfig(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx))
     info = describe("depth", s)
     assert info.onnx == str(depth_onnx) and info.onnx_sha256 and "onnx_sha256" in info.digests()
     onnx_run, torch_run = OnnxRunner(info, "cpu", 1), TorchRunner(info, "cpu", "fp32")
@@ -59,7 +59,7 @@ def test_onnxruntime_gives_the_pytorch_outputs_within_tolerance(tiny_models, dep
 
 
 def test_the_annotator_runs_the_graph_when_the_setting_names_one(tiny_models, depth_onnx):
-    tasks = TasksConfig(depth=TaskSettings(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx)))
+    tasks = TasksConfig(depth=AnnotateTaskConfig(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx)))
     infos = {"depth": describe("depth", tasks.depth)}
     annotator = Annotator(infos, tasks, ActorSettings(batch_size=2), "cpu")
     assert isinstance(annotator.runners["depth"], OnnxRunner)
@@ -75,6 +75,8 @@ def test_the_annotator_runs_the_graph_when_the_setting_names_one(tiny_models, de
 
 def test_a_graph_of_another_model_is_refused(tiny_models, depth_onnx):
     with pytest.raises(ValueError, match=r"tasks.seg.onnx=.* has outputs \['depth'\], the seg model \['logits'\]"):
-        describe("seg", TaskSettings(checkpoint=str(tiny_models["seg"]), onnx=str(depth_onnx)))
+        describe("seg", AnnotateTaskConfig(checkpoint=str(tiny_models["seg"]), onnx=str(depth_onnx)))
     with pytest.raises(ValueError, match=r"takes \[64, 48\] images, the job feeds \[128, 96\]"):
-        describe("depth", TaskSettings(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx), input_hw=(128, 96)))
+        describe(
+            "depth", AnnotateTaskConfig(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx), input_hw=(128, 96))
+        )
