@@ -80,7 +80,7 @@ class ProbePoseConfig(ProbeTaskConfig):
 
 
 @dataclasses.dataclass(kw_only=True)
-class SegSettings(ProbeTaskConfig):
+class ProbeSegConfig(ProbeTaskConfig):
     num_classes: int = 0  # 0: from the synthetic set (7), else required for real data
     class_names: list[str] = field(default_factory=list)  # optional, for per-class IoU names
     ignore_index: int = 255
@@ -89,7 +89,7 @@ class SegSettings(ProbeTaskConfig):
 
 
 @dataclasses.dataclass(kw_only=True)
-class KnnSettings(ProbeTaskConfig):
+class KnnConfig(ProbeTaskConfig):
     """k-NN on the CLS token, temperature-weighted vote (DINO): no training, ``steps`` unused."""
 
     k: list[int] = field(default_factory=lambda: [10, 20])
@@ -97,7 +97,7 @@ class KnnSettings(ProbeTaskConfig):
 
 
 @dataclasses.dataclass(kw_only=True)
-class SyntheticSettings:
+class SyntheticConfig:
     """The offline probe set generated under ``<output_dir>/synthetic`` when a task has no data paths."""
 
     train_images: int = 160
@@ -108,7 +108,7 @@ class SyntheticSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class BackboneSettings:
+class BackboneConfig:
     name: str = "sapiens2_tiny"
     checkpoint: str = ""  # official-layout .safetensors/.pt; empty = random init (recorded as such)
     weights_prefix: str = ""  # stripped from the file's keys, e.g. "backbone."
@@ -124,14 +124,14 @@ class ProbeConfig:
     tasks: list[Literal["pose", "seg", "pointmap", "normal", "albedo", "knn"]] = field(
         default_factory=lambda: list(TASK_NAMES)
     )
-    backbone: BackboneSettings = field(default_factory=BackboneSettings)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
     pose: ProbePoseConfig = field(default_factory=ProbePoseConfig)
-    seg: SegSettings = field(default_factory=SegSettings)
+    seg: ProbeSegConfig = field(default_factory=ProbeSegConfig)
     pointmap: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
     normal: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
     albedo: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
-    knn: KnnSettings = field(default_factory=KnnSettings)
-    synthetic: SyntheticSettings = field(default_factory=SyntheticSettings)
+    knn: KnnConfig = field(default_factory=KnnConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # tracking.run_name None: the output folder's name.
     tracking: TrackingConfig = tracking_section("probing")
     # One Ray Train worker runs every probe in turn (num_workers must stay 1); cpus_per_worker

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from evaluation.config import KnnSettings, ProbeTaskConfig
+from evaluation.config import KnnConfig, ProbeTaskConfig
 from evaluation.features import CachedFeatureDataset, FrozenBackbone, cache_key, check_grid, extract_features
 from evaluation.metrics import knn_top1
 from evaluation.spec import settings_from_spec
@@ -168,7 +168,7 @@ def _train_head(
     return history
 
 
-def _run_knn(s: KnnSettings, train_ds, val_ds, train_feats, val_feats, extractor: FrozenBackbone) -> dict[str, float]:
+def _run_knn(s: KnnConfig, train_ds, val_ds, train_feats, val_feats, extractor: FrozenBackbone) -> dict[str, float]:
     train_feats = train_feats or extract_features(extractor, train_ds, batch_size=s.eval_batch_size, keep_maps=False)
     val_feats = val_feats or extract_features(extractor, val_ds, batch_size=s.eval_batch_size, keep_maps=False)
     train_labels = torch.tensor([label for _, label in train_ds.items])

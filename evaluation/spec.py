@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from evaluation.config import KnnSettings, ProbeConfig, ProbePoseConfig, ProbeTaskConfig, SegSettings, SplitPaths
+from evaluation.config import KnnConfig, ProbeConfig, ProbePoseConfig, ProbeSegConfig, ProbeTaskConfig, SplitPaths
 from evaluation.io import path_digest
 from evaluation.lineage import Lineage
 from evaluation.tasks import TaskData
@@ -15,11 +15,11 @@ from infra.config import config_to_dict, from_dict
 
 SETTINGS_CLASSES = {
     "pose": ProbePoseConfig,
-    "seg": SegSettings,
+    "seg": ProbeSegConfig,
     "pointmap": ProbeTaskConfig,
     "normal": ProbeTaskConfig,
     "albedo": ProbeTaskConfig,
-    "knn": KnnSettings,
+    "knn": KnnConfig,
 }
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import evaluation.visualize as viz
-from evaluation.config import KnnSettings, ProbePoseConfig, ProbeTaskConfig, SegSettings, SplitPaths
+from evaluation.config import KnnConfig, ProbePoseConfig, ProbeSegConfig, ProbeTaskConfig, SplitPaths
 from evaluation.datasets import (
     CocoKeypointDataset,
     DenseMapDataset,
@@ -160,7 +160,7 @@ class PoseEvaluator(Evaluator):
 class SegTask:
     name = "seg"
 
-    def datasets(self, s: SegSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
+    def datasets(self, s: ProbeSegConfig, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
         kw = dict(
             image_size=tuple(s.image_size),
             num_classes=data.num_classes,
@@ -172,12 +172,12 @@ class SegTask:
             SegmentationDataset(data.val.images, data.val.labels, max_samples=s.max_val_samples, **kw),
         )
 
-    def head(self, in_dim: int, s: SegSettings, stride: int, train: SegmentationDataset) -> nn.Module:
+    def head(self, in_dim: int, s: ProbeSegConfig, stride: int, train: SegmentationDataset) -> nn.Module:
         return build_task_head(
             "seg", in_dim, num_classes=train.num_classes, hidden_dim=s.head_hidden_dim, upsample=stride // 4
         )
 
-    def loss(self, s: SegSettings, train: SegmentationDataset) -> LossFn:
+    def loss(self, s: ProbeSegConfig, train: SegmentationDataset) -> LossFn:
         if s.class_weights:
             if len(s.class_weights) != train.num_classes:
                 raise ValueError(
@@ -200,7 +200,7 @@ class SegTask:
 
         return loss
 
-    def evaluator(self, s: SegSettings, val: SegmentationDataset) -> Evaluator:
+    def evaluator(self, s: ProbeSegConfig, val: SegmentationDataset) -> Evaluator:
         return SegEvaluator(val, s.num_visuals, s.ignore_index)
 
 
@@ -322,7 +322,7 @@ class KnnTask:
 
     name = "knn"
 
-    def datasets(self, s: KnnSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
+    def datasets(self, s: KnnConfig, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
         train = LabeledImageDataset(
             data.train.images,
             data.train.labels or None,

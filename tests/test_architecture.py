@@ -13,7 +13,8 @@ Library code is every module under the packages in ``FLOORS`` (``pipelines/`` in
 4. Functions are short: none over ``MAX_FUNCTION_LINES`` statement lines unless ``LONG_FUNCTIONS`` names
    it with a reason, and the median function is at most ``MAX_MEDIAN_FUNCTION_LINES`` lines.
 5. One class per name: no two library classes share a name (``SHARED_CLASS_NAMES`` lists the ones
-   another branch is fixing, each with where).
+   another branch is fixing, each with where), and a settings class is a ``*Config``: no library
+   class name ends in ``Settings``.
 
 What counts as an import: every ``import`` / ``from ... import`` statement anywhere in a module,
 inside functions and ``if`` blocks included (a function-level import still ties the two modules
@@ -460,6 +461,17 @@ def test_no_two_library_classes_share_a_name(modules):
         "the same concept; name each for what it is where they differ):\n  " + "\n  ".join(problems)
     )
     assert not stale, "SHARED_CLASS_NAMES names classes that are unique now: " + ", ".join(stale)
+
+
+def test_settings_classes_are_named_config(modules):
+    named_settings = [
+        f"{name}: {', '.join(places)}"
+        for name, places in sorted(class_definitions(modules).items())
+        if name.endswith("Settings")
+    ]
+    assert not named_settings, "settings classes are named *Config (one suffix for one concept):\n  " + "\n  ".join(
+        named_settings
+    )
 
 
 # ---- the checks themselves, on a made-up project -----------------------------------------------

@@ -75,7 +75,7 @@ class TasksConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class ActorSettings(Placement):
+class ActorPoolConfig(Placement):
     """The actor pool the models run in (``curation.filters.model.Placement``'s keys, plus the
     precision). ``batch_size``: model inputs per forward (pose: person crops)."""
 
@@ -85,7 +85,7 @@ class ActorSettings(Placement):
 
 
 @dataclasses.dataclass(kw_only=True)
-class DataSettings:
+class AnnotateDataConfig:
     """``dataset``: a dataset version id, a dataset name (its latest version) or a curation output
     folder, as pretraining's ``data.dataset``; ids and names are looked up in ``tracking_uri``
     (default: this job's ``tracking.uri``)."""
@@ -95,7 +95,7 @@ class DataSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class GallerySettings:
+class GalleryConfig:
     samples: int = 12  # samples drawn in the gallery page (deterministic: by key hash); 0 = no page
 
 
@@ -104,10 +104,10 @@ class AnnotateConfig:
     name: str = "annotate"
     output_dir: str = "runs/annotations"
     max_error_share: float = 0.05  # of the samples, missing or in error; more fails the job (after writing)
-    data: DataSettings = field(default_factory=DataSettings)
+    data: AnnotateDataConfig = field(default_factory=AnnotateDataConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
-    actors: ActorSettings = field(default_factory=ActorSettings)
-    gallery: GallerySettings = field(default_factory=GallerySettings)
+    actors: ActorPoolConfig = field(default_factory=ActorPoolConfig)
+    gallery: GalleryConfig = field(default_factory=GalleryConfig)
     ray: RayConfig = ray_section(progress_bars="off")
     tracking: TrackingConfig = tracking_section("annotate")
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from evaluation.config import KnnSettings, ProbePoseConfig, ProbeTaskConfig, SegSettings
+from evaluation.config import KnnConfig, ProbePoseConfig, ProbeSegConfig, ProbeTaskConfig
 from evaluation.features import FrozenBackbone
 from evaluation.probe_trainer import run_probe, warmup_cosine
 from evaluation.synthetic import PART_CLASSES, split_paths
@@ -20,11 +20,11 @@ from models.io import load_weights
 HW = [64, 48]
 SETTINGS = {
     "pose": ProbePoseConfig,
-    "seg": SegSettings,
+    "seg": ProbeSegConfig,
     "pointmap": ProbeTaskConfig,
     "normal": ProbeTaskConfig,
     "albedo": ProbeTaskConfig,
-    "knn": KnnSettings,
+    "knn": KnnConfig,
 }
 
 

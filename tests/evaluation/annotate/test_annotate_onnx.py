@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from evaluation.annotate.annotator import Annotator
-from evaluation.annotate.config import ActorSettings, AnnotateTaskConfig, TasksConfig
+from evaluation.annotate.config import ActorPoolConfig, AnnotateTaskConfig, TasksConfig
 from evaluation.annotate.models import OnnxRunner, TorchRunner, describe
 from evaluation.annotate.shards import Record
 from evaluation.annotate.tasks import PREDICTORS, Sample
@@ -61,10 +61,10 @@ def test_onnxruntime_gives_the_pytorch_outputs_within_tolerance(tiny_models, dep
 def test_the_annotator_runs_the_graph_when_the_setting_names_one(tiny_models, depth_onnx):
     tasks = TasksConfig(depth=AnnotateTaskConfig(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx)))
     infos = {"depth": describe("depth", tasks.depth)}
-    annotator = Annotator(infos, tasks, ActorSettings(batch_size=2), "cpu")
+    annotator = Annotator(infos, tasks, ActorPoolConfig(batch_size=2), "cpu")
     assert isinstance(annotator.runners["depth"], OnnxRunner)
     plain = dataclasses.replace(tasks, depth=dataclasses.replace(tasks.depth, onnx=""))
-    eager = Annotator({"depth": describe("depth", plain.depth)}, plain, ActorSettings(batch_size=2), "cpu")
+    eager = Annotator({"depth": describe("depth", plain.depth)}, plain, ActorPoolConfig(batch_size=2), "cpu")
 
     for a, b in zip(annotator.annotate(_records()), eager.annotate(_records())):
         assert a["status"] == b["status"] == "ok"

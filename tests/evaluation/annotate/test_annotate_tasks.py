@@ -25,7 +25,7 @@ from evaluation.annotate.annotator import (
     Annotator,
     decode,
 )
-from evaluation.annotate.config import ActorSettings, AnnotatePoseConfig, AnnotateTaskConfig, TasksConfig
+from evaluation.annotate.config import ActorPoolConfig, AnnotatePoseConfig, AnnotateTaskConfig, TasksConfig
 from evaluation.annotate.models import PLATFORM, TorchRunner, describe
 from evaluation.annotate.shards import MISSING_IMAGE, Record
 from evaluation.annotate.tasks import PREDICTORS, Sample, labels_at
@@ -145,7 +145,7 @@ def _pose_seg_annotator(tiny_models, batch_size: int = 2) -> Annotator:
         seg=AnnotateTaskConfig(checkpoint=str(tiny_models["seg"])),
     )
     infos = {t: describe(t, tasks.of(t)) for t in tasks.enabled()}
-    return Annotator(infos, tasks, ActorSettings(batch_size=batch_size), "cpu")
+    return Annotator(infos, tasks, ActorPoolConfig(batch_size=batch_size), "cpu")
 
 
 def test_what_is_wrong_with_a_sample_is_its_status_and_reason(tiny_models):
@@ -181,7 +181,7 @@ def test_what_is_wrong_with_a_sample_is_its_status_and_reason(tiny_models):
 def test_a_seg_only_job_does_not_read_the_person_boxes(tiny_models):
     data, w, h = photo("obama.jpg", 0.3)
     tasks = TasksConfig(seg=AnnotateTaskConfig(checkpoint=str(tiny_models["seg"])))
-    annotator = Annotator({"seg": describe("seg", tasks.seg)}, tasks, ActorSettings(batch_size=2), "cpu")
+    annotator = Annotator({"seg": describe("seg", tasks.seg)}, tasks, ActorPoolConfig(batch_size=2), "cpu")
     (row,) = annotator.annotate([Record("a", data, {"width": w, "height": h, "person_boxes": [[0, 0, 1]]})])
     assert row["status"] == OK and row["seg_png"]
 
