@@ -91,10 +91,10 @@ class DedupConfig:
 class JobConfig:
     """What a curation job is called, where it writes, how it is tracked and where Ray runs."""
 
-    name: str = "curation"
+    name: str = "curate"
     output_dir: str = ""
     dataset_name: str | None = None  # None: the output folder's name
-    tracking: TrackingConfig = tracking_section("curation")
+    tracking: TrackingConfig = tracking_section("curate")
     ray: RayConfig = ray_section()
 
     def validate(self) -> None:
