@@ -13,12 +13,11 @@ the seconds spent in forwards counted in ``runner.seconds``.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import time
 from pathlib import Path
 
 from evaluation.annotate.config import AnnotateTaskConfig
+from infra.digests import sha256_file
 
 RELEASED, PLATFORM = "released", "platform"
 
@@ -43,21 +42,6 @@ class ModelInfo:
     def digests(self) -> dict[str, str]:
         """What the model enters the annotation version id by: its files' content, never their paths."""
         return {"checkpoint_sha256": self.sha256, **({"onnx_sha256": self.onnx_sha256} if self.onnx else {})}
-
-
-@functools.lru_cache(maxsize=32)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def file_sha256(path: str | Path) -> str:
-    """A file's sha256 (cached per path, size and modification time)."""
-    st = Path(path).stat()
-    return _sha256(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
 
 
 def _existing(path: str, setting: str) -> str:
@@ -115,11 +99,11 @@ def describe(task: str, s: AnnotateTaskConfig) -> ModelInfo:
     path = _existing(s.checkpoint, f"tasks.{task}.checkpoint")
     platform = any(k.startswith(PLATFORM_HEAD_KEY) for k in weight_shapes(path))
     fields = (_platform if platform else _released)(task, path, s)
-    info = ModelInfo(task=task, checkpoint=path, sha256=file_sha256(path), feature_block=s.feature_block, **fields)
+    info = ModelInfo(task=task, checkpoint=path, sha256=sha256_file(path), feature_block=s.feature_block, **fields)
     if s.onnx:
         onnx = _existing(s.onnx, f"tasks.{task}.onnx")
         check_onnx(onnx, info, f"tasks.{task}.onnx")
-        info = dataclasses.replace(info, onnx=onnx, onnx_sha256=file_sha256(onnx))
+        info = dataclasses.replace(info, onnx=onnx, onnx_sha256=sha256_file(onnx))
     return info
 
 
