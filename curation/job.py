@@ -82,17 +82,13 @@ def content_digest(path: str) -> dict:
 def _local_paths(cfg: CurationConfig, recipe: Recipe, place: Callable[[Path], Path]) -> CurationConfig:
     """A copy of ``cfg`` whose local paths (output, input, the steps' ``PATH_SETTINGS``) are
     ``place``d; URIs with a scheme and empty settings are left as they are."""
-
-    def local(path: str) -> str:
-        return path if not path or "://" in path else str(place(Path(path).expanduser()))
-
     cfg = copy.deepcopy(cfg)
-    cfg.output_dir, cfg.input.uri = local(cfg.output_dir), local(cfg.input.uri)
+    cfg.output_dir, cfg.input.uri = storage.local_path(cfg.output_dir, place), storage.local_path(cfg.input.uri, place)
     for step in recipe.steps:
         settings = section_of(cfg, step.section) if step.section else None
         for name in PATH_SETTINGS:
             if isinstance(getattr(settings, name, None), str):
-                setattr(settings, name, local(getattr(settings, name)))
+                setattr(settings, name, storage.local_path(getattr(settings, name), place))
     return cfg
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -28,6 +29,13 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
 
 def is_local(fs: pafs.FileSystem) -> bool:
     return isinstance(fs, pafs.LocalFileSystem)
+
+
+def local_path(path: str, place: Callable[[Path], Path] = Path.resolve) -> str:
+    """A config's path setting made absolute for workers that run elsewhere: ``~`` expanded, then
+    ``place`` (``Path.resolve``: links resolved; ``Path.absolute``: kept as given). "" (unset) and
+    URIs with a scheme (``s3://``, ``file://``) are returned as they are."""
+    return path if not path or "://" in path else str(place(Path(path).expanduser()))
 
 
 def join(base: str, *parts: str) -> str:

@@ -20,7 +20,6 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from curation.output import DatasetVersion, resolve_dataset
 from infra import storage
@@ -90,14 +89,11 @@ class PretrainResult:
 
 
 def absolutize(cfg: PretrainConfig) -> PretrainConfig:
-    def local(path: str) -> str:
-        return path if not path or "://" in path else str(Path(path).expanduser().resolve())
-
     dataset = cfg.data.dataset
     if dataset and ("/" in dataset or dataset.startswith(".")) and "://" not in dataset:
-        dataset = local(dataset)
+        dataset = storage.local_path(dataset)
     return dataclasses.replace(
-        cfg, storage_path=local(cfg.storage_path), data=dataclasses.replace(cfg.data, dataset=dataset)
+        cfg, storage_path=storage.local_path(cfg.storage_path), data=dataclasses.replace(cfg.data, dataset=dataset)
     )
 
 

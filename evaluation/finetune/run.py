@@ -27,7 +27,7 @@ from evaluation.finetune.config import FinetuneConfig
 from evaluation.finetune.loop import EXPORT_DIR, EXPORT_MANIFEST, HISTORY
 from evaluation.finetune.tasks import TaskInputs, check_labels, resolve_inputs
 from evaluation.lineage import Lineage, resolve_lineage
-from infra import jsonl, tracking
+from infra import jsonl, storage, tracking
 from infra.config import config_digest, config_to_dict, dump_config
 
 RUN_RECORD = "run.json"
@@ -67,27 +67,24 @@ def identity_digest(cfg: FinetuneConfig) -> str:
     return config_digest(d)
 
 
-def _local(path: str) -> str:
-    return str(Path(path).expanduser().resolve()) if path and "://" not in path else path
-
-
 def absolutize(cfg: FinetuneConfig) -> FinetuneConfig:
     """Local paths absolute: Ray Train workers (and Ray jobs) run elsewhere."""
     changes = {
-        "output_dir": _local(cfg.output_dir),
-        "backbone": dataclasses.replace(cfg.backbone, checkpoint=_local(cfg.backbone.checkpoint)),
-        "augment": dataclasses.replace(cfg.augment, backgrounds=_local(cfg.augment.backgrounds)),
+        "output_dir": storage.local_path(cfg.output_dir),
+        "backbone": dataclasses.replace(cfg.backbone, checkpoint=storage.local_path(cfg.backbone.checkpoint)),
+        "augment": dataclasses.replace(cfg.augment, backgrounds=storage.local_path(cfg.augment.backgrounds)),
     }
     for task in cfg.tasks:
         s = cfg.task(task)
         splits = {
             k: dataclasses.replace(
-                getattr(s, k), **{f: _local(getattr(getattr(s, k), f)) for f in ("images", "labels", "masks")}
+                getattr(s, k),
+                **{f: storage.local_path(getattr(getattr(s, k), f)) for f in ("images", "labels", "masks")},
             )
             for k in ("train", "val")
         }
         if task == "pose":
-            splits["person_boxes"] = _local(s.person_boxes)
+            splits["person_boxes"] = storage.local_path(s.person_boxes)
         changes[task] = dataclasses.replace(s, **splits)
     return dataclasses.replace(cfg, **changes)
 
