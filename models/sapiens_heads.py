@@ -6,14 +6,14 @@ norm, reshaped row-major to (B, D, h, w). Attribute names are the released state
 
 Sapiens2 (``decode_head.``):
 
-- ``Sapiens2PoseHeatmapHead``: deconvs, 1x1 convs, ``conv_pose`` -> heatmaps (B, K, 4h, 4w).
-- ``Sapiens2SegHead``: four deconvs, 1x1 convs, ``conv_seg`` -> logits (B, classes, 16h, 16w).
-- ``Sapiens2NormalHead``: 3x3 ``input_conv``, PixelShuffle ``upsample_blocks``, 3x3 convs,
+- ``PoseHeatmapHead``: deconvs, 1x1 convs, ``conv_pose`` -> heatmaps (B, K, 4h, 4w).
+- ``SegHead``: four deconvs, 1x1 convs, ``conv_seg`` -> logits (B, classes, 16h, 16w).
+- ``NormalHead``: 3x3 ``input_conv``, PixelShuffle ``upsample_blocks``, 3x3 convs,
   ``conv_normal`` -> (B, 3, 16h, 16w), not normalised (post-processing does that).
-- ``Sapiens2PointmapHead``: the normal head's layout with ``conv_pointmap``, plus a scale branch on
+- ``PointmapHead``: the normal head's layout with ``conv_pointmap``, plus a scale branch on
   the raw feature map (strided 1x1 convs, flatten in (C, H, W) order, an MLP); ``forward``
   returns ``(pointmap (B, 3, 16h, 16w), scale (B, 1))``.
-- ``Sapiens2AlbedoHead``: the normal head's layout with ``RMSNorm2d`` norms and ``conv_albedo``.
+- ``AlbedoHead``: the normal head's layout with ``RMSNorm2d`` norms and ``conv_albedo``.
 
 Sapiens v1: ``Sapiens1HeatmapHead`` (pose, ``head.``, ``final_layer``) and ``Sapiens1VitHead``
 (seg / depth / normal, ``decode_head.``, ``conv_seg``; a train-only ``Dropout2d(0.1)``).
@@ -159,13 +159,13 @@ class _DeconvHead(nn.Module):
         return getattr(self, self.output_layer)(self.features(x_BDhw))
 
 
-class Sapiens2PoseHeatmapHead(_DeconvHead):
+class PoseHeatmapHead(_DeconvHead):
     """Sapiens2 pose: one heatmap per keypoint at 4x the token grid (two deconvs)."""
 
     output_layer = "conv_pose"
 
 
-class Sapiens2SegHead(_DeconvHead):
+class SegHead(_DeconvHead):
     """Sapiens2 body-part segmentation: class logits at 16x the token grid (four deconvs)."""
 
     output_layer = "conv_seg"
@@ -225,20 +225,20 @@ class _PixelShuffleHead(nn.Module):
         return self.dense(x_BDhw)
 
 
-class Sapiens2NormalHead(_PixelShuffleHead):
+class NormalHead(_PixelShuffleHead):
     """Sapiens2 surface normals (unnormalised) at 16x the token grid."""
 
     output_layer = "conv_normal"
 
 
-class Sapiens2AlbedoHead(_PixelShuffleHead):
+class AlbedoHead(_PixelShuffleHead):
     """Sapiens2 albedo (RGB, clamped to [0, 1] only in post-processing); RMSNorm2d norms."""
 
     output_layer = "conv_albedo"
     norm = "rms"
 
 
-class Sapiens2PointmapHead(_PixelShuffleHead):
+class PointmapHead(_PixelShuffleHead):
     """Sapiens2 pointmap: canonical-camera XYZ at 16x the token grid and one scale per image.
 
     The scale branch fixes the token grid: its flattened size (``scale_final_layer[0]``)

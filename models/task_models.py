@@ -34,15 +34,15 @@ from torch import nn
 from models.io import check_state_dict, load_state_dict_file, load_weights, weight_shapes
 from models.registry import WeightsFamilyError, build_backbone, describe_weights, family_of
 from models.sapiens_heads import (
+    AlbedoHead,
     DeconvHeadConfig,
     DenseHeadConfig,
+    NormalHead,
+    PointmapHead,
+    PoseHeatmapHead,
     Sapiens1HeatmapHead,
     Sapiens1VitHead,
-    Sapiens2AlbedoHead,
-    Sapiens2NormalHead,
-    Sapiens2PointmapHead,
-    Sapiens2PoseHeatmapHead,
-    Sapiens2SegHead,
+    SegHead,
 )
 
 HeadConfig = DeconvHeadConfig | DenseHeadConfig
@@ -132,11 +132,11 @@ _S2_SCALE = {  # pointmap scale branch: strided conv channels, MLP widths (flatt
     "tiny": ((32, 16, 8), (32, 16, 8, 1)),
 }
 _S2_TASKS = {  # task -> head class, output channels, vocabulary
-    "pose": (Sapiens2PoseHeatmapHead, 308, "goliath_308"),
-    "seg": (Sapiens2SegHead, 29, "seg_sapiens2_29"),
-    "normal": (Sapiens2NormalHead, 3, ""),
-    "pointmap": (Sapiens2PointmapHead, 3, ""),
-    "albedo": (Sapiens2AlbedoHead, 3, ""),
+    "pose": (PoseHeatmapHead, 308, "goliath_308"),
+    "seg": (SegHead, 29, "seg_sapiens2_29"),
+    "normal": (NormalHead, 3, ""),
+    "pointmap": (PointmapHead, 3, ""),
+    "albedo": (AlbedoHead, 3, ""),
 }
 _S2_RELEASED = ("pose", "seg", "normal", "pointmap")  # albedo: configurations only
 
