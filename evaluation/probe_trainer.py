@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -28,10 +29,17 @@ from evaluation.spec import settings_from_spec
 from evaluation.tasks import TASKS, TaskData
 from evaluation.visualize import save_png
 from models.io import save_state_dict_file
-from training.schedules import warmup_cosine
 
 log = logging.getLogger("evaluation")
 HISTORY_EVERY = 10
+
+
+def warmup_cosine(step: int, total: int, warmup: int) -> float:
+    """Learning-rate factor: linear warm-up to 1, then cosine decay to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def _batches(loader: DataLoader):
@@ -141,9 +149,7 @@ def _train_head(
         train_src, batch_size=min(s.batch_size, len(train_src)), shuffle=True, drop_last=True, generator=gen
     )
     opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: warmup_cosine(step, total=s.steps, warmup=s.warmup_steps, peak=1.0, final=0.0)
-    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, s.steps, s.warmup_steps))
     head.train()
     history, running = [], []
     for step, batch in zip(range(s.steps), _batches(loader)):

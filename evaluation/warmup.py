@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from evaluation.datasets import to_tensor
+from evaluation.probe_trainer import warmup_cosine
 from evaluation.synthetic import render_sample
 from models import MAEDecoder, MAEDecoderConfig, normalized_pixel_targets
-from training.schedules import warmup_cosine
 
 
 def synthetic_stream(count: int, hw: tuple[int, int], seed: int) -> dict[str, torch.Tensor]:
@@ -132,9 +132,7 @@ def _train(backbone: torch.nn.Module, heads: list[torch.nn.Module], step_loss, *
     is left in eval mode and frozen; returns the loss per step."""
     params = list(backbone.parameters()) + [p for head in heads for p in head.parameters()]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.05)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: warmup_cosine(step, total=steps, warmup=max(1, steps // 10), peak=1.0, final=0.0)
-    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, steps, max(1, steps // 10)))
     backbone.train().requires_grad_(True)
     losses = []
     for _ in range(steps):

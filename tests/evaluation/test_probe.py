@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from evaluation.config import KnnConfig, ProbePoseConfig, ProbeSegConfig, ProbeTaskConfig
 from evaluation.features import FrozenBackbone
-from evaluation.probe_trainer import run_probe
+from evaluation.probe_trainer import run_probe, warmup_cosine
 from evaluation.synthetic import PART_CLASSES, split_paths
 from evaluation.tasks import TASKS, TaskData
 from models import build_task_head
@@ -129,3 +129,7 @@ def test_seg_evaluator_scores_perfect_logits_one(synthetic_root):
         ev.update({"logits": torch.nn.functional.one_hot(batch["labels"], 7).permute(0, 3, 1, 2).float()}, batch)
     m = ev.compute()
     assert m["mIoU"] == 1.0 and m["aAcc"] == 1.0
+
+
+def test_warmup_cosine_schedule():
+    assert [round(warmup_cosine(s, 10, 2), 4) for s in (0, 1, 2, 6, 10)] == [0.5, 1.0, 1.0, 0.5, 0.0]
