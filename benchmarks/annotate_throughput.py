@@ -185,14 +185,20 @@ def onnx_on_gpu_missing() -> str:
 
 
 def annotate_config(args, dataset: str, out: Path, task: str, ckpt: Path, hw, onnx: str = ""):
-    from evaluation.annotate.config import ActorSettings, AnnotateConfig, DataSettings, GallerySettings, TasksConfig
+    from evaluation.annotate.config import (
+        ActorPoolConfig,
+        AnnotateConfig,
+        AnnotateDataConfig,
+        GalleryConfig,
+        TasksConfig,
+    )
     from infra.config import from_dict
     from infra.tracking import TrackingConfig
 
     settings = {"checkpoint": str(ckpt), "input_hw": list(hw) if hw else None, "onnx": onnx}
     if task == "pose":
         settings.update(min_box_score=0.3, max_people=4)
-    actors = ActorSettings(
+    actors = ActorPoolConfig(
         device=args.device,
         num_cpus=args.cpus_per_actor,
         num_gpus=args.gpus_per_actor,
@@ -203,10 +209,10 @@ def annotate_config(args, dataset: str, out: Path, task: str, ckpt: Path, hw, on
     return AnnotateConfig(
         output_dir=str(out),
         max_error_share=0.0,  # any sample not annotated fails the job: see the module docstring
-        data=DataSettings(dataset=dataset),
+        data=AnnotateDataConfig(dataset=dataset),
         tasks=from_dict(TasksConfig, {task: settings}),
         actors=actors,
-        gallery=GallerySettings(samples=0),
+        gallery=GalleryConfig(samples=0),
         tracking=TrackingConfig(enabled=False),
     )
 

@@ -37,9 +37,6 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 STEPS = ("decode", "geometry", "image_quality", "person_detection", "text_filter")  # the demo run's column writers
 MIN_SIDE_A, MIN_SIDE_B = 256, 400
 RENAMED_SHARE = 0.01

@@ -41,10 +41,9 @@ import urllib.parse
 import urllib.request
 
 import numpy as np
+from audit_scale import MIN_SIDE_A, write_version  # this script's folder is first on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from audit_scale import MIN_SIDE_A, write_version  # noqa: E402 - this script's folder is on sys.path
 
 RANGE = ("sharpness", 10.0, 12.0)
 QUERIES = ("reason page 1", "reason page 1,000", "score range, 1 source", "image + family", "sorted by a score")

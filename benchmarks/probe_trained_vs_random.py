@@ -61,9 +61,9 @@ for _key, _value in {
 import torch  # noqa: E402
 
 from evaluation import ProbeConfig, run_probes  # noqa: E402
-from evaluation.io import sha256_file  # noqa: E402
 from infra import tracking  # noqa: E402
 from infra.config import load_config  # noqa: E402
+from infra.digests import sha256_file  # noqa: E402
 
 ROWS = [
     ("pose", "AP", "higher"),

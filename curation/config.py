@@ -80,7 +80,7 @@ class ShardsConfig:
 
 
 @dataclasses.dataclass(kw_only=True)
-class DedupSettings:
+class DedupConfig:
     """Settings the global dedup steps share (the ``dedup`` section beside exact/near/semantic)."""
 
     engine: Literal["local", "ray"] = "local"  # ray: the shuffles run as Ray Data jobs
@@ -88,13 +88,13 @@ class DedupSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class JobSettings:
+class JobConfig:
     """What a curation job is called, where it writes, how it is tracked and where Ray runs."""
 
-    name: str = "curation"
+    name: str = "curate"
     output_dir: str = ""
     dataset_name: str | None = None  # None: the output folder's name
-    tracking: TrackingConfig = tracking_section("curation")
+    tracking: TrackingConfig = tracking_section("curate")
     ray: RayConfig = ray_section()
 
     def validate(self) -> None:

@@ -162,7 +162,7 @@ def _record(job: CurationJob, stats: dict, schema, dataset_id: str, name: str, i
     from infra.tracking import arrow_to_mlflow_schema, log_dataset_run, resolve_tracking_uri
 
     metrics, run_tags, profile = tracking_record(stats)
-    tags = {"humanvision.stage": "curation", "curation.output": job.uri, "curation.job_digest": job.digest}
+    tags = {"humanvision.stage": "curate", "curation.output": job.uri, "curation.job_digest": job.digest}
     run_tags.update(
         {
             "dataset.id": dataset_id,

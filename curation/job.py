@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import hashlib
 import json
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from curation.recipe import HUMANS1B, CurationConfig
 from curation.steps import BuiltRecipe, Recipe, section_of
 from infra import storage
 from infra.config import config_to_dict, dump_config
+from infra.digests import sha256_file
 
 # Where and how wide a step runs, never what it decides: a job killed on one cluster shape can
 # resume on another (more GPUs, fewer actors) into the same output.
@@ -63,15 +63,6 @@ def _deciding(value):
     return value
 
 
-@functools.lru_cache(maxsize=64)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def content_digest(path: str) -> dict:
     """A weight file (or a model folder's files) by content: sha256 and size, never its path."""
     p = Path(path).expanduser()
@@ -79,7 +70,7 @@ def content_digest(path: str) -> dict:
     digests = [
         (
             f.relative_to(p).as_posix() if p.is_dir() else "",
-            _file_digest(str(f), f.stat().st_size, f.stat().st_mtime_ns),
+            sha256_file(f),
         )
         for f in files
     ]
@@ -91,17 +82,13 @@ def content_digest(path: str) -> dict:
 def _local_paths(cfg: CurationConfig, recipe: Recipe, place: Callable[[Path], Path]) -> CurationConfig:
     """A copy of ``cfg`` whose local paths (output, input, the steps' ``PATH_SETTINGS``) are
     ``place``d; URIs with a scheme and empty settings are left as they are."""
-
-    def local(path: str) -> str:
-        return path if not path or "://" in path else str(place(Path(path).expanduser()))
-
     cfg = copy.deepcopy(cfg)
-    cfg.output_dir, cfg.input.uri = local(cfg.output_dir), local(cfg.input.uri)
+    cfg.output_dir, cfg.input.uri = storage.local_path(cfg.output_dir, place), storage.local_path(cfg.input.uri, place)
     for step in recipe.steps:
         settings = section_of(cfg, step.section) if step.section else None
         for name in PATH_SETTINGS:
             if isinstance(getattr(settings, name, None), str):
-                setattr(settings, name, local(getattr(settings, name)))
+                setattr(settings, name, storage.local_path(getattr(settings, name), place))
     return cfg
 
 

@@ -292,7 +292,7 @@ def resolve_dataset(ref: str, tracking_uri: str | None = None) -> DatasetVersion
     for query in (f"tags.`dataset.id` = '{ref}'", f"tags.`dataset.name` = '{ref}'"):
         runs = client.search_runs(
             experiments,
-            filter_string=f"{query} and tags.`humanvision.stage` = 'curation' and attributes.status = 'FINISHED'",
+            filter_string=f"{query} and tags.`humanvision.stage` = 'curate' and attributes.status = 'FINISHED'",
             order_by=["attributes.start_time DESC"],
             max_results=1,
         )

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from curation.config import JobSettings
+from curation.config import JobConfig
 from curation.decode import DecodeStep
 from curation.dedup.steps import Decontaminate, ExactDedup, NearDedup, SemanticDedup
 from curation.filters.aesthetic import AestheticScore
@@ -58,7 +58,7 @@ HUMANS1B = Recipe(
         SemanticDedup,    # dedup.semantic:     CLIP cosine within k-means clusters      } end of pass 2
         WriteShards,      #                     the one decision point: shards, sidecars, manifest
     ],
-    job=JobSettings,
+    job=JobConfig,
 )
 # fmt: on
 

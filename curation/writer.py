@@ -25,10 +25,8 @@ marker. A partition with no kept sample writes no shard of its own, only its man
 from __future__ import annotations
 
 import functools
-import io
 import json
 import logging
-import tarfile
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -74,21 +72,15 @@ def sample_metadata(row: dict) -> dict:
     return meta
 
 
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
+def _sample_members(rows: list[dict]):
+    for row in rows:
+        yield f"{row['key']}.{row['image_ext']}", row["image"]
+        meta = json.dumps(sample_metadata(row), sort_keys=True, separators=(",", ":"), allow_nan=False)
+        yield f"{row['key']}.json", meta.encode()
 
 
 def write_tar(fs, path: str, rows: list[dict]) -> None:
-    with storage.atomic_output(fs, path) as out:
-        with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
-            for row in rows:
-                _add_member(tar, f"{row['key']}.{row['image_ext']}", row["image"])
-                meta = json.dumps(sample_metadata(row), sort_keys=True, separators=(",", ":"), allow_nan=False)
-                _add_member(tar, f"{row['key']}.json", meta.encode())
+    storage.write_tar_members(fs, path, _sample_members(rows))
 
 
 def mark_duplicates(table: pa.Table, decisions: pa.Table) -> pa.Table:

@@ -11,6 +11,6 @@ offline probe set) and ``evaluation.lineage`` (checkpoint digest and pretraining
 """
 
 from evaluation.config import ProbeConfig
-from evaluation.run import ProbeResult, run_probes
+from evaluation.run import ProbeRunResult, run_probes
 
-__all__ = ["ProbeConfig", "ProbeResult", "run_probes"]
+__all__ = ["ProbeConfig", "ProbeRunResult", "run_probes"]

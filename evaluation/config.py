@@ -39,7 +39,7 @@ class SplitPaths:
 
 
 @dataclasses.dataclass(kw_only=True)
-class TaskSettings:
+class ProbeTaskConfig:
     """One probe: frozen features from ``feature_blocks`` feed one light head trained for
     ``steps`` AdamW steps (cosine schedule after ``warmup_steps``)."""
 
@@ -69,7 +69,7 @@ class TaskSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class PoseSettings(TaskSettings):
+class ProbePoseConfig(ProbeTaskConfig):
     """Top-down pose: one crop per person box (``box_padding`` x the box, at the input's aspect)."""
 
     heatmap_sigma: float = 2.0  # UDP Gaussian sigma in heatmap pixels (Sapiens: 6 at 256x192)
@@ -80,7 +80,7 @@ class PoseSettings(TaskSettings):
 
 
 @dataclasses.dataclass(kw_only=True)
-class SegSettings(TaskSettings):
+class ProbeSegConfig(ProbeTaskConfig):
     num_classes: int = 0  # 0: from the synthetic set (7), else required for real data
     class_names: list[str] = field(default_factory=list)  # optional, for per-class IoU names
     ignore_index: int = 255
@@ -89,7 +89,7 @@ class SegSettings(TaskSettings):
 
 
 @dataclasses.dataclass(kw_only=True)
-class KnnSettings(TaskSettings):
+class KnnConfig(ProbeTaskConfig):
     """k-NN on the CLS token, temperature-weighted vote (DINO): no training, ``steps`` unused."""
 
     k: list[int] = field(default_factory=lambda: [10, 20])
@@ -97,7 +97,7 @@ class KnnSettings(TaskSettings):
 
 
 @dataclasses.dataclass(kw_only=True)
-class SyntheticSettings:
+class SyntheticConfig:
     """The offline probe set generated under ``<output_dir>/synthetic`` when a task has no data paths."""
 
     train_images: int = 160
@@ -108,7 +108,7 @@ class SyntheticSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class BackboneSettings:
+class BackboneConfig:
     name: str = "sapiens2_tiny"
     checkpoint: str = ""  # official-layout .safetensors/.pt; empty = random init (recorded as such)
     weights_prefix: str = ""  # stripped from the file's keys, e.g. "backbone."
@@ -124,14 +124,14 @@ class ProbeConfig:
     tasks: list[Literal["pose", "seg", "pointmap", "normal", "albedo", "knn"]] = field(
         default_factory=lambda: list(TASK_NAMES)
     )
-    backbone: BackboneSettings = field(default_factory=BackboneSettings)
-    pose: PoseSettings = field(default_factory=PoseSettings)
-    seg: SegSettings = field(default_factory=SegSettings)
-    pointmap: TaskSettings = field(default_factory=TaskSettings)
-    normal: TaskSettings = field(default_factory=TaskSettings)
-    albedo: TaskSettings = field(default_factory=TaskSettings)
-    knn: KnnSettings = field(default_factory=KnnSettings)
-    synthetic: SyntheticSettings = field(default_factory=SyntheticSettings)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    pose: ProbePoseConfig = field(default_factory=ProbePoseConfig)
+    seg: ProbeSegConfig = field(default_factory=ProbeSegConfig)
+    pointmap: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    normal: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    albedo: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    knn: KnnConfig = field(default_factory=KnnConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # tracking.run_name None: the output folder's name.
     tracking: TrackingConfig = tracking_section("probing")
     # One Ray Train worker runs every probe in turn (num_workers must stay 1); cpus_per_worker
@@ -140,7 +140,7 @@ class ProbeConfig:
     # the suite has always run with); re-running redoes the probes.
     ray: RayConfig = ray_section(max_failures=0)
 
-    def task(self, name: str) -> TaskSettings:
+    def task(self, name: str) -> ProbeTaskConfig:
         return getattr(self, name)
 
     def validate(self) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from infra.digests import sha256_file
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff")
 FLOAT_MAP_SUFFIXES = (".npy", ".exr")
 
@@ -120,11 +122,3 @@ def path_digest(path: str | Path, length: int = 16) -> str:
         if p.is_file():
             h.update(f"{p.relative_to(path).as_posix()}\t{p.stat().st_size}\n".encode())
     return h.hexdigest()[:length]
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()

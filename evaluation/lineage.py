@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.io import sha256_file
+from infra.digests import sha256_file
 
 log = logging.getLogger("evaluation")
 RANDOM_INIT = "random-init"

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from evaluation.config import KnnSettings, TaskSettings
+from evaluation.config import KnnConfig, ProbeTaskConfig
 from evaluation.features import CachedFeatureDataset, FrozenBackbone, cache_key, check_grid, extract_features
 from evaluation.metrics import knn_top1
 from evaluation.spec import settings_from_spec
@@ -49,7 +49,7 @@ def _batches(loader: DataLoader):
 
 def run_probe(
     name: str,
-    settings: TaskSettings,
+    settings: ProbeTaskConfig,
     data: TaskData,
     extractor: FrozenBackbone,
     out_dir: str | Path,
@@ -98,7 +98,7 @@ def run_probe(
 
 def _run_head(
     name: str,
-    settings: TaskSettings,
+    settings: ProbeTaskConfig,
     train_ds,
     val_ds,
     train_feats,
@@ -140,7 +140,7 @@ def _to_cpu(out: dict) -> dict:
 
 
 def _train_head(
-    head: torch.nn.Module, loss_fn, train_src, extractor: FrozenBackbone, s: TaskSettings, seed: int
+    head: torch.nn.Module, loss_fn, train_src, extractor: FrozenBackbone, s: ProbeTaskConfig, seed: int
 ) -> list[dict]:
     if s.steps == 0:
         return []
@@ -168,7 +168,7 @@ def _train_head(
     return history
 
 
-def _run_knn(s: KnnSettings, train_ds, val_ds, train_feats, val_feats, extractor: FrozenBackbone) -> dict[str, float]:
+def _run_knn(s: KnnConfig, train_ds, val_ds, train_feats, val_feats, extractor: FrozenBackbone) -> dict[str, float]:
     train_feats = train_feats or extract_features(extractor, train_ds, batch_size=s.eval_batch_size, keep_maps=False)
     val_feats = val_feats or extract_features(extractor, val_ds, batch_size=s.eval_batch_size, keep_maps=False)
     train_labels = torch.tensor([label for _, label in train_ds.items])

@@ -45,7 +45,7 @@ HEADLINE = {"pose": "AP", "seg": "mIoU", "pointmap": "l2", "normal": "mean_angle
 
 
 @dataclasses.dataclass
-class ProbeResult:
+class ProbeRunResult:
     metrics: dict[str, dict[str, float]]  # task -> metric -> value
     output_dir: str
     lineage: Lineage
@@ -165,7 +165,7 @@ def _fit(cfg: ProbeConfig, spec: dict, out: Path) -> dict[str, dict[str, float]]
     return {t: metrics[t] for t in cfg.tasks}
 
 
-def run_probes(cfg: ProbeConfig) -> ProbeResult:
+def run_probes(cfg: ProbeConfig) -> ProbeRunResult:
     """Probe ``cfg.backbone`` on ``cfg.tasks``; see the module docstring."""
     cfg.validate()
     out = Path(cfg.output_dir).expanduser().resolve()
@@ -178,7 +178,7 @@ def run_probes(cfg: ProbeConfig) -> ProbeResult:
     data = resolve_data(cfg, out)
     check_inputs(cfg, data)
     spec = worker_spec(cfg, data, lineage, out)
-    result = ProbeResult(metrics={}, output_dir=str(out), lineage=lineage)
+    result = ProbeRunResult(metrics={}, output_dir=str(out), lineage=lineage)
     if uri is None:
         result.metrics = _fit(cfg, spec, out)
         _write_results(out, result)
@@ -247,7 +247,7 @@ def _split_digest(paths: SplitPaths) -> str:
     return hashlib.sha256(parts.encode()).hexdigest()[:16]
 
 
-def _write_results(out: Path, result: ProbeResult) -> Path:
+def _write_results(out: Path, result: ProbeRunResult) -> Path:
     path = out / "results.json"
     mlflow_ids = {"parent_run_id": result.parent_run_id, "child_run_ids": result.child_run_ids}
     path.write_text(

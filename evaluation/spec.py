@@ -7,19 +7,19 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from evaluation.config import KnnSettings, PoseSettings, ProbeConfig, SegSettings, SplitPaths, TaskSettings
+from evaluation.config import KnnConfig, ProbeConfig, ProbePoseConfig, ProbeSegConfig, ProbeTaskConfig, SplitPaths
 from evaluation.io import path_digest
 from evaluation.lineage import Lineage
 from evaluation.tasks import TaskData
 from infra.config import config_to_dict, from_dict
 
 SETTINGS_CLASSES = {
-    "pose": PoseSettings,
-    "seg": SegSettings,
-    "pointmap": TaskSettings,
-    "normal": TaskSettings,
-    "albedo": TaskSettings,
-    "knn": KnnSettings,
+    "pose": ProbePoseConfig,
+    "seg": ProbeSegConfig,
+    "pointmap": ProbeTaskConfig,
+    "normal": ProbeTaskConfig,
+    "albedo": ProbeTaskConfig,
+    "knn": KnnConfig,
 }
 
 
@@ -56,7 +56,7 @@ def worker_spec(cfg: ProbeConfig, data: dict[str, TaskData], lineage: Lineage, o
     }
 
 
-def settings_from_spec(item: dict) -> tuple[TaskSettings, TaskData]:
+def settings_from_spec(item: dict) -> tuple[ProbeTaskConfig, TaskData]:
     settings = from_dict(SETTINGS_CLASSES[item["name"]], item["settings"])
     d = item["data"]
     return settings, TaskData(

@@ -13,9 +13,9 @@ import json
 from pathlib import Path
 
 from evaluation.config import ProbeConfig
-from evaluation.io import sha256_file
 from evaluation.run import run_probes
 from infra.config import config_digest, config_to_dict
+from infra.digests import sha256_file
 from infra.stage import Stage, StageResult, stage_digest
 
 RESULTS_FILE = "results.json"  # written by evaluation.run

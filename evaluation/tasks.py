@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import evaluation.visualize as viz
-from evaluation.config import KnnSettings, PoseSettings, SegSettings, SplitPaths, TaskSettings
+from evaluation.config import KnnConfig, ProbePoseConfig, ProbeSegConfig, ProbeTaskConfig, SplitPaths
 from evaluation.datasets import (
     CocoKeypointDataset,
     DenseMapDataset,
@@ -71,7 +71,7 @@ class Evaluator:
 class PoseTask:
     name = "pose"
 
-    def datasets(self, s: PoseSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
+    def datasets(self, s: ProbePoseConfig, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
         kw = dict(
             image_size=tuple(s.image_size),
             heatmap_sigma=s.heatmap_sigma,
@@ -91,15 +91,15 @@ class PoseTask:
             raise ValueError(f"pose: train has {train.coco.num_keypoints} keypoints, val {val.coco.num_keypoints}")
         return train, val
 
-    def head(self, in_dim: int, s: PoseSettings, stride: int, train: CocoKeypointDataset) -> nn.Module:
+    def head(self, in_dim: int, s: ProbePoseConfig, stride: int, train: CocoKeypointDataset) -> nn.Module:
         return build_task_head(
             "pose", in_dim, num_keypoints=train.coco.num_keypoints, hidden_dim=s.head_hidden_dim, upsample=stride // 4
         )
 
-    def loss(self, s: PoseSettings, train: CocoKeypointDataset) -> LossFn:
+    def loss(self, s: ProbePoseConfig, train: CocoKeypointDataset) -> LossFn:
         return lambda out, batch: heatmap_loss(out["heatmaps"], batch["heatmaps"], batch["weights"])
 
-    def evaluator(self, s: PoseSettings, val: CocoKeypointDataset) -> Evaluator:
+    def evaluator(self, s: ProbePoseConfig, val: CocoKeypointDataset) -> Evaluator:
         return PoseEvaluator(val, s.num_visuals, truncated=bool(s.max_val_samples))
 
 
@@ -160,7 +160,7 @@ class PoseEvaluator(Evaluator):
 class SegTask:
     name = "seg"
 
-    def datasets(self, s: SegSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
+    def datasets(self, s: ProbeSegConfig, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
         kw = dict(
             image_size=tuple(s.image_size),
             num_classes=data.num_classes,
@@ -172,12 +172,12 @@ class SegTask:
             SegmentationDataset(data.val.images, data.val.labels, max_samples=s.max_val_samples, **kw),
         )
 
-    def head(self, in_dim: int, s: SegSettings, stride: int, train: SegmentationDataset) -> nn.Module:
+    def head(self, in_dim: int, s: ProbeSegConfig, stride: int, train: SegmentationDataset) -> nn.Module:
         return build_task_head(
             "seg", in_dim, num_classes=train.num_classes, hidden_dim=s.head_hidden_dim, upsample=stride // 4
         )
 
-    def loss(self, s: SegSettings, train: SegmentationDataset) -> LossFn:
+    def loss(self, s: ProbeSegConfig, train: SegmentationDataset) -> LossFn:
         if s.class_weights:
             if len(s.class_weights) != train.num_classes:
                 raise ValueError(
@@ -200,7 +200,7 @@ class SegTask:
 
         return loss
 
-    def evaluator(self, s: SegSettings, val: SegmentationDataset) -> Evaluator:
+    def evaluator(self, s: ProbeSegConfig, val: SegmentationDataset) -> Evaluator:
         return SegEvaluator(val, s.num_visuals, s.ignore_index)
 
 
@@ -254,7 +254,7 @@ class DenseTask:
     def __init__(self, kind: str) -> None:
         self.name = kind
 
-    def datasets(self, s: TaskSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
+    def datasets(self, s: ProbeTaskConfig, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
         kw = dict(image_size=tuple(s.image_size), kind=self.name)
         return (
             DenseMapDataset(
@@ -265,13 +265,13 @@ class DenseTask:
             ),
         )
 
-    def head(self, in_dim: int, s: TaskSettings, stride: int, train: DenseMapDataset) -> nn.Module:
+    def head(self, in_dim: int, s: ProbeTaskConfig, stride: int, train: DenseMapDataset) -> nn.Module:
         return build_task_head(self.name, in_dim, hidden_dim=s.head_hidden_dim, upsample=stride)
 
-    def loss(self, s: TaskSettings, train: DenseMapDataset) -> LossFn:
+    def loss(self, s: ProbeTaskConfig, train: DenseMapDataset) -> LossFn:
         return _DENSE_LOSS[self.name]
 
-    def evaluator(self, s: TaskSettings, val: DenseMapDataset) -> Evaluator:
+    def evaluator(self, s: ProbeTaskConfig, val: DenseMapDataset) -> Evaluator:
         return DenseEvaluator(self.name, val, s.num_visuals)
 
 
@@ -322,7 +322,7 @@ class KnnTask:
 
     name = "knn"
 
-    def datasets(self, s: KnnSettings, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
+    def datasets(self, s: KnnConfig, data: TaskData) -> tuple[ProbeDataset, ProbeDataset]:
         train = LabeledImageDataset(
             data.train.images,
             data.train.labels or None,

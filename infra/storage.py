@@ -8,9 +8,12 @@ half-written file, and ``remove_temp_files`` clears what a killed job left behin
 
 from __future__ import annotations
 
+import io
 import os
 import posixpath
+import tarfile
 import uuid
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -28,6 +31,13 @@ def resolve(uri: str) -> tuple[pafs.FileSystem, str]:
 
 def is_local(fs: pafs.FileSystem) -> bool:
     return isinstance(fs, pafs.LocalFileSystem)
+
+
+def local_path(path: str, place: Callable[[Path], Path] = Path.resolve) -> str:
+    """A config's path setting made absolute for workers that run elsewhere: ``~`` expanded, then
+    ``place`` (``Path.resolve``: links resolved; ``Path.absolute``: kept as given). "" (unset) and
+    URIs with a scheme (``s3://``, ``file://``) are returned as they are."""
+    return path if not path or "://" in path else str(place(Path(path).expanduser()))
 
 
 def join(base: str, *parts: str) -> str:
@@ -138,3 +148,16 @@ def write_parquet(fs: pafs.FileSystem, path: str, table, *, stored: tuple[str, .
     statistics = [c for c in table.column_names if c not in stored] if stored else True
     with atomic_output(fs, path) as out:
         pq.write_table(table, out, compression=compression, write_statistics=statistics)
+
+
+def write_tar_members(fs: pafs.FileSystem, path: str, members: Iterable[tuple[str, bytes]]) -> None:
+    """A tar (GNU format) of ``(name, bytes)`` members in the order given, written atomically. Every
+    member has the same metadata (mtime 0, mode 0644, uid/gid 0, no owner names), so the same
+    members give the same bytes on any machine."""
+    with atomic_output(fs, path) as out, tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data), 0, 0o644
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            tar.addfile(info, io.BytesIO(data))

@@ -14,7 +14,6 @@ import dataclasses
 import json
 import logging
 import os
-import posixpath
 import threading
 import time
 from pathlib import Path
@@ -164,10 +163,6 @@ def find_run(experiment_id: str, tags: dict[str, str]) -> str | None:
         output_format="list",
     )
     return runs[0].info.run_id if runs else None
-
-
-def artifact_path_join(*parts: str) -> str:
-    return posixpath.join(*parts)
 
 
 # ---- runs of the model stages: parent/child records, step metrics, run status ------------------

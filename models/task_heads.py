@@ -80,7 +80,7 @@ class PixelShuffleUpsampler(nn.Module):
         return self.out(self.body(_as_map(features)))
 
 
-class PoseHeatmapHead(nn.Module):
+class LightPoseHeatmapHead(nn.Module):
     def __init__(self, in_dim: int, *, num_keypoints: int = 308, upsample: int = 4, hidden_dim: int = 256) -> None:
         super().__init__()
         if num_keypoints < 1:
@@ -102,7 +102,7 @@ class SegmentationHead(nn.Module):
         return {"logits": self.decoder(features)}
 
 
-class NormalHead(nn.Module):
+class LightNormalHead(nn.Module):
     def __init__(self, in_dim: int, *, upsample: int = 16, hidden_dim: int = 256) -> None:
         super().__init__()
         self.decoder = PixelShuffleUpsampler(in_dim, 3, hidden_dim=hidden_dim, upsample=upsample)
@@ -111,7 +111,7 @@ class NormalHead(nn.Module):
         return {"normal": F.normalize(self.decoder(features), dim=1, eps=1e-6)}
 
 
-class AlbedoHead(nn.Module):
+class LightAlbedoHead(nn.Module):
     def __init__(self, in_dim: int, *, upsample: int = 16, hidden_dim: int = 256) -> None:
         super().__init__()
         self.decoder = PixelShuffleUpsampler(in_dim, 3, hidden_dim=hidden_dim, upsample=upsample)
@@ -129,7 +129,7 @@ class DepthHead(nn.Module):
         return {"depth": F.softplus(self.decoder(features)) + 1e-6}
 
 
-class PointmapHead(nn.Module):
+class LightPointmapHead(nn.Module):
     """Per-pixel focal-normalised XYZ plus one positive scale per image (from pooled features)."""
 
     def __init__(self, in_dim: int, *, upsample: int = 16, hidden_dim: int = 256) -> None:
@@ -144,11 +144,11 @@ class PointmapHead(nn.Module):
 
 
 TASK_HEADS: dict[str, type[nn.Module]] = {
-    "pose": PoseHeatmapHead,
+    "pose": LightPoseHeatmapHead,
     "seg": SegmentationHead,
-    "pointmap": PointmapHead,
-    "normal": NormalHead,
-    "albedo": AlbedoHead,
+    "pointmap": LightPointmapHead,
+    "normal": LightNormalHead,
+    "albedo": LightAlbedoHead,
     "depth": DepthHead,
 }
 

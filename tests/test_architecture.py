@@ -12,6 +12,9 @@ Library code is every module under the packages in ``FLOORS`` (``pipelines/`` in
    ``test_layout_names_are_spelled_only_in_curation_output`` for what counts as spelling it).
 4. Functions are short: none over ``MAX_FUNCTION_LINES`` statement lines unless ``LONG_FUNCTIONS`` names
    it with a reason, and the median function is at most ``MAX_MEDIAN_FUNCTION_LINES`` lines.
+5. One class per name: no two library classes share a name (``SHARED_CLASS_NAMES`` lists the ones
+   another branch is fixing, each with where), and a settings class is a ``*Config``: no library
+   class name ends in ``Settings``.
 
 What counts as an import: every ``import`` / ``from ... import`` statement anywhere in a module,
 inside functions and ``if`` blocks included (a function-level import still ties the two modules
@@ -60,6 +63,9 @@ MAX_MEDIAN_FUNCTION_LINES = 8
 # "module:qualname" -> why it may stay longer than MAX_FUNCTION_LINES. Empty until the lead
 # decides on exceptions; an entry that is gone or short again fails the test (no stale excuses).
 LONG_FUNCTIONS: dict[str, str] = {}
+# class name -> why two library classes may still share it. Only for duplicates another branch
+# removes; an entry whose name is no longer shared fails the test (no stale excuses).
+SHARED_CLASS_NAMES: dict[str, str] = {}
 
 
 # ---- reading the sources ----------------------------------------------------------------------
@@ -424,6 +430,47 @@ def test_functions_are_short(modules):
     )
 
 
+# ---- 5. one class per name --------------------------------------------------------------------
+
+
+def class_definitions(modules: dict[str, Module]) -> dict[str, list[str]]:
+    """class name -> every "path:line" defining a class of that name (nested classes included)."""
+    found: dict[str, list[str]] = {}
+    for module in modules.values():
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(f"{module.rel}:{node.lineno}")
+    return {name: sorted(places) for name, places in found.items()}
+
+
+def shared_class_names(modules: dict[str, Module]) -> dict[str, list[str]]:
+    return {name: places for name, places in class_definitions(modules).items() if len(places) > 1}
+
+
+def test_no_two_library_classes_share_a_name(modules):
+    shared = shared_class_names(modules)
+    problems = [
+        f"{name}: {', '.join(places)}" for name, places in sorted(shared.items()) if name not in SHARED_CLASS_NAMES
+    ]
+    stale = [name for name in SHARED_CLASS_NAMES if name not in shared]
+    assert not problems, (
+        f"{len(problems)} class names defined more than once in library code (keep one where they are "
+        "the same concept; name each for what it is where they differ):\n  " + "\n  ".join(problems)
+    )
+    assert not stale, "SHARED_CLASS_NAMES names classes that are unique now: " + ", ".join(stale)
+
+
+def test_settings_classes_are_named_config(modules):
+    named_settings = [
+        f"{name}: {', '.join(places)}"
+        for name, places in sorted(class_definitions(modules).items())
+        if name.endswith("Settings")
+    ]
+    assert not named_settings, "settings classes are named *Config (one suffix for one concept):\n  " + "\n  ".join(
+        named_settings
+    )
+
+
 # ---- the checks themselves, on a made-up project -----------------------------------------------
 
 
@@ -519,3 +566,17 @@ def test_function_lengths_count_methods_and_nested_functions(tmp_path):
 def test_function_lengths_do_not_count_a_wrapped_call_twice(tmp_path):
     found = _write(tmp_path, {"training/z.py": "def f(a):\n    return g(\n        a,\n        a,\n    )\n"})
     assert function_lengths(found) == {"training.z:f": (2, "training/z.py:1")}
+
+
+def test_shared_class_names_are_found_across_packages_and_nesting(tmp_path):
+    found = _write(
+        tmp_path,
+        {
+            "models/a.py": "class Head:\n    pass\nclass Only:\n    class Inner:\n        pass\n",
+            "evaluation/b.py": "def f():\n    class Head:\n        pass\nclass Inner:\n    pass\n",
+        },
+    )
+    assert shared_class_names(found) == {
+        "Head": ["evaluation/b.py:2", "models/a.py:1"],
+        "Inner": ["evaluation/b.py:4", "models/a.py:4"],
+    }

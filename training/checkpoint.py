@@ -13,7 +13,6 @@ Exports are official-layout ``.safetensors`` of the student and teacher backbone
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from infra.digests import sha256_file
 
 TRAIN_STATE = "train_state.json"
 DATA_DIR = "data"
@@ -96,11 +97,3 @@ def export_backbone(module: nn.Module, path: str | Path, *, rank: int, metadata:
     tmp.chmod(0o644)  # probing jobs of other users read it
     tmp.replace(path)
     return sha256_file(path)
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

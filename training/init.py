@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from infra.digests import sha256_file
 from models.io import StateDictMismatchError, weight_shapes
 from models.registry import (
     BackboneConfig,
@@ -37,7 +38,6 @@ from models.registry import (
     family_of,
     get_config,
 )
-from training.checkpoint import sha256_file
 from training.config import TrainConfig
 
 RESUME_OPTIONAL = ("init.backbone", "init.heads")  # read by a new run only

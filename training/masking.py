@@ -19,7 +19,7 @@ import numpy as np
 
 
 @dataclass(frozen=True)
-class Block:
+class MaskBlock:
     top: int
     left: int
     height: int
@@ -64,10 +64,10 @@ class MaskGenerator:
         mask[rng.permutation(self.num_patches)[: self.num_masked]] = True
         return mask
 
-    def block_mask(self, rng: np.random.Generator) -> tuple[np.ndarray, list[Block]]:
+    def block_mask(self, rng: np.random.Generator) -> tuple[np.ndarray, list[MaskBlock]]:
         """The mask and the rectangles it was built from (before the random top-up)."""
         grid = np.zeros((self.h, self.w), dtype=bool)
-        blocks: list[Block] = []
+        blocks: list[MaskBlock] = []
         count = 0
         while count < self.num_masked:
             block = self._place_block(rng, grid, self.num_masked - count)
@@ -82,7 +82,7 @@ class MaskGenerator:
             mask[rng.choice(free, self.num_masked - count, replace=False)] = True
         return mask, blocks
 
-    def _place_block(self, rng: np.random.Generator, grid: np.ndarray, budget: int) -> Block | None:
+    def _place_block(self, rng: np.random.Generator, grid: np.ndarray, budget: int) -> MaskBlock | None:
         # BEiT's rule: a block may overlap earlier ones, but only if the cells it adds
         # stay within the remaining budget.
         for _ in range(self.max_attempts):
@@ -102,5 +102,5 @@ class MaskGenerator:
             left = int(rng.integers(0, self.w - width + 1))
             new = height * width - int(grid[top : top + height, left : left + width].sum())
             if 0 < new <= budget:
-                return Block(top, left, height, width)
+                return MaskBlock(top, left, height, width)
         return None

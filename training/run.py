@@ -25,7 +25,6 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from curation.output import DatasetVersion, resolve_dataset
 from infra import storage
@@ -119,18 +118,17 @@ class TrainingResult:
 def absolutize(cfg: TrainConfig) -> TrainConfig:
     """Local paths made absolute: storage, a dataset folder, the weight files."""
 
-    def local(path: str) -> str:
-        return path if not path or "://" in path else str(Path(path).expanduser().resolve())
-
     dataset = cfg.data.dataset
     if dataset and ("/" in dataset or dataset.startswith(".")) and "://" not in dataset:
-        dataset = local(dataset)
+        dataset = storage.local_path(dataset)
     cfg = dataclasses.replace(
-        cfg, storage_path=local(cfg.storage_path), data=dataclasses.replace(cfg.data, dataset=dataset)
+        cfg, storage_path=storage.local_path(cfg.storage_path), data=dataclasses.replace(cfg.data, dataset=dataset)
     )
     for setting, path in cfg.weight_files().items():
         section, key = setting.split(".")
-        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{key: local(path)})})
+        cfg = dataclasses.replace(
+            cfg, **{section: dataclasses.replace(getattr(cfg, section), **{key: storage.local_path(path)})}
+        )
     return cfg
 
 

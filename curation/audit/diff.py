@@ -50,7 +50,7 @@ NARROW = ["key", "sha256", "status", "reason"]
 
 
 @dataclasses.dataclass(frozen=True)
-class Change:
+class ImageChange:
     """One image that was kept on one side only, with the other side's verdict."""
 
     key: str
@@ -75,7 +75,7 @@ class ChangeGroup:
     count: int
     explained_by: list[str]  # the changed settings that own the reason, sorted
     keys: list[str]  # the first SUMMARY_KEYS, by key
-    sample: list[Change]  # the gallery's: smallest SHA-1 of the key first
+    sample: list[ImageChange]  # the gallery's: smallest SHA-1 of the key first
 
     @property
     def explanation(self) -> str:
@@ -87,7 +87,7 @@ class OneSided:
     """The images kept on one side only: how many, the first TABLE_LIMIT by key, and by verdict."""
 
     total: int
-    listed: list[Change]
+    listed: list[ImageChange]
     groups: list[ChangeGroup]  # the largest first
 
 
@@ -104,12 +104,12 @@ class VersionDiff:
     tallies: tuple[counts.Tally, counts.Tally]  # A's and B's counts
 
     @property
-    def removed(self) -> list[Change]:
+    def removed(self) -> list[ImageChange]:
         """The first TABLE_LIMIT removed images by key (``removals.total`` in all)."""
         return self.removals.listed
 
     @property
-    def added(self) -> list[Change]:
+    def added(self) -> list[ImageChange]:
         return self.additions.listed
 
     @property
@@ -303,8 +303,8 @@ def one_sided(ch: Changes, kept_by: AuditedVersion, explain: Explainer) -> OneSi
     wanted = {k for k, _, _ in ch.listed.values()} | {k for g in ch.groups.values() for k in g["sample"].values()}
     rows = rows_of(kept_by, wanted)
 
-    def change(key: str, status: str, reason: str | None) -> Change:
-        return Change(key, rows[key], status, reason, *explain(status, reason))
+    def change(key: str, status: str, reason: str | None) -> ImageChange:
+        return ImageChange(key, rows[key], status, reason, *explain(status, reason))
 
     groups = []
     for (status, reason), g in ch.groups.items():

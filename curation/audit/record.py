@@ -14,6 +14,10 @@ import shlex
 
 AUDIT_DIR = "audit"
 EXPLORE_TAG = "audit.explore"
+# The ``humanvision.stage`` tag of the run that produced a dataset version: the DAG stage's name,
+# ``curate``. Runs recorded before the tag took the stage's name say ``curation``; they are read
+# as producers too until the next release, then that value goes.
+PRODUCING_STAGES = ("curate", "curation")
 
 
 def explore_command(uri: str, python: str = "python") -> str:
@@ -72,5 +76,5 @@ def runs_of_version(tracking_uri: str, dataset_id: str) -> tuple[list[RunRef], l
             stage,
             run.info.status,
         )
-        (produced if stage == "curation" else used).append(ref)
+        (produced if stage in PRODUCING_STAGES else used).append(ref)
     return produced, used

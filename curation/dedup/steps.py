@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation import output, schema
-from curation.config import DedupSettings
+from curation.config import DedupConfig
 from curation.dedup import DECISION_SCHEMA, rank_columns
 from curation.dedup.components import QUALITY_COLUMNS
 from curation.dedup.decisions import (
@@ -69,7 +69,7 @@ class DedupContext:
     eval_set: EvalSet | None = None  # dedup.decontaminate: the evaluation images, hashed (curation.eval_set)
 
     @classmethod
-    def open(cls, settings: DedupSettings, near: NearDupConfig | bool | None) -> DedupContext:
+    def open(cls, settings: DedupConfig, near: NearDupConfig | bool | None) -> DedupContext:
         """``near``: the near-dedup settings when that step runs (True: the defaults), else None/False."""
         ctx = cls(engine=settings.engine, against=settings.against)
         if settings.against:
@@ -102,12 +102,12 @@ def earlier_index(earlier: EarlierVersion, cfg: NearDupConfig) -> PartitionedNea
 class DedupStep(Step):
     """A global step: decisions (``DECISION_SCHEMA``) for the rows no earlier dedup step dropped."""
 
-    group = DedupSettings
+    group = DedupConfig
     prefers: ClassVar[tuple[str, ...]] = QUALITY_COLUMNS  # the representative rule reads them when written
 
-    def __init__(self, cfg: Any, settings: DedupSettings | None = None) -> None:
+    def __init__(self, cfg: Any, settings: DedupConfig | None = None) -> None:
         super().__init__(cfg)
-        self.dedup = settings or DedupSettings()
+        self.dedup = settings or DedupConfig()
 
     @classmethod
     def from_config(cls, job) -> DedupStep:

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 import evaluation.annotate.layout as layout
-from evaluation.annotate.config import ActorSettings, TasksConfig
+from evaluation.annotate.config import ActorPoolConfig, TasksConfig
 from evaluation.annotate.models import ModelInfo, Runner, load_runner
 from evaluation.annotate.shards import (
     BAD_METADATA,
@@ -142,7 +142,7 @@ def person_boxes(record: Record) -> tuple[list[list[float]], list[float]]:
 class Annotator:
     """Every enabled task's model, loaded once; ``annotate(records)`` -> rows (see the module doc)."""
 
-    def __init__(self, infos: dict[str, ModelInfo], tasks: TasksConfig, actors: ActorSettings, device: str) -> None:
+    def __init__(self, infos: dict[str, ModelInfo], tasks: TasksConfig, actors: ActorPoolConfig, device: str) -> None:
         import cv2
         import torch
 

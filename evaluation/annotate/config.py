@@ -40,7 +40,7 @@ pointmap's depth float16; v1 depth as the pointmap)."""
 
 
 @dataclasses.dataclass(kw_only=True)
-class TaskSettings:
+class AnnotateTaskConfig:
     """One task's model: a checkpoint file ("" = the task is off), optionally its ONNX graph."""
 
     checkpoint: str = ""
@@ -56,7 +56,7 @@ class TaskSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class PoseSettings(TaskSettings):
+class AnnotatePoseConfig(AnnotateTaskConfig):
     """Pose runs on the person boxes of a sample that the released demo would keep: scoring above
     ``min_box_score``, then greedy non-maximum suppression (a box overlapping a better kept one
     by an IoU above ``nms_iou`` is dropped; 1 keeps all); when none is left, on the whole image
@@ -72,23 +72,23 @@ class PoseSettings(TaskSettings):
 
 @dataclasses.dataclass(kw_only=True)
 class TasksConfig:
-    pose: PoseSettings = field(default_factory=PoseSettings)
-    seg: TaskSettings = field(default_factory=TaskSettings)
-    normal: TaskSettings = field(default_factory=TaskSettings)
-    pointmap: TaskSettings = field(default_factory=TaskSettings)
-    depth: TaskSettings = field(default_factory=TaskSettings)
-    albedo: TaskSettings = field(default_factory=TaskSettings)
+    pose: AnnotatePoseConfig = field(default_factory=AnnotatePoseConfig)
+    seg: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
+    normal: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
+    pointmap: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
+    depth: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
+    albedo: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
 
     def enabled(self) -> list[str]:
         """The tasks that run, in ``TASKS`` order."""
         return [t for t in TASKS if getattr(self, t).enabled]
 
-    def of(self, task: str) -> TaskSettings:
+    def of(self, task: str) -> AnnotateTaskConfig:
         return getattr(self, task)
 
 
 @dataclasses.dataclass(kw_only=True)
-class ActorSettings(Placement):
+class ActorPoolConfig(Placement):
     """The actor pool the models run in (``curation.filters.model.Placement``'s keys, plus the
     precision). ``batch_size``: model inputs per forward (pose: person crops)."""
 
@@ -98,7 +98,7 @@ class ActorSettings(Placement):
 
 
 @dataclasses.dataclass(kw_only=True)
-class DataSettings:
+class AnnotateDataConfig:
     """``dataset``: a dataset version id, a dataset name (its latest version) or a curation output
     folder, as pretraining's ``data.dataset``; ids and names are looked up in ``tracking_uri``
     (default: this job's ``tracking.uri``)."""
@@ -108,7 +108,7 @@ class DataSettings:
 
 
 @dataclasses.dataclass(kw_only=True)
-class GallerySettings:
+class GalleryConfig:
     samples: int = 12  # samples drawn in the gallery page (deterministic: by key hash); 0 = no page
 
 
@@ -117,10 +117,10 @@ class AnnotateConfig:
     name: str = "annotate"
     output_dir: str = "runs/annotations"
     max_error_share: float = 0.05  # of the samples, missing or in error; more fails the job (after writing)
-    data: DataSettings = field(default_factory=DataSettings)
+    data: AnnotateDataConfig = field(default_factory=AnnotateDataConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
-    actors: ActorSettings = field(default_factory=ActorSettings)
-    gallery: GallerySettings = field(default_factory=GallerySettings)
+    actors: ActorPoolConfig = field(default_factory=ActorPoolConfig)
+    gallery: GalleryConfig = field(default_factory=GalleryConfig)
     ray: RayConfig = ray_section(progress_bars="off")
     tracking: TrackingConfig = tracking_section("annotate")
 

@@ -142,24 +142,22 @@ def annotation_version_id(dataset_id: str, cfg: AnnotateConfig, infos: dict[str,
 # ---- 1. prepare ------------------------------------------------------------------------------------
 
 
-def _local(path: str) -> str:
-    return path if not path or "://" in path else str(Path(path).expanduser().resolve())
-
-
 def absolutize(cfg: AnnotateConfig) -> AnnotateConfig:
     """Local paths (output, dataset folder, checkpoints, graphs) taken from the driver's working directory."""
     tasks = {
         t: dataclasses.replace(
-            cfg.tasks.of(t), checkpoint=_local(cfg.tasks.of(t).checkpoint), onnx=_local(cfg.tasks.of(t).onnx)
+            cfg.tasks.of(t),
+            checkpoint=storage.local_path(cfg.tasks.of(t).checkpoint),
+            onnx=storage.local_path(cfg.tasks.of(t).onnx),
         )
         for t in TASKS
     }
     dataset = cfg.data.dataset
     if "/" in dataset and "://" not in dataset:
-        dataset = _local(dataset)
+        dataset = storage.local_path(dataset)
     return dataclasses.replace(
         cfg,
-        output_dir=_local(cfg.output_dir),
+        output_dir=storage.local_path(cfg.output_dir),
         data=dataclasses.replace(cfg.data, dataset=dataset),
         tasks=dataclasses.replace(cfg.tasks, **tasks),
     )

@@ -19,12 +19,11 @@ error that says so, rather than running the graph on the CPU.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import time
 from pathlib import Path
 
-from evaluation.annotate.config import TaskSettings
+from evaluation.annotate.config import AnnotateTaskConfig
+from infra.digests import sha256_file
 
 RELEASED, PLATFORM = "released", "platform"
 
@@ -52,21 +51,6 @@ class ModelInfo:
         return {"checkpoint_sha256": self.sha256, **({"onnx_sha256": self.onnx_sha256} if self.onnx else {})}
 
 
-@functools.lru_cache(maxsize=32)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def file_sha256(path: str | Path) -> str:
-    """A file's sha256 (cached per path, size and modification time)."""
-    st = Path(path).stat()
-    return _sha256(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-
-
 def _existing(path: str, setting: str) -> str:
     p = Path(path).expanduser()
     if not p.is_file():
@@ -74,7 +58,7 @@ def _existing(path: str, setting: str) -> str:
     return str(p.resolve())
 
 
-def _released(task: str, path: str, s: TaskSettings) -> dict:
+def _released(task: str, path: str, s: AnnotateTaskConfig) -> dict:
     from models.task_models import check_task_weights_file, get_task_spec, infer_task_model
 
     spec = get_task_spec(s.model) if s.model else infer_task_model(path)
@@ -88,7 +72,7 @@ def _released(task: str, path: str, s: TaskSettings) -> dict:
     )
 
 
-def _platform(task: str, path: str, s: TaskSettings) -> dict:
+def _platform(task: str, path: str, s: AnnotateTaskConfig) -> dict:
     from models.registry import family_of
     from models.task_checkpoints import PLATFORM_OUTPUTS, file_metadata
 
@@ -113,7 +97,7 @@ def _platform(task: str, path: str, s: TaskSettings) -> dict:
     )
 
 
-def describe(task: str, s: TaskSettings) -> ModelInfo:
+def describe(task: str, s: AnnotateTaskConfig) -> ModelInfo:
     """What ``tasks.<task>`` runs, from the files' headers; a ``ValueError`` naming the setting
     when a file is missing or holds something else."""
     from models.io import weight_shapes
@@ -123,11 +107,11 @@ def describe(task: str, s: TaskSettings) -> ModelInfo:
     path = _existing(s.checkpoint, f"tasks.{task}.checkpoint")
     platform = any(k.startswith(PLATFORM_HEAD_KEY) for k in weight_shapes(path))
     fields = (_platform if platform else _released)(task, path, s)
-    info = ModelInfo(task=task, checkpoint=path, sha256=file_sha256(path), feature_block=s.feature_block, **fields)
+    info = ModelInfo(task=task, checkpoint=path, sha256=sha256_file(path), feature_block=s.feature_block, **fields)
     if s.onnx:
         onnx = _existing(s.onnx, f"tasks.{task}.onnx")
         check_onnx(onnx, info, f"tasks.{task}.onnx")
-        info = dataclasses.replace(info, onnx=onnx, onnx_sha256=file_sha256(onnx), onnx_precision=graph_precision(onnx))
+        info = dataclasses.replace(info, onnx=onnx, onnx_sha256=sha256_file(onnx), onnx_precision=graph_precision(onnx))
     return info
 
 

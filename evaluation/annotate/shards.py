@@ -20,7 +20,6 @@ sample by sample.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import tarfile
 
@@ -122,14 +121,6 @@ def read_shard(shard: SourceShard) -> list[Record]:
 # ---- writing ------------------------------------------------------------------------------------
 
 
-def _add_member(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode = len(data), 0, 0o644
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
-
-
 def sample_json(row: dict, members: dict[str, str]) -> bytes:
     """A sample's ``<key>.json``: its columns other than the tar's own members, nulls left out."""
     doc = {k: v for k, v in row.items() if k not in members and v is not None}
@@ -138,15 +129,17 @@ def sample_json(row: dict, members: dict[str, str]) -> bytes:
 
 def write_tar(fs, path: str, rows: list[dict], members: dict[str, str]) -> None:
     """``<key>.json`` then each map member (``members``: column -> extension) of every row."""
-    with storage.atomic_output(fs, path) as out:
-        with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
-            for row in rows:
-                if row["status"] == MISSING:  # not in the source tar either
-                    continue
-                _add_member(tar, f"{row['key']}.json", sample_json(row, members))
-                for column, ext in members.items():
-                    if row.get(column) is not None:
-                        _add_member(tar, f"{row['key']}.{ext}", row[column])
+    storage.write_tar_members(fs, path, _annotation_members(rows, members))
+
+
+def _annotation_members(rows: list[dict], members: dict[str, str]):
+    for row in rows:
+        if row["status"] == MISSING:  # not in the source tar either
+            continue
+        yield f"{row['key']}.json", sample_json(row, members)
+        for column, ext in members.items():
+            if row.get(column) is not None:
+                yield f"{row['key']}.{ext}", row[column]
 
 
 def write_shard(fs, tar: str, table_file: str, rows: list[dict], schema: pa.Schema, members: dict[str, str]) -> None:

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from evaluation.annotate.config import MAP_DTYPES, PoseSettings, TaskSettings
+from evaluation.annotate.config import MAP_DTYPES, AnnotatePoseConfig, AnnotateTaskConfig
 from evaluation.annotate.models import PLATFORM, ModelInfo, Runner
 
 
@@ -89,7 +89,7 @@ class Predictor:
     fields: ClassVar[list[pa.Field]]
     members: ClassVar[dict[str, str]] = {}  # binary column -> tar member extension
 
-    def __init__(self, info: ModelInfo, settings: TaskSettings) -> None:
+    def __init__(self, info: ModelInfo, settings: AnnotateTaskConfig) -> None:
         self.info, self.settings = info, settings
         self.v1 = info.family == "sapiens1" and info.layout != PLATFORM  # released v1 heads' own code
         self.map_dtype = settings.map_dtype or MAP_DTYPES.get(self.task, "")
@@ -121,7 +121,7 @@ class PosePredictor(Predictor):
         pa.field("pose_keypoint_scores", pa.list_(pa.list_(pa.float32()))),  # P x K heatmap maxima
     ]
 
-    def __init__(self, info: ModelInfo, settings: PoseSettings) -> None:
+    def __init__(self, info: ModelInfo, settings: AnnotatePoseConfig) -> None:
         super().__init__(info, settings)
         self.flip_indices = None
         if settings.flip_test:
@@ -139,7 +139,7 @@ class PosePredictor(Predictor):
         (score 0: no detector scored it) when no box is kept and ``whole_image`` is on."""
         from models.sapiens_processing import select_people, whole_image_box
 
-        cfg: PoseSettings = self.settings
+        cfg: AnnotatePoseConfig = self.settings
         found = [(b, sc) for b, sc in zip(s.boxes, s.box_scores) if b[2] > b[0] and b[3] > b[1]]
         kept = select_people(
             np.asarray([b for b, _ in found], np.float32).reshape(-1, 4),

@@ -25,7 +25,7 @@ import torch
 
 from evaluation.datasets import to_tensor
 from evaluation.depth import BACKGROUND, relative_depth_target
-from evaluation.finetune.config import AugmentSettings
+from evaluation.finetune.config import AugmentConfig
 from evaluation.heatmaps import apply_affine, box_to_affine, encode_heatmaps
 from evaluation.io import IMAGE_SUFFIXES, read_rgb
 
@@ -68,7 +68,7 @@ class Backgrounds:
 
 
 def crop_transform(
-    rng: np.random.Generator, aug: AugmentSettings, hw: tuple[int, int]
+    rng: np.random.Generator, aug: AugmentConfig, hw: tuple[int, int]
 ) -> tuple[np.ndarray, float, float, bool]:
     """(3x3 matrix, angle in radians, scale, flipped): flip, scale and rotate about the centre of an (H, W) image."""
     s = float(rng.uniform(*aug.scale))
@@ -90,7 +90,7 @@ def warp(arr: np.ndarray, M: np.ndarray, hw: tuple[int, int], *, nearest: bool, 
     return out[..., None] if arr.ndim == 3 and out.ndim == 2 else out
 
 
-def photometric(rgb: np.ndarray, rng: np.random.Generator, aug: AugmentSettings) -> np.ndarray:
+def photometric(rgb: np.ndarray, rng: np.random.Generator, aug: AugmentConfig) -> np.ndarray:
     """mmseg's PhotoMetricDistortion: brightness, contrast, saturation and hue, each at random."""
     import cv2
 
@@ -105,7 +105,7 @@ def photometric(rgb: np.ndarray, rng: np.random.Generator, aug: AugmentSettings)
 
 
 def composite(
-    rgb: np.ndarray, person: np.ndarray, rng: np.random.Generator, aug: AugmentSettings, backgrounds: Backgrounds
+    rgb: np.ndarray, person: np.ndarray, rng: np.random.Generator, aug: AugmentConfig, backgrounds: Backgrounds
 ) -> np.ndarray:
     """The person's pixels over a random background photo, at ``background_prob``."""
     if not backgrounds.files or not person.any() or rng.random() >= aug.background_prob:
@@ -126,7 +126,7 @@ def half_body_box(kps_K3: np.ndarray, names: tuple[str, ...], rng: np.random.Gen
     return [float(centre[0] - size[0] / 2), float(centre[1] - size[1] / 2), float(size[0]), float(size[1])]
 
 
-def pose_item(base, i: int, rng: np.random.Generator, aug: AugmentSettings, vocab) -> dict:
+def pose_item(base, i: int, rng: np.random.Generator, aug: AugmentConfig, vocab) -> dict:
     """A training crop of person ``i`` of a ``CocoKeypointDataset``, augmented."""
     inst = base.instances[i]
     kps = inst.keypoints
@@ -154,7 +154,7 @@ def pose_item(base, i: int, rng: np.random.Generator, aug: AugmentSettings, voca
     }
 
 
-def seg_item(base, i: int, rng: np.random.Generator, aug: AugmentSettings, vocab, backgrounds: Backgrounds) -> dict:
+def seg_item(base, i: int, rng: np.random.Generator, aug: AugmentConfig, vocab, backgrounds: Backgrounds) -> dict:
     """Item ``i`` of a ``SegmentationDataset`` (built with ``with_image=False``), augmented."""
     labels = base[i]["labels"].numpy()
     rgb = base.display_image(i)
@@ -185,7 +185,7 @@ def dense_values(kind: str, target_HWC: np.ndarray, angle: float, scale: float, 
     return t
 
 
-def dense_item(base, i: int, rng: np.random.Generator, aug: AugmentSettings, backgrounds: Backgrounds) -> dict:
+def dense_item(base, i: int, rng: np.random.Generator, aug: AugmentConfig, backgrounds: Backgrounds) -> dict:
     """Item ``i`` of a ``DenseMapDataset`` (built with ``with_image=False``), augmented."""
     item = base[i]
     target, mask = item["target"].numpy().transpose(1, 2, 0), item["mask"].numpy()

@@ -20,7 +20,7 @@ import dataclasses
 from dataclasses import field
 from typing import Literal
 
-from evaluation.config import BackboneSettings, PoseSettings, SegSettings, SyntheticSettings, TaskSettings
+from evaluation.config import BackboneConfig, ProbePoseConfig, ProbeSegConfig, ProbeTaskConfig, SyntheticConfig
 from infra.ray_runtime import RayConfig, ray_section
 from infra.tracking import TrackingConfig, tracking_section
 from training.config import CheckpointConfig, ParallelConfig
@@ -63,7 +63,7 @@ class FinetuneOptim:
 
 
 @dataclasses.dataclass(kw_only=True)
-class AugmentSettings:
+class AugmentConfig:
     """Random scale / rotation / flip (keypoint flip pairs, left/right class swaps, mirrored
     normals and points), half-body crops (pose), photometric jitter, and compositing the
     person onto a random image of ``backgrounds`` (a folder of photos without people; seg and
@@ -98,7 +98,7 @@ class FinetuneConfig:
     tasks: list[Literal["pose", "seg", "depth", "normal", "pointmap", "albedo"]] = field(
         default_factory=lambda: ["seg"]
     )
-    backbone: BackboneSettings = field(default_factory=BackboneSettings)
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
     feature_block: int = -1  # the block whose (normalised) map feeds the head
     steps: int = 200
     max_steps_this_session: int = 0
@@ -107,21 +107,21 @@ class FinetuneConfig:
     flip_test: bool = True  # pose: average with the flipped crop's heatmaps
     vocab: str = ""
     optim: FinetuneOptim = field(default_factory=FinetuneOptim)
-    augment: AugmentSettings = field(default_factory=AugmentSettings)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     parallel: ParallelConfig = field(default_factory=lambda: ParallelConfig(activation_checkpointing=False))
     checkpoint: CheckpointConfig = field(default_factory=lambda: CheckpointConfig(every=100, keep=2))
     log_every: int = 10
-    pose: PoseSettings = field(default_factory=PoseSettings)
-    seg: SegSettings = field(default_factory=SegSettings)
-    depth: TaskSettings = field(default_factory=TaskSettings)
-    normal: TaskSettings = field(default_factory=TaskSettings)
-    pointmap: TaskSettings = field(default_factory=TaskSettings)
-    albedo: TaskSettings = field(default_factory=TaskSettings)
-    synthetic: SyntheticSettings = field(default_factory=SyntheticSettings)
+    pose: ProbePoseConfig = field(default_factory=ProbePoseConfig)
+    seg: ProbeSegConfig = field(default_factory=ProbeSegConfig)
+    depth: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    normal: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    pointmap: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    albedo: ProbeTaskConfig = field(default_factory=ProbeTaskConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     tracking: TrackingConfig = tracking_section("finetuning")
     ray: RayConfig = ray_section(max_failures=0)
 
-    def task(self, name: str) -> TaskSettings:
+    def task(self, name: str) -> ProbeTaskConfig:
         return getattr(self, name)
 
     def validate(self) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from evaluation.finetune import augment
-from evaluation.finetune.config import AugmentSettings
+from evaluation.finetune.config import AugmentConfig
 
 
 @functools.lru_cache(maxsize=4)
@@ -52,7 +52,7 @@ class StepBatchSampler(Sampler):
 class TrainSet(Dataset):
     """Augmented training items of ``base`` (a probe data set), keyed by (index, step, slot)."""
 
-    def __init__(self, task: str, base, aug: AugmentSettings, vocab, seed: int) -> None:
+    def __init__(self, task: str, base, aug: AugmentConfig, vocab, seed: int) -> None:
         self.task, self.base, self.aug, self.vocab, self.seed = task, base, aug, vocab, seed
         self.backgrounds = augment.Backgrounds(aug.backgrounds if aug.enabled else "")
         if task != "pose":

@@ -27,7 +27,7 @@ from evaluation.finetune.config import FinetuneConfig
 from evaluation.finetune.loop import EXPORT_DIR, EXPORT_MANIFEST, HISTORY
 from evaluation.finetune.tasks import TaskInputs, check_labels, resolve_inputs
 from evaluation.lineage import Lineage, resolve_lineage
-from infra import jsonl, tracking
+from infra import jsonl, storage, tracking
 from infra.config import config_digest, config_to_dict, dump_config
 
 RUN_RECORD = "run.json"
@@ -37,7 +37,7 @@ NOT_IDENTITY = ("output_dir", "tracking", "ray", "name", "max_steps_this_session
 
 
 @dataclasses.dataclass
-class FinetuneResult:
+class FinetuneRunResult:
     metrics: dict[str, dict[str, float]]
     exports: dict[str, dict[str, str]]  # task -> {"export": path, "export_sha256": hex}
     losses: dict[str, dict[int, float]]  # task -> step -> loss (the last logged value of each step)
@@ -67,27 +67,24 @@ def identity_digest(cfg: FinetuneConfig) -> str:
     return config_digest(d)
 
 
-def _local(path: str) -> str:
-    return str(Path(path).expanduser().resolve()) if path and "://" not in path else path
-
-
 def absolutize(cfg: FinetuneConfig) -> FinetuneConfig:
     """Local paths absolute: Ray Train workers (and Ray jobs) run elsewhere."""
     changes = {
-        "output_dir": _local(cfg.output_dir),
-        "backbone": dataclasses.replace(cfg.backbone, checkpoint=_local(cfg.backbone.checkpoint)),
-        "augment": dataclasses.replace(cfg.augment, backgrounds=_local(cfg.augment.backgrounds)),
+        "output_dir": storage.local_path(cfg.output_dir),
+        "backbone": dataclasses.replace(cfg.backbone, checkpoint=storage.local_path(cfg.backbone.checkpoint)),
+        "augment": dataclasses.replace(cfg.augment, backgrounds=storage.local_path(cfg.augment.backgrounds)),
     }
     for task in cfg.tasks:
         s = cfg.task(task)
         splits = {
             k: dataclasses.replace(
-                getattr(s, k), **{f: _local(getattr(getattr(s, k), f)) for f in ("images", "labels", "masks")}
+                getattr(s, k),
+                **{f: storage.local_path(getattr(getattr(s, k), f)) for f in ("images", "labels", "masks")},
             )
             for k in ("train", "val")
         }
         if task == "pose":
-            splits["person_boxes"] = _local(s.person_boxes)
+            splits["person_boxes"] = storage.local_path(s.person_boxes)
         changes[task] = dataclasses.replace(s, **splits)
     return dataclasses.replace(cfg, **changes)
 
@@ -235,7 +232,7 @@ def finished_task(task_dir: Path, steps: int) -> dict | None:
     return {"metrics": json.loads(metrics.read_text()), "export": {k: export[k] for k in ("export", "export_sha256")}}
 
 
-def run_finetune(cfg: FinetuneConfig) -> FinetuneResult:
+def run_finetune(cfg: FinetuneConfig) -> FinetuneRunResult:
     """Fine-tune ``cfg.backbone`` on ``cfg.tasks``; see the module docstring."""
     from infra.ray_runtime import start_ray
 
@@ -268,9 +265,9 @@ def run_finetune(cfg: FinetuneConfig) -> FinetuneResult:
     return _finish(cfg, out, record, lineage, done)
 
 
-def _finish(cfg: FinetuneConfig, out: Path, record: dict, lineage: Lineage, done: dict) -> FinetuneResult:
+def _finish(cfg: FinetuneConfig, out: Path, record: dict, lineage: Lineage, done: dict) -> FinetuneRunResult:
     finished = {t: d for t, d in done.items() if d is not None}
-    result = FinetuneResult(
+    result = FinetuneRunResult(
         metrics={t: d["metrics"] for t, d in finished.items()},
         exports={t: d["export"] for t, d in finished.items()},
         losses={t: task_losses(out / t) for t in cfg.tasks},
@@ -297,7 +294,7 @@ def _finish(cfg: FinetuneConfig, out: Path, record: dict, lineage: Lineage, done
     return result
 
 
-def _record_mlflow(uri: str, result: FinetuneResult, results_file: Path) -> None:
+def _record_mlflow(uri: str, result: FinetuneRunResult, results_file: Path) -> None:
     import mlflow
     from mlflow import MlflowClient
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from evaluation import ProbeConfig, run_probes
-from evaluation.io import sha256_file
 from infra import tracking
 from infra.config import load_config
+from infra.digests import sha256_file
 
 pytestmark = pytest.mark.slow
 

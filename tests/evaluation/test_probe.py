@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from evaluation.config import KnnSettings, PoseSettings, SegSettings, TaskSettings
+from evaluation.config import KnnConfig, ProbePoseConfig, ProbeSegConfig, ProbeTaskConfig
 from evaluation.features import FrozenBackbone
 from evaluation.probe_trainer import run_probe, warmup_cosine
 from evaluation.synthetic import PART_CLASSES, split_paths
@@ -19,12 +19,12 @@ from models.io import load_weights
 
 HW = [64, 48]
 SETTINGS = {
-    "pose": PoseSettings,
-    "seg": SegSettings,
-    "pointmap": TaskSettings,
-    "normal": TaskSettings,
-    "albedo": TaskSettings,
-    "knn": KnnSettings,
+    "pose": ProbePoseConfig,
+    "seg": ProbeSegConfig,
+    "pointmap": ProbeTaskConfig,
+    "normal": ProbeTaskConfig,
+    "albedo": ProbeTaskConfig,
+    "knn": KnnConfig,
 }
 
 

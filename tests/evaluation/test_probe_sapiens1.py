@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.config import BackboneSettings, ProbeConfig, SegSettings
+from evaluation.config import BackboneConfig, ProbeConfig, ProbeSegConfig
 from evaluation.features import FrozenBackbone, load_frozen_backbone
 from evaluation.probe_trainer import run_probe
 from evaluation.run import check_inputs
@@ -42,7 +42,7 @@ def test_v1_probe_runs_with_the_same_light_decoder(synthetic_root, v1_clean_chec
     assert family_of("sapiens_small") == "sapiens1"
     backbone = load_frozen_backbone("sapiens_small", str(v1_clean_checkpoint))
     extractor = FrozenBackbone(backbone, [-2, -1])
-    settings = SegSettings(
+    settings = ProbeSegConfig(
         steps=4, batch_size=4, eval_batch_size=4, image_size=HW, head_hidden_dim=16, warmup_steps=1, num_visuals=1
     )
     metrics = run_probe("seg", settings, _seg_data(synthetic_root), extractor, tmp_path, seed=0)
@@ -58,8 +58,8 @@ def _cfg(tmp_path, name, checkpoint) -> ProbeConfig:
     return ProbeConfig(
         output_dir=str(tmp_path),
         tasks=["seg"],
-        backbone=BackboneSettings(name=name, checkpoint=str(checkpoint)),
-        seg=SegSettings(image_size=HW),
+        backbone=BackboneConfig(name=name, checkpoint=str(checkpoint)),
+        seg=ProbeSegConfig(image_size=HW),
     )
 
 

@@ -121,7 +121,7 @@ def test_the_finetune_stage_between_pretraining_and_probing_carries_the_lineage(
     version) and its export is in the released layout with the recorded sha256."""
     from mlflow import MlflowClient
 
-    from evaluation.io import sha256_file
+    from infra.digests import sha256_file
     from models.io import load_state_dict_file
 
     _, cfg, result, _ = first

@@ -148,3 +148,24 @@ def test_config_changes_name_the_settings_that_explain_each_reason():
         "upstream geometry.min_short_side",
     ]
     assert settings.explain("aspect_ratio", "geometry", steps, changes) == ["upstream geometry.min_short_side"]
+
+
+def test_runs_tagged_with_the_old_stage_name_still_count_as_producers(tmp_path):
+    """Runs recorded before the tag became ``curate`` say ``curation``: read as producers until the
+    next release; any other stage that logged the version is a user."""
+    import mlflow
+
+    from curation.audit.record import runs_of_version
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("stages", artifact_location=(tmp_path / "artifacts").as_uri())
+    runs = {}
+    for stage in ("curation", "curate", "pretrain"):
+        run = client.create_run(experiment, tags={"humanvision.stage": stage, "dataset.id": "v1"})
+        client.set_terminated(run.info.run_id)
+        runs[stage] = run.info.run_id
+    client.create_run(experiment, tags={"humanvision.stage": "curate", "dataset.id": "v2"})
+    produced, used = runs_of_version(uri, "v1")
+    assert sorted((r.stage, r.run_id) for r in produced) == [("curate", runs["curate"]), ("curation", runs["curation"])]
+    assert [(r.stage, r.run_id) for r in used] == [("pretrain", runs["pretrain"])]

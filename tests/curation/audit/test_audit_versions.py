@@ -142,5 +142,5 @@ def test_a_training_run_finds_the_shards_by_version_id_alone(runs_abc):
     again = resolve_dataset(c.result.dataset_id, tracking_uri=uri)
     assert again.shards == version.shards and again.run_id == c.result.mlflow_run_id
     produced, used = runs_of_version(uri, version.id)
-    assert [r.run_id for r in produced] == [c.result.mlflow_run_id]
+    assert [(r.run_id, r.stage) for r in produced] == [(c.result.mlflow_run_id, "curate")]
     assert [(r.run_id, r.stage) for r in used] == [(run.info.run_id, "pretrain")]

@@ -102,7 +102,7 @@ def test_an_earlier_version_without_a_saved_index_is_refused(tmp_path):
     import pyarrow.parquet as pq
 
     from curation import output, schema
-    from curation.config import DedupSettings
+    from curation.config import DedupConfig
     from curation.dedup.steps import DedupContext
 
     (tmp_path / output.MANIFEST).mkdir()
@@ -110,5 +110,5 @@ def test_an_earlier_version_without_a_saved_index_is_refused(tmp_path):
     pq.write_table(manifest, tmp_path / output.MANIFEST / "p0.parquet")
     (tmp_path / output.SUCCESS_FILE).write_text("{}")
     with pytest.raises(ValueError, match=r"has no near-dup index .*dedup\.near\.enabled=false") as err:
-        DedupContext.open(DedupSettings(against=str(tmp_path)), NearDupConfig())
+        DedupContext.open(DedupConfig(against=str(tmp_path)), NearDupConfig())
     assert "\n" not in str(err.value)

@@ -11,7 +11,7 @@ from dedup_fixtures import flip_bits
 from test_dedup_index_engines import CFG, curated, index_dir, new_batch
 
 from curation import staging
-from curation.config import DedupSettings
+from curation.config import DedupConfig
 from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.distributed_incremental import IndexLayout, _key_bucket, _representatives
 from curation.dedup.hashing import hex_to_uint64, uint64_to_hex
@@ -47,7 +47,7 @@ def run(out, batch: pa.Table, against, engine: str):
     staging.write_parts(fs, root, batch)
     columns = ("key", "partition", "width", "height", "phash", "phash_mirror")
     inp = GlobalDedupInput(str(out), PIDS, columns, shuffle_partitions=3)
-    settings = DedupSettings(against=str(against), engine=engine)
+    settings = DedupConfig(against=str(against), engine=engine)
     ctx = DedupContext.open(settings, CFG)
     assert isinstance(ctx.against_index, PartitionedNearIndex)
     dropped = run_global_dedup([NearDedup(CFG, settings)], inp, ctx)

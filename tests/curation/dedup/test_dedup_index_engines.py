@@ -14,7 +14,7 @@ from dedup_fixtures import flip_bits
 from test_dedup_distributed import all_decisions, staged_run
 
 from curation import output, schema
-from curation.config import DedupSettings
+from curation.config import DedupConfig
 from curation.dedup.decisions import read_candidates
 from curation.dedup.hashing import hex_to_uint64, uint64_to_hex
 from curation.dedup.index_store import PartitionedNearIndex, is_relative
@@ -72,7 +72,7 @@ def new_batch(candidates: pa.Table, seed: int) -> pa.Table:
 
 
 def decide_against(against, batch: pa.Table) -> tuple[object, pa.Table]:
-    settings = DedupSettings(against=str(against))
+    settings = DedupConfig(against=str(against))
     ctx = DedupContext.open(settings, CFG)
     return ctx.against_index, NearDedup(CFG, settings).decide(batch, ctx)
 
@@ -114,7 +114,7 @@ def test_a_copied_output_is_searched_where_it_now_lies(ray_output, tmp_path):
     assert isinstance(index, PartitionedNearIndex) and want.num_rows > 100 and got.equals(want)
     assert all(p.startswith(str(tmp_path / "moved")) for p in index.opened)
     # the next version: its own part relative, the earlier version's part by absolute path
-    settings = DedupSettings(against=str(tmp_path / "moved" / "v1"))
+    settings = DedupConfig(against=str(tmp_path / "moved" / "v1"))
     ctx = DedupContext.open(settings, CFG)
     NearDedup(CFG, settings).decide(batch, ctx)
     ctx.save_index(*storage.resolve(index_dir(tmp_path / "v2")))

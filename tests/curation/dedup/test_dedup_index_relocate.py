@@ -15,7 +15,7 @@ import pytest
 from dedup_fixtures import planted_table
 
 from curation import output, schema
-from curation.config import DedupSettings
+from curation.config import DedupConfig
 from curation.dedup.index_store import PartitionedNearIndex
 from curation.dedup.near import NearDupConfig
 from curation.dedup.steps import DedupContext, NearDedup
@@ -30,7 +30,7 @@ def index_dir(out) -> str:
 def run(batch: pa.Table, out, against=None, cfg: NearDupConfig = CFG, version: str | None = None) -> tuple:
     """One run's near dedup as the steps do it (decide, save the index); with ``version`` a finished
     output (manifest, ``_SUCCESS`` naming its dataset id). Returns (decisions, the index searched)."""
-    settings = DedupSettings(against=None if against is None else str(against))
+    settings = DedupConfig(against=None if against is None else str(against))
     ctx = DedupContext.open(settings, cfg)
     got = NearDedup(cfg, settings).decide(batch, ctx)
     if version is not None:

@@ -115,7 +115,7 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
     dedup.against opens it by its header, decides, and saves one more part; a third run against
     that equals the in-memory chain."""
     from curation import output
-    from curation.config import DedupSettings
+    from curation.config import DedupConfig
     from curation.dedup.steps import DedupContext, NearDedup
 
     cfg = NearDupConfig(max_distance=4)
@@ -125,7 +125,7 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
     batches = [table.filter(pa.array(part == i)) for i in range(3)]
     memory, decided, against = None, [], None
     for i, batch in enumerate(batches):
-        settings = DedupSettings(against=against)
+        settings = DedupConfig(against=against)
         ctx = DedupContext.open(settings, cfg)
         assert (ctx.against_index is None) == (i == 0)
         assert i == 0 or isinstance(ctx.against_index, PartitionedNearIndex)

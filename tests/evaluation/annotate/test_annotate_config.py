@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evaluation.annotate.config import AnnotateConfig, TaskSettings
+from evaluation.annotate.config import AnnotateConfig, AnnotateTaskConfig
 from evaluation.annotate.models import describe
 from infra.config import load_config
 from pipelines.annotate import main
@@ -54,10 +54,10 @@ def test_the_demo_config_loads_and_names_four_tasks():
 
 def test_a_checkpoint_of_another_task_or_a_missing_file_is_refused(tiny_models, tmp_path):
     with pytest.raises(ValueError, match=r"tasks.seg.checkpoint=.*is a pose model \(sapiens2_tiny_pose\)"):
-        describe("seg", TaskSettings(checkpoint=str(tiny_models["pose"])))
+        describe("seg", AnnotateTaskConfig(checkpoint=str(tiny_models["pose"])))
     with pytest.raises(ValueError, match=r"tasks.normal.checkpoint='nope.safetensors': no such file"):
-        describe("normal", TaskSettings(checkpoint="nope.safetensors"))
-    info = describe("seg", TaskSettings(checkpoint=str(tiny_models["seg"]), input_hw=(128, 96)))
+        describe("normal", AnnotateTaskConfig(checkpoint="nope.safetensors"))
+    info = describe("seg", AnnotateTaskConfig(checkpoint=str(tiny_models["seg"]), input_hw=(128, 96)))
     assert (info.name, info.layout, info.input_hw, info.vocab) == (
         "sapiens2_tiny_seg",
         "released",
@@ -81,10 +81,10 @@ def test_a_fine_tune_export_needs_its_input_size(tmp_path):
     with pytest.raises(
         ValueError, match=r"is a fine-tune export, which does not record its input size: set tasks.seg.input_hw"
     ):
-        describe("seg", TaskSettings(checkpoint=str(path)))
+        describe("seg", AnnotateTaskConfig(checkpoint=str(path)))
     with pytest.raises(ValueError, match="is a fine-tune export for seg, not normal"):
-        describe("normal", TaskSettings(checkpoint=str(path), input_hw=(64, 48)))
-    info = describe("seg", TaskSettings(checkpoint=str(path), input_hw=(64, 48)))
+        describe("normal", AnnotateTaskConfig(checkpoint=str(path), input_hw=(64, 48)))
+    info = describe("seg", AnnotateTaskConfig(checkpoint=str(path), input_hw=(64, 48)))
     assert (info.layout, info.family, info.vocab, info.outputs) == (
         "platform",
         "sapiens2",

@@ -17,7 +17,7 @@ import pytest
 
 from evaluation.annotate import TooManyErrors, layout, run_annotation
 from evaluation.annotate.annotator import AnnotationFailed
-from evaluation.annotate.models import file_sha256
+from infra.digests import sha256_file
 from models.sapiens_processing import select_people, whole_image_box
 from pipelines.annotate import main
 from tests.evaluation.annotate.conftest import annotate_config, npy, sample, write_version
@@ -44,7 +44,7 @@ def test_every_kept_sample_is_annotated_once_in_the_shard_it_came_from(annotated
     assert result.stats["ok"] == len(rows) and result.stats["shards"] == len(kept)
     done = json.loads((out / "_SUCCESS").read_text())
     assert done["annotation_version_id"] == result.version_id and done["dataset_id"] == result.dataset_id
-    assert done["models"]["seg"]["checkpoint_sha256"] == file_sha256(cfg.tasks.seg.checkpoint)
+    assert done["models"]["seg"]["checkpoint_sha256"] == sha256_file(cfg.tasks.seg.checkpoint)
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
 
 
@@ -104,7 +104,7 @@ def test_mlflow_records_lineage_params_the_input_version_and_small_artifacts(ann
     assert tags["humanvision.stage"] == "annotate" and tags["annotate.version_id"] == result.version_id
     assert tags["lineage.dataset_id"] == result.dataset_id
     for task in ("pose", "seg", "normal", "pointmap"):
-        assert tags[f"annotate.{task}.checkpoint_sha256"] == file_sha256(cfg.tasks.of(task).checkpoint)
+        assert tags[f"annotate.{task}.checkpoint_sha256"] == sha256_file(cfg.tasks.of(task).checkpoint)
     assert params["tasks.pose.min_box_score"] == "0.3" and run.data.metrics["samples"] == result.stats["samples"]
     assert [i.dataset.digest for i in run.inputs.dataset_inputs] == [result.dataset_id]
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from evaluation.annotate.annotator import Annotator
-from evaluation.annotate.config import ActorSettings, TasksConfig, TaskSettings
+from evaluation.annotate.config import ActorPoolConfig, AnnotateTaskConfig, TasksConfig
 from evaluation.annotate.models import OnnxRunner, TorchRunner, describe, onnx_providers
 from evaluation.annotate.shards import Record
 from evaluation.annotate.tasks import PREDICTORS, Sample
@@ -56,7 +56,7 @@ def _records(n: int = 3) -> list[Record]:
 def test_onnxruntime_gives_the_pytorch_outputs_within_tolerance(tiny_models, depth_onnx):
     from evaluation.annotate.annotator import decode
 
-    s = TaskSettings(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx))
+    s = AnnotateTaskConfig(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx))
     info = describe("depth", s)
     assert info.onnx == str(depth_onnx) and info.onnx_sha256 and "onnx_sha256" in info.digests()
     onnx_run, torch_run = OnnxRunner(info, "cpu", 1), TorchRunner(info, "cpu", "fp32")
@@ -71,12 +71,12 @@ def test_onnxruntime_gives_the_pytorch_outputs_within_tolerance(tiny_models, dep
 
 
 def test_the_annotator_runs_the_graph_when_the_setting_names_one(tiny_models, depth_onnx):
-    tasks = TasksConfig(depth=TaskSettings(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx)))
+    tasks = TasksConfig(depth=AnnotateTaskConfig(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx)))
     infos = {"depth": describe("depth", tasks.depth)}
-    annotator = Annotator(infos, tasks, ActorSettings(batch_size=2), "cpu")
+    annotator = Annotator(infos, tasks, ActorPoolConfig(batch_size=2), "cpu")
     assert isinstance(annotator.runners["depth"], OnnxRunner)
     plain = dataclasses.replace(tasks, depth=dataclasses.replace(tasks.depth, onnx=""))
-    eager = Annotator({"depth": describe("depth", plain.depth)}, plain, ActorSettings(batch_size=2), "cpu")
+    eager = Annotator({"depth": describe("depth", plain.depth)}, plain, ActorPoolConfig(batch_size=2), "cpu")
 
     for a, b in zip(annotator.annotate(_records()), eager.annotate(_records())):
         assert a["status"] == b["status"] == "ok"
@@ -87,15 +87,17 @@ def test_the_annotator_runs_the_graph_when_the_setting_names_one(tiny_models, de
 
 def test_a_graph_of_another_model_is_refused(tiny_models, depth_onnx):
     with pytest.raises(ValueError, match=r"tasks.seg.onnx=.* has outputs \['depth'\], the seg model \['logits'\]"):
-        describe("seg", TaskSettings(checkpoint=str(tiny_models["seg"]), onnx=str(depth_onnx)))
+        describe("seg", AnnotateTaskConfig(checkpoint=str(tiny_models["seg"]), onnx=str(depth_onnx)))
     with pytest.raises(ValueError, match=r"takes \[64, 48\] images, the job feeds \[128, 96\]"):
-        describe("depth", TaskSettings(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx), input_hw=(128, 96)))
+        describe(
+            "depth", AnnotateTaskConfig(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx), input_hw=(128, 96))
+        )
 
 
 def test_an_fp16_graph_runs_within_its_tolerance_on_the_providers_onnxruntime_reports(tiny_models, depth_onnx_fp16):
     from evaluation.annotate.annotator import decode
 
-    s = TaskSettings(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx_fp16))
+    s = AnnotateTaskConfig(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx_fp16))
     info = describe("depth", s)
     assert info.onnx_precision == "fp16"
     onnx_run, torch_run = OnnxRunner(info, "cpu", 1), TorchRunner(info, "cpu", "fp32")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from evaluation.annotate.config import PoseSettings, TaskSettings
+from evaluation.annotate.config import AnnotatePoseConfig, AnnotateTaskConfig
 from evaluation.annotate.models import RELEASED, ModelInfo
 from evaluation.annotate.tasks import PREDICTORS, Sample
 from models.task_models import TASK_OUTPUTS
@@ -36,7 +36,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def _predictor(task: str, input_hw: tuple[int, int], settings: TaskSettings | None = None):
+def _predictor(task: str, input_hw: tuple[int, int], settings: AnnotateTaskConfig | None = None):
     info = ModelInfo(
         task=task,
         name=f"reference {task}",
@@ -48,7 +48,7 @@ def _predictor(task: str, input_hw: tuple[int, int], settings: TaskSettings | No
         checkpoint="",
         sha256="",
     )
-    return PREDICTORS[task](info, settings or TaskSettings(checkpoint="unused"))
+    return PREDICTORS[task](info, settings or AnnotateTaskConfig(checkpoint="unused"))
 
 
 def _sample(ref: Reference, task: str, case: str, boxes=(), scores=()) -> Sample:
@@ -63,7 +63,7 @@ def test_pose_columns_are_the_official_keypoints(loaded, case):
     if f"{prefix}/det_bboxes" in ref:  # curation records people only: the detector's person boxes
         people = ref[f"{prefix}/det_labels"] == 0
         boxes, scores = ref[f"{prefix}/det_bboxes"][people], ref[f"{prefix}/det_scores"][people]
-    p = _predictor("pose", (H, W), PoseSettings(checkpoint="unused", flip_test=False))
+    p = _predictor("pose", (H, W), AnnotatePoseConfig(checkpoint="unused", flip_test=False))
     p.flip_indices = ref.meta["pose"]["flip_indices"]  # the vectors' toy 6-keypoint set has no vocabulary
     items = p.inputs(_sample(ref, "pose", case, boxes, scores))
     want_boxes = ref[f"{prefix}/bboxes"]
@@ -94,10 +94,12 @@ def test_a_degenerate_box_is_dropped_before_the_official_box_stage(loaded):
     the job drops it first, so a sample with only such boxes gets the whole-image box."""
     ref = loaded.fresh()
     case = next(c for c in CASES["pose"] if c.startswith("tall_nodet") and c.endswith("256x192"))
-    p = _predictor("pose", geometry_hw(case), PoseSettings(checkpoint="unused", flip_test=False))
+    p = _predictor("pose", geometry_hw(case), AnnotatePoseConfig(checkpoint="unused", flip_test=False))
     s = _sample(ref, "pose", case, [[10, 10, 10, 60], [5, 20, 40, 20]], [0.9, 0.8])
     assert p.people(s) == [(ref[f"pose/{case}/bboxes"][0].tolist(), 0.0)]  # (0, 0, W - 1, H - 1), no detector score
-    off = _predictor("pose", geometry_hw(case), PoseSettings(checkpoint="unused", flip_test=False, whole_image=False))
+    off = _predictor(
+        "pose", geometry_hw(case), AnnotatePoseConfig(checkpoint="unused", flip_test=False, whole_image=False)
+    )
     assert off.people(s) == [] and off.inputs(s) == []
 
 

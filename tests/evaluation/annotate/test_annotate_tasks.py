@@ -25,7 +25,7 @@ from evaluation.annotate.annotator import (
     Annotator,
     decode,
 )
-from evaluation.annotate.config import ActorSettings, PoseSettings, TasksConfig, TaskSettings
+from evaluation.annotate.config import ActorPoolConfig, AnnotatePoseConfig, AnnotateTaskConfig, TasksConfig
 from evaluation.annotate.models import PLATFORM, TorchRunner, describe
 from evaluation.annotate.shards import MISSING_IMAGE, Record
 from evaluation.annotate.tasks import PREDICTORS, Sample, labels_at
@@ -43,7 +43,7 @@ def image():
 
 
 def _predictor(task, tiny_models, **settings):
-    cls = PoseSettings if task == "pose" else TaskSettings
+    cls = AnnotatePoseConfig if task == "pose" else AnnotateTaskConfig
     s = cls(checkpoint=str(tiny_models[task]), **settings)
     info = describe(task, s)
     return PREDICTORS[task](info, s), TorchRunner(info, "cpu", "fp32")
@@ -163,10 +163,11 @@ def test_albedo_is_an_rgb_png_and_v1_depth_a_float16_map(tiny_models, image):
 
 def _pose_seg_annotator(tiny_models, batch_size: int = 2) -> Annotator:
     tasks = TasksConfig(
-        pose=PoseSettings(checkpoint=str(tiny_models["pose"])), seg=TaskSettings(checkpoint=str(tiny_models["seg"]))
+        pose=AnnotatePoseConfig(checkpoint=str(tiny_models["pose"])),
+        seg=AnnotateTaskConfig(checkpoint=str(tiny_models["seg"])),
     )
     infos = {t: describe(t, tasks.of(t)) for t in tasks.enabled()}
-    return Annotator(infos, tasks, ActorSettings(batch_size=batch_size), "cpu")
+    return Annotator(infos, tasks, ActorPoolConfig(batch_size=batch_size), "cpu")
 
 
 def test_what_is_wrong_with_a_sample_is_its_status_and_reason(tiny_models):
@@ -201,8 +202,8 @@ def test_what_is_wrong_with_a_sample_is_its_status_and_reason(tiny_models):
 
 def test_a_seg_only_job_does_not_read_the_person_boxes(tiny_models):
     data, w, h = photo("obama.jpg", 0.3)
-    tasks = TasksConfig(seg=TaskSettings(checkpoint=str(tiny_models["seg"])))
-    annotator = Annotator({"seg": describe("seg", tasks.seg)}, tasks, ActorSettings(batch_size=2), "cpu")
+    tasks = TasksConfig(seg=AnnotateTaskConfig(checkpoint=str(tiny_models["seg"])))
+    annotator = Annotator({"seg": describe("seg", tasks.seg)}, tasks, ActorPoolConfig(batch_size=2), "cpu")
     (row,) = annotator.annotate([Record("a", data, {"width": w, "height": h, "person_boxes": [[0, 0, 1]]})])
     assert row["status"] == OK and row["seg_png"]
 

@@ -14,14 +14,14 @@ from PIL import Image
 from evaluation.config import SplitPaths
 from evaluation.datasets import CocoKeypointDataset, DenseMapDataset, SegmentationDataset
 from evaluation.finetune import augment
-from evaluation.finetune.config import AugmentSettings, FinetuneConfig
+from evaluation.finetune.config import AugmentConfig, FinetuneConfig
 from evaluation.finetune.run import check_inputs
 from evaluation.finetune.tasks import resolve_inputs
 from evaluation.heatmaps import decode_heatmaps
 from models.vocab import keypoint_vocab, seg_vocab
 from tests.evaluation.conftest import HW
 
-NO_AUG = AugmentSettings(
+NO_AUG = AugmentConfig(
     enabled=True,
     scale=(1.0, 1.0),
     rotation_prob=0.0,
