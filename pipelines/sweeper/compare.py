@@ -63,7 +63,7 @@ class Versus:
 
 
 @dataclasses.dataclass(frozen=True)
-class FateChanges:
+class DatasetChanges:
     """The variant's dataset against the baseline's (``curation.audit.diff``): ``same`` when both
     are one version; else the content settings that changed, the counts, each group of images that
     changed fate (direction, the other side's status and reason, count, explaining settings, first
@@ -87,7 +87,7 @@ class VariantSummary:
     settings: list[tuple[str, str, str]]  # (DAG setting, baseline's value, this variant's)
     stats: dict[str, MetricStats] = dataclasses.field(default_factory=dict)  # "task.metric" ->
     versus: dict[str, Versus] = dataclasses.field(default_factory=dict)
-    fate: FateChanges | None = None
+    fate: DatasetChanges | None = None
     run_id: str = ""
 
     @property
@@ -156,10 +156,10 @@ def compare_metrics(variants: list[VariantSummary], noise_factor: float) -> None
 # ---- datasets -----------------------------------------------------------------------------------
 
 
-def fate_changes(base: SeedOutcome, other: SeedOutcome, folder: Path, name: str, samples: int) -> FateChanges:
+def fate_changes(base: SeedOutcome, other: SeedOutcome, folder: Path, name: str, samples: int) -> DatasetChanges:
     """The audit diff from the baseline's dataset to the variant's; its page written to ``folder``."""
     if base.dataset_id == other.dataset_id:
-        return FateChanges(same=True)
+        return DatasetChanges(same=True)
     d = diff_versions(load_version(base.dataset_uri), load_version(other.dataset_uri), per_reason=samples)
     page = f"diff-{name}.html"
     (folder / page).write_text(render_diff(d, per_reason=samples), encoding="utf-8")
@@ -168,7 +168,7 @@ def fate_changes(base: SeedOutcome, other: SeedOutcome, folder: Path, name: str,
         for direction, side in (("removed", d.removals), ("added", d.additions))
         for g in side.groups
     ]
-    return FateChanges(
+    return DatasetChanges(
         same=False,
         settings=[str(c) for c in d.config_changes if not c.bookkeeping],
         added=d.additions.total,
