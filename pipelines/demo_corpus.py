@@ -11,6 +11,7 @@ it every dataset version id).
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import shutil
 import struct
@@ -24,9 +25,8 @@ SHARED_IMAGES = Path(__file__).resolve().parents[1].parent / "shared" / "assets"
 
 
 def _ultralytics_asset(name: str) -> Path:
-    import ultralytics
-
-    return Path(ultralytics.__file__).parent / "assets" / name
+    spec = importlib.util.find_spec("ultralytics")  # its files, without its import-time patches of Pillow
+    return Path(spec.submodule_search_locations[0]) / "assets" / name
 
 
 def _matplotlib_sample(name: str) -> Path:

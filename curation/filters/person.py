@@ -187,14 +187,28 @@ class CenterNetOnnx:
         return results
 
 
+def yolo_class() -> type:
+    """ultralytics' ``YOLO``, with Pillow's own ``Image.open`` put back.
+
+    Importing ultralytics replaces ``PIL.Image.open`` process-wide by a wrapper that, on any
+    bytes Pillow cannot identify, imports (or tries to pip-install) pi-heif: a hostile
+    input's ``UnidentifiedImageError`` would surface as ``ModuleNotFoundError`` in every
+    decode that shares the worker. We decode with Pillow's plugins only.
+    """
+    from ultralytics import YOLO
+    from ultralytics.utils import patches
+
+    Image.open = getattr(patches, "_image_open", Image.open)
+    return YOLO
+
+
 class UltralyticsYolo:
     """Any ultralytics YOLO model from a local ``.pt``/``.onnx`` file; batched predict, class 0 only."""
 
     suffixes = (".pt", ".onnx")
 
     def __init__(self, cfg: DetectorConfig) -> None:
-        from ultralytics import YOLO
-
+        YOLO = yolo_class()
         self.cfg = cfg
         weights = resolve_weights(cfg.weights, self.suffixes)
         self.model = YOLO(str(weights), task="detect")

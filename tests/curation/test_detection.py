@@ -9,7 +9,7 @@ import pytest
 from curation import schema
 from curation.config import DecodeConfig
 from curation.decode import DecodeStep
-from curation.filters.person import DetectorConfig, PersonFilter, check_detector_config, salient_counts
+from curation.filters.person import DetectorConfig, PersonFilter, check_detector_config, salient_counts, yolo_class
 from curation.steps import run_steps_locally
 from pipelines.demo_corpus import _skimage, _ultralytics_asset, jpeg_bytes
 from tests.conftest import ASSETS
@@ -61,8 +61,7 @@ def test_real_centernet_keeps_people_and_drops_non_people(centernet_path):
 
 
 def test_ultralytics_model_from_a_local_weights_file(tmp_path):
-    from ultralytics import YOLO
-
+    YOLO = yolo_class()
     model = YOLO("yolo11n.yaml")  # untrained, built offline
     for conv in model.model.model[-1].cv3:
         conv[-1].bias.data.fill_(3.0)  # class logits up: the untrained head then emits boxes deterministically
@@ -84,3 +83,15 @@ def test_ultralytics_model_from_a_local_weights_file(tmp_path):
             0 <= b[0] <= b[2] <= row["width"] + 1 and 0 <= b[1] <= b[3] <= row["height"] + 1
             for b in row["person_boxes"]
         )
+
+
+def test_loading_ultralytics_leaves_pillow_failing_on_bytes_it_cannot_identify():
+    """ultralytics patches ``Image.open`` at import to pip-install pi-heif on unknown bytes;
+    after our loader, a non-image is Pillow's own ``UnidentifiedImageError`` again."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    yolo_class()
+    with pytest.raises(UnidentifiedImageError):
+        Image.open(io.BytesIO(b"\x89PNG\r\n\x1a\n not a png"))

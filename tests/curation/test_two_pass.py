@@ -18,6 +18,7 @@ from curation.recipe import HUMANS1B
 from curation.steps import Recipe
 from tests.conftest import IMAGES
 from tests.curation.counting_step import COUNTED, CountingConfig, chunks, counted_config
+from pipelines.demo_corpus import _ultralytics_asset
 from tests.curation.test_pipeline import demo_config
 
 pytestmark = pytest.mark.slow
@@ -38,12 +39,8 @@ def single_pass_recipe() -> Recipe:
 
 def corpus(folder: Path, copies: int) -> Path:
     """Eight real photos (the shared ones and two of Ultralytics'), and ``copies`` byte-identical reposts."""
-    import ultralytics
-
     folder.mkdir(parents=True)
-    photos = sorted(IMAGES.iterdir()) + [
-        Path(ultralytics.__file__).parent / "assets" / n for n in ("bus.jpg", "zidane.jpg")
-    ]
+    photos = sorted(IMAGES.iterdir()) + [_ultralytics_asset(n) for n in ("bus.jpg", "zidane.jpg")]
     for src in photos:
         shutil.copyfile(src, folder / src.name)
     for src in photos[:copies]:
