@@ -1,7 +1,9 @@
-"""Annotation throughput per core: the job against the same work in a plain loop, per task and size.
+"""Annotation throughput per core: the job against the same work in a plain loop, per task and size,
+and per runtime: PyTorch fp32 against ONNX Runtime with the fp32 and fp16 graphs of the same model.
 
     python benchmarks/annotate_throughput.py                    # tiny and sapiens2_0.4b (256x192), every task
     python benchmarks/annotate_throughput.py --smallest         # tiny seg, 12 images (the smoke test's run)
+    python benchmarks/annotate_throughput.py --sizes tiny --tasks pose --runtimes torch,onnx-fp32,onnx-fp16
     python benchmarks/annotate_throughput.py --sizes 0.4b --tasks pose,seg --device cuda --hw 1024 768 \\
         --precision bf16 --actors 4 --gpus-per-actor 0.25 --cpus-per-actor 3 --no-loop --peak-tflops 989
 
@@ -21,14 +23,22 @@ Per task and size, in one run:
      out): ``--actors`` actors of one CPU, timed from the call to ``_SUCCESS`` (prepare, the
      models' sha256, actor start-up, every shard, the counts; no gallery, no MLflow).
 
-Printed per task: each one's images/s, the job's images/s per core against the loop's
+Printed per task: each one's images/s (the loop's also per CPU-second of its process, a figure
+that other work on the machine moves less), the job's images/s per core against the loop's
 (target >= 0.8x), the share of the time spent in model forwards (the loop's, and the job's
 summed over actors against wall x actors), the seconds each actor spent outside shards (its
 start-up and model loads, waits for work: the fixed cost that a longer run amortises), and
 whether the two wrote the same bytes. Every sample must be annotated: a sample the loop or the
 job could not annotate (an error row) stops the benchmark (the job runs with
 ``max_error_share=0``), since error rows are neither throughput nor bytes worth comparing.
-``--parallel-loops`` adds ``--actors`` plain loops in as
+
+``--runtimes`` (default ``torch``): ``torch`` runs the checkpoint in PyTorch at ``--precision``;
+``onnx-fp32`` and ``onnx-fp16`` export it first (``pipelines/export.py``'s export, not timed; on
+the CPU checked against the eager model at batch 1, on a GPU not checked here) and run the
+graph through ONNX Runtime (``tasks.<task>.onnx``). Each runtime runs on the same samples, and
+each line after the first ends with its loop's (on a GPU: its job's) images/s against the first
+runtime's. ONNX on ``--device cuda`` needs ONNX Runtime's CUDA provider: without it the script
+says NOT MEASURED and exits with status 3 before any work. ``--parallel-loops`` adds ``--actors`` plain loops in as
 many processes (shards dealt out, no Ray): what the machine itself gives per core when that
 many copies of the work run at once. With
 ``--device cuda`` (the GPU suite) the loop is skipped (``--no-loop``): the job's images/s per
@@ -47,6 +57,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +65,7 @@ from pathlib import Path
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
+RUNTIMES = ("torch", "onnx-fp32", "onnx-fp16")
 CENTERNET = REPO.parent / "shared" / "assets" / "models" / "person_centernet_512.onnx"
 TASKS = ("pose", "seg", "normal", "pointmap", "depth", "albedo")
 
@@ -134,12 +146,50 @@ def make_checkpoint(name: str, folder: Path, device: str) -> Path:
     return path
 
 
-def annotate_config(args, dataset: str, out: Path, task: str, ckpt: Path, hw):
+def export_graph(name: str, ckpt: Path, runtime: str, hw, device: str) -> str:
+    """The ``onnx-<precision>`` graph of a checkpoint (written once beside it): on the CPU
+    checked against the eager fp32 model at batch 1 (a ValueError when out of tolerance)."""
+    from models.onnx_export import export_checkpoint, export_onnx
+    from models.task_checkpoints import load_task_checkpoint
+
+    precision = runtime.removeprefix("onnx-")
+    path = ckpt.with_suffix(f".{precision}{'' if hw is None else '.' + 'x'.join(map(str, hw))}.onnx")
+    if path.is_file():
+        return str(path)
+    start = time.perf_counter()
+    if device == "cuda":  # the eager 0.4b check at 1024x768 on the CPU would cost minutes
+        loaded = load_task_checkpoint(ckpt)
+        export_onnx(
+            loaded.model, path, input_hw=tuple(hw or loaded.image_hw), output_names=loaded.outputs, precision=precision
+        )
+        check = "not checked here"
+    else:
+        info = export_checkpoint(
+            ckpt, path, image_hw=tuple(hw) if hw else None, precision=precision, check_batch_sizes=(1,)
+        )
+        if not info["within_tolerance"]:
+            raise ValueError(f"the {precision} graph of {name} is out of tolerance: {info}")
+        check = f"max abs error {info['max_abs_error'][1]:.2g}, relative {info['max_rel_error'][1]:.2g} at batch 1"
+    print(f"{'':15s} exported {name} {precision} in {time.perf_counter() - start:.0f} s ({check})", flush=True)
+    return str(path)
+
+
+def onnx_on_gpu_missing() -> str:
+    """Why ONNX Runtime cannot run a graph on the GPU here ("" when it can)."""
+    import onnxruntime as ort
+
+    providers = ort.get_available_providers()
+    if "CUDAExecutionProvider" in providers:
+        return ""
+    return f"ONNX Runtime {ort.__version__} has no CUDA provider (providers: {providers}); install onnxruntime-gpu"
+
+
+def annotate_config(args, dataset: str, out: Path, task: str, ckpt: Path, hw, onnx: str = ""):
     from evaluation.annotate.config import ActorSettings, AnnotateConfig, DataSettings, GallerySettings, TasksConfig
     from infra.config import from_dict
     from infra.tracking import TrackingConfig
 
-    settings = {"checkpoint": str(ckpt), "input_hw": list(hw) if hw else None}
+    settings = {"checkpoint": str(ckpt), "input_hw": list(hw) if hw else None, "onnx": onnx}
     if task == "pose":
         settings.update(min_box_score=0.3, max_people=4)
     actors = ActorSettings(
@@ -161,9 +211,10 @@ def annotate_config(args, dataset: str, out: Path, task: str, ckpt: Path, hw):
     )
 
 
-def plain_loop(cfg, out: Path, part: tuple[int, int] = (0, 1), barrier=None) -> tuple[float, float, int]:
-    """(seconds, forward seconds, images): the job's per-sample work in one process, one thread,
-    over every ``part[1]``-th shard from ``part[0]`` (after ``barrier``, when given)."""
+def plain_loop(cfg, out: Path, part: tuple[int, int] = (0, 1), barrier=None) -> tuple[float, float, int, float]:
+    """(seconds, forward seconds, images, CPU seconds of the process): the job's per-sample work in
+    one process, one thread, over every ``part[1]``-th shard from ``part[0]`` (after ``barrier``,
+    when given)."""
     import torch
 
     from evaluation.annotate.annotator import Annotator, annotate_shard
@@ -177,20 +228,17 @@ def plain_loop(cfg, out: Path, part: tuple[int, int] = (0, 1), barrier=None) -> 
     shards = largest_first(source_shards(resolve_version(cfg, None)))[part[0] :: part[1]]
     if barrier is not None:
         barrier.wait()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     annotator = Annotator(infos, cfg.tasks, dataclasses.replace(cfg.actors, num_cpus=1), "cpu")
     done = [annotate_shard(annotator, s, str(out)) for s in shards]
-    seconds, images, errors = (
-        time.perf_counter() - start,
-        sum(d["samples"] for d in done),
-        sum(d["errors"] for d in done),
-    )
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
+    images, errors = sum(d["samples"] for d in done), sum(d["errors"] for d in done)
     if errors:
         raise RuntimeError(
             f"the plain loop could not annotate {errors} of {images} samples (their status, reason and error: "
             f"{out}/annotations/*.parquet): error rows are not throughput"
         )
-    return seconds, annotator.forward_seconds, images
+    return seconds, annotator.forward_seconds, images, cpu_seconds
 
 
 def parallel_loops(cfg, out: Path, k: int) -> tuple[float, int]:
@@ -254,42 +302,69 @@ def settle() -> None:
 
 
 def measure(args, size: str, task: str, dataset: str, work: Path) -> None:
+    """Every runtime of ``args.runtimes`` on one task and size."""
     name = model_name(size, task)
     hw = None if size == "tiny" else tuple(args.hw)
     ckpt = make_checkpoint(name, work / "models", "cuda" if args.device == "cuda" else "cpu")
-    line = f"{size:5s} {task:8s} {name:22s} {'x'.join(map(str, hw or ('trained',))):9s}"
+    first = None
+    for runtime in args.runtimes.split(","):
+        label = f"{size:5s} {task:8s} {name:22s} {'x'.join(map(str, hw or ('trained',))):9s}"
+        label += f" {runtime if runtime != 'torch' else 'torch-' + args.precision:10s}"
+        onnx = export_graph(name, ckpt, runtime, hw, args.device) if runtime != "torch" else ""
+        images_per_s = measure_runtime(args, label, (size, task, runtime), dataset, work, ckpt, hw, onnx)
+        first = first or (runtime, images_per_s)
+        if first[0] != runtime:
+            print(f"{'':15s} {runtime}: {images_per_s / first[1]:.2f}x of {first[0]}'s images/s", flush=True)
+    if args.device == "cuda":
+        tflops, ms = backbone_tflops(name, hw, args.batch, args.precision)
+        print(
+            f"{'':15s} backbone forward (PyTorch), batch {args.batch}: {ms:.1f} ms, {tflops:.1f} TFLOP/s = "
+            f"{tflops / args.peak_tflops:.1%} of {args.peak_tflops:g} peak",
+            flush=True,
+        )
+
+
+def measure_runtime(
+    args, line: str, run: tuple[str, str, str], dataset: str, work: Path, ckpt: Path, hw, onnx
+) -> float:
+    """One runtime's loop and job (see the module docstring); its loop's images/s (no loop: its
+    job's per GPU)."""
+    size, task, runtime = run
+    tag = f"{size}-{task}-{runtime}"
+    loop_dir, loops_dir, job_dir = work / f"loop-{tag}", work / f"loops-{tag}", work / f"job-{tag}"
     if not args.no_loop:
         settle()
-        loop_s, loop_fwd, n = plain_loop(
-            annotate_config(args, dataset, work / f"loop-{size}-{task}", task, ckpt, hw), work / f"loop-{size}-{task}"
+        loop_s, loop_fwd, n, loop_cpu = plain_loop(
+            annotate_config(args, dataset, loop_dir, task, ckpt, hw, onnx), loop_dir
         )
-        line += f" loop 1 process {n / loop_s:7.2f} img/s (forward {loop_fwd / loop_s:4.0%})"
+        line += (
+            f" loop 1 process {n / loop_s:7.2f} img/s (forward {loop_fwd / loop_s:4.0%}, {n / loop_cpu:7.2f} per CPU-s)"
+        )
         if args.parallel_loops:
-            out = work / f"loops-{size}-{task}"
             settle()
-            par_s, par_n = parallel_loops(annotate_config(args, dataset, out, task, ckpt, hw), out, args.actors)
+            par_s, par_n = parallel_loops(
+                annotate_config(args, dataset, loops_dir, task, ckpt, hw, onnx), loops_dir, args.actors
+            )
             line += f" | {args.actors} loop processes {par_n / par_s / args.actors:6.2f} img/s per core"
             line += f" = {par_n / par_s / args.actors / (n / loop_s):.2f}x"
-    job_dir = work / f"job-{size}-{task}"
+    if args.no_job:
+        print(line, flush=True)
+        shutil.rmtree(loop_dir, ignore_errors=True)
+        shutil.rmtree(loops_dir, ignore_errors=True)
+        return n / loop_s
     settle()
-    job_s, stats = run_job(annotate_config(args, dataset, job_dir, task, ckpt, hw))
+    job_s, stats = run_job(annotate_config(args, dataset, job_dir, task, ckpt, hw, onnx))
     per_unit = stats["samples"] / job_s / (args.actors * args.gpus_per_actor if args.device == "cuda" else args.actors)
     unit = "GPU" if args.device == "cuda" else "core"
     line += f" | job {args.actors} actors {stats['samples'] / job_s:7.2f} img/s = {per_unit:6.2f} per {unit}"
     idle = job_s - stats["session_busy_share"] * stats["session_seconds"]  # per actor, outside any shard
     line += f" (forward {stats['session_forward_share']:4.0%}, outside shards {idle:5.1f} s per actor)"
     if not args.no_loop:
-        line += f" = {per_unit / (n / loop_s):.2f}x of the loop per core; same bytes: {same_bytes(job_dir, work / f'loop-{size}-{task}')}"
+        line += f" = {per_unit / (n / loop_s):.2f}x of the loop per core; same bytes: {same_bytes(job_dir, loop_dir)}"
     print(line, flush=True)
-    for out in (job_dir, work / f"loop-{size}-{task}", work / f"loops-{size}-{task}"):
+    for out in (job_dir, loop_dir, loops_dir):
         shutil.rmtree(out, ignore_errors=True)  # a dense task writes MBs per image: free the disk per task
-    if args.device == "cuda":
-        tflops, ms = backbone_tflops(name, hw, args.batch, args.precision)
-        print(
-            f"{'':15s} backbone forward, batch {args.batch}: {ms:.1f} ms, {tflops:.1f} TFLOP/s = "
-            f"{tflops / args.peak_tflops:.1%} of {args.peak_tflops:g} peak",
-            flush=True,
-        )
+    return per_unit if args.no_loop else n / loop_s
 
 
 def parse(argv=None):
@@ -306,38 +381,57 @@ def parse(argv=None):
     p.add_argument("--gpus-per-actor", type=float, default=0.0)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "auto"))
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "auto"), help="PyTorch's")
+    p.add_argument("--runtimes", default="torch", help=f"comma-separated, in order: {', '.join(RUNTIMES)}")
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--no-loop", action="store_true")
+    p.add_argument("--no-job", action="store_true", help="the plain loops only (no Ray)")
     p.add_argument(
         "--parallel-loops", action="store_true", help="also --actors plain loops in as many processes, no Ray"
     )
     p.add_argument("--smallest", action="store_true", help="tiny seg, 12 images in 4 shards")
     args = p.parse_args(argv)
+    if args.no_loop and args.no_job:
+        p.error("--no-loop and --no-job leave nothing to measure")
+    unknown = set(args.runtimes.split(",")) - set(RUNTIMES)
+    if unknown:
+        p.error(f"--runtimes: unknown {sorted(unknown)}; choose from {', '.join(RUNTIMES)}")
     if args.smallest:
         args.sizes, args.tasks, args.images, args.per_shard = "tiny", "seg", 12, 3
     return args
 
 
-def main(argv=None) -> None:
+def start_ray(args) -> None:
+    import ray
+
+    ray.init(
+        num_cpus=max(args.actors, int(args.actors * args.cpus_per_actor + 0.999)),
+        num_gpus=1 if args.device == "cuda" else 0,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    # Ray Data starts its own helper actors on a session's first execution: Ray's start-up, left out.
+    ray.data.from_items([{"x": 1}]).map_batches(lambda b: b).take_all()
+
+
+def main(argv=None) -> int:
     import ray
     import torch
 
     args = parse(argv)
     torch.set_num_threads(1)
+    onnx = [r for r in args.runtimes.split(",") if r != "torch"]
+    why = onnx_on_gpu_missing() if onnx and args.device == "cuda" else ""
+    if why:  # before any work: the GPU's time is not spent on the other runtimes
+        print(f"{', '.join(onnx)} NOT MEASURED: {why}", flush=True)
+        return 3
     work = Path(tempfile.mkdtemp(prefix="annotate-bench-"))
     try:
-        ray.init(
-            num_cpus=max(args.actors, int(args.actors * args.cpus_per_actor + 0.999)),
-            num_gpus=1 if args.device == "cuda" else 0,
-            include_dashboard=False,
-            log_to_driver=False,
-        )
-        import ray.data
-
-        ray.data.DataContext.get_current().enable_progress_bars = False
-        # Ray Data starts its own helper actors on a session's first execution: Ray's start-up, left out.
-        ray.data.from_items([{"x": 1}]).map_batches(lambda b: b).take_all()
+        if not args.no_job:
+            start_ray(args)
         for size in args.sizes.split(","):
             n, per = (args.images, args.per_shard) if size == "tiny" else (args.images_large, args.per_shard_large)
             dataset = build_version(work / f"curated-{size}", n, per)
@@ -353,7 +447,8 @@ def main(argv=None) -> None:
     finally:
         ray.shutdown()
         shutil.rmtree(work, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

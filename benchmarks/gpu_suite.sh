@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of the platform in one prepared run (its budget: 10 minutes on one GPU):
+# The GPU figures of the platform in two prepared runs (each one 10-minute command on one GPU):
 #   1. sapiens2_1b forward+backward at 1024x768, bf16 autocast: TFLOP/s and MFU, eager and compiled
 #      (benchmarks/backbone_step.py, sapiens2 only: the plain baseline is the CPU benchmark's business)
 #   2. one pretraining step of configs/pretrain_0.4b.yaml under FSDP2 on one GPU, fed by its data
@@ -11,29 +11,41 @@
 #      1024x768, bf16 autocast, 4 actors sharing the GPU: images/s per GPU, the share of the actors'
 #      time in model forwards, the backbone's forward TFLOP/s against the peak
 #      (benchmarks/annotate_throughput.py --device cuda)
+#   5. the same job for sapiens2_0.4b pose at 1024x768 through ONNX Runtime's CUDA provider with the
+#      fp16 graph (pipelines/export.py --precision fp16's export, made in the section, not timed):
+#      images/s per GPU against PyTorch bf16 on the same samples (says NOT MEASURED, exit 3, when
+#      ONNX Runtime has no CUDA provider: the project's onnxruntime is the CPU build)
 # Every section runs under its own time limit; a section that fails or runs out of time is
-# reported and the next one still runs. Exit status: 0 when every section passed.
+# reported and the next one still runs. Exit status: 0 when every section passed. The sections
+# come in two parts of at most 570 s each, one 10-minute command per part (--part 1, --part 2);
+# part 2 keeps room for more sections.
 #
-#   bash benchmarks/gpu_suite.sh                 # everything
+#   bash benchmarks/gpu_suite.sh --part 1        # backbone, backbone_compiled, pretrain, detector
+#   bash benchmarks/gpu_suite.sh --part 2        # annotate, annotate_onnx_fp16
 #   bash benchmarks/gpu_suite.sh --only backbone,detector --peak-tflops 989
-#   bash benchmarks/gpu_suite.sh --dry-run       # print the plan (works without a GPU)
+#   bash benchmarks/gpu_suite.sh --dry-run       # print the plan of everything (works without a GPU)
 set -uo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$REPO/.venv/bin/python}"
-SECTIONS="backbone,backbone_compiled,pretrain,detector,annotate"
+PART1="backbone,backbone_compiled,pretrain,detector"
+# Part 2 has 570 - 360 = 210 s left: room for the distilled student's block below (`--only distill`,
+# 60 s), which is not in either part.
+PART2="annotate,annotate_onnx_fp16"
+SECTIONS="$PART1,$PART2"
 PEAK=989          # dense bf16 TFLOP/s of an H100/H200
 DETECTOR="$REPO/../shared/assets/models/person_centernet_512.onnx"
 DRY=0
-# Seconds per section: together 570 s, leaving ~30 s for process start-ups within 10 minutes.
-T_BACKBONE=75 T_COMPILED=190 T_PRETRAIN=145 T_DETECTOR=40 T_ANNOTATE=120
+# Seconds per section: each part together <= 570 s, leaving ~30 s for process start-ups within 10 minutes.
+T_BACKBONE=75 T_COMPILED=190 T_PRETRAIN=145 T_DETECTOR=40 T_ANNOTATE=120 T_ANNOTATE_ONNX=240
 
 usage() {
-    sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,/^set -uo pipefail/{/^#/p}' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     cat <<EOF
 
 options:
   --only LIST          comma-separated sections of: $SECTIONS
+  --part N             1: $PART1; 2: $PART2
   --peak-tflops X      peak dense bf16 TFLOP/s for MFU (default $PEAK)
   --detector FILE      CenterNet .onnx (default $DETECTOR)
   --python EXE         interpreter (default $PY; or \$PYTHON)
@@ -47,6 +59,9 @@ die() { echo "gpu_suite: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
         --only) [ $# -ge 2 ] || die "--only needs a value"; SECTIONS="$2"; shift 2 ;;
+        --part) [ $# -ge 2 ] || die "--part needs a value"
+                case "$2" in 1) SECTIONS="$PART1" ;; 2) SECTIONS="$PART2" ;; *) die "--part must be 1 or 2, got '$2'" ;; esac
+                shift 2 ;;
         --peak-tflops) [ $# -ge 2 ] || die "--peak-tflops needs a value"; PEAK="$2"; shift 2 ;;
         --detector) [ $# -ge 2 ] || die "--detector needs a value"; DETECTOR="$2"; shift 2 ;;
         --python) [ $# -ge 2 ] || die "--python needs a value"; PY="$2"; shift 2 ;;
@@ -58,7 +73,7 @@ done
 [[ "$PEAK" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--peak-tflops must be a number, got '$PEAK'"
 IFS=, read -r -a WANTED <<< "$SECTIONS"
 for s in "${WANTED[@]}"; do
-    case "$s" in backbone|backbone_compiled|pretrain|detector|annotate) ;; *) die "unknown section '$s' (known: backbone,backbone_compiled,pretrain,detector,annotate)" ;; esac
+    case "$s" in backbone|backbone_compiled|pretrain|detector|annotate|annotate_onnx_fp16|distill) ;; *) die "unknown section '$s' (known: $PART1,$PART2,distill)" ;; esac
 done
 
 BACKBONE=("$PY" "$REPO/benchmarks/backbone_step.py" --device cuda --model sapiens2_1b --hw 1024 768 --batch 4
@@ -70,6 +85,18 @@ DETECT=("$PY" - "$DETECTOR")
 ANNOTATE=("$PY" "$REPO/benchmarks/annotate_throughput.py" --device cuda --sizes 0.4b --tasks pose,seg --hw 1024 768
           --precision bf16 --images-large 64 --per-shard-large 8 --actors 4 --gpus-per-actor 0.25
           --cpus-per-actor 3 --batch 8 --no-loop --peak-tflops "$PEAK")
+ANNOTATE_ONNX=("$PY" "$REPO/benchmarks/annotate_throughput.py" --device cuda --sizes 0.4b --tasks pose --hw 1024 768
+               --runtimes torch,onnx-fp16 --precision bf16 --images-large 32 --per-shard-large 8 --actors 4
+               --gpus-per-actor 0.25 --cpus-per-actor 3 --batch 8 --no-loop --peak-tflops "$PEAK")
+
+# --- The distilled student (its own block; not in the default SECTIONS, whose limits fill the
+# 10-minute budget: `--only distill`, about a minute). sapiens2_0.1b, the student a sapiens2_1b
+# teacher distils into, against that teacher at 1024x768, bf16 autocast, forward only: images/s per
+# GPU of each and the ratio, measured in the same run (benchmarks/distill_student.py --device cuda;
+# random weights, as speed does not depend on them).
+T_DISTILL=60
+DISTILL=("$PY" "$REPO/benchmarks/distill_student.py" --device cuda --teacher-model sapiens2_1b
+         --student-model sapiens2_0.1b --hw 1024 768 --batch 8 --steps 10 --warmup 3)
 
 run() {  # run NAME LIMIT_S CMD...: one section under its limit, its status remembered
     local name="$1" limit="$2"; shift 2
@@ -131,6 +158,8 @@ for s in "${WANTED[@]}"; do
         pretrain) run pretrain "$T_PRETRAIN" "${PRETRAIN[@]}" ;;
         detector) run detector "$T_DETECTOR" "${DETECT[@]}" ;;
         annotate) run annotate "$T_ANNOTATE" "${ANNOTATE[@]}" ;;
+        annotate_onnx_fp16) run annotate_onnx_fp16 "$T_ANNOTATE_ONNX" "${ANNOTATE_ONNX[@]}" ;;
+        distill) run distill "$T_DISTILL" "${DISTILL[@]}" ;;
     esac
 done
 echo

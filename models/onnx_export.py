@@ -1,10 +1,14 @@
 """ONNX export of task models (backbone + head), checked against the eager model.
 
-``export_onnx(model, path, input_hw=...)`` writes one graph with a dynamic batch axis: input
-``image`` (B, 3, H, W) (normalised, see ``models.sapiens_processing``), one output per name
-in ``output_names`` (a dict-returning model's keys, a tuple's entries). ``onnx_max_errors``
-runs it with onnxruntime next to the eager model. ``export_checkpoint`` does both for a task
-checkpoint file (``models.task_checkpoints``).
+``export_onnx(model, path, input_hw=..., precision=...)`` writes one graph with a dynamic batch
+axis: input ``image`` (B, 3, H, W) float32 (normalised, see ``models.sapiens_processing``), one
+float32 output per name in ``output_names`` (a dict-returning model's keys, a tuple's entries).
+``precision`` "fp32" keeps the model's weights and arithmetic; "fp16" exports a half-precision
+copy of the model (weights and activations fp16, the input cast to fp16 first and the outputs
+back to fp32 last, so both graphs take and give the same arrays); the graph records it in its
+metadata (``graph_precision``). ``onnx_errors`` runs a graph with onnxruntime next to the
+eager fp32 model and ``within_tolerance`` judges the errors by its precision's ``TOLERANCE``.
+``export_checkpoint`` does all of it for a task checkpoint file (``models.task_checkpoints``).
 
 bf16 arithmetic: the Sapiens2 backbone computes RoPE in bf16, which onnxruntime's CPU
 kernels lack. ``emulate_bf16`` rewrites every bf16 computing node to compute in fp32 between
@@ -16,6 +20,7 @@ Needs ``onnx``, ``onnxscript`` (torch's exporter) and ``onnxruntime`` (the check
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +28,13 @@ import torch
 from torch import nn
 
 INPUT_NAME = "image"
+PRECISIONS = ("fp32", "fp16")
+PRECISION_KEY = "humanvision.precision"  # the graph's metadata entry naming its precision
+TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2}
+"""How far a graph's outputs may be from the eager fp32 model's, per precision: fp32 in absolute
+terms (the max abs difference); fp16 relative to each output's largest magnitude (fp16 keeps
+11 significant bits, so its error scales with the values). Each bound is several times the
+largest difference measured on the task models (docs/results/annotate.md, fp16 export)."""
 # Ops that move or reinterpret values and never round: they keep their bf16 inputs as they are.
 _NO_ARITHMETIC = frozenset(
     {"Cast", "CastLike", "Concat", "Constant", "Expand", "Flatten", "Gather", "Identity", "Reshape", "Shape", "Slice"}
@@ -31,14 +43,16 @@ _NO_ARITHMETIC = frozenset(
 
 
 class _NamedOutputs(nn.Module):
-    """The model with its outputs as a tuple in ``names`` order (dict keys, or tuple entries)."""
+    """The model with its outputs as a tuple in ``names`` order (dict keys, or tuple entries),
+    run in ``dtype`` between a float32 input and float32 outputs."""
 
-    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
+    def __init__(self, model: nn.Module, names: Sequence[str], dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        self.model, self.names = model, tuple(names)
+        self.model, self.names, self.dtype = model, tuple(names), dtype
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return as_outputs(self.model(image), self.names)
+        out = as_outputs(self.model(image.to(self.dtype)), self.names)
+        return tuple(o.float() for o in out) if self.dtype != torch.float32 else out
 
 
 def as_outputs(out, names: Sequence[str]) -> tuple[torch.Tensor, ...]:
@@ -89,15 +103,20 @@ def export_onnx(
     *,
     input_hw: tuple[int, int],
     output_names: Sequence[str],
+    precision: str = "fp32",
     example_batch: int = 2,
     opset: int = 18,
 ) -> Path:
-    """Write ``model`` (eval mode, fp32) as ONNX at ``path`` with a dynamic batch axis; the
-    input's height and width are fixed at ``input_hw``. Weights over 2 GB go to external data."""
+    """Write ``model`` (eval mode, fp32) as ONNX at ``path`` with a dynamic batch axis in
+    ``precision`` (fp16: a half-precision copy; ``model`` is left as it is); the input's height
+    and width are fixed at ``input_hw``. Weights over 2 GB go to external data."""
     _onnx_ir()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    wrapped = _NamedOutputs(model.eval(), output_names).eval()
+    model = model.eval() if precision == "fp32" else copy.deepcopy(model).eval().half()
+    wrapped = _NamedOutputs(model, output_names, torch.float32 if precision == "fp32" else torch.float16).eval()
     example = torch.randn(example_batch, 3, *input_hw)  # > 1: torch.export specialises size-1 dims
     batch = torch.export.Dim("batch", min=1, max=4096)
     program = torch.onnx.export(
@@ -111,11 +130,20 @@ def export_onnx(
         verbose=False,
     )
     emulate_bf16(program.model)
+    program.model.metadata_props[PRECISION_KEY] = precision
     program.save(str(path))
     return path
 
 
-def onnx_max_errors(
+def graph_precision(path: str | Path) -> str:
+    """The precision ``export_onnx`` recorded in a graph ("fp32" for a graph that records none)."""
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    return props.get(PRECISION_KEY, "fp32")
+
+
+def onnx_errors(
     path: str | Path,
     model: nn.Module,
     *,
@@ -123,21 +151,34 @@ def onnx_max_errors(
     output_names: Sequence[str],
     batch_sizes: Sequence[int] = (1, 3),
     seed: int = 0,
-) -> dict[int, float]:
-    """Batch size -> max abs difference over all outputs between onnxruntime (CPU) and the
-    eager model, on the same random inputs."""
+) -> dict[str, dict[int, float]]:
+    """``max_abs_error`` (the largest abs difference over all outputs) and ``max_rel_error``
+    (the largest of each output's max abs difference over its largest magnitude), each per
+    batch size, between onnxruntime (CPU) and the eager fp32 model on the same random inputs."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     generator = torch.Generator().manual_seed(seed)
-    errors = {}
+    errors: dict[str, dict[int, float]] = {"max_abs_error": {}, "max_rel_error": {}}
     for b in batch_sizes:
         x = torch.randn(b, 3, *input_hw, generator=generator)
         with torch.no_grad():
             want = as_outputs(model.eval()(x), output_names)
-        got = session.run(list(output_names), {INPUT_NAME: x.numpy()})
-        errors[b] = max(float((torch.from_numpy(g) - w).abs().max()) for g, w in zip(got, want))
+        got = [torch.from_numpy(g) for g in session.run(list(output_names), {INPUT_NAME: x.numpy()})]
+        diffs = [float((g - w).abs().max()) for g, w in zip(got, want)]
+        rel = [d / max(float(w.abs().max()), 1e-12) for d, w in zip(diffs, want)]
+        errors["max_abs_error"][b], errors["max_rel_error"][b] = max(diffs), max(rel)
     return errors
+
+
+def tolerance_measure(precision: str) -> str:
+    """The ``onnx_errors`` entry that ``TOLERANCE[precision]`` bounds."""
+    return "max_abs_error" if precision == "fp32" else "max_rel_error"
+
+
+def within_tolerance(errors: dict[str, dict[int, float]], precision: str) -> bool:
+    """Whether ``onnx_errors`` of a ``precision`` graph are within its ``TOLERANCE``."""
+    return max(errors[tolerance_measure(precision)].values()) <= TOLERANCE[precision]
 
 
 def export_checkpoint(
@@ -148,23 +189,24 @@ def export_checkpoint(
     task: str | None = None,
     image_hw: tuple[int, int] | None = None,
     feature_block: int = -1,
+    precision: str = "fp32",
     check_batch_sizes: Sequence[int] = (1, 3),
 ) -> dict:
-    """Export a task checkpoint (released task model or fine-tune export) and check it.
+    """Export a task checkpoint (released task model or fine-tune export) in ``precision`` and
+    check it against the eager fp32 model.
 
     ``image_hw`` defaults to the size the model was trained at (released models; a
     fine-tune export does not record it, so it must be given). Returns what was exported:
-    the model's name, task, input size, outputs and the max abs error per batch size."""
+    the model's name, task, input size, outputs, precision, the errors per batch size
+    (``onnx_errors``), the tolerance and whether they are within it."""
     from models.task_checkpoints import load_task_checkpoint
 
     loaded = load_task_checkpoint(checkpoint, model=model, task=task, feature_block=feature_block)
     hw = tuple(image_hw or loaded.image_hw or ())
     if len(hw) != 2:
         raise ValueError(f"{checkpoint} does not record its input size; pass --image-size H W")
-    path = export_onnx(loaded.model, output, input_hw=hw, output_names=loaded.outputs)
-    errors = onnx_max_errors(
-        path, loaded.model, input_hw=hw, output_names=loaded.outputs, batch_sizes=check_batch_sizes
-    )
+    path = export_onnx(loaded.model, output, input_hw=hw, output_names=loaded.outputs, precision=precision)
+    errors = onnx_errors(path, loaded.model, input_hw=hw, output_names=loaded.outputs, batch_sizes=check_batch_sizes)
     return {
         "onnx": str(path),
         "model": loaded.name,
@@ -172,5 +214,8 @@ def export_checkpoint(
         "layout": loaded.layout,
         "image_hw": list(hw),
         "outputs": list(loaded.outputs),
-        "max_abs_error": errors,
+        "precision": precision,
+        **errors,
+        "tolerance": {tolerance_measure(precision): TOLERANCE[precision]},
+        "within_tolerance": within_tolerance(errors, precision),
     }

@@ -5,8 +5,10 @@ One registry: the config type decides the class (``Sapiens2Config`` -> ``Sapiens
 
 Sapiens2 sizes follow the public model card (patch 16, 1024x768; the 4K variant adds the
 window tokenizer). ``sapiens2_tiny`` / ``sapiens2_tiny_4k`` are the configuration of the
-reference parity vectors, and ``sapiens2_small`` a CPU-sized model for benchmarks and
-smoke runs; none of these three has released weights.
+reference parity vectors, ``sapiens2_small`` a CPU-sized model for benchmarks and
+smoke runs, and ``sapiens2_nano`` a student smaller than ``sapiens2_tiny`` (distillation on a
+CPU: tiny -> nano, as the released sizes distil 5b / 1b -> 0.4b / 0.1b); none of these has
+released weights.
 
 Sapiens v1 (``sapiens_0.3b`` .. ``sapiens_2b``) are registered in the layout of the
 released *task* checkpoints (1024x768, no CLS, learnable ``pos_embed``); they also load
@@ -47,6 +49,8 @@ MODEL_REGISTRY: dict[str, BackboneConfig] = {
     "sapiens2_tiny_4k": Sapiens2Config(embed_dim=64, depth=18, num_heads=4, use_tokenizer=True, tokenizer_depth=2),
     # Too shallow for the 8-block rule; GQA in its middle third keeps every block kind.
     "sapiens2_small": Sapiens2Config(embed_dim=256, depth=12, num_heads=4, gqa_range=(4, 8), tokenizer_depth=2),
+    # Half of sapiens2_tiny's width, a third of its depth; GQA in its middle third as in sapiens2_small.
+    "sapiens2_nano": Sapiens2Config(embed_dim=32, depth=6, num_heads=2, gqa_range=(2, 4), tokenizer_depth=2),
     "sapiens_0.3b": Sapiens1Config(embed_dim=1024, depth=24, num_heads=16),
     "sapiens_0.6b": Sapiens1Config(embed_dim=1280, depth=32, num_heads=16),
     "sapiens_1b": Sapiens1Config(embed_dim=1536, depth=40, num_heads=24),
@@ -128,6 +132,11 @@ def check_weights_file(name: str | BackboneConfig, path: str | Path, prefix: str
     with torch.device("meta"):
         model = backbone_class(config)(config)
     check_state_dict(model, _adapt(state, config))
+
+
+def backbone_prefix(keys) -> str:
+    """``"backbone."`` when a file's keys carry it (a task checkpoint, some pretrain files), else ``""``."""
+    return "backbone." if any(k.startswith("backbone.") for k in keys) else ""
 
 
 def _backbone_state(state: Mapping[str, torch.Tensor], config: BackboneConfig, prefix: str) -> dict:

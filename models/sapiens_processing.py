@@ -6,9 +6,11 @@ outputs are (B, C, H, W) tensors; sizes are (H, W) unless a name ends in ``_wh``
 Pre-processing:
 
 - ``normalize_image``: RGB, ``(x - mean) / std`` in 0..255 units -> (3, H, W) float32.
-- Pose, top-down: ``bbox_center_scale`` (padding 1.25), ``fix_aspect_ratio`` (w / h = 0.75),
-  ``udp_warp_matrix`` and ``crop_person`` (cv2.warpAffine, INTER_AREA when shrinking,
-  INTER_CUBIC when enlarging, zero border).
+- Pose, top-down: ``select_people`` (score above 0.3, then ``nms`` at IoU 0.3, best first;
+  ``whole_image_box`` when none is left), ``bbox_center_scale`` (padding 1.25),
+  ``fix_aspect_ratio`` (w / h = 0.75), ``udp_warp_matrix`` and ``crop_person``
+  (cv2.warpAffine, INTER_AREA when shrinking, INTER_CUBIC when enlarging, zero border).
+  Boxes, centres, sizes and the matrix are computed in float32 arithmetic, as released.
 - Seg: ``resize_plain`` (aspect not kept). Normal / pointmap / albedo: ``resize_pad``
   (aspect kept, INTER_LINEAR, centred zero padding; returns the ``Padding``).
 
@@ -19,12 +21,21 @@ Post-processing:
   keypoints in crop pixels and the raw maxima as scores), ``keypoints_to_image``.
 - Dense: ``seg_labels`` (logits resized bilinearly, then argmax), ``normals_to_image``
   (L2-normalised, clamp 1e-8, before the resize), ``metric_pointmap`` (pointmap / scale
-  per sample) and ``pointmap_to_image``, ``albedo_to_image`` (clamped to [0, 1]); each
-  crops the ``Padding`` off, then resizes to the image size (bilinear, align_corners=False).
+  per sample) and ``pointmap_to_image``, ``albedo_to_image`` (clamped to [0, 1]) and
+  ``albedo_to_uint8`` (truncated); each crops the ``Padding`` off, then resizes to the image
+  size (bilinear, align_corners=False).
 
 Two scale conventions cancel in pose: ``udp_decode`` maps heatmap to crop pixels by
 ``input_size / (heatmap_size - 1)`` and ``keypoints_to_image`` divides by ``input_size``;
 together they are the exact inverse of the UDP warp, so use both or neither.
+
+Parity with the official demo code is tested on its reference vectors
+(``tests/models/test_sapiens2_processing_parity.py``), which also name the two places where
+these functions deliberately differ: a heatmap channel with no positive value is not refined
+(the released decode reads another channel's memory there), and the pointmap is divided by
+each sample's own scale (the released division is right for a batch of one only). The
+normal and pointmap maps are resized channels-last (``resize_map_hwc``): the same values up to
+float32 rounding, which the released layout would spend a transposed copy on.
 """
 
 from __future__ import annotations
@@ -43,6 +54,8 @@ INPUT_HW = (1024, 768)
 BBOX_PADDING = 1.25
 ASPECT_RATIO = 0.75  # crop width / height = 768 / 1024
 BLUR_KERNEL = 11
+BOX_SCORE_THRESHOLD = 0.3  # the released pose demo's bbox_thr: a box is kept when its score is above it
+NMS_IOU = 0.3  # and when it overlaps no better kept box by more than this IoU
 
 
 def normalize_image(image_HW3: np.ndarray, *, bgr: bool = True) -> torch.Tensor:
@@ -55,32 +68,76 @@ def normalize_image(image_HW3: np.ndarray, *, bgr: bool = True) -> torch.Tensor:
 # ---- pose: top-down crop ----------------------------------------------------------------------
 
 
+def nms(boxes_N4: np.ndarray, scores_N: np.ndarray, iou_threshold: float = NMS_IOU) -> list[int]:
+    """Greedy non-maximum suppression as released: boxes by descending score (equal scores:
+    the later box first), areas with the +1 pixel convention, a box dropped when its IoU with
+    a kept one is above ``iou_threshold``; float32 arithmetic. The kept indices, best first."""
+    boxes = np.asarray(boxes_N4, dtype=np.float32).reshape(-1, 4)
+    x1, y1, x2, y2 = boxes.T
+    one = np.float32(1)
+    areas = (x2 - x1 + one) * (y2 - y1 + one)
+    order = np.argsort(np.asarray(scores_N, dtype=np.float32), kind="stable")[::-1]
+    keep = []
+    while order.size:
+        i, rest = order[0], order[1:]
+        keep.append(int(i))
+        w = np.maximum(np.float32(0), np.minimum(x2[i], x2[rest]) - np.maximum(x1[i], x1[rest]) + one)
+        h = np.maximum(np.float32(0), np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]) + one)
+        inter = w * h
+        order = rest[inter / (areas[i] + areas[rest] - inter) <= iou_threshold]
+    return keep
+
+
+def select_people(
+    boxes_N4: np.ndarray,
+    scores_N: Sequence[float],
+    labels_N: Sequence[int] | None = None,
+    *,
+    score_threshold: float = BOX_SCORE_THRESHOLD,
+    iou_threshold: float = NMS_IOU,
+    person_label: int = 0,
+) -> list[int]:
+    """The detections the released pose demo runs on, best first: label ``person_label``
+    (all, when ``labels_N`` is None), score above ``score_threshold``, then ``nms``."""
+    scores = np.asarray(scores_N, dtype=np.float32).reshape(-1)
+    keep = scores > np.float32(score_threshold)
+    if labels_N is not None:
+        keep &= np.asarray(labels_N).reshape(-1) == person_label
+    candidates = np.flatnonzero(keep)
+    boxes = np.asarray(boxes_N4, dtype=np.float32).reshape(-1, 4)
+    return [int(candidates[j]) for j in nms(boxes[candidates], scores[candidates], iou_threshold)]
+
+
+def whole_image_box(image_hw: tuple[int, int]) -> np.ndarray:
+    """The box the released demo uses when no person is detected: (0, 0, W - 1, H - 1), float32."""
+    return np.array([0, 0, image_hw[1] - 1, image_hw[0] - 1], dtype=np.float32)
+
+
 def bbox_center_scale(bbox_xyxy: Sequence[float], padding: float = BBOX_PADDING) -> tuple[np.ndarray, np.ndarray]:
-    """Centre and padded size (w, h) of a box (x1, y1, x2, y2)."""
-    x1, y1, x2, y2 = (float(v) for v in bbox_xyxy)
-    center = np.array([(x1 + x2) / 2, (y1 + y2) / 2], dtype=np.float32)
-    scale = np.array([x2 - x1, y2 - y1], dtype=np.float32) * padding
-    return center, scale
+    """Centre and padded size (w, h) of a box (x1, y1, x2, y2), in float32 arithmetic as released."""
+    box = np.asarray(bbox_xyxy, dtype=np.float32).reshape(4)
+    return (box[2:] + box[:2]) * np.float32(0.5), (box[2:] - box[:2]) * np.float32(padding)
 
 
 def fix_aspect_ratio(scale_wh: np.ndarray, aspect_ratio: float = ASPECT_RATIO) -> np.ndarray:
-    """Grow the shorter side so that w / h = ``aspect_ratio``."""
-    w, h = float(scale_wh[0]), float(scale_wh[1])
-    if w > aspect_ratio * h:
-        return np.array([w, w / aspect_ratio], dtype=np.float32)
-    return np.array([h * aspect_ratio, h], dtype=np.float32)
+    """Grow the shorter side so that w / h = ``aspect_ratio`` (float32 arithmetic, as released)."""
+    w, h = np.asarray(scale_wh, dtype=np.float32).reshape(2)
+    ratio = np.float32(aspect_ratio)
+    return np.array([w, w / ratio] if w > h * ratio else [h * ratio, h], dtype=np.float32)
 
 
 def udp_warp_matrix(center: np.ndarray, scale_wh: np.ndarray, output_wh: tuple[int, int]) -> np.ndarray:
     """The (2, 3) UDP affine map from image to crop pixels (no rotation): the box's corner
-    pixels go to the crop's, ``(output - 1) / scale`` pixels per image pixel."""
-    sx = (output_wh[0] - 1) / float(scale_wh[0])
-    sy = (output_wh[1] - 1) / float(scale_wh[1])
-    cx, cy = float(center[0]), float(center[1])
-    return np.array(
-        [[sx, 0.0, sx * (-cx + 0.5 * float(scale_wh[0]))], [0.0, sy, sy * (-cy + 0.5 * float(scale_wh[1]))]],
-        dtype=np.float32,
-    )
+    pixels go to the crop's, ``(output - 1) / scale`` pixels per image pixel.
+
+    Every entry is computed in float32 arithmetic in the released order (``s = (out - 1) /
+    scale``, then ``s * (0.5 * scale - center)``): a float64 computation differs by a few
+    float32 ulps in the translation, which moves crop pixels."""
+    cx, cy = np.asarray(center, dtype=np.float32).reshape(2)
+    sw, sh = np.asarray(scale_wh, dtype=np.float32).reshape(2)
+    sx, sy = np.float32(output_wh[0] - 1) / sw, np.float32(output_wh[1] - 1) / sh
+    half = np.float32(0.5)
+    return np.array([[sx, 0, sx * (half * sw - cx)], [0, sy, sy * (half * sh - cy)]], dtype=np.float32)
 
 
 def warp_interpolation(matrix: np.ndarray) -> int:
@@ -106,7 +163,7 @@ def crop_person(
 ) -> PoseCrop:
     """The top-down pose crop of a person box (the whole image when ``bbox_xyxy`` is None)."""
     if bbox_xyxy is None:
-        bbox_xyxy = (0, 0, image.shape[1] - 1, image.shape[0] - 1)
+        bbox_xyxy = whole_image_box(image.shape[:2])
     center, scale = bbox_center_scale(bbox_xyxy, padding)
     out_wh = (input_hw[1], input_hw[0])
     scale = fix_aspect_ratio(scale, out_wh[0] / out_wh[1])
@@ -118,9 +175,9 @@ def crop_person(
 def keypoints_to_image(
     keypoints_NK2: np.ndarray, center: np.ndarray, scale_wh: np.ndarray, input_wh: tuple[int, int]
 ) -> np.ndarray:
-    """Crop-pixel keypoints (as ``udp_decode`` returns them) -> image pixels."""
-    input_wh_ = np.asarray(input_wh, dtype=np.float32)
-    return keypoints_NK2 / input_wh_ * scale_wh + center - 0.5 * scale_wh
+    """Crop-pixel keypoints (as ``udp_decode`` returns them) -> image pixels, float64."""
+    kp = np.asarray(keypoints_NK2, dtype=np.float64)
+    return kp / np.asarray(input_wh, dtype=np.float64) * scale_wh + center - 0.5 * scale_wh
 
 
 # ---- pose: flip test and UDP heatmap decode ------------------------------------------------------
@@ -187,14 +244,16 @@ def refine_dark_udp(locs_K2: np.ndarray, heatmaps_KHW: np.ndarray, kernel: int =
 def udp_decode(
     heatmaps_KHW: np.ndarray, input_wh: tuple[int, int], blur_kernel: int = BLUR_KERNEL
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One instance's heatmaps -> keypoints (1, K, 2) in crop pixels and scores (1, K).
+    """One instance's heatmaps -> keypoints (1, K, 2) float64 in crop pixels and scores (1, K).
 
-    Keypoints are ``refined / (heatmap_size - 1) * input_size``; scores are the raw maxima."""
+    Keypoints are ``refined / (heatmap_size - 1) * input_size``; scores are the raw maxima.
+    A channel with no positive value keeps the location (-1, -1) unrefined (the released
+    decode refines it from the neighbouring channel's memory, an accident not reproduced)."""
     K, H, W = heatmaps_KHW.shape
     locs, scores = heatmap_maximum(heatmaps_KHW)
     refined = refine_dark_udp(locs, heatmaps_KHW, blur_kernel)
     keypoints = refined / np.array([W - 1, H - 1], dtype=np.float64) * np.array(input_wh, dtype=np.float64)
-    return keypoints[None].astype(np.float32), scores[None]
+    return keypoints[None], scores[None]
 
 
 # ---- dense tasks: resizing in, and back out ----------------------------------------------------
@@ -288,5 +347,11 @@ def pointmap_to_image(
 def albedo_to_image(
     albedo_B3HW: torch.Tensor, image_hw: tuple[int, int], padding: Padding | None = None
 ) -> torch.Tensor:
-    """RGB albedo in [0, 1] at the image size: clamped, padding cropped, resized."""
-    return resize_map_hwc(unpad(albedo_B3HW.clamp(0, 1), padding), image_hw)
+    """RGB albedo in [0, 1] at the image size: clamped, padding cropped, resized in the released
+    (NCHW) memory layout, whose values ``albedo_to_uint8``'s truncation keeps bit for bit."""
+    return resize_map(unpad(albedo_B3HW.clamp(0, 1), padding).contiguous(), image_hw)
+
+
+def albedo_to_uint8(albedo: torch.Tensor) -> torch.Tensor:
+    """Albedo in [0, 1] -> uint8 as released: ``albedo * 255`` truncated, not rounded."""
+    return (albedo * 255).to(torch.uint8)

@@ -35,7 +35,7 @@ from infra.config import load_config
 from pipelines.chain import DagConfig, DagInputs, DagResult, StageOutcome, run_dag
 from pipelines.chain.stages import StagePlan
 from pipelines.demo_corpus import NO_PERSON_DIR, build_demo_corpus
-from training.stage import PretrainResult
+from training.stage import DistillResult, PretrainResult
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -50,6 +50,7 @@ HEADLINE = {
 TITLES = {
     "curate": "curate  ",
     "pretrain": "pretrain",
+    "distill": "distill ",
     "finetune": "finetune",
     "probe": "probe   ",
     "annotate": "annotate",
@@ -203,7 +204,7 @@ def _headline(o: StageOutcome) -> str:
     r = o.result
     if isinstance(r, CurateResult):
         return f"dataset {r.dataset_id}  {o.folder}"
-    if isinstance(r, PretrainResult):
+    if isinstance(r, (PretrainResult, DistillResult)):
         return f"{r.final_step} steps  {r.student_weights}"
     if isinstance(r, FinetuneResult):
         return f"{len(r.metrics)} tasks fine-tuned  {o.folder}"

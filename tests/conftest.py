@@ -46,12 +46,16 @@ SLOW_FIXTURES = {"ray_local", "bench", "s3"}
 # one unit of work (its module fixtures are made once), except that the files sharing one of these
 # expensive session runs form one unit, so that run is made once, on one worker. Those units go
 # first (``--no-loadscope-reorder`` keeps the collection order): the longest start earliest.
-SHARED_RUNS = {"demo_run": "demo-run", "pretrain_reference": "pretrain-runs"}  # fixture -> unit
+# fixture -> unit
+SHARED_RUNS = {"demo_run": "demo-run", "pretrain_reference": "pretrain-runs", "distill_reference": "distill-runs"}
 SHARED_RUN_FILES = {
     "tests/pipelines/test_dag.py": "demo-run",
     "tests/pipelines/test_demo.py": "demo-run",
     "tests/training/test_pretrain_crash_resume.py": "pretrain-runs",
     "tests/training/test_pretrain_e2e.py": "pretrain-runs",
+    "tests/training/test_pretrain_init.py": "pretrain-runs",
+    "tests/training/test_distill_e2e.py": "distill-runs",
+    "tests/training/test_distill_crash_resume.py": "distill-runs",
 }
 
 

@@ -1,7 +1,8 @@
 """Sharded (DCP) checkpoints of the whole training state, and backbone exports.
 
 A checkpoint directory holds the DCP files of every rank (model: student, teacher and
-the DINO centre; optimiser), ``train_state.json`` (step, digests; rank 0) and
+the DINO centre, less what the meta-architecture's ``checkpoint_excludes`` names: a frozen
+teacher that every session reloads from its file; optimiser), ``train_state.json`` (step, digests; rank 0) and
 ``data/rank_<r>.json`` (each rank's loader position). Every rank writes its part into a
 local temporary directory and reports it with ``ray.train.report``; Ray merges them into
 one checkpoint folder in storage.
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 TRAIN_STATE = "train_state.json"
 DATA_DIR = "data"
@@ -36,7 +37,7 @@ def save(
     meta: dict | None = None,
 ) -> None:
     directory = Path(directory)
-    model_sd, optim_sd = get_state_dict(arch, optimizer)
+    model_sd, optim_sd = _state_dicts(arch, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(directory))
     (directory / DATA_DIR).mkdir(parents=True, exist_ok=True)
     (directory / DATA_DIR / f"rank_{rank:05d}.json").write_text(json.dumps(data_state, separators=(",", ":")))
@@ -49,14 +50,25 @@ def load(
 ) -> tuple[int, dict | None, dict]:
     """Restore model and optimiser in place; returns (step, this rank's data state or None, train state)."""
     directory = Path(directory)
-    model_sd, optim_sd = get_state_dict(arch, optimizer)
+    model_sd, optim_sd = _state_dicts(arch, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(directory))
-    set_state_dict(arch, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    # strict unless part of the model is left out of checkpoints on purpose
+    options = StateDictOptions(strict=not getattr(arch, "checkpoint_excludes", ()))
+    set_state_dict(arch, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options)
     train_state = json.loads((directory / TRAIN_STATE).read_text())
     data_file = directory / DATA_DIR / f"rank_{rank:05d}.json"
     data_state = json.loads(data_file.read_text()) if data_file.is_file() else None
     return int(train_state["step"]), data_state, train_state
+
+
+def _state_dicts(arch: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Model and optimiser state dicts, without the keys under ``arch.checkpoint_excludes``."""
+    model_sd, optim_sd = get_state_dict(arch, optimizer)
+    excludes = tuple(getattr(arch, "checkpoint_excludes", ()))
+    if excludes:
+        model_sd = {k: v for k, v in model_sd.items() if not k.startswith(excludes)}
+    return model_sd, optim_sd
 
 
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:

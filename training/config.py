@@ -1,4 +1,5 @@
-"""Settings of a pretraining run: typed, keyword-only dataclasses.
+"""Settings of a training run: typed, keyword-only dataclasses. ``TrainConfig`` is what every
+objective shares, ``PretrainConfig`` pretraining's (distillation's: ``training.distill_config``).
 
 The defaults are the Sapiens2 recipe (SPEC section 3) at 1024x768: MAE + 0.4 DINO CLS loss
 + 0.04 KoLeo, EMA teacher 0.992 -> 1, 2 global + 4 local crops, mixed block/patch masking
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from infra.config import config_digest, config_to_dict
 from infra.ray_runtime import RayConfig, ray_section
@@ -173,110 +174,6 @@ class MetricsConfig:
     images_every: int = 1000
 
 
-@dataclass(frozen=True, kw_only=True)
-class PretrainConfig:
-    """A pretraining run. The model's family picks the objective: a Sapiens2 model trains
-    with the defaults' recipe, a Sapiens v1 model (``sapiens_*``) with MAE alone (no teacher,
-    CLS or KoLeo loss; ``configs/pretrain_v1_*.yaml``). ``steps``: total optimiser steps of the run;
-    ``max_steps_this_session``: stop (with a checkpoint) after this many steps in this
-    session (0 = no limit), to be resumed by re-running with the same ``run_name``.
-    ``deterministic``: deterministic kernels (bit-exact resume on CPU).
-    ``peak_tflops``: per-device peak for MFU (0 = look up the GPU; no MFU on CPU).
-    ``record_batch_keys``: each rank appends its batch keys per step to
-    ``<run>/batch_keys/rank_<r>.jsonl`` (a debugging aid for data-order checks).
-    """
-
-    model: str = "sapiens2_0.4b"
-    run_name: str = ""
-    storage_path: str = "runs/pretrain"
-    steps: int = 500000
-    batch_size_per_worker: int = 8
-    seed: int = 0
-    deterministic: bool = False
-    max_steps_this_session: int = 0
-    peak_tflops: float = 0.0
-    record_batch_keys: bool = False
-    data: DataConfig = field(default_factory=DataConfig)
-    crops: CropConfig = field(default_factory=CropConfig)
-    masking: MaskingConfig = field(default_factory=MaskingConfig)
-    decoder: DecoderConfig = field(default_factory=DecoderConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    teacher: TeacherConfig = field(default_factory=TeacherConfig)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    metrics: MetricsConfig = field(default_factory=MetricsConfig)
-    # Ray Train scaling (num_workers, cpus_per_worker, use_gpu, max_failures, timeout_s) and
-    # where the cluster is; one GPU node of 8 by default.
-    ray: RayConfig = ray_section(num_workers=8, cpus_per_worker=8.0, use_gpu=True)
-    tracking: TrackingConfig = tracking_section("pretrain")
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the setting when the run cannot work."""
-        from models.registry import family_of, get_config
-
-        model, v1 = get_config(self.model), family_of(self.model) == "sapiens1"
-        stride = model.feature_stride
-        if not self.data.dataset:
-            raise ValueError(
-                "data.dataset is empty: give a dataset version id, a dataset name or a curation output folder"
-            )
-        for name, (h, w) in (
-            ("crops.global_size", self.crops.global_size),
-            ("crops.local_size", self.crops.local_size),
-        ):
-            if h % stride or w % stride or h <= 0 or w <= 0:
-                raise ValueError(f"{name} = {h}x{w} must be positive multiples of the model's stride {stride}")
-        if v1:
-            self._validate_v1()
-        elif self.crops.num_global < 2:
-            raise ValueError("crops.num_global must be >= 2 (the CLS loss pairs each teacher view with another view)")
-        if self.crops.num_local < 0:
-            raise ValueError("crops.num_local must be >= 0")
-        if not 0.0 < self.masking.ratio < 1.0:
-            raise ValueError(f"masking.ratio must lie in (0, 1), got {self.masking.ratio}")
-        h, w = self.crops.global_size
-        if round(self.masking.ratio * (h // stride) * (w // stride)) >= (h // stride) * (w // stride):
-            raise ValueError(
-                "masking.ratio masks every patch of the global view: lower it or enlarge crops.global_size"
-            )
-        if self.steps < 1 or self.batch_size_per_worker < 1:
-            raise ValueError("steps and batch_size_per_worker must be >= 1")
-        if self.batch_size_per_worker < 2 and self.loss.koleo_weight > 0 and not v1:
-            raise ValueError("KoLeo needs batch_size_per_worker >= 2 (nearest neighbours within the batch)")
-        if self.checkpoint.every < 1 or self.checkpoint.keep < 1 or self.checkpoint.preemption_check_every < 0:
-            raise ValueError(
-                "checkpoint.every and checkpoint.keep must be >= 1, checkpoint.preemption_check_every >= 0"
-            )
-        if self.data.shuffle_buffer < 1 or self.data.loader_workers < 0:
-            raise ValueError("data.shuffle_buffer must be >= 1 and data.loader_workers >= 0")
-        if self.optim.warmup_steps < 0 or self.optim.lr <= 0:
-            raise ValueError("optim.lr must be > 0 and optim.warmup_steps >= 0")
-        if self.metrics.log_every < 1 or self.metrics.images_every < 0:
-            raise ValueError("metrics.log_every must be >= 1 and metrics.images_every >= 0")
-        if not self.tracking.enabled:
-            raise ValueError(
-                "tracking.enabled=false: a pretraining run keeps its losses, resume record and lineage "
-                "in MLflow; leave tracking enabled (tracking.uri chooses the store)"
-            )
-        if not v1 and (
-            self.decoder.embed_dim % self.decoder.num_heads or (self.decoder.embed_dim // self.decoder.num_heads) % 4
-        ):
-            raise ValueError("decoder.embed_dim / decoder.num_heads must be an integer divisible by 4 (2-D RoPE)")
-
-    def _validate_v1(self) -> None:
-        """Sapiens v1 (a ``sapiens_*`` model): MAE only, on ``crops.num_global`` masked views."""
-        if self.crops.num_global < 1:
-            raise ValueError("crops.num_global must be >= 1 (the views the MAE reconstructs)")
-        if self.crops.num_local:
-            raise ValueError(
-                f"crops.num_local = {self.crops.num_local}: Sapiens v1 pretraining is MAE only and "
-                "uses no local views; set crops.num_local=0"
-            )
-        if self.decoder.embed_dim % self.decoder.num_heads or self.decoder.embed_dim % 4:
-            raise ValueError("decoder.embed_dim must be divisible by decoder.num_heads and by 4 (2-D sin-cos table)")
-
-
 RESUME_FREE = (
     "run_name",
     "storage_path",
@@ -301,18 +198,172 @@ RESUME_FREE = (
     "ray.timeout_s",
     "metrics",
     "tracking",
+    "init",
 )
 """Settings that may differ between a run and its resumption (where and how, not what).
-``data.dataset`` is checked separately: it must resolve to the run's recorded version.
+``data.dataset`` is checked separately: it must resolve to the run's recorded version; the weight
+files (``init``, a distillation's ``teacher.checkpoint``) are where, and enter by their content
+(``TrainConfig.weight_files``), which must be the recorded content.
 Of the ``ray`` section only ``num_workers``, ``cpus_per_worker`` (the CPU thread count) and
 ``use_gpu`` shape the trajectory; with the rest (and ``metrics``, ``tracking``) left out, a
 run's identity digest is what it was before these sections were shared with the other stages."""
 
 
-def identity_dict(cfg: PretrainConfig) -> dict:
-    """The settings that define a run's trajectory (all but ``RESUME_FREE``)."""
+@dataclass(frozen=True, kw_only=True)
+class InitConfig:
+    """Weights a new run starts from (a resumed run takes its checkpoint instead and never reads
+    these files again). ``backbone``: a backbone file for the student (and the EMA teacher, which
+    starts as a copy of it): a released Sapiens2 or Sapiens v1 pretrain checkpoint (official
+    keys, with or without a ``backbone.`` prefix) or a platform export
+    (``export/student_backbone.safetensors``), checked strictly against ``model``. ``heads``: a
+    platform DCP checkpoint folder (``<run>/checkpoint_<step>``) whose student heads (DINO head,
+    MAE decoder, projection heads) the run starts from; without it they start fresh. Both
+    enter the run's identity by their content's sha256, never by their path (and the default
+    ``run_name``: a run named by default needs its files to find itself again)."""
+
+    backbone: str = ""
+    heads: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """What every training objective (pretraining, distillation) shares: the run, its data,
+    views, optimiser, parallelism, checkpoints, metrics and cluster. ``steps``: total optimiser
+    steps of the run; ``max_steps_this_session``: stop (with a checkpoint) after this many steps
+    in this session (0 = no limit), to be resumed by re-running with the same ``run_name``.
+    ``deterministic``: deterministic kernels (bit-exact resume on CPU).
+    ``peak_tflops``: per-device peak for MFU (0 = look up the GPU; no MFU on CPU).
+    ``record_batch_keys``: each rank appends its batch keys per step to
+    ``<run>/batch_keys/rank_<r>.jsonl`` (a debugging aid for data-order checks).
+    ``objective``: the MLflow stage tag and run-name prefix of the subclass's runs."""
+
+    objective: ClassVar[str] = ""
+    resume_free: ClassVar[tuple[str, ...]] = RESUME_FREE
+    loss_parts: ClassVar[tuple[str, ...]] = ()  # logged as loss_<part>
+
+    run_name: str = ""
+    storage_path: str = "runs/pretrain"
+    steps: int = 500000
+    batch_size_per_worker: int = 8
+    seed: int = 0
+    deterministic: bool = False
+    max_steps_this_session: int = 0
+    peak_tflops: float = 0.0
+    record_batch_keys: bool = False
+    init: InitConfig = field(default_factory=InitConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    crops: CropConfig = field(default_factory=CropConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    # Ray Train scaling (num_workers, cpus_per_worker, use_gpu, max_failures, timeout_s) and
+    # where the cluster is; one GPU node of 8 by default.
+    ray: RayConfig = ray_section(num_workers=8, cpus_per_worker=8.0, use_gpu=True)
+    tracking: TrackingConfig = tracking_section("pretrain")
+
+    def backbone_files(self) -> dict[str, tuple[str, str]]:
+        """The backbone files the run reads, by setting: (path, the model they must fit)."""
+        return {"init.backbone": (self.init.backbone, self.model)} if self.init.backbone else {}
+
+    def weight_files(self) -> dict[str, str]:
+        """The weight files the run reads, by setting (those set): they enter its identity by content."""
+        return {k: v for k, v in (("init.backbone", self.init.backbone), ("init.heads", self.init.heads)) if v}
+
+    def _validate_views(self, stride: int) -> None:
+        """The dataset reference, the crop sizes and the masking, for a model of ``stride``."""
+        if not self.data.dataset:
+            raise ValueError(
+                "data.dataset is empty: give a dataset version id, a dataset name or a curation output folder"
+            )
+        for name, (h, w) in (
+            ("crops.global_size", self.crops.global_size),
+            ("crops.local_size", self.crops.local_size),
+        ):
+            if h % stride or w % stride or h <= 0 or w <= 0:
+                raise ValueError(f"{name} = {h}x{w} must be positive multiples of the model's stride {stride}")
+        if self.crops.num_local < 0:
+            raise ValueError("crops.num_local must be >= 0")
+        if not 0.0 < self.masking.ratio < 1.0:
+            raise ValueError(f"masking.ratio must lie in (0, 1), got {self.masking.ratio}")
+        h, w = self.crops.global_size
+        if round(self.masking.ratio * (h // stride) * (w // stride)) >= (h // stride) * (w // stride):
+            raise ValueError(
+                "masking.ratio masks every patch of the global view: lower it or enlarge crops.global_size"
+            )
+
+    def _validate_schedule(self) -> None:
+        """Steps, batch, checkpoints, loader, optimiser, metrics and tracking."""
+        if self.steps < 1 or self.batch_size_per_worker < 1:
+            raise ValueError("steps and batch_size_per_worker must be >= 1")
+        if self.checkpoint.every < 1 or self.checkpoint.keep < 1 or self.checkpoint.preemption_check_every < 0:
+            raise ValueError(
+                "checkpoint.every and checkpoint.keep must be >= 1, checkpoint.preemption_check_every >= 0"
+            )
+        if self.data.shuffle_buffer < 1 or self.data.loader_workers < 0:
+            raise ValueError("data.shuffle_buffer must be >= 1 and data.loader_workers >= 0")
+        if self.optim.warmup_steps < 0 or self.optim.lr <= 0:
+            raise ValueError("optim.lr must be > 0 and optim.warmup_steps >= 0")
+        if self.metrics.log_every < 1 or self.metrics.images_every < 0:
+            raise ValueError("metrics.log_every must be >= 1 and metrics.images_every >= 0")
+        if not self.tracking.enabled:
+            raise ValueError(
+                "tracking.enabled=false: a training run keeps its losses, resume record and lineage "
+                "in MLflow; leave tracking enabled (tracking.uri chooses the store)"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PretrainConfig(TrainConfig):
+    """A pretraining run. The model's family picks the objective: a Sapiens2 model trains
+    with the defaults' recipe, a Sapiens v1 model (``sapiens_*``) with MAE alone (no teacher,
+    CLS or KoLeo loss; ``configs/pretrain_v1_*.yaml``). ``model`` is the student's (and the EMA
+    teacher's) backbone."""
+
+    objective: ClassVar[str] = "pretrain"
+    loss_parts: ClassVar[tuple[str, ...]] = ("mae", "cl", "koleo")
+
+    model: str = "sapiens2_0.4b"
+    loss: LossConfig = field(default_factory=LossConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the setting when the run cannot work."""
+        from models.registry import family_of, get_config
+
+        v1 = family_of(self.model) == "sapiens1"
+        self._validate_views(get_config(self.model).feature_stride)
+        if v1:
+            self._validate_v1()
+        elif self.crops.num_global < 2:
+            raise ValueError("crops.num_global must be >= 2 (the CLS loss pairs each teacher view with another view)")
+        self._validate_schedule()
+        if self.batch_size_per_worker < 2 and self.loss.koleo_weight > 0 and not v1:
+            raise ValueError("KoLeo needs batch_size_per_worker >= 2 (nearest neighbours within the batch)")
+        if not v1 and (
+            self.decoder.embed_dim % self.decoder.num_heads or (self.decoder.embed_dim // self.decoder.num_heads) % 4
+        ):
+            raise ValueError("decoder.embed_dim / decoder.num_heads must be an integer divisible by 4 (2-D RoPE)")
+
+    def _validate_v1(self) -> None:
+        """Sapiens v1 (a ``sapiens_*`` model): MAE only, on ``crops.num_global`` masked views."""
+        if self.crops.num_global < 1:
+            raise ValueError("crops.num_global must be >= 1 (the views the MAE reconstructs)")
+        if self.crops.num_local:
+            raise ValueError(
+                f"crops.num_local = {self.crops.num_local}: Sapiens v1 pretraining is MAE only and "
+                "uses no local views; set crops.num_local=0"
+            )
+        if self.decoder.embed_dim % self.decoder.num_heads or self.decoder.embed_dim % 4:
+            raise ValueError("decoder.embed_dim must be divisible by decoder.num_heads and by 4 (2-D sin-cos table)")
+
+
+def identity_dict(cfg: TrainConfig) -> dict:
+    """The settings that define a run's trajectory (all but ``cfg.resume_free``)."""
     d = config_to_dict(cfg)
-    for dotted in RESUME_FREE:
+    for dotted in cfg.resume_free:
         node, *rest = dotted.split(".")
         if rest:
             d[node].pop(rest[0], None)
@@ -321,16 +372,18 @@ def identity_dict(cfg: PretrainConfig) -> dict:
     return d
 
 
-def identity_digest(cfg: PretrainConfig) -> str:
+def identity_digest(cfg: TrainConfig) -> str:
     return config_digest(identity_dict(cfg))
 
 
-def default_run_name(cfg: PretrainConfig) -> str:
-    """``pretrain-<model>-<digest of the run-defining settings and the dataset reference>``:
-    re-running the same command resumes."""
-    digest = config_digest({"identity": identity_dict(cfg), "dataset": cfg.data.dataset})
-    return f"pretrain-{cfg.model.replace('.', '')}-{digest[:10]}"
+def default_run_name(cfg: TrainConfig, weight_digests: dict[str, str] | None = None) -> str:
+    """``<objective>-<model>-<digest of the run-defining settings, the dataset reference and the
+    weight files' sha256 (``weight_digests``, setting -> sha256)>``: re-running the same command resumes."""
+    parts = {"identity": identity_dict(cfg), "dataset": cfg.data.dataset}
+    if weight_digests:
+        parts["weights"] = weight_digests
+    return f"{cfg.objective}-{cfg.model.replace('.', '')}-{config_digest(parts)[:10]}"
 
 
-def with_run_name(cfg: PretrainConfig) -> PretrainConfig:
-    return cfg if cfg.run_name else dataclasses.replace(cfg, run_name=default_run_name(cfg))
+def with_run_name(cfg: TrainConfig, weight_digests: dict[str, str] | None = None) -> TrainConfig:
+    return cfg if cfg.run_name else dataclasses.replace(cfg, run_name=default_run_name(cfg, weight_digests))

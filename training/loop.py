@@ -23,10 +23,12 @@ import training.checkpoint as checkpoint
 from infra import jsonl, storage
 from infra.config import from_dict
 from infra.tracking import MetricsLogger
-from training.config import PretrainConfig
+from training.config import PretrainConfig, TrainConfig
 from training.data import RankSpec, ResumableLoader
+from training.distill_config import DistillConfig
 from training.flops import peak_tflops, step_cost, tokens_per_step
-from training.meta_arch import MAEMetaArch, SSLMetaArch, build_meta_arch
+from training.init import initialise
+from training.meta_arch import DistillMetaArch, MAEMetaArch, SSLMetaArch, build_meta_arch
 from training.optim import build_optimizer
 from training.parallelize import parallelize
 from training.schedules import values_at
@@ -37,9 +39,11 @@ log = logging.getLogger(__name__)
 
 EXPORT_DIR = "export"
 EXPORT_MANIFEST = "export.json"
+CONFIG_CLASSES: dict[str, type[TrainConfig]] = {c.objective: c for c in (PretrainConfig, DistillConfig)}
+"""The config class of each objective (``TrainConfig.objective``), as the driver's payload names it."""
 
 
-def set_determinism(cfg: PretrainConfig, device: torch.device) -> None:
+def set_determinism(cfg: TrainConfig, device: torch.device) -> None:
     """Before anything is built on this rank: the seed, on CPU the thread count, and with
     ``cfg.deterministic`` the deterministic-algorithm flags."""
     torch.manual_seed(cfg.seed)
@@ -53,9 +57,13 @@ def set_determinism(cfg: PretrainConfig, device: torch.device) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def build(cfg: PretrainConfig, device: torch.device, world_size: int):
-    """The sharded meta-architecture and its optimiser, initialised identically on every rank."""
+def build(cfg: TrainConfig, device: torch.device, world_size: int, *, from_files: bool = False):
+    """The sharded meta-architecture and its optimiser, initialised identically on every rank.
+    ``from_files``: a new run, whose student starts from ``cfg.init``'s files where set (a
+    resumed run's state comes from its checkpoint instead)."""
     arch = build_meta_arch(cfg)  # student initialised on CPU from the seed; teacher (if any) on meta
+    if from_files:
+        initialise(arch, cfg)
     mesh = None
     if dist.is_available() and dist.is_initialized():
         from torch.distributed.device_mesh import init_device_mesh
@@ -74,12 +82,12 @@ class Session:
     the loop is (``step``; ``last``: the latest step's values; ``tick``: when the step clock
     last started)."""
 
-    cfg: PretrainConfig
+    cfg: TrainConfig
     payload: dict
     rank: int
     world: int
     device: torch.device
-    arch: SSLMetaArch | MAEMetaArch
+    arch: SSLMetaArch | MAEMetaArch | DistillMetaArch
     optimizer: torch.optim.Optimizer
     loader: ResumableLoader
     logger: MetricsLogger | None
@@ -88,6 +96,9 @@ class Session:
     last: dict = field(default_factory=dict)
     tick: float = 0.0
     saved_for_notice: bool = False
+    step_tokens: int = 0  # patch tokens per step (throughput)
+    step_flops: float | None = None  # FLOPs per step, counted only when the device's peak is known (MFU)
+    peak_tflops: float | None = None
 
     @property
     def run_dir(self) -> str:
@@ -98,15 +109,6 @@ class Session:
         return {"run_name": self.cfg.run_name, "dataset_id": self.payload["dataset"]["id"], "model": self.cfg.model}
 
 
-@dataclass(frozen=True)
-class StepCost:
-    """What throughput and MFU are computed from: tokens and (only with a known peak) FLOPs per step."""
-
-    tokens: int
-    flops: float | None
-    peak_tflops: float
-
-
 def train_loop_per_worker(payload: dict) -> None:
     """Build, shard, restore, train (checkpointing as it goes), export."""
     import ray.train
@@ -115,7 +117,7 @@ def train_loop_per_worker(payload: dict) -> None:
     # BackboneOutput's cls/patch_tokens are views of its tokens; nothing here modifies
     # them in place, which is what this FSDP2 warning is about.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-    session = _start(from_dict(PretrainConfig, payload["config"]), payload)
+    session = _start(from_dict(CONFIG_CLASSES[payload["objective"]], payload["config"]), payload)
     try:
         _train(session)
         cfg = session.cfg
@@ -130,7 +132,7 @@ def train_loop_per_worker(payload: dict) -> None:
             session.logger.flush()
 
 
-def _start(cfg: PretrainConfig, payload: dict) -> Session:
+def _start(cfg: TrainConfig, payload: dict) -> Session:
     """This rank's device, the sharded model and optimiser, restored with the data position
     from the newest checkpoint, the rank's data stream, and (rank 0) the metrics logger."""
     import ray.train
@@ -141,8 +143,9 @@ def _start(cfg: PretrainConfig, payload: dict) -> Session:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     set_determinism(cfg, device)
-    arch, optimizer = build(cfg, device, world)
-    step, data_state = _restore(arch, optimizer, rank, payload["dataset"]["id"])
+    restored = ray.train.get_checkpoint()
+    arch, optimizer = build(cfg, device, world, from_files=restored is None)
+    step, data_state = _restore(restored, arch, optimizer, rank, payload["dataset"]["id"])
     spec = RankSpec.of(cfg, rank=rank, world_size=world, patch_stride=arch.stride, pin_memory=device.type == "cuda")
     loader = ResumableLoader(tuple(payload["shards"]), cfg.data, spec, state=data_state)
     logger = None
@@ -165,12 +168,9 @@ def _start(cfg: PretrainConfig, payload: dict) -> Session:
     )
 
 
-def _restore(arch, optimizer, rank: int, dataset_id: str) -> tuple[int, dict | None]:
-    """(step, data position) of Ray Train's newest checkpoint, loaded into ``arch`` and
-    ``optimizer``; (0, None) for a fresh run."""
-    import ray.train
-
-    restored = ray.train.get_checkpoint()
+def _restore(restored, arch, optimizer, rank: int, dataset_id: str) -> tuple[int, dict | None]:
+    """(step, data position) of Ray Train's newest checkpoint ``restored``, loaded into ``arch``
+    and ``optimizer``; (0, None) for a fresh run (``restored`` None)."""
     if restored is None:
         return 0, None
     with restored.as_directory() as directory:
@@ -184,7 +184,7 @@ def _restore(arch, optimizer, rank: int, dataset_id: str) -> tuple[int, dict | N
     return step, data_state
 
 
-def _keys_file(cfg: PretrainConfig, run_dir: str, rank: int) -> Path | None:
+def _keys_file(cfg: TrainConfig, run_dir: str, rank: int) -> Path | None:
     if not cfg.record_batch_keys or "://" in run_dir:
         return None
     keys_file = Path(run_dir) / "batch_keys" / f"rank_{rank:05d}.jsonl"
@@ -202,16 +202,14 @@ def _train(s: Session) -> None:
     """Steps until the session's end, with a checkpoint every ``checkpoint.every`` steps, at
     the end, and when Ray says a node is about to be preempted."""
     cfg = s.cfg
-    peak = peak_tflops(cfg.peak_tflops, s.device)
-    cost = StepCost(
-        tokens=tokens_per_step(cfg, cfg.batch_size_per_worker),
-        flops=step_cost(cfg, cfg.batch_size_per_worker).flops if peak else None,  # counting takes seconds
-        peak_tflops=peak,
-    )
+    s.peak_tflops = peak_tflops(cfg.peak_tflops, s.device)
+    s.step_tokens = tokens_per_step(cfg, cfg.batch_size_per_worker)
+    if s.peak_tflops:  # counting takes seconds
+        s.step_flops = step_cost(cfg, cfg.batch_size_per_worker).flops
     session_end = cfg.steps if cfg.max_steps_this_session <= 0 else min(cfg.steps, s.step + cfg.max_steps_this_session)
     s.tick = time.perf_counter()
     while s.step < session_end:
-        _one_step(s, cost)
+        _one_step(s)
         if s.step % cfg.checkpoint.every == 0 or s.step == session_end:
             _save_and_report(s)
         elif _preemption_notice(cfg, s.step, s.saved_for_notice):
@@ -222,7 +220,7 @@ def _train(s: Session) -> None:
             s.saved_for_notice = True
 
 
-def _one_step(s: Session, cost: StepCost) -> None:
+def _one_step(s: Session) -> None:
     """Next batch, one optimiser step, its values (with timings and throughput) recorded."""
     cfg = s.cfg
     waited = time.perf_counter()
@@ -250,15 +248,15 @@ def _one_step(s: Session, cost: StepCost) -> None:
         step_time_s=elapsed,
         data_wait_s=data_wait,
         images_per_s=s.world * batch.size / elapsed,
-        tokens_per_s=s.world * cost.tokens / elapsed,
+        tokens_per_s=s.world * s.step_tokens / elapsed,
     )
-    if cost.flops:
-        s.last["mfu"] = cost.flops / elapsed / (cost.peak_tflops * 1e12)
+    if s.step_flops:
+        s.last["mfu"] = s.step_flops / elapsed / (s.peak_tflops * 1e12)
     if s.keys_file is not None:
         jsonl.append(s.keys_file, {"step": s.step, "keys": batch.keys})
     if s.logger is not None:
         s.logger.log(s.step, s.last)
-        if images_now:
+        if images_now and result.viz:  # a distillation without the MAE term reconstructs nothing
             grid = reconstruction_grid(result.viz, s.arch.stride, scale=max(1, 256 // cfg.crops.global_size[0]))
             s.logger.log_image(grid, f"reconstructions/step_{s.step:08d}.png")
 
@@ -276,7 +274,7 @@ def _tracking_reachable(uri: str) -> bool:
     return True
 
 
-def _preemption_notice(cfg: PretrainConfig, step: int, already_saved: bool) -> bool:
+def _preemption_notice(cfg: TrainConfig, step: int, already_saved: bool) -> bool:
     """Ask Ray (a barrier: every rank asks at the same steps) whether a node is going away."""
     every = cfg.checkpoint.preemption_check_every
     if not every or step % every or already_saved:
@@ -306,17 +304,17 @@ def _save_and_report(s: Session) -> None:
     s.tick = time.perf_counter()
 
 
-def _export(arch, *, step: int, rank: int, run_dir: str, cfg: PretrainConfig, meta: dict) -> dict:
-    """Student and teacher backbones as official-layout safetensors under ``<run>/export``
-    (Sapiens v1: the student alone, in the released pretrain ``*_clean`` key layout)."""
+def _export(arch, *, step: int, rank: int, run_dir: str, cfg: TrainConfig, meta: dict) -> dict:
+    """The backbones of ``arch.export_roles`` as official-layout safetensors under ``<run>/export``:
+    student and teacher (Sapiens v1: the student alone, in the released pretrain ``*_clean`` key
+    layout; distillation: the student alone)."""
     fs, root = storage.resolve(run_dir)
     local = storage.is_local(fs)
     out = Path(storage.join(root, EXPORT_DIR)) if local else Path(tempfile.mkdtemp(prefix="pretrain-export-"))
     out.mkdir(parents=True, exist_ok=True)
     info = {}
     inner = arch.module if hasattr(arch, "module") else arch
-    roles = ("student", "teacher") if inner.has_teacher else ("student",)
-    for role in roles:
+    for role in inner.export_roles:
         path = out / f"{role}_backbone.safetensors"
         digest = checkpoint.export_backbone(
             getattr(arch, role)["backbone"],

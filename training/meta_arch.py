@@ -29,13 +29,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from models.io import weight_shapes
+from models.layers import init_transformer_weights
 from models.pretrain_heads import DINOHead, MAEDecoder, MAEDecoderConfig
-from models.registry import family_of, get_config
+from models.registry import backbone_prefix, build_backbone, family_of, get_config
 from models.sapiens1 import Sapiens1Backbone, Sapiens1MAEDecoder
 from models.sapiens2 import Sapiens2Backbone
-from training.config import PretrainConfig
+from training.config import PretrainConfig, TrainConfig
+from training.distill_config import DistillConfig
 from training.ema import copy_params, update_ema
-from training.losses import DINOLoss, KoLeoLoss, MAELoss
+from training.losses import DINOLoss, FeatureDistillLoss, KoLeoLoss, MAELoss
 
 
 @dataclass
@@ -51,7 +54,7 @@ class ArchOutput:
 
 
 class SSLMetaArch(nn.Module):
-    has_teacher = True
+    export_roles = ("student", "teacher")  # the backbones a finished run exports
     export_format = "sapiens2-official"  # exported backbones: the released Sapiens2 key layout
 
     def __init__(self, cfg: PretrainConfig) -> None:
@@ -61,36 +64,31 @@ class SSLMetaArch(nn.Module):
         self.num_global, self.num_local = cfg.crops.num_global, cfg.crops.num_local
         self.stride = backbone_cfg.feature_stride
         loss = cfg.loss
-
-        def head() -> DINOHead:
-            return DINOHead(
-                backbone_cfg.embed_dim,
-                num_prototypes=loss.num_prototypes,
-                hidden_dim=loss.head_hidden_dim,
-                bottleneck_dim=loss.head_bottleneck_dim,
-                num_layers=loss.head_layers,
-            )
-
-        decoder_cfg = MAEDecoderConfig(
-            embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth, num_heads=cfg.decoder.num_heads
-        )
-        self.student = nn.ModuleDict(
-            {
-                "backbone": Sapiens2Backbone(backbone_cfg),
-                "dino_head": head(),
-                "mae_decoder": MAEDecoder(
-                    backbone_cfg.embed_dim, pixels_per_token=self.stride**2 * backbone_cfg.in_chans, config=decoder_cfg
-                ),
-            }
-        )
+        self.student = self.build_student(cfg)
         with torch.device("meta"):
-            self.teacher = nn.ModuleDict({"backbone": Sapiens2Backbone(backbone_cfg), "dino_head": head()})
+            self.teacher = nn.ModuleDict({"backbone": Sapiens2Backbone(backbone_cfg), "dino_head": _dino_head(cfg)})
         self.teacher.requires_grad_(False)
         self.mae_loss = MAELoss(self.stride, norm_pix=loss.norm_pix)
         self.dino_loss = DINOLoss(
             loss.num_prototypes, student_temp=loss.student_temp, center_momentum=loss.center_momentum
         )
         self.koleo_loss = KoLeoLoss()
+
+    @staticmethod
+    def build_student(cfg: PretrainConfig) -> nn.ModuleDict:
+        """The trained modules (on the current default device): backbone, DINO head, MAE decoder."""
+        backbone_cfg = get_config(cfg.model)
+        decoder_cfg = MAEDecoderConfig(
+            embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth, num_heads=cfg.decoder.num_heads
+        )
+        pixels = backbone_cfg.feature_stride**2 * backbone_cfg.in_chans
+        return nn.ModuleDict(
+            {
+                "backbone": Sapiens2Backbone(backbone_cfg),
+                "dino_head": _dino_head(cfg),
+                "mae_decoder": MAEDecoder(backbone_cfg.embed_dim, pixels_per_token=pixels, config=decoder_cfg),
+            }
+        )
 
     def ema_pairs(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
         """(teacher params, the student params they track), in matching order."""
@@ -146,6 +144,17 @@ class SSLMetaArch(nn.Module):
         return ArchOutput(loss=loss, parts=parts, teacher_logits=t_logits.detach(), viz=viz)
 
 
+def _dino_head(cfg: PretrainConfig) -> DINOHead:
+    loss = cfg.loss
+    return DINOHead(
+        get_config(cfg.model).embed_dim,
+        num_prototypes=loss.num_prototypes,
+        hidden_dim=loss.head_hidden_dim,
+        bottleneck_dim=loss.head_bottleneck_dim,
+        num_layers=loss.head_layers,
+    )
+
+
 def _viz(
     global_crops: torch.Tensor, masks: torch.Tensor, pred: torch.Tensor, num_global: int
 ) -> dict[str, torch.Tensor]:
@@ -164,23 +173,31 @@ class MAEMetaArch(nn.Module):
     unbiased variance as in the released recipe) on the masked patches. No teacher: the
     EMA/centre hooks of the loop are no-ops, ``teacher`` is empty."""
 
-    has_teacher = False
+    export_roles = ("student",)
     export_format = "sapiens1-pretrain-clean"  # the released *_clean.pth keys: cls_token, [1, 1+P, D] table
 
     def __init__(self, cfg: PretrainConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        backbone_cfg = get_config(cfg.model).as_pretrain(cfg.crops.global_size)
         self.num_global = cfg.crops.num_global
-        self.stride = backbone_cfg.feature_stride
+        self.stride = get_config(cfg.model).feature_stride
+        self.student = self.build_student(cfg)
+        self.teacher = nn.ModuleDict()
+        self.mae_loss = MAELoss(self.stride, norm_pix=cfg.loss.norm_pix, unbiased_var=True)
+
+    @staticmethod
+    def build_student(cfg: PretrainConfig) -> nn.ModuleDict:
+        """The backbone in its pretrain layout and the released MAE decoder."""
+        backbone_cfg = student_backbone_config(cfg)
+        s = backbone_cfg.feature_stride
         h, w = cfg.crops.global_size
-        self.student = nn.ModuleDict(
+        return nn.ModuleDict(
             {
                 "backbone": Sapiens1Backbone(backbone_cfg),
                 "mae_decoder": Sapiens1MAEDecoder(
                     backbone_cfg.embed_dim,
-                    pixels_per_token=self.stride**2 * backbone_cfg.in_chans,
-                    grid_hw=(h // self.stride, w // self.stride),
+                    pixels_per_token=s**2 * backbone_cfg.in_chans,
+                    grid_hw=(h // s, w // s),
                     embed_dim=cfg.decoder.embed_dim,
                     depth=cfg.decoder.depth,
                     num_heads=cfg.decoder.num_heads,
@@ -188,8 +205,6 @@ class MAEMetaArch(nn.Module):
                 ),
             }
         )
-        self.teacher = nn.ModuleDict()
-        self.mae_loss = MAELoss(self.stride, norm_pix=cfg.loss.norm_pix, unbiased_var=True)
 
     def materialize_teacher(self, device: torch.device | str) -> None:
         """No teacher to materialise."""
@@ -215,6 +230,122 @@ class MAEMetaArch(nn.Module):
         return ArchOutput(loss=loss, parts={"mae": loss.detach().float()}, teacher_logits=None, viz=viz)
 
 
-def build_meta_arch(cfg: PretrainConfig) -> SSLMetaArch | MAEMetaArch:
-    """The objective of the model's family: Sapiens2 (MAE + CLS + KoLeo, EMA teacher) or v1 (MAE only)."""
-    return MAEMetaArch(cfg) if family_of(cfg.model) == "sapiens1" else SSLMetaArch(cfg)
+class ProjectionHead(nn.Module):
+    """A light per-token map from the student's width to the teacher's: one linear layer, or
+    Linear -> GELU -> Linear with ``hidden_dim`` > 0 (distillation's projection heads)."""
+
+    def __init__(self, in_dim: int, out_dim: int, hidden_dim: int = 0) -> None:
+        super().__init__()
+        layers = [nn.Linear(in_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, out_dim)] if hidden_dim else []
+        self.mlp = nn.Sequential(*(layers or [nn.Linear(in_dim, out_dim)]))
+        init_transformer_weights(self.mlp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x)
+
+
+class DistillMetaArch(nn.Module):
+    """Feature distillation (``DistillConfig``): a frozen teacher backbone, loaded from its file,
+    and a smaller student whose CLS and patch tokens are mapped to the teacher's width by two
+    projection heads and matched to the teacher's tokens on the same global crops
+    (``FeatureDistillLoss``); with ``loss.mae_weight`` > 0, the student encodes the masked views
+    and an MAE decoder adds the MAE term (one student pass for both). The teacher is no EMA
+    (``update_teacher`` is a no-op) and stays out of the checkpoints (``checkpoint_excludes``):
+    every session reloads it from its file, whose content the run record pins."""
+
+    export_roles = ("student",)
+    export_format = "sapiens2-official"
+    checkpoint_excludes = ("teacher.",)
+
+    def __init__(self, cfg: DistillConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.num_global = cfg.crops.num_global
+        self.stride = get_config(cfg.model).feature_stride
+        self.student = self.build_student(cfg)
+        teacher = build_backbone(
+            cfg.teacher.model,
+            weights=cfg.teacher.checkpoint,
+            weights_prefix=backbone_prefix(weight_shapes(cfg.teacher.checkpoint)),
+            dtype=torch.float32,
+        )
+        self.teacher = nn.ModuleDict({"backbone": teacher}).requires_grad_(False)
+        w = cfg.loss
+        self.feature_loss = FeatureDistillLoss(
+            cosine_weight=w.cosine_weight, smooth_l1_weight=w.smooth_l1_weight, beta=w.smooth_l1_beta
+        )
+        self.mae_loss = MAELoss(self.stride, norm_pix=w.norm_pix) if w.mae_weight else None
+
+    @staticmethod
+    def build_student(cfg: DistillConfig) -> nn.ModuleDict:
+        """The trained modules: student backbone, CLS and patch projection heads (and the MAE decoder)."""
+        student_cfg, teacher_dim = get_config(cfg.student.model), get_config(cfg.teacher.model).embed_dim
+        modules = {
+            "backbone": Sapiens2Backbone(student_cfg),
+            "cls_proj": ProjectionHead(student_cfg.embed_dim, teacher_dim, cfg.loss.proj_hidden_dim),
+            "patch_proj": ProjectionHead(student_cfg.embed_dim, teacher_dim, cfg.loss.proj_hidden_dim),
+        }
+        if cfg.loss.mae_weight:
+            decoder_cfg = MAEDecoderConfig(
+                embed_dim=cfg.decoder.embed_dim, depth=cfg.decoder.depth, num_heads=cfg.decoder.num_heads
+            )
+            pixels = student_cfg.feature_stride**2 * student_cfg.in_chans
+            modules["mae_decoder"] = MAEDecoder(student_cfg.embed_dim, pixels_per_token=pixels, config=decoder_cfg)
+        return nn.ModuleDict(modules)
+
+    def materialize_teacher(self, device: torch.device | str) -> None:
+        """The teacher was loaded from its file when built: nothing to materialise."""
+
+    def update_teacher(self, momentum: float) -> None:
+        """A frozen teacher: no EMA."""
+
+    def forward(
+        self,
+        global_crops: torch.Tensor,
+        local_crops: torch.Tensor,
+        masks: torch.Tensor,
+        *,
+        teacher_temp: float,
+        return_viz: bool = False,
+    ) -> ArchOutput:
+        """Same call as ``SSLMetaArch``; ``local_crops`` (empty) and ``teacher_temp`` are unused,
+        ``masks`` only with the MAE term."""
+        w = self.cfg.loss
+        with torch.no_grad():
+            t = self.teacher["backbone"](global_crops)
+        backbone = self.student["backbone"]
+        s = backbone(global_crops, visible_mask=~masks if self.mae_loss is not None else None)
+        t_patch = t.patch_tokens
+        if s.ids_keep is not None:  # the teacher's tokens at the student's visible positions
+            t_patch = torch.gather(t_patch, 1, s.ids_keep[..., None].expand(-1, -1, t_patch.shape[-1]))
+        loss_cls = self.feature_loss(self.student["cls_proj"](s.cls), t.cls)
+        loss_patch = self.feature_loss(self.student["patch_proj"](s.patch_tokens), t_patch)
+        loss = w.cls_weight * loss_cls + w.patch_weight * loss_patch
+        parts = {"cls": loss_cls.detach(), "patch": loss_patch.detach()}
+        viz = {}
+        if self.mae_loss is not None:
+            pred = self.student["mae_decoder"](s.tokens, s.ids_keep, s.grid_hw, backbone.num_prefix_tokens)
+            loss_mae = self.mae_loss(pred, global_crops, masks)
+            loss = loss + w.mae_weight * loss_mae
+            parts["mae"] = loss_mae.detach()
+            viz = _viz(global_crops, masks, pred, self.num_global) if return_viz else {}
+        return ArchOutput(loss=loss, parts=parts, teacher_logits=None, viz=viz)
+
+
+def student_backbone_config(cfg: TrainConfig):
+    """The configuration of the backbone the run trains: the registry's ``cfg.model``; for
+    Sapiens v1 its pretrain layout over ``crops.global_size`` (CLS token, frozen sin-cos table)."""
+    config = get_config(cfg.model)
+    return config.as_pretrain(cfg.crops.global_size) if family_of(config) == "sapiens1" else config
+
+
+def meta_arch_class(cfg: TrainConfig) -> type[SSLMetaArch] | type[MAEMetaArch] | type[DistillMetaArch]:
+    """The objective of the config: distillation, else by the model's family Sapiens2 pretraining
+    (MAE + CLS + KoLeo, EMA teacher) or v1 (MAE only)."""
+    if isinstance(cfg, DistillConfig):
+        return DistillMetaArch
+    return MAEMetaArch if family_of(cfg.model) == "sapiens1" else SSLMetaArch
+
+
+def build_meta_arch(cfg: TrainConfig) -> SSLMetaArch | MAEMetaArch | DistillMetaArch:
+    return meta_arch_class(cfg)(cfg)

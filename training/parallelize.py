@@ -16,15 +16,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from training.config import ParallelConfig
 
 
-def block_lists(arch: nn.Module) -> list[nn.ModuleList]:
-    """The ModuleLists of transformer blocks: student backbone, MAE decoder, teacher backbone
-    (none for Sapiens v1's MAE, which has no teacher).
+def block_lists(arch: nn.Module) -> tuple[list[nn.ModuleList], list[nn.ModuleList]]:
+    """(the student's, the teacher's) ModuleLists of transformer blocks: those of every sub-model
+    that has ``blocks`` (backbones, MAE decoders; a Sapiens v1 MAE has no teacher).
 
     A 4K tokenizer's window blocks stay in their backbone's group: they run in chunks
     under their own activation checkpointing.
     """
-    lists = [arch.student["backbone"].blocks, arch.student["mae_decoder"].blocks]
-    return lists + ([arch.teacher["backbone"].blocks] if "backbone" in arch.teacher else [])
+    student = [m.blocks for m in arch.student.values() if hasattr(m, "blocks")]
+    return student, [m.blocks for m in arch.teacher.values() if hasattr(m, "blocks")]
 
 
 def apply_activation_checkpointing(blocks: nn.ModuleList) -> None:
@@ -47,8 +47,8 @@ def mp_policy(precision: str, *, root: bool = False):
 
 def parallelize(arch: nn.Module, mesh: DeviceMesh | None, cfg: ParallelConfig) -> nn.Module:
     """Checkpoint, compile and shard ``arch`` in place; ``mesh=None`` skips sharding."""
-    lists = block_lists(arch)
-    student_lists = lists[:2]
+    student_lists, teacher_lists = block_lists(arch)
+    lists = student_lists + teacher_lists
     if cfg.activation_checkpointing:
         for blocks in student_lists:  # the teacher runs without grad: nothing to recompute
             apply_activation_checkpointing(blocks)

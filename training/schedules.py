@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from training.config import PretrainConfig
+from training.config import PretrainConfig, TrainConfig
 
 
 def cosine(step: int, total: int, start: float, end: float) -> float:
@@ -41,10 +41,14 @@ class StepValues:
     freeze_last_layer: bool
 
 
-def values_at(cfg: PretrainConfig, step: int) -> StepValues:
-    o, t, loss = cfg.optim, cfg.teacher, cfg.loss
+def values_at(cfg: TrainConfig, step: int) -> StepValues:
+    o = cfg.optim
+    lr = warmup_cosine(step, total=cfg.steps, warmup=o.warmup_steps, peak=o.lr, final=o.min_lr)
+    if not isinstance(cfg, PretrainConfig):  # distillation: a frozen teacher (no EMA), no temperatures
+        return StepValues(lr=lr, weight_decay=o.weight_decay, momentum=1.0, teacher_temp=0.0, freeze_last_layer=False)
+    t, loss = cfg.teacher, cfg.loss
     return StepValues(
-        lr=warmup_cosine(step, total=cfg.steps, warmup=o.warmup_steps, peak=o.lr, final=o.min_lr),
+        lr=lr,
         weight_decay=o.weight_decay,
         momentum=cosine(step, cfg.steps - 1, t.momentum, t.final_momentum),
         teacher_temp=linear_warmup(

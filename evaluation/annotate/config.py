@@ -3,11 +3,15 @@
 A task is on when its ``tasks.<task>.checkpoint`` is set (a released task checkpoint, or a
 fine-tune export of ``evaluation.finetune``); ``model`` names the task model (released heads)
 or the backbone (fine-tune exports) when the file alone does not say; ``onnx`` runs a graph
-``pipelines/export.py`` wrote from that checkpoint through onnxruntime instead of PyTorch;
+``pipelines/export.py`` wrote from that checkpoint (fp32 or fp16) through onnxruntime instead of
+PyTorch, at the graph's own precision (``actors.precision`` is PyTorch's);
 ``input_hw`` is the model input (default: the size the model was trained at; fine-tune
 exports do not record theirs, so they need it). Pose runs top-down on the person boxes
-curation recorded (boxes scoring at least ``tasks.pose.min_box_score``, the best
-``max_people``), with the flip test on by default.
+curation recorded, chosen as the released demo chooses its detections (scoring above
+``tasks.pose.min_box_score``, then non-maximum suppression at ``nms_iou``, the whole image
+when no box is left), the best ``max_people``, with the flip test on by default.
+``map_dtype``: how normal, pointmap and depth maps are stored (default: as the released demos
+save them).
 
 ``max_error_share``: the share of samples that may go unannotated because of what is wrong
 with them (missing, corrupt, of another size than curation recorded, without usable metadata:
@@ -30,6 +34,9 @@ from infra.ray_runtime import RayConfig, ray_section
 from infra.tracking import TrackingConfig, tracking_section
 
 TASKS = ("pose", "seg", "normal", "pointmap", "depth", "albedo")
+MAP_DTYPES = {"normal": "float32", "pointmap": "float16", "depth": "float16"}
+"""How each float map is stored by default: as the released demos save it (normals float32, the
+pointmap's depth float16; v1 depth as the pointmap)."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -41,6 +48,7 @@ class TaskSettings:
     onnx: str = ""  # an ONNX graph exported from ``checkpoint`` (pipelines/export.py); "" = PyTorch
     input_hw: tuple[int, int] | None = None  # None: the size the model was trained at
     feature_block: int = -1  # fine-tune exports: the backbone block feeding the head
+    map_dtype: Literal["", "float32", "float16"] = ""  # normal, pointmap, depth; "": MAP_DTYPES
 
     @property
     def enabled(self) -> bool:
@@ -49,11 +57,16 @@ class TaskSettings:
 
 @dataclasses.dataclass(kw_only=True)
 class PoseSettings(TaskSettings):
-    """Pose runs on each person box of a sample scoring at least ``min_box_score`` (0: every
-    box curation recorded), the ``max_people`` best (0: all), with the released flip test."""
+    """Pose runs on the person boxes of a sample that the released demo would keep: scoring above
+    ``min_box_score``, then greedy non-maximum suppression (a box overlapping a better kept one
+    by an IoU above ``nms_iou`` is dropped; 1 keeps all); when none is left, on the whole image
+    (``whole_image``; false: no pose for that sample). The ``max_people`` best (0: all), with
+    the released flip test. The defaults are the released demo's."""
 
     flip_test: bool = True
-    min_box_score: float = 0.0
+    min_box_score: float = 0.3
+    nms_iou: float = 0.3
+    whole_image: bool = True
     max_people: int = 0
 
 
@@ -130,6 +143,10 @@ class AnnotateConfig:
                 )
             if s.input_hw is not None and min(s.input_hw) < 1:
                 raise ValueError(f"tasks.{task}.input_hw must be two positive sizes (H, W), got {s.input_hw}")
+            if s.map_dtype and task not in MAP_DTYPES:
+                raise ValueError(f"tasks.{task}.map_dtype applies to the float maps of {', '.join(MAP_DTYPES)} only")
+        if not 0 < self.tasks.pose.nms_iou <= 1:
+            raise ValueError(f"tasks.pose.nms_iou must be in (0, 1] (1: no suppression), got {self.tasks.pose.nms_iou}")
         if self.tasks.pose.max_people < 0:
             raise ValueError(f"tasks.pose.max_people must be >= 0 (0: every box), got {self.tasks.pose.max_people}")
         if self.gallery.samples < 0:

@@ -5,9 +5,15 @@ PyTorch or, when ``tasks.<task>.onnx`` is set, by onnxruntime.
 ``describe`` checks a task's files and says what they hold (``ModelInfo``): the task model's
 name and layout (a released head, or a fine-tune export's platform head), the backbone family
 (which decides the pre- and post-processing of seg, normal and depth), the input size, the
-output names, the label vocabulary and the files' sha256. ``Runner`` is one loaded model:
+output names, the label vocabulary, the files' sha256 and the ONNX graph's precision (fp32 or
+fp16, as ``pipelines/export.py`` recorded it). ``Runner`` is one loaded model:
 ``runner(x_BCHW)`` -> its outputs as float32 tensors in ``ModelInfo.outputs`` order, with
 the seconds spent in forwards counted in ``runner.seconds``.
+
+A graph runs on the execution providers ``onnx_providers`` picks from what the installed
+onnxruntime reports: CUDA (with the CPU for any op CUDA lacks) on a GPU, the CPU on a CPU. A GPU
+actor whose onnxruntime has no CUDA provider, or whose session did not start it, stops with an
+error that says so, rather than running the graph on the CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class ModelInfo:
     sha256: str
     onnx: str = ""
     onnx_sha256: str = ""
+    onnx_precision: str = ""  # fp32 or fp16, as the graph records it
     feature_block: int = -1
 
     def digests(self) -> dict[str, str]:
@@ -110,6 +117,7 @@ def describe(task: str, s: TaskSettings) -> ModelInfo:
     """What ``tasks.<task>`` runs, from the files' headers; a ``ValueError`` naming the setting
     when a file is missing or holds something else."""
     from models.io import weight_shapes
+    from models.onnx_export import graph_precision
     from models.task_checkpoints import PLATFORM_HEAD_KEY
 
     path = _existing(s.checkpoint, f"tasks.{task}.checkpoint")
@@ -119,12 +127,12 @@ def describe(task: str, s: TaskSettings) -> ModelInfo:
     if s.onnx:
         onnx = _existing(s.onnx, f"tasks.{task}.onnx")
         check_onnx(onnx, info, f"tasks.{task}.onnx")
-        info = dataclasses.replace(info, onnx=onnx, onnx_sha256=file_sha256(onnx))
+        info = dataclasses.replace(info, onnx=onnx, onnx_sha256=file_sha256(onnx), onnx_precision=graph_precision(onnx))
     return info
 
 
 def check_onnx(path: str, info: ModelInfo, setting: str) -> None:
-    """The graph's outputs are the model's and its input is (B, 3, H, W) at the model's input size."""
+    """The graph's outputs are the model's and its input is float32 (B, 3, H, W) at the model's input size."""
     import onnx
 
     graph = onnx.load(path, load_external_data=False).graph
@@ -134,6 +142,11 @@ def check_onnx(path: str, info: ModelInfo, setting: str) -> None:
         raise ValueError(f"{setting}={path!r} has outputs {list(outputs)}, the {info.task} model {list(info.outputs)}")
     if tuple(dims[2:]) != info.input_hw:
         raise ValueError(f"{setting}={path!r} takes {dims[2:]} images, the job feeds {list(info.input_hw)}")
+    if graph.input[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
+        raise ValueError(
+            f"{setting}={path!r} takes {onnx.helper.tensor_dtype_to_np_dtype(graph.input[0].type.tensor_type.elem_type)}"
+            " images, the job feeds float32 (pipelines/export.py writes a float32 input at every precision)"
+        )
 
 
 # ---- running a model --------------------------------------------------------------------------
@@ -179,6 +192,25 @@ class TorchRunner(Runner):
         return tuple(o.float() for o in out)
 
 
+CUDA_PROVIDER, CPU_PROVIDER = "CUDAExecutionProvider", "CPUExecutionProvider"
+
+
+def onnx_providers(device: str) -> list[str]:
+    """The onnxruntime execution providers for ``device`` (see the module docstring); a ValueError
+    naming ``actors.device`` when it is cuda and onnxruntime offers no CUDA provider."""
+    import onnxruntime as ort
+
+    if device != "cuda":
+        return [CPU_PROVIDER]
+    available = ort.get_available_providers()
+    if CUDA_PROVIDER not in available:
+        raise ValueError(
+            f"actors.device=cuda: onnxruntime {ort.__version__} offers {available}, no {CUDA_PROVIDER}; "
+            "install onnxruntime-gpu, or set actors.device=cpu to run the ONNX graphs on the CPU"
+        )
+    return [CUDA_PROVIDER, CPU_PROVIDER]
+
+
 class OnnxRunner(Runner):
     def __init__(self, info: ModelInfo, device: str, threads: int) -> None:
         import onnxruntime as ort
@@ -186,8 +218,15 @@ class OnnxRunner(Runner):
         super().__init__(info, device)
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = max(1, threads), 1
-        providers = ["CUDAExecutionProvider"] if device == "cuda" else []
-        self.session = ort.InferenceSession(info.onnx, options, providers=[*providers, "CPUExecutionProvider"])
+        wanted = onnx_providers(device)
+        self.session = ort.InferenceSession(info.onnx, options, providers=wanted)
+        self.providers = self.session.get_providers()
+        if self.providers[0] != wanted[0]:  # onnxruntime logs a failed provider and goes on without it
+            raise RuntimeError(
+                f"tasks.{info.task}.onnx: onnxruntime started {self.providers}, not {wanted[0]} "
+                "(see its log above for why), so the graph would run on the CPU"
+            )
+        print(f"tasks.{info.task}.onnx: {info.onnx_precision or 'fp32'} graph on {self.providers[0]}", flush=True)
 
     def forward(self, x_BCHW):
         import torch

@@ -11,18 +11,22 @@ annotation tar (``members``: column -> WebDataset extension); the other columns 
 Processing per task (released Sapiens2 models and fine-tune exports; Sapiens v1 released
 heads where their code differs):
 
-- pose: top-down crops of the sample's person boxes (padding 1.25, aspect 0.75, UDP warp),
-  flip test (one forward of the crops and their mirrors), UDP decode, keypoints in image pixels;
+- pose: the sample's person boxes chosen as released (score above a threshold, non-maximum
+  suppression, the whole image when none is left), top-down crops (padding 1.25, aspect 0.75,
+  UDP warp), flip test (one forward of the crops and their mirrors), UDP decode, keypoints in
+  image pixels; a degenerate box (no width or height), which the released warp would divide
+  by, is dropped first;
 - seg: plain resize to the input; logits resized to the image, argmax (v1: resized to the
   input size first, as mmseg does); a PNG of class ids (mode L) at the image's size;
 - normal: aspect-keeping resize with centred padding (fine-tune exports, trained on resized
   images: a plain resize); L2-normalised, padding cropped, resized to the image (v1: plain
-  resize, resized back, normalised after); float16 (H, W, 3);
+  resize, resized back, normalised after); (H, W, 3) float32 as released (``map_dtype``);
 - pointmap: as normal; metric XYZ (canonical XYZ / scale, smoothed when enlarged) as float16
-  (H, W, 3) and the scale (released convention: metric = canonical / scale; fine-tune exports,
-  whose heads give metric = xyz * s, are recorded with scale 1 / s);
+  (H, W, 3), the released depth's precision (``map_dtype``), and the scale (released
+  convention: metric = canonical / scale; fine-tune exports, whose heads give metric =
+  xyz * s, are recorded with scale 1 / s);
 - depth (v1 and fine-tune exports): plain resize; relative depth resized to the image, float16 (H, W);
-- albedo: as normal; clamped to [0, 1], an RGB PNG at the image's size.
+- albedo: as normal; clamped to [0, 1], an RGB PNG at the image's size (x 255 truncated, as released).
 
 Shapes: B batch, K keypoints, P people, C classes.
 """
@@ -36,7 +40,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from evaluation.annotate.config import PoseSettings, TaskSettings
+from evaluation.annotate.config import MAP_DTYPES, PoseSettings, TaskSettings
 from evaluation.annotate.models import PLATFORM, ModelInfo, Runner
 
 
@@ -71,11 +75,11 @@ def png_bytes(array: np.ndarray) -> bytes:
     return data.tobytes()
 
 
-def to_hw3(map_13HW) -> np.ndarray:
-    """A (1, 3, H, W) tensor -> (H, W, 3) float16."""
+def to_hw3(map_13HW, dtype: str = "float16") -> np.ndarray:
+    """A (1, 3, H, W) tensor -> an (H, W, 3) array of ``dtype``."""
     import torch
 
-    return map_13HW[0].permute(1, 2, 0).to(torch.float16).cpu().numpy()
+    return map_13HW[0].permute(1, 2, 0).to(getattr(torch, dtype)).cpu().numpy()
 
 
 class Predictor:
@@ -88,6 +92,7 @@ class Predictor:
     def __init__(self, info: ModelInfo, settings: TaskSettings) -> None:
         self.info, self.settings = info, settings
         self.v1 = info.family == "sapiens1" and info.layout != PLATFORM  # released v1 heads' own code
+        self.map_dtype = settings.map_dtype or MAP_DTYPES.get(self.task, "")
 
     def inputs(self, s: Sample) -> list[tuple[Any, Any]]:
         """(model input (3, h, w), context for ``finish``) per input of the sample."""
@@ -130,11 +135,22 @@ class PosePredictor(Predictor):
             self.flip_indices = list(keypoint_vocab(info.vocab).flip_indices)
 
     def people(self, s: Sample) -> list[tuple[list[float], float]]:
+        """(box, score) of each person the sample is annotated for, best first; the whole image
+        (score 0: no detector scored it) when no box is kept and ``whole_image`` is on."""
+        from models.sapiens_processing import select_people, whole_image_box
+
         cfg: PoseSettings = self.settings
-        found = [
-            (b, sc) for b, sc in zip(s.boxes, s.box_scores) if sc >= cfg.min_box_score and b[2] > b[0] and b[3] > b[1]
-        ]
-        return found[: cfg.max_people] if cfg.max_people else found
+        found = [(b, sc) for b, sc in zip(s.boxes, s.box_scores) if b[2] > b[0] and b[3] > b[1]]
+        kept = select_people(
+            np.asarray([b for b, _ in found], np.float32).reshape(-1, 4),
+            [sc for _, sc in found],
+            score_threshold=cfg.min_box_score,
+            iou_threshold=cfg.nms_iou,
+        )
+        people = [found[i] for i in kept]
+        if not people and cfg.whole_image:
+            people = [(whole_image_box(s.hw).tolist(), 0.0)]
+        return people[: cfg.max_people] if cfg.max_people else people
 
     def inputs(self, s: Sample) -> list[tuple[Any, Any]]:
         from models.sapiens_processing import crop_person
@@ -220,7 +236,7 @@ class _PaddedDense(Predictor):
 
 class NormalPredictor(_PaddedDense):
     task = "normal"
-    fields = [pa.field("normal_npy", pa.binary())]  # .npy float16 (H, W, 3) unit normals
+    fields = [pa.field("normal_npy", pa.binary())]  # .npy (H, W, 3) unit normals, map_dtype
     members = {"normal_npy": "normal.npy"}
 
     def finish(self, s: Sample, outs: list[tuple], contexts: list) -> dict[str, Any]:
@@ -232,13 +248,13 @@ class NormalPredictor(_PaddedDense):
             normal = normal / (normal.norm(dim=1, keepdim=True) + 1e-5)
         else:
             normal = normals_to_image(normal, s.hw, contexts[0])
-        return {"normal_npy": npy_bytes(to_hw3(normal))}
+        return {"normal_npy": npy_bytes(to_hw3(normal, self.map_dtype))}
 
 
 class PointmapPredictor(_PaddedDense):
     task = "pointmap"
     fields = [
-        pa.field("pointmap_npy", pa.binary()),  # .npy float16 (H, W, 3) metric XYZ
+        pa.field("pointmap_npy", pa.binary()),  # .npy (H, W, 3) metric XYZ, map_dtype
         pa.field("pointmap_scale", pa.float32()),  # metric = canonical / scale
     ]
     members = {"pointmap_npy": "pointmap.npy"}
@@ -250,7 +266,7 @@ class PointmapPredictor(_PaddedDense):
         if self.info.layout == PLATFORM:  # the platform head's metric XYZ is xyz * s
             scale = 1.0 / scale
         xyz = pointmap_to_image(points, scale, s.hw, contexts[0])
-        return {"pointmap_npy": npy_bytes(to_hw3(xyz)), "pointmap_scale": float(scale.reshape(-1)[0])}
+        return {"pointmap_npy": npy_bytes(to_hw3(xyz, self.map_dtype)), "pointmap_scale": float(scale.reshape(-1)[0])}
 
 
 class AlbedoPredictor(_PaddedDense):
@@ -259,17 +275,15 @@ class AlbedoPredictor(_PaddedDense):
     members = {"albedo_png": "albedo.png"}
 
     def finish(self, s: Sample, outs: list[tuple], contexts: list) -> dict[str, Any]:
-        import torch
-
-        from models.sapiens_processing import albedo_to_image
+        from models.sapiens_processing import albedo_to_image, albedo_to_uint8
 
         rgb = albedo_to_image(outs[0][0], s.hw, contexts[0])[0].permute(1, 2, 0)
-        return {"albedo_png": png_bytes((rgb * 255).round().to(torch.uint8).cpu().numpy())}
+        return {"albedo_png": png_bytes(albedo_to_uint8(rgb).cpu().numpy())}
 
 
 class DepthPredictor(Predictor):
     task = "depth"
-    fields = [pa.field("depth_npy", pa.binary())]  # .npy float16 (H, W) relative depth
+    fields = [pa.field("depth_npy", pa.binary())]  # .npy (H, W) relative depth, map_dtype
     members = {"depth_npy": "depth.npy"}
 
     def inputs(self, s: Sample) -> list[tuple[Any, Any]]:
@@ -283,7 +297,7 @@ class DepthPredictor(Predictor):
         from models.sapiens_processing import resize_map
 
         depth = resize_map(resize_map(outs[0][0], self.info.input_hw), s.hw)[0, 0]
-        return {"depth_npy": npy_bytes(depth.to(torch.float16).cpu().numpy())}
+        return {"depth_npy": npy_bytes(depth.to(getattr(torch, self.map_dtype)).cpu().numpy())}
 
 
 PREDICTORS: dict[str, type[Predictor]] = {

@@ -1,9 +1,9 @@
-"""The chain: curate -> pretrain -> [finetune ->] probe [-> annotate] runs that reuse what did not
-change and resume what failed.
+"""The chain: curate -> pretrain -> [distill ->] [finetune ->] probe [-> annotate] runs that reuse
+what did not change and resume what failed.
 
 Thin on purpose: Ray runs the work and MLflow keeps the record; there is no scheduler here.
 Each stage is reached through its package's facade, an ``infra.stage.Stage``
-(``curation.stage.CurateStage``, ``training.stage.PretrainStage``,
+(``curation.stage.CurateStage``, ``training.stage.PretrainStage`` / ``DistillStage``,
 ``evaluation.finetune.stage.FinetuneStage``, ``evaluation.stage.ProbeStage``,
 ``evaluation.annotate.stage.AnnotateStage``): its identity, its
 config placed in a folder, an in-process run, its result (a dataclass) read back from its files,
@@ -11,7 +11,9 @@ and the script a Ray job runs.
 
 - **Identity.** Each stage's identity is a digest of its resolved configuration (the part
   that decides its outputs) and of its inputs' digests: curation = job digest + curation
-  code version + input listing; pretraining = run-defining settings + dataset version id;
+  code version + input listing; pretraining = run-defining settings + dataset version id (+ the
+  sha256 of ``init`` files); distillation = the same + the teacher file's sha256 (by default the
+  pretraining's export; the distilled student is then what fine-tuning and probing take);
   fine-tuning = its settings + checkpoint digest + data digest (it fine-tunes the checkpoint
   the probes get); probing = probe settings + checkpoint digest; annotation = its settings +
   dataset version id + the labelling checkpoints' digests (by default the fine-tune's exports:

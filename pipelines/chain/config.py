@@ -13,9 +13,10 @@ from evaluation.config import ProbeConfig
 from evaluation.finetune.config import FinetuneConfig
 from infra.tracking import TrackingConfig, tracking_section
 from training.config import PretrainConfig
+from training.distill_config import DistillConfig
 
-STAGES = ("curate", "pretrain", "finetune", "probe", "annotate")
-OPTIONAL = ("finetune", "annotate")  # a chain may leave them out: curate -> pretrain -> probe
+STAGES = ("curate", "pretrain", "distill", "finetune", "probe", "annotate")
+OPTIONAL = ("distill", "finetune", "annotate")  # a chain may leave them out: curate -> pretrain -> probe
 
 
 def _in_order(stages: list[str]) -> bool:
@@ -30,8 +31,9 @@ def _in_order(stages: list[str]) -> bool:
 class DagInputs:
     """Inputs of a DAG that does not start with curation (a suffix of the chain)."""
 
-    dataset: str = ""  # pretrain first: a dataset version id, name or curation output folder
-    checkpoint: str = ""  # finetune / probe first: an official-layout .safetensors ("" = random init)
+    dataset: str = ""  # pretrain or distill first: a dataset version id, name or curation output folder
+    # finetune / probe first: an official-layout .safetensors ("" = random init); distill first: its teacher
+    checkpoint: str = ""
     pretrain_run_id: str = ""
 
 
@@ -43,7 +45,7 @@ class DagConfig:
 
     name: str = "dag"
     workspace: str = "runs/dag"
-    stages: list[Literal["curate", "pretrain", "finetune", "probe", "annotate"]] = field(
+    stages: list[Literal["curate", "pretrain", "distill", "finetune", "probe", "annotate"]] = field(
         default_factory=lambda: [s for s in STAGES if s not in OPTIONAL]
     )
     submit: Literal["local", "ray_job"] = "local"
@@ -52,6 +54,7 @@ class DagConfig:
     inputs: DagInputs = field(default_factory=DagInputs)
     curate: CurationConfig = field(default_factory=CurationConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
@@ -64,12 +67,23 @@ class DagConfig:
                 f"stages must be a contiguous run of {list(STAGES)} in order ({', '.join(OPTIONAL)} may be "
                 f"left out), got {self.stages}"
             )
-        needs_dataset = order[0] == "pretrain" or ("annotate" in order and "curate" not in order)
+        needs_dataset = order[0] in ("pretrain", "distill") or ("annotate" in order and "curate" not in order)
         if needs_dataset and not self.inputs.dataset:
-            first = "pretrain" if order[0] == "pretrain" else "annotate"
+            first = order[0] if order[0] in ("pretrain", "distill") else "annotate"
             raise ValueError(
                 f"a DAG with {first} but no curate needs inputs.dataset (a dataset version id, name or folder)"
             )
+        if order[0] == "distill" and not (self.inputs.checkpoint or self.distill.teacher.checkpoint):
+            raise ValueError(
+                "a DAG that starts with distill needs its teacher: inputs.checkpoint or distill.teacher.checkpoint"
+            )
+        for stage in ("finetune", "probe"):
+            name = getattr(self, stage).backbone.name
+            if "distill" in order and stage in order and name != self.distill.student.model:
+                raise ValueError(
+                    f"{stage}.backbone.name={name}: after distill the chain hands on the distilled "
+                    f"{self.distill.student.model}; set {stage}.backbone.name={self.distill.student.model}"
+                )
         if self.submit == "ray_job" and not self.job_address:
             raise ValueError("submit=ray_job needs job_address (the Ray dashboard URL, e.g. http://127.0.0.1:8265)")
         if not self.tracking.enabled:

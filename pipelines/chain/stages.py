@@ -18,12 +18,12 @@ from evaluation.stage import ProbeStage, checkpoint_digest
 from infra.stage import Stage, StageResult
 from pipelines.chain.config import DagInputs
 from pipelines.curate import provide_model_code
-from training.stage import PretrainResult, PretrainStage
+from training.stage import DistillResult, DistillStage, PretrainResult, PretrainStage
 
 CURATE, PRETRAIN, FINETUNE, PROBE = CurateStage(), PretrainStage(), FinetuneStage(), ProbeStage()
 provide_model_code()  # curation's backbone embedding runs models' backbones (curation does not import models)
-ANNOTATE = AnnotateStage()
-FACADES: dict[str, Stage] = {s.name: s for s in (CURATE, PRETRAIN, FINETUNE, PROBE, ANNOTATE)}
+DISTILL, ANNOTATE = DistillStage(), AnnotateStage()
+FACADES: dict[str, Stage] = {s.name: s for s in (CURATE, PRETRAIN, DISTILL, FINETUNE, PROBE, ANNOTATE)}
 
 
 @dataclasses.dataclass
@@ -31,8 +31,8 @@ class Handoff:
     """What flows down the chain: the DAG's inputs at first, then each finished stage's result.
     ``lineage``: what the upstream stages produced, tagged on every later run."""
 
-    dataset: str  # pretraining's input: a dataset version id, name or folder
-    checkpoint: str  # fine-tuning's and probing's input: a .safetensors path ("" = random init)
+    dataset: str  # pretraining's and distillation's input: a dataset version id, name or folder
+    checkpoint: str  # distillation's teacher, fine-tuning's and probing's input: a .safetensors ("" = random init)
     pretrain_run_id: str
     dataset_id: str = ""  # known once curation ran (else resolved from ``dataset``)
     checkpoint_digest: str = ""  # known once pretraining ran (else hashed from ``checkpoint``)
@@ -76,6 +76,16 @@ def _plan_pretrain(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
     return StagePlan(PRETRAIN.name, identity, folder, PRETRAIN.place(cfg, folder))
 
 
+def _plan_distill(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
+    """The curated version, distilled from the checkpoint handed on (the pretraining's student
+    export) unless ``distill.teacher.checkpoint`` names a teacher; its digest enters the identity."""
+    dataset_id = handoff.dataset_id or resolve_dataset(handoff.dataset, uri).id
+    cfg = DISTILL.with_teacher(DISTILL.with_dataset(cfg, handoff.dataset, uri), handoff.checkpoint)
+    identity = DISTILL.identity(cfg, dataset_id)
+    folder = ws / DISTILL.name / identity
+    return StagePlan(DISTILL.name, identity, folder, DISTILL.place(cfg, folder))
+
+
 def _checkpoint_digest(handoff: Handoff) -> str:
     if handoff.checkpoint and not handoff.checkpoint_digest:
         return checkpoint_digest(handoff.checkpoint)
@@ -103,6 +113,7 @@ def _plan_annotate(cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
 PLANNERS: dict[str, Callable[[Any, Path, Handoff, str], StagePlan]] = {
     CURATE.name: _plan_curate,
     PRETRAIN.name: _plan_pretrain,
+    DISTILL.name: _plan_distill,
     FINETUNE.name: lambda cfg, ws, handoff, uri: _plan_on_checkpoint(FINETUNE, cfg, ws, handoff),
     PROBE.name: lambda cfg, ws, handoff, uri: _plan_on_checkpoint(PROBE, cfg, ws, handoff),
     ANNOTATE.name: _plan_annotate,
@@ -111,6 +122,12 @@ PLANNERS: dict[str, Callable[[Any, Path, Handoff, str], StagePlan]] = {
 
 def plan(stage: str, cfg: Any, ws: Path, handoff: Handoff, uri: str) -> StagePlan:
     return PLANNERS[stage](cfg, ws, handoff, uri)
+
+
+def weight_lineage(weights: dict[str, str], prefix: str = "") -> dict[str, str]:
+    """Lineage entries for the weight files a training stage read: ``init.backbone`` ->
+    ``<prefix>init_backbone_sha256`` (tagged ``lineage.<that>`` on every later run)."""
+    return {f"{prefix}{setting.replace('.', '_')}_sha256": digest for setting, digest in weights.items()}
 
 
 def hand_on(handoff: Handoff, result: StageResult) -> None:
@@ -128,7 +145,19 @@ def hand_on(handoff: Handoff, result: StageResult) -> None:
             checkpoint_digest=result.checkpoint_digest,
             checkpoint_path=result.student_weights,
             pretrain_run_id=result.run_id,
+            **weight_lineage(result.weights),
         )
+    elif isinstance(result, DistillResult):
+        # the distilled student is what fine-tuning and probing take from here (set their
+        # backbone.name to the student's model); its run is the one that produced the checkpoint
+        handoff.lineage.update(
+            distill_run_id=result.run_id,
+            checkpoint_digest=result.checkpoint_digest,
+            checkpoint_path=result.student_weights,
+            **weight_lineage(result.weights, "distill_"),
+        )
+        handoff.checkpoint, handoff.checkpoint_digest = result.student_weights, result.checkpoint_digest
+        handoff.pretrain_run_id = result.run_id or ""
     elif isinstance(result, FinetuneResult):
         handoff.exports = dict(result.exports)
         handoff.lineage.update(finetune_run_id=result.run_id)

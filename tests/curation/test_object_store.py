@@ -59,9 +59,7 @@ def test_an_archived_record_of_failed_downloads_fails_the_partition(tmp_path, s3
         archived = {"StorageClass": "GLACIER"} if f.suffix == ".parquet" else {}
         client.put_object(Bucket=BUCKET, Key=f"i2d/{f.name}", Body=f.read_bytes(), **archived)
     cfg = InputConfig(uri=f"s3://{BUCKET}/i2d")
-    with pytest.raises(
-        RuntimeError, match=f"s3://{BUCKET}/i2d/00000.parquet cannot be read \\(OSError: "
-    ):
+    with pytest.raises(RuntimeError, match=f"s3://{BUCKET}/i2d/00000.parquet cannot be read \\(OSError: "):
         rows_of(cfg)
     client.put_object(Bucket=BUCKET, Key="i2d/00000.parquet", Body=(folder / "00000.parquet").read_bytes())
     assert sorted(r["source"].rsplit("#", 1)[1] for r in rows_of(cfg)) == [

@@ -16,9 +16,9 @@ import pytest
 from curation.pipeline import run_curation
 from curation.recipe import HUMANS1B
 from curation.steps import Recipe
+from pipelines.demo_corpus import _ultralytics_asset
 from tests.conftest import IMAGES
 from tests.curation.counting_step import COUNTED, CountingConfig, chunks, counted_config
-from pipelines.demo_corpus import _ultralytics_asset
 from tests.curation.test_pipeline import demo_config
 
 pytestmark = pytest.mark.slow

@@ -161,3 +161,79 @@ def test_the_finetune_stage_sits_between_pretraining_and_probing_and_may_be_left
     else:
         with pytest.raises(ValueError, match="stages must be a contiguous run"):
             cfg.validate()
+
+
+def test_distillation_identity_is_its_settings_the_dataset_and_the_teachers_content(demo, tmp_path):
+    import shutil
+
+    from tests.training.conftest import released_tiny_backbone
+    from training.stage import DistillStage
+
+    stage = DistillStage()
+    teacher = released_tiny_backbone(tmp_path / "a" / "teacher.safetensors")
+    moved = shutil.copy(teacher, tmp_path / "moved.safetensors")
+    other = released_tiny_backbone(tmp_path / "b" / "teacher.safetensors", prefix="backbone.")  # other bytes
+    cfg = stage.with_teacher(demo.distill, str(teacher))
+    base = stage.identity(cfg, "dataset-a")
+    placed = stage.place(stage.with_teacher(demo.distill, str(moved)), tmp_path / "ws" / "distill" / "z")
+    assert stage.identity(placed, "dataset-a") == base and placed.teacher.checkpoint == str(Path(moved).resolve())
+    assert stage.identity(stage.with_teacher(demo.distill, str(other)), "dataset-a") != base
+    assert stage.identity(cfg, "dataset-b") != base
+    assert stage.identity(dataclasses.replace(cfg, steps=cfg.steps + 1), "dataset-a") != base
+    # the teacher the chain hands on is taken only when the config names none
+    assert stage.with_teacher(cfg, "/the/pretrained.safetensors").teacher.checkpoint == str(teacher)
+
+
+def test_the_dag_takes_distill_after_pretrain_and_checks_what_follows_it(demo):
+    with_distill = ["stages=[curate,pretrain,distill,finetune,probe]"]
+    students = ["finetune.backbone.name=sapiens2_nano", "probe.backbone.name=sapiens2_nano"]
+    load_config(DagConfig, REPO / "configs" / "dag_demo.yaml", [*with_distill, *students]).validate()
+    with pytest.raises(ValueError, match=r"^probe.backbone.name=sapiens2_tiny: after distill .* sapiens2_nano"):
+        load_config(DagConfig, REPO / "configs" / "dag_demo.yaml", [*with_distill, students[0]]).validate()
+    with pytest.raises(ValueError, match="stages must be a contiguous run"):
+        load_config(DagConfig, None, ["stages=[curate,distill,pretrain]"]).validate()
+    with pytest.raises(ValueError, match="distill needs its teacher: inputs.checkpoint or distill.teacher.checkpoint"):
+        load_config(DagConfig, None, ["stages=[distill]", "inputs.dataset=v1"]).validate()
+    load_config(
+        DagConfig, None, ["stages=[distill]", "inputs.dataset=v1", "inputs.checkpoint=t.safetensors"]
+    ).validate()
+
+
+def test_weight_files_and_the_distilled_student_reach_the_lineage():
+    from pipelines.chain.stages import Handoff, hand_on
+    from training.stage import DistillResult, DistillStage, PretrainResult, PretrainStage
+
+    pretrained = PretrainResult(
+        run_id="p",
+        student_weights="/p/student.safetensors",
+        teacher_weights="/p/teacher.safetensors",
+        checkpoint_digest="s1",
+        dataset_id="d",
+        final_step=4,
+        weights={"init.backbone": "f" * 64},
+    )
+    distilled = DistillResult(
+        run_id="q",
+        student_weights="/q/student.safetensors",
+        student_model="sapiens2_nano",
+        checkpoint_digest="s2",
+        dataset_id="d",
+        final_step=6,
+        weights={"teacher.checkpoint": "s1full"},
+    )
+    for facade, result in ((PretrainStage(), pretrained), (DistillStage(), distilled)):
+        assert facade.recorded(json.loads(json.dumps(result.to_json()))) == result
+    handoff = Handoff(dataset="d", checkpoint="", pretrain_run_id="")
+    hand_on(handoff, pretrained)
+    assert handoff.lineage["init_backbone_sha256"] == "f" * 64 and handoff.checkpoint == "/p/student.safetensors"
+    hand_on(handoff, distilled)
+    assert (handoff.checkpoint, handoff.checkpoint_digest, handoff.pretrain_run_id) == (
+        "/q/student.safetensors",
+        "s2",
+        "q",
+    )
+    assert handoff.lineage["distill_teacher_checkpoint_sha256"] == "s1full"
+    assert handoff.lineage["pretrain_run_id"] == "p" and handoff.lineage["distill_run_id"] == "q"
+    # a DONE.json written before the weights were recorded still reads
+    old = {k: v for k, v in pretrained.to_json().items() if k not in ("weights", "loss_trend")}
+    assert PretrainStage().recorded(old).weights == {}

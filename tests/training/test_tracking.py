@@ -62,11 +62,11 @@ def test_a_run_records_how_many_values_were_dropped_once_a_flush_goes_through(tm
 
 
 def test_loss_trend_averages_the_first_and_last_windows_of_each_loss():
-    from training.run import PretrainResult
+    from training.run import TrainingResult
 
     history = {s: {"loss": float(10 - s), "loss_mae": 1.0, "lr": 0.1} for s in range(1, 9)}
     history[9] = {"lr": 0.1}  # a step with no loss logged does not count
-    result = PretrainResult(
+    result = TrainingResult(
         run_name="r",
         run_dir="d",
         checkpoint_uri=None,

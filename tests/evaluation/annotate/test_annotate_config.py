@@ -32,6 +32,9 @@ def test_a_misspelt_key_is_one_line_naming_it(capsys):
         (["tasks.seg.onnx=s.onnx"], "tasks.seg.onnx needs tasks.seg.checkpoint"),
         (["tasks.seg.checkpoint=s.safetensors", "actors.device=cuda"], "actors.device=cuda needs actors.num_gpus"),
         (["tasks.pose.checkpoint=p.safetensors", "tasks.pose.max_people=-1"], "tasks.pose.max_people must be >= 0"),
+        (["tasks.pose.checkpoint=p.safetensors", "tasks.pose.nms_iou=0"], r"tasks.pose.nms_iou must be in \(0, 1\]"),
+        (["tasks.seg.checkpoint=s.safetensors", "tasks.seg.map_dtype=float16"], "tasks.seg.map_dtype applies to"),
+        (["tasks.normal.checkpoint=n.safetensors", "tasks.normal.map_dtype=float64"], "tasks.normal.map_dtype"),
         (["tasks.seg.checkpoint=s.safetensors", "max_error_share=1.5"], "max_error_share must be between 0 and 1"),
     ],
 )

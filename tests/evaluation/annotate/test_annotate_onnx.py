@@ -1,6 +1,8 @@
 """``tasks.<task>.onnx``: the graph ``pipelines/export.py`` writes from a checkpoint, run by
-onnxruntime in place of PyTorch, gives the same outputs within 1e-4 (the model's outputs and the
-post-processed maps, before their float16 / PNG encoding); a graph of another model is refused."""
+onnxruntime in place of PyTorch, gives the same outputs within 1e-4 (fp32: the model's outputs and
+the post-processed maps, before their float16 / PNG encoding) or within the fp16 tolerance (an
+fp16 graph); a graph of another model is refused; the execution providers are what the installed
+onnxruntime offers, and a GPU job without its CUDA provider is refused in one line."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import torch
 
 from evaluation.annotate.annotator import Annotator
 from evaluation.annotate.config import ActorSettings, TasksConfig, TaskSettings
-from evaluation.annotate.models import OnnxRunner, TorchRunner, describe
+from evaluation.annotate.models import OnnxRunner, TorchRunner, describe, onnx_providers
 from evaluation.annotate.shards import Record
 from evaluation.annotate.tasks import PREDICTORS, Sample
+from models.onnx_export import TOLERANCE
 from models.sapiens_processing import resize_map
 from tests.evaluation.annotate.conftest import npy, photo
 
@@ -30,6 +33,15 @@ def depth_onnx(tiny_models, tmp_path_factory):
 
     path = tmp_path_factory.mktemp("onnx") / "depth.onnx"
     assert main(["--checkpoint", str(tiny_models["depth"]), "--output", str(path)]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def depth_onnx_fp16(tiny_models, tmp_path_factory):
+    from pipelines.export import main
+
+    path = tmp_path_factory.mktemp("onnx") / "depth.fp16.onnx"
+    assert main(["--checkpoint", str(tiny_models["depth"]), "--output", str(path), "--precision", "fp16"]) == 0
     return path
 
 
@@ -78,3 +90,32 @@ def test_a_graph_of_another_model_is_refused(tiny_models, depth_onnx):
         describe("seg", TaskSettings(checkpoint=str(tiny_models["seg"]), onnx=str(depth_onnx)))
     with pytest.raises(ValueError, match=r"takes \[64, 48\] images, the job feeds \[128, 96\]"):
         describe("depth", TaskSettings(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx), input_hw=(128, 96)))
+
+
+def test_an_fp16_graph_runs_within_its_tolerance_on_the_providers_onnxruntime_reports(tiny_models, depth_onnx_fp16):
+    from evaluation.annotate.annotator import decode
+
+    s = TaskSettings(checkpoint=str(tiny_models["depth"]), onnx=str(depth_onnx_fp16))
+    info = describe("depth", s)
+    assert info.onnx_precision == "fp16"
+    onnx_run, torch_run = OnnxRunner(info, "cpu", 1), TorchRunner(info, "cpu", "fp32")
+    assert onnx_run.providers == ["CPUExecutionProvider"]
+    predictor = PREDICTORS["depth"](info, s)
+    x = torch.stack([predictor.inputs(Sample(r.key, decode(r), [], []))[0][0] for r in _records()])
+    (got,), (want,) = onnx_run(x), torch_run(x)
+    rel = float((got - want).abs().max() / want.abs().max())
+    print(
+        f"tiny depth fp16 graph against eager fp32: max abs {float((got - want).abs().max()):.3g}, relative {rel:.3g}"
+    )
+    assert got.dtype == torch.float32 and rel <= TOLERANCE["fp16"]
+
+
+def test_a_gpu_actor_gets_cuda_only_when_onnxruntime_offers_it():
+    import onnxruntime as ort
+
+    assert onnx_providers("cpu") == ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert onnx_providers("cuda") == ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    else:  # this machine's onnxruntime: the job says so instead of running the graph on the CPU
+        with pytest.raises(ValueError, match=r"^actors.device=cuda: onnxruntime .* no CUDAExecutionProvider; install"):
+            onnx_providers("cuda")

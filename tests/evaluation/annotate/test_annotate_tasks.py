@@ -79,8 +79,25 @@ def test_pose_is_the_released_top_down_flip_test_and_udp_decode_in_image_pixels(
         kp, scores = sp.udp_decode(released[i].numpy(), (48, 64))
         want = sp.keypoints_to_image(kp, crop.center, crop.scale, (48, 64))[0]
         assert np.asarray(got["pose_keypoints"][i]).shape == (308, 2)
-        assert np.array_equal(np.asarray(got["pose_keypoints"][i], np.float32), want)
+        assert np.array_equal(np.asarray(got["pose_keypoints"][i]), want)
         assert np.array_equal(np.asarray(got["pose_keypoint_scores"][i], np.float32), scores[0])
+
+
+def test_pose_boxes_are_chosen_as_the_released_demo_chooses_them(tiny_models, image):
+    """Scores above ``min_box_score`` (0.3 by default, strictly), greedy NMS at IoU 0.3 best first,
+    the whole image (score 0) when nothing is left; each rule has its setting."""
+    h, w = image.shape[:2]
+    a, a_shifted, b = [10, 10, 110, 210], [20, 15, 120, 215], [150, 20, 250, 220]  # IoU(a, a_shifted) > 0.3
+    s = Sample("k", image, [a, a_shifted, b, [5, 5, 60, 60]], [0.6, 0.9, 0.5, 0.3])
+    p, _ = _predictor("pose", tiny_models)
+    assert p.people(s) == [(a_shifted, 0.9), (b, 0.5)]  # a: suppressed by the better a_shifted; 0.3: not above
+    p, _ = _predictor("pose", tiny_models, nms_iou=1.0, min_box_score=0.0)
+    assert p.people(s) == [(a_shifted, 0.9), (a, 0.6), (b, 0.5), ([5, 5, 60, 60], 0.3)]
+    nobody = Sample("k", image, [a], [0.2])
+    p, _ = _predictor("pose", tiny_models)
+    assert p.people(nobody) == [([0.0, 0.0, w - 1.0, h - 1.0], 0.0)]
+    p, _ = _predictor("pose", tiny_models, whole_image=False)
+    assert p.people(nobody) == []
 
 
 def test_seg_labels_are_the_released_argmax_of_resized_logits_as_a_png_at_the_image_size(tiny_models, image):
@@ -97,15 +114,20 @@ def test_seg_labels_are_the_released_argmax_of_resized_logits_as_a_png_at_the_im
     assert mask.dtype == np.uint8 and mask.shape == image.shape[:2] and np.array_equal(mask, want)
 
 
-def test_normal_and_pointmap_are_float16_maps_at_the_image_size(tiny_models, image):
+def test_normal_and_pointmap_are_float32_and_float16_maps_at_the_image_size(tiny_models, image):
+    """As the released demos save them by default (normals float32, depth float16); ``map_dtype``
+    chooses."""
     s = Sample("k", image, [], [])
     p, run = _predictor("normal", tiny_models)
     normal = npy(_run(p, run, s)["normal_npy"])
     resized, pad = sp.resize_pad(image, (64, 48))
     with torch.no_grad():
         want = sp.normals_to_image(run.model(sp.normalize_image(resized, bgr=False)[None]), image.shape[:2], pad)
-    assert normal.dtype == np.float16 and normal.shape == (*image.shape[:2], 3)
-    assert np.allclose(normal.astype(np.float32), want[0].permute(1, 2, 0).numpy(), atol=1e-3)
+    assert normal.dtype == np.float32 and normal.shape == (*image.shape[:2], 3)
+    assert np.array_equal(normal, want[0].permute(1, 2, 0).numpy())
+    p, run = _predictor("normal", tiny_models, map_dtype="float16")
+    normal = npy(_run(p, run, s)["normal_npy"])
+    assert normal.dtype == np.float16 and np.allclose(normal.astype(np.float32), want[0].permute(1, 2, 0), atol=1e-3)
     p, run = _predictor("pointmap", tiny_models)
     got = _run(p, run, s)
     resized, pad = sp.resize_pad(image, (256, 192))
