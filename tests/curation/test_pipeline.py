@@ -159,7 +159,7 @@ def test_attributes_stream_from_the_sidecars_and_agree_with_clusters_json(curate
     for sidecar in sorted((out / "shards").glob("*.parquet")):
         part = pq.read_table(sidecar, columns=wanted)  # one shard's attributes, nothing else read
         assert [part.schema.field(c).type for c in wanted[1:]] == [pa.int32(), pa.float32(), pa.int32(), pa.int32()]
-        assert part.null_count == 0
+        assert all(part.column(c).null_count == 0 for c in wanted)
         with tarfile.open(sidecar.with_suffix(".tar")) as tar:
             assert part.column("key").to_pylist() == [n[:-4] for n in tar.getnames() if n.endswith(".jpg")]
         ids.append(part)
