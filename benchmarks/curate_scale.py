@@ -4,7 +4,7 @@
     python benchmarks/curate_scale.py --sizes 1e5 1e6 1e7      # the three sizes
     python benchmarks/curate_scale.py --smallest               # 2e3 rows only (the smoke test's run)
 
-Each size runs in a fresh process (so its driver peak RSS is its own) on a local Ray cluster
+Each size runs in a fresh process (so its driver peak RSS is its own; a single size runs in this one) on a local Ray cluster
 (``--cpus``, default 2; ``--shuffle`` as ``ray.shuffle``). A version V of n rows is staged as pass 1 leaves it (``_staging/<pid>/``
 Parquet parts, ``--rows-per-partition`` rows each, a 6-byte placeholder for pixels) with 64-bit hashes and mirror
 hashes from ``benchmarks/dedup_scaling.py`` (``--hashes``: ``stress``, correlated bits with blank
@@ -299,7 +299,7 @@ def same_decisions(job, pids: list[str], step: str, earlier: tuple[str, ...]) ->
     import pyarrow as pa
 
     from curation import output
-    from curation.dedup.distributed import read_decisions
+    from curation.dedup.decisions import read_decisions
     from infra import storage
 
     fs, root = storage.resolve(job.cfg.output_dir)
@@ -461,8 +461,12 @@ def main() -> None:
         f"curation global steps at scale: {os.cpu_count()} CPUs, Ray on {args.cpus}, load average "
         f"{os.getloadavg()[0]:.1f} at start; {args.rows_per_partition} rows per partition; {args.hashes} hashes"
     )
+    sizes = [int(s) for s in args.sizes]
+    if len(sizes) == 1:  # nothing ran in this process yet: its driver peak RSS is the size's own
+        print(size_line(measure(sizes[0], args)), flush=True)
+        return
     results = []
-    for n in [int(s) for s in args.sizes]:
+    for n in sizes:
         cmd = [sys.executable, os.path.abspath(__file__), "--one", str(n)]
         for name in (
             "rows_per_partition",

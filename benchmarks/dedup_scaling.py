@@ -10,8 +10,10 @@ Families (``--kinds``, each with ``--dup-fraction`` planted copies): ``uniform``
 (thresholded Gaussian latents), ``real`` (the pipeline's own PHash and mirror hash of crops,
 collages, rescales and re-encodes of the real photos we ship; checked against the photos and
 ``--reference-run``) and ``stress`` (correlated plus ``--blank-fraction`` blank images). Image
-hashes are cached under ``--cache-dir``. Methods, each (kind, size) in a fresh subprocess: ``ours``,
-``ray`` and imagededup's brute force / BK-tree, whose decisions must equal ours where it ran.
+hashes are cached under ``--cache-dir``. Methods, each (kind, size) in a fresh subprocess: ``ours``
+(the in-process engine), ``ray`` (the distributed engine, ``dedup.engine=ray``: the candidates staged
+in 8 partitions, ``distributed.near_decisions`` timed, decisions written and read back) and
+imagededup's brute force / BK-tree, whose decisions must equal ours where they ran.
 For ``ours`` it counts work the load cannot change: the plan, band pairs, checked and wasted
 pairs per item, the largest bucket, true and accidental pairs, values sorted. Time is the best of
 ``--repeats``; "rss MB" the first call's peak RSS above the level after a warm-up call, "traced MB"
@@ -27,8 +29,10 @@ import json
 import math
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -373,14 +377,17 @@ def hash_values(n: int, kind: str, rng: np.random.Generator, latent_dim: int = 8
         return rng.integers(0, 2**64, n, dtype=np.uint64)
     if kind != "correlated":
         raise ValueError(f"hash_values draws uniform or correlated values, not {kind!r} (see hash_pairs)")
-    w = np.random.default_rng(12345).standard_normal((64, latent_dim)).astype(np.float32)  # fixed across runs
-    w /= np.linalg.norm(w, axis=1, keepdims=True)
+    w = np.random.default_rng(12345).standard_normal((64, latent_dim))  # fixed across runs
+    w = np.rint(w / np.linalg.norm(w, axis=1, keepdims=True) * 2.0**20).astype(np.int64)
     weights = np.uint64(1) << np.arange(64, dtype=np.uint64)
     out = np.empty(n, dtype=np.uint64)
-    for s in range(0, n, 200_000):  # chunks keep the float matrix small at 1e6+
+    for s in range(0, n, 200_000):  # chunks keep the matrices small at 1e6+
         m = min(n, s + 200_000) - s
-        z = rng.standard_normal((m, latent_dim), dtype=np.float32)
-        bits = (z @ w.T + noise * rng.standard_normal((m, 64), dtype=np.float32)) > 0
+        z = np.rint(rng.standard_normal((m, latent_dim), dtype=np.float32) * 2.0**20).astype(np.int64)
+        e = np.rint(noise * rng.standard_normal((m, 64), dtype=np.float32) * 2.0**40).astype(np.int64)
+        # integers: the projection is exact (a float product's rounding, and with it the sign of a
+        # near-zero sum, follows the CPU's BLAS kernel), so every machine draws the same bits
+        bits = z @ w.T + e > 0
         out[s : s + m] = (bits.astype(np.uint64) * weights).sum(axis=1, dtype=np.uint64)
     return out
 
@@ -674,7 +681,7 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
     import logging
 
     logging.disable(logging.INFO)  # imagededup logs every call at INFO
-    from curation.dedup.near import NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
+    from curation.dedup.near import NearDupConfig, near_duplicate_decisions
 
     t = args.max_distance
     table, unplanted = family_table(n, kind, args)
@@ -690,7 +697,8 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
         use_shuffle("sort")  # as on a local cluster started by init_ray (RayConfig.shuffle)
-        ds = ray.data.from_arrow(table).repartition(8).materialize()
+        workdir = tempfile.mkdtemp(prefix="dedup_scaling_")
+        inp = staged_input(os.path.join(workdir, "run"), table)
     if method in IMAGEDEDUP:
         from imagededup.methods import PHash
 
@@ -708,7 +716,7 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
     if method == "ours":  # imports and worker start-up off the clock
         near_duplicate_decisions(warm, cfg)
     elif method == "ray":
-        near_duplicate_decisions_ray(ray.data.from_arrow(warm), cfg)
+        distributed_near(staged_input(os.path.join(workdir, "warm"), warm), cfg)
     else:
         imagededup_search(dict(zip(warm.column("key").to_pylist(), warm.column("phash").to_pylist())))
     base_rss = _rss_mb()
@@ -716,7 +724,7 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
     if method == "ours":
         decisions = near_duplicate_decisions(table, cfg)
     elif method == "ray":
-        decisions = near_duplicate_decisions_ray(ds, cfg)
+        decisions = distributed_near(inp, cfg)
     else:
         found = imagededup_search(encoding_map)
     seconds = time.perf_counter() - start
@@ -726,7 +734,7 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
         if method == "ours":
             near_duplicate_decisions(table, cfg)
         else:
-            near_duplicate_decisions_ray(ds, cfg)
+            distributed_near(inp, cfg)
         seconds = min(seconds, time.perf_counter() - start)
     traced_peak = float("nan")
     if method == "ours":  # a second, untimed run under tracemalloc (it slows Python allocations)
@@ -753,6 +761,7 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
             digest_plain = f"{plain.num_rows}:{decisions_digest(plain, keys)}"
     if method == "ray":
         ray.shutdown()
+        shutil.rmtree(workdir)
     counts = search_counts(table, unplanted, cfg) if method == "ours" else {}
     return {
         "method": method,
@@ -766,6 +775,40 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
         "traced_mb": traced_peak / 2**20,
         **counts,
     }
+
+
+def staged_input(root: str, table):
+    """``table`` staged as a run's scoring leaves its candidates, in 8 partitions: the distributed
+    engine's input."""
+    import pyarrow as pa
+
+    from curation import staging
+    from curation.dedup.decisions import GlobalDedupInput
+    from infra import storage
+
+    pids = [f"p{i}" for i in range(8)]
+    n = table.num_rows
+    staged = (
+        table.append_column("partition", pa.array([pids[i % 8] for i in range(n)]))
+        .append_column("decode_ok", pa.array(np.ones(n, bool)))
+        .append_column("reason", pa.nulls(n, pa.string()))
+    )
+    staging.write_parts(*storage.resolve(root), staged)
+    return GlobalDedupInput(root, tuple(pids), tuple(dict.fromkeys(["key", "partition", *table.column_names])))
+
+
+def distributed_near(inp, cfg):
+    """The distributed engine's near dedup of the staged candidates (decisions written per
+    partition, then read back)."""
+    import pyarrow as pa
+
+    from curation.dedup.decisions import partition_decisions
+    from curation.dedup.distributed import near_decisions
+    from infra import storage
+
+    near_decisions(inp, cfg, "near_dedup")
+    fs, root = storage.resolve(inp.uri)
+    return pa.concat_tables([partition_decisions(fs, root, p) for p in inp.pids])
 
 
 def largest_bucket(values: np.ndarray, masks: np.ndarray) -> int:
@@ -954,12 +997,12 @@ def describe_image_families(args, n_max: int, kinds: list[str]) -> None:
 
 
 def print_plan_model(max_distance: int, sizes=tuple(10**e for e in range(5, 11))) -> None:
-    """``--plan-model``: the planner's own cost model on uniform bits (``bands.uniform_cost``, values
+    """``--plan-model``: the planner's own cost model on uniform bits (``bands.Workload.uniform_cost``, values
     sorted + PAIR_COST x pairs) per value for the cheapest exact banded plan at each size, its growth
     per decade, and beside it an exact search of another kind whose work per value is flat in n:
     each value looked up with every variant of each 32-bit half within t // 2 bits (two values
     within t differ in at most t // 2 bits of one half). A model, not a measurement."""
-    from curation.dedup.bands import HASH_BITS, PAIR_COST, cheapest_designs, design_shape, uniform_cost
+    from curation.dedup.bands import HASH_BITS, PAIR_COST, Workload, cheapest_designs, design_shape
 
     t, half = max_distance, HASH_BITS // 2
     probes = 2 * sum(math.comb(half, i) for i in range(t // 2 + 1))
@@ -967,9 +1010,9 @@ def print_plan_model(max_distance: int, sizes=tuple(10**e for e in range(5, 11))
     print(f"{'n':>8s} {'B':>3s} {'bands':>5s} {'bits':>5s} {'cost/value':>10s} {'growth':>7s} {'half-probes':>11s}")
     prev = None
     for n in sizes:
-        design = cheapest_designs(t, n)[0]
+        design = cheapest_designs(t, Workload(n))[0]
         bands, bits = design_shape(design, t)
-        cost = uniform_cost(bands, bits, n) / n
+        cost = Workload(n).uniform_cost(bands, bits) / n
         probe_cost = probes * (1 + PAIR_COST * n / 2.0**half)
         grow = f"n^{1 + math.log10(cost / prev):.2f}" if prev else ""
         print(f"{n:8.0e} {design[0]:3d} {bands:5d} {bits:5.1f} {cost:10.2f} {grow:>7s} {probe_cost:11.0f}")
@@ -985,8 +1028,8 @@ def main() -> None:
         default=None,
         help=f"{', '.join(KINDS)} (default: all), {UNIFORM_MIRRORED} (real's baseline), correlated:D:NOISE",
     )
-    p.add_argument("--ray-sizes", nargs="*", type=float, default=[1e4, 1e5], help="the Ray variant")
-    p.add_argument("--ray-kinds", nargs="*", default=None, help="the Ray variant's kinds (default: every kind)")
+    p.add_argument("--ray-sizes", nargs="*", type=float, default=[1e4, 1e5], help="the distributed engine")
+    p.add_argument("--ray-kinds", nargs="*", default=None, help="the distributed engine's kinds (default: every kind)")
     p.add_argument(
         "--imagededup-sizes",
         nargs="*",
@@ -1122,7 +1165,7 @@ def report(results: list[dict], kinds: list[str], sizes: list[int], args) -> Non
         checked += 1
     print(f"  {checked} comparisons, all equal")
     ray_runs = [r for r in results if r["method"] == "ray"]
-    for r in ray_runs:  # the Ray variant against ours, wherever both ran
+    for r in ray_runs:  # the distributed engine against ours, wherever both ran
         ours = next((o for o in results if o["method"] == "ours" and o["n"] == r["n"] and o["kind"] == r["kind"]), None)
         if ours and r["digest"] and ours["digest"]:
             assert (r["dropped"], r["digest"]) == (ours["dropped"], ours["digest"]), f"ray and ours disagree: {r}"

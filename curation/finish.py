@@ -166,9 +166,9 @@ def _record(job: CurationJob, stats: dict, schema, dataset_id: str, name: str, i
 
     metrics, run_tags, profile = tracking_record(stats)
     documents = {output.STATS_FILE: stats, "shards.txt": "\n".join(shards) + "\n", output.SHARD_INDEX_FILE: index}
-    clusters = output.CuratedOutput(job.fs, job.root).clusters()
-    if clusters is not None:  # O(clusters): small beside the shards it describes
-        documents[output.CLUSTERS_FILE] = clusters
+    version = output.CuratedOutput(job.fs, job.root)
+    if version.has(output.CLUSTERS_FILE):  # O(clusters): small beside the shards it describes
+        documents[output.CLUSTERS_FILE] = version.clusters()
     tags = {"humanvision.stage": "curation", "curation.output": job.uri, "curation.job_digest": job.digest}
     run_tags.update(
         {

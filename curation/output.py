@@ -145,10 +145,6 @@ class CuratedOutput:
     def stats(self) -> dict:
         return self.read_json(STATS_FILE)
 
-    def clusters(self) -> dict | None:
-        """``clusters.json`` (``curation.clusters``), or None when the run fitted no clusters."""
-        return self.read_json(CLUSTERS_FILE) if self.has(CLUSTERS_FILE) else None
-
     def _files(self, folder: str, suffix: str) -> list[str]:
         d = storage.join(self.root, folder)
         return [f.path for f in storage.list_files(self.fs, d, (suffix,))] if storage.exists(self.fs, d) else []
@@ -163,6 +159,33 @@ class CuratedOutput:
     def sidecar_files(self) -> list[str]:
         """Paths of the shards' Parquet sidecars, sorted (a sidecar is written after its tar)."""
         return self._files(SHARDS, ".parquet")
+
+    def read_sidecar(self, shard: str, columns: list[str]) -> pa.Table:
+        """``columns`` of one shard's sidecar, in the tar's order, read by projection (nothing else
+        of the file is decoded). ``shard``: the tar's path or URI, or its stem. A column the sidecar
+        lacks is a ``ValueError`` naming it and the columns it has."""
+        import pyarrow.parquet as pq
+
+        stem = shard.rsplit("/", 1)[-1].removesuffix(".tar")
+        with self.fs.open_input_file(sidecar_path(self.root, stem)) as fh:
+            parquet = pq.ParquetFile(fh)
+            missing = [c for c in columns if c not in parquet.schema_arrow.names]
+            if missing:
+                raise ValueError(
+                    f"the sidecar of shard {stem!r} has no column {', '.join(map(repr, missing))} "
+                    f"(it has {', '.join(parquet.schema_arrow.names)})"
+                )
+            return parquet.read(columns=columns)
+
+    def clusters(self) -> dict:
+        """The kept samples' hierarchical clusters (``CLUSTERS_FILE``): ``{"format": 1, "levels":
+        [{"k": clusters, "counts": {"<id>": kept samples}}, ...] (level 0 the coarsest), "parents":
+        [None, {"<level-1 id>": <level-0 id>}, ...], "embedding": what embedded the images}``; each
+        sidecar row carries its ids in ``cluster_l0``, ``cluster_l1``, .... A ``ValueError`` when the
+        version has none."""
+        if not self.has(CLUSTERS_FILE):
+            raise ValueError(f"{self.uri!r} has no {CLUSTERS_FILE}: it was curated without hierarchical clusters")
+        return self.read_json(CLUSTERS_FILE)
 
     def samples_in_shards(self) -> int:
         """Samples written to shards, counted from the sidecars' Parquet footers."""

@@ -27,7 +27,7 @@ import time
 import pyarrow as pa
 
 from curation import output, schema, staging
-from curation.dedup.distributed import GlobalDedupInput, decided_steps, partition_decisions
+from curation.dedup.decisions import GlobalDedupInput, decided_steps, partition_decisions
 from curation.dedup.eval_overlap import EvalSet
 from curation.dedup.steps import (
     Decontaminate,

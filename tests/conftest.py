@@ -46,9 +46,16 @@ SLOW_FIXTURES = {"ray_local", "bench", "s3"}
 # one unit of work (its module fixtures are made once), except that the files sharing one of these
 # expensive session runs form one unit, so that run is made once, on one worker. Those units go
 # first (``--no-loadscope-reorder`` keeps the collection order): the longest start earliest.
-# fixture -> unit
-SHARED_RUNS = {"demo_run": "demo-run", "pretrain_reference": "pretrain-runs", "distill_reference": "distill-runs"}
-SHARED_RUN_FILES = {
+# ``runs_abc`` is the audit tests' curation runs B and C (tests/curation/audit/conftest.py).
+SHARED_RUNS = {  # fixture -> unit
+    "demo_run": "demo-run",
+    "pretrain_reference": "pretrain-runs",
+    "distill_reference": "distill-runs",
+    "runs_abc": "audit-runs",
+}
+SHARED_RUN_FILES = {  # file -> unit
+    "tests/curation/audit/test_audit_versions.py": "audit-runs",
+    "tests/curation/audit/test_explore_pages.py": "audit-runs",
     "tests/pipelines/test_dag.py": "demo-run",
     "tests/pipelines/test_demo.py": "demo-run",
     "tests/training/test_pretrain_crash_resume.py": "pretrain-runs",

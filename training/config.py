@@ -22,6 +22,82 @@ from infra.tracking import TrackingConfig, tracking_section
 
 
 @dataclass(frozen=True, kw_only=True)
+class Bounds:
+    """Thresholds on one attribute: a sample passes when ``min <= value <= max`` (None: no
+    bound on that side); a sample without a value (null) never passes."""
+
+    min: float | None = None
+    max: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WeightConfig:
+    """A sample's weight from one attribute: ``z = scale * value + offset``, then ``linear``:
+    ``w = z``; ``power``: ``w = max(z, 0) ** exponent``; ``exp``: ``w = exp(z)``; clipped to
+    ``clip = (lo, hi)``. A sample without a value (null, NaN) weighs ``lo``."""
+
+    column: str = ""
+    fn: Literal["linear", "power", "exp"] = "linear"
+    scale: float = 1.0
+    offset: float = 0.0
+    exponent: float = 1.0
+    clip: tuple[float, float] = (0.0, 1.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """Which samples of the version the stream draws, and how often (``training.sampling``).
+
+    ``policy``: ``uniform`` (every sample once per epoch); ``filter`` (only the samples within
+    ``filter``'s bounds: ``{column: {min, max}}`` on any sidecar column); ``weighted`` (drawn in
+    proportion to ``weight``, within ``filter``'s bounds if any); ``balanced`` (hierarchical
+    balancing over the version's cluster levels: uniform over the top-level clusters, then
+    within each). ``cap``: weighted and balanced accept a sample with probability
+    ``min(1, w / cap)``; 0 = the policy's largest weight (exact; fewer samples read than
+    accepted otherwise): a lower cap accepts more of what is read at the price of flattening
+    the weights above it.
+    """
+
+    policy: Literal["uniform", "filter", "weighted", "balanced"] = "uniform"
+    filter: dict[str, Bounds] = field(default_factory=dict)
+    weight: WeightConfig = field(default_factory=WeightConfig)
+    cap: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the setting when the section cannot work (checked when it
+        is built; the columns themselves are checked against the version's sidecars when the run
+        starts)."""
+        key = "data.sampling"
+        if self.policy in ("uniform", "balanced") and self.filter:
+            raise ValueError(
+                f"{key}.filter is set but {key}.policy={self.policy} draws every sample: use "
+                f"{key}.policy=filter (or weighted, which honours the filter too)"
+            )
+        if self.policy == "filter" and not self.filter:
+            raise ValueError(
+                f"{key}.policy=filter needs {key}.filter, e.g. {key}.filter={{aesthetic_score: {{min: 5}}}}"
+            )
+        for column, b in self.filter.items():
+            if (b.min is None and b.max is None) or (b.min is not None and b.max is not None and b.min > b.max):
+                raise ValueError(f"{key}.filter.{column} needs min <= max, at least one of them set")
+        if self.policy == "weighted":
+            self.weight_check()
+        if self.cap < 0:
+            raise ValueError(f"{key}.cap must be >= 0 (0 = the policy's largest weight), got {self.cap}")
+
+    def weight_check(self) -> None:
+        w, key = self.weight, "data.sampling.weight"
+        if not w.column:
+            raise ValueError(f"data.sampling.policy=weighted needs {key}.column (the sidecar column to weight by)")
+        lo, hi = w.clip
+        if not 0 <= lo <= hi or hi <= 0:
+            raise ValueError(f"{key}.clip = {list(w.clip)} must satisfy 0 <= lo <= hi and hi > 0")
+
+
+@dataclass(frozen=True, kw_only=True)
 class DataConfig:
     """Where the images come from and how they are streamed.
 
@@ -31,7 +107,7 @@ class DataConfig:
     separate key because a dataset may be curated into another store than the one this run
     logs to). ``shuffle_buffer``: samples held per loader worker (raw bytes).
     ``loader_workers``: decode/augment processes per training worker (0 = in the training
-    process).
+    process). ``sampling``: which samples are drawn and how often (``SamplingConfig``).
     """
 
     dataset: str = ""
@@ -40,6 +116,7 @@ class DataConfig:
     loader_workers: int = 6
     prefetch_factor: int = 2
     mp_context: Literal["fork", "forkserver", "spawn"] = "fork"
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -361,7 +438,9 @@ class PretrainConfig(TrainConfig):
 
 
 def identity_dict(cfg: TrainConfig) -> dict:
-    """The settings that define a run's trajectory (all but ``cfg.resume_free``)."""
+    """The settings that define a run's trajectory (all but ``cfg.resume_free``). ``data.sampling``
+    at its default (uniform) is left out too: such a run streams what runs made before the
+    section existed, and keeps their identity."""
     d = config_to_dict(cfg)
     for dotted in cfg.resume_free:
         node, *rest = dotted.split(".")
@@ -369,6 +448,8 @@ def identity_dict(cfg: TrainConfig) -> dict:
             d[node].pop(rest[0], None)
         else:
             d.pop(node, None)
+    if cfg.data.sampling == SamplingConfig():
+        d["data"].pop("sampling")
     return d
 
 

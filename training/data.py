@@ -8,6 +8,13 @@ index in the epoch is ``s`` modulo the number of slots. A slot passes its sample
 bytes) through a shuffle buffer: once the buffer is full, each incoming sample replaces a
 seeded random entry, which is emitted. Epochs follow one another without draining.
 
+Sampling (``data.sampling``, ``training.sampling``). With a policy other than ``uniform``, a
+slot that opens a shard reads the acceptance probability of each of its samples from the
+shard's sidecar and keeps a sample only when a stateless draw from (seed, epoch, key) falls
+below it; a rejected sample's bytes are never read, and the buffer, the draws and the views
+work on the kept samples as they would on all. ``uniform`` reads no sidecar: the stream is the
+one this module made before policies existed, batch for batch.
+
 Resumable position. A slot's whole state is small and JSON-able: epoch, shard cursor,
 byte offset of the next tar header, counters, and the buffer's entries as *references*
 (shard, key, byte offset and size of each member), never their bytes. Restoring re-reads
@@ -33,6 +40,7 @@ import logging
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -43,24 +51,11 @@ from infra import storage
 from training.augment import MultiCrop
 from training.config import CropConfig, DataConfig, MaskingConfig, PretrainConfig
 from training.masking import MaskGenerator
+from training.sampling import Sampler, accepted, mix64, sampler_of
 
 log = logging.getLogger(__name__)
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
-_MASK64 = (1 << 64) - 1
-
-
-def mix64(*values: int) -> int:
-    """A stateless 64-bit hash of integers (splitmix64 steps): seeded draws without RNG state."""
-    h = 0x9E3779B97F4A7C15
-    for v in values:
-        h = (h ^ (v & _MASK64)) & _MASK64
-        h = (h + 0x9E3779B97F4A7C15) & _MASK64
-        z = h
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        h = z ^ (z >> 31)
-    return h
 
 
 def open_shard(uri: str):
@@ -75,7 +70,8 @@ def open_shard(uri: str):
 
 @dataclass
 class SlotState:
-    """Position of one slot; ``buffer`` entries are [shard, key, [[ext, offset, size], ...]]."""
+    """Position of one slot; ``buffer`` entries are [shard, key, [[ext, offset, size], ...]].
+    ``offered`` / ``accepted``: this slot's image samples read and kept by the sampling policy."""
 
     slot: int
     num_slots: int
@@ -86,6 +82,8 @@ class SlotState:
     sample_index: int = 0
     draws: int = 0
     buffer: list = field(default_factory=list)
+    offered: int = 0
+    accepted: int = 0
 
     def to_dict(self) -> dict:
         """A snapshot. The buffer list is copied: a DataLoader worker pickles its batches in
@@ -98,17 +96,39 @@ class SlotState:
         return cls(**{**d, "buffer": [list(e) for e in d["buffer"]]})
 
 
+class Read(NamedTuple):
+    """One sample as a slot reads it: ``chance`` None when it is another slot's or has no image
+    (not offered), else its acceptance probability; ``kept``: offered and accepted (only then
+    are its bytes in ``blobs``)."""
+
+    entry: list
+    blobs: dict[str, bytes]
+    next_offset: int
+    chance: float | None
+    kept: bool
+
+
 class ShardStream:
     """One slot's endless, shuffled stream of ``(key, {ext: bytes}, draw)`` samples.
 
     ``draw`` is the sample's index in the slot's output (the seed of its augmentation).
-    ``state`` (a ``SlotState``) is current at every yield.
+    ``state`` (a ``SlotState``) is current at every yield. ``sampler``: the sampling policy
+    (None: every sample, ``uniform``).
     """
 
-    def __init__(self, shards: tuple[str, ...], state: SlotState, *, seed: int, buffer_size: int) -> None:
+    def __init__(
+        self,
+        shards: tuple[str, ...],
+        state: SlotState,
+        *,
+        seed: int,
+        buffer_size: int,
+        sampler: Sampler | None = None,
+    ) -> None:
         if state.num_shards != len(shards):
             raise ValueError(f"loader state is for {state.num_shards} shards, the dataset has {len(shards)}")
         self.shards, self.state, self.seed, self.buffer_size = shards, state, seed, buffer_size
+        self.sampler = sampler
 
     def epoch_shards(self, epoch: int) -> tuple[list[int], bool]:
         """This slot's shards for ``epoch`` and whether it splits them by sample."""
@@ -125,22 +145,26 @@ class ShardStream:
         empty_epochs = 0
         while True:
             shards, by_sample = self.epoch_shards(s.epoch)
-            got_any = False
+            drawable = offered = False  # an offered sample with a chance > 0 / any offered sample
             while s.shard_pos < len(shards):
                 shard = shards[s.shard_pos]
-                for entry, sample, next_offset, keep in self._read_shard(shard, s.offset, by_sample, s.sample_index):
-                    s.offset = next_offset
+                for r in self._read_shard(shard, s.offset, by_sample, s.sample_index, s.epoch):
+                    s.offset = r.next_offset
                     s.sample_index += 1
-                    if not keep:
+                    if r.chance is None:
                         continue
-                    got_any = True
+                    s.offered += 1
+                    offered, drawable = True, drawable or r.chance > 0
+                    if not r.kept:
+                        continue
+                    s.accepted += 1
                     if len(s.buffer) < self.buffer_size:
-                        s.buffer.append(entry)
-                        data.append(sample)
+                        s.buffer.append(r.entry)
+                        data.append(r.blobs)
                         continue
                     i = mix64(self.seed, s.slot, s.draws) % self.buffer_size
                     out_entry, out = s.buffer[i], data[i]
-                    s.buffer[i], data[i] = entry, sample
+                    s.buffer[i], data[i] = r.entry, r.blobs
                     s.draws += 1
                     yield out_entry[1], out, s.draws - 1
                 s.shard_pos += 1
@@ -148,46 +172,66 @@ class ShardStream:
             s.epoch += 1
             s.shard_pos = 0
             s.sample_index = 0
-            empty_epochs = 0 if got_any else empty_epochs + 1
+            empty_epochs = 0 if drawable else empty_epochs + 1
             if empty_epochs >= 2 and not s.buffer:
-                raise ValueError(f"slot {s.slot} of {s.num_slots} found no image samples in {len(self.shards)} shards")
+                self._nothing_to_draw(offered)
+
+    def _nothing_to_draw(self, offered: bool) -> None:
+        s = self.state
+        if offered:
+            policy = self.sampler.cfg.policy if self.sampler else "uniform"
+            raise ValueError(
+                f"data.sampling.policy={policy} gives every image sample of slot {s.slot} of {s.num_slots} "
+                "probability 0: loosen data.sampling.filter (or the weight's clip)"
+            )
+        raise ValueError(f"slot {s.slot} of {s.num_slots} found no image samples in {len(self.shards)} shards")
 
     def epoch_keys(self, epoch: int) -> Iterator[str]:
         """The keys this slot reads in ``epoch``, in reading order (before the shuffle buffer)."""
         shards, by_sample = self.epoch_shards(epoch)
         index = 0
         for shard in shards:
-            for entry, _, _, keep in self._read_shard(shard, 0, by_sample, index):
+            for r in self._read_shard(shard, 0, by_sample, index, epoch):
                 index += 1
-                if keep:
-                    yield entry[1]
+                if r.kept:
+                    yield r.entry[1]
 
-    def _read_shard(self, shard: int, start: int, by_sample: bool, first_index: int):
-        """``(entry, {ext: bytes}, offset of the next sample, keep)`` per sample from byte
-        ``start``, the first sample having index ``first_index`` in the epoch."""
+    def _read_shard(self, shard: int, start: int, by_sample: bool, first_index: int, epoch: int) -> Iterator[Read]:
+        """Each sample (``Read``) from byte ``start``, the first having index ``first_index`` in
+        ``epoch``; a sample's bytes are read only when it is this slot's and accepted."""
         s = self.state
         index = first_index - 1
+        chances = self.sampler.chances(self.shards[shard]) if self.sampler else None
         with open_shard(self.shards[shard]) as f:
             f.seek(start)
             tar = tarfile.open(fileobj=f, mode="r:")
-            key, members, blobs, keep = None, [], {}, True
+            key, members, blobs, mine, keep, chance = None, [], {}, True, True, 1.0
             for m in iter(tar.next, None):
                 parsed = split_member(m.name) if m.isfile() else None
                 if parsed is None:
                     continue
                 k, ext = parsed
                 if key is not None and k != key:
-                    yield [shard, key, members], blobs, m.offset, keep and _has_image(blobs)
+                    yield _read([shard, key, members], blobs, m.offset, mine, keep, chance)
                     key, members, blobs = None, [], {}
                 if key is None:
                     key = k
                     index += 1
-                    keep = not by_sample or index % s.num_slots == s.slot
+                    mine = not by_sample or index % s.num_slots == s.slot
+                    chance = self._chance(chances, key, shard) if mine else 0.0
+                    keep = mine and accepted(self.seed, epoch, key, chance)
                 members.append([ext, m.offset_data, m.size])
                 if keep:
                     blobs[ext] = tar.extractfile(m).read()
             if key is not None:
-                yield [shard, key, members], blobs, tar.offset, keep and _has_image(blobs)
+                yield _read([shard, key, members], blobs, tar.offset, mine, keep, chance)
+
+    def _chance(self, chances: dict[str, float] | None, key: str, shard: int) -> float:
+        if chances is None:
+            return 1.0
+        if key not in chances:
+            raise ValueError(f"sample {key!r} of shard {self.shards[shard]} has no row in the shard's sidecar")
+        return chances[key]
 
     def _read_ref(self, entry: list) -> dict[str, bytes]:
         shard, _, members = entry
@@ -199,8 +243,11 @@ class ShardStream:
         return out
 
 
-def _has_image(blobs: dict[str, bytes]) -> bool:
-    return any(ext in blobs for ext in IMAGE_EXTS)
+def _read(entry: list, blobs: dict[str, bytes], next_offset: int, mine: bool, keep: bool, chance: float) -> Read:
+    """A finished sample: offered when it is this slot's and has an image member."""
+    image = any(ext in IMAGE_EXTS for ext, _, _ in entry[2])
+    offered = mine and image
+    return Read(entry, blobs, next_offset, chance if offered else None, keep and image)
 
 
 # --------------------------------------------------------------------------- batches
@@ -280,9 +327,17 @@ class BatchStream(IterableDataset):
     """Batches of one rank. Each loader worker (or the process itself with 0 workers)
     plays the slot whose state ``states[worker_id]`` holds."""
 
-    def __init__(self, shards: tuple[str, ...], states: list[SlotState], spec: RankSpec, *, buffer_size: int) -> None:
+    def __init__(
+        self,
+        shards: tuple[str, ...],
+        states: list[SlotState],
+        spec: RankSpec,
+        *,
+        buffer_size: int,
+        sampler: Sampler | None = None,
+    ) -> None:
         super().__init__()
-        self.shards, self.states = shards, states
+        self.shards, self.states, self.sampler = shards, states, sampler
         self.batch_size, self.seed, self.buffer_size = spec.batch_size, spec.seed, buffer_size
         self.crops = spec.crops
         h, w = spec.crops.global_size
@@ -292,7 +347,9 @@ class BatchStream(IterableDataset):
     def __iter__(self) -> Iterator[Batch]:
         info = get_worker_info()
         state = SlotState.from_dict(self.states[info.id if info else 0].to_dict())
-        stream = iter(ShardStream(self.shards, state, seed=self.seed, buffer_size=self.buffer_size))
+        stream = iter(
+            ShardStream(self.shards, state, seed=self.seed, buffer_size=self.buffer_size, sampler=self.sampler)
+        )
         make_views = MultiCrop(self.crops)
         m = self.masking
         masker = MaskGenerator(
@@ -334,16 +391,47 @@ def fresh_states(num_shards: int, *, rank: int, world_size: int, loader_workers:
     ]
 
 
+def _restart(state: dict | None, num_shards: int, spec: RankSpec, loader_workers: int) -> list[SlotState]:
+    """Fresh slot states; after a ``state`` saved for another layout, at the epoch after its last."""
+    world_size = spec.world_size
+    if state is not None:
+        log.warning(
+            "data position was saved for %s ranks x %s loader workers, this run has %s x %s: "
+            "the stream restarts at a new epoch (the exact sample order cannot carry over)",
+            state["world_size"],
+            state["loader_workers"],
+            world_size,
+            loader_workers,
+        )
+    states = fresh_states(num_shards, rank=spec.rank, world_size=world_size, loader_workers=loader_workers)
+    if state is not None:
+        next_epoch = 1 + max(s["epoch"] for s in state["slots"])
+        for s in states:
+            s.epoch = next_epoch
+    return states
+
+
 class ResumableLoader:
     """Iterates a rank's ``BatchStream`` through a DataLoader and knows its position.
 
     ``state_dict()`` -> ``{"world_size", "loader_workers", "consumed", "slots"}``; give it
     back as ``state`` to continue exactly after the last batch this loader handed out.
+    ``dataset_uri``: the version's folder, whose sidecars a sampling policy reads (not needed
+    for ``uniform``).
     """
 
-    def __init__(self, shards: tuple[str, ...], data: DataConfig, spec: RankSpec, *, state: dict | None = None) -> None:
+    def __init__(
+        self,
+        shards: tuple[str, ...],
+        data: DataConfig,
+        spec: RankSpec,
+        *,
+        state: dict | None = None,
+        dataset_uri: str | None = None,
+    ) -> None:
         if not shards:
             raise ValueError("the dataset version has no shards")
+        self.sampler = sampler_of(data.sampling, dataset_uri)
         world_size, loader_workers = spec.world_size, data.loader_workers
         self.world_size, self.loader_workers = world_size, loader_workers
         self.consumed = 0
@@ -351,23 +439,10 @@ class ResumableLoader:
             self.states = [SlotState.from_dict(s) for s in state["slots"]]
             self.consumed = state["consumed"]
         else:
-            if state is not None:
-                log.warning(
-                    "data position was saved for %s ranks x %s loader workers, this run has %s x %s: "
-                    "the stream restarts at a new epoch (the exact sample order cannot carry over)",
-                    state["world_size"],
-                    state["loader_workers"],
-                    world_size,
-                    loader_workers,
-                )
-            self.states = fresh_states(
-                len(shards), rank=spec.rank, world_size=world_size, loader_workers=loader_workers
-            )
-            if state is not None:
-                next_epoch = 1 + max(s["epoch"] for s in state["slots"])
-                for s in self.states:
-                    s.epoch = next_epoch
-        self.dataset = BatchStream(tuple(shards), self.states, spec, buffer_size=data.shuffle_buffer)
+            self.states = _restart(state, len(shards), spec, loader_workers)
+        self.dataset = BatchStream(
+            tuple(shards), self.states, spec, buffer_size=data.shuffle_buffer, sampler=self.sampler
+        )
         kwargs = {}
         if loader_workers > 0:
             kwargs = dict(
@@ -395,6 +470,14 @@ class ResumableLoader:
         self._handed += 1
         self.consumed += 1
         return batch
+
+    def metrics(self) -> dict[str, float]:
+        """``data_acceptance``: the share of the image samples this rank's slots read that the
+        sampling policy kept, as of the last batch handed out (nothing for ``uniform``)."""
+        offered = sum(s.offered for s in self.states)
+        if self.sampler is None or not offered:
+            return {}
+        return {"data_acceptance": sum(s.accepted for s in self.states) / offered}
 
     def state_dict(self) -> dict:
         n = len(self.states)

@@ -147,7 +147,9 @@ def _start(cfg: TrainConfig, payload: dict) -> Session:
     arch, optimizer = build(cfg, device, world, from_files=restored is None)
     step, data_state = _restore(restored, arch, optimizer, rank, payload["dataset"]["id"])
     spec = RankSpec.of(cfg, rank=rank, world_size=world, patch_stride=arch.stride, pin_memory=device.type == "cuda")
-    loader = ResumableLoader(tuple(payload["shards"]), cfg.data, spec, state=data_state)
+    loader = ResumableLoader(
+        tuple(payload["shards"]), cfg.data, spec, state=data_state, dataset_uri=payload["dataset"]["uri"]
+    )
     logger = None
     if rank == 0 and payload.get("mlflow_run_id") and _tracking_reachable(payload["tracking_uri"]):
         logger = MetricsLogger(payload["tracking_uri"], payload["mlflow_run_id"], flush_every=cfg.metrics.log_every)
@@ -249,6 +251,7 @@ def _one_step(s: Session) -> None:
         data_wait_s=data_wait,
         images_per_s=s.world * batch.size / elapsed,
         tokens_per_s=s.world * s.step_tokens / elapsed,
+        **s.loader.metrics(),
     )
     if s.step_flops:
         s.last["mfu"] = s.step_flops / elapsed / (s.peak_tflops * 1e12)

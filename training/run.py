@@ -44,6 +44,7 @@ from training.config import PretrainConfig, TrainConfig, identity_dict, identity
 from training.distill_config import DistillConfig
 from training.init import check_weight_files, weight_digests
 from training.loop import EXPORT_DIR, EXPORT_MANIFEST, train_loop_per_worker
+from training.sampling import check_sampling
 
 RUN_RECORD = "run.json"
 
@@ -168,7 +169,8 @@ def run_training(cfg: TrainConfig) -> TrainingResult:
     run_dir = storage.to_uri(fs, storage.join(storage_root, cfg.run_name))
     tracking_uri = resolve_tracking_uri(cfg.tracking.uri, cfg.storage_path)
     record, dataset, shards, weights = _inputs(cfg, run_dir, tracking_uri)
-    run_id = _start_mlflow_run(cfg, tracking_uri, record, dataset, shards, weights)
+    sampling = check_sampling(cfg.data.sampling, record["dataset"]["uri"] if record else dataset.uri, shards[0])
+    run_id = _start_mlflow_run(cfg, tracking_uri, record, dataset, shards, weights, sampling)
     record = _write_record(cfg, run_dir, record or _new_record(cfg, dataset, shards, weights), run_id, tracking_uri)
     start_ray(cfg.ray)
     payload = {
@@ -302,8 +304,16 @@ def _diff(a, b, prefix: str = "") -> set[str]:
 
 
 def _start_mlflow_run(
-    cfg: TrainConfig, tracking_uri: str, record: dict | None, dataset, shards, weights: dict[str, str]
+    cfg: TrainConfig,
+    tracking_uri: str,
+    record: dict | None,
+    dataset,
+    shards,
+    weights: dict[str, str],
+    sampling: str | None,
 ) -> str:
+    """The run's MLflow run (created, or the recorded one resumed); ``sampling``: the policy's
+    description, tagged ``data.sampling`` on a new run."""
     import mlflow
     from mlflow import MlflowClient
 
@@ -322,6 +332,7 @@ def _start_mlflow_run(
             "dataset.id": dataset.id,
             "dataset.name": dataset.name,
             "dataset.uri": dataset.uri,
+            **({"data.sampling": sampling} if sampling else {}),
         }
         run_id = client.create_run(experiment_id, run_name=cfg.tracking.run_name or cfg.run_name, tags=tags).info.run_id
     mlflow.set_tracking_uri(tracking_uri)

@@ -1,13 +1,20 @@
 """Global deduplication on metadata (hashes, embeddings), never on re-read images.
 
 Every dedup method produces the same thing: duplicate *groups* over candidate rows and one
-kept *representative* per group, chosen by ``representative_sort_key``. Dropped rows record
-their group id and their representative's key (``DECISION_SCHEMA``).
+kept *representative* per group, chosen by one rule (``representative_order``). Dropped rows
+record their group id and their representative's key (``DECISION_SCHEMA``).
+
+Two engines run every method: in one process (``curation.dedup.steps.run_dedup``, small runs and
+tests) and in Ray Data (``curation.dedup.distributed`` and its siblings, the cluster path), on the
+same decision files (``curation.dedup.decisions``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import pyarrow as pa
+import pyarrow.compute as pc
 
 # One row per dropped duplicate.
 DECISION_SCHEMA = pa.schema(
@@ -31,20 +38,40 @@ def rank_columns(names) -> list[str]:
     return sorted(c for c in names if c.startswith(RANK_PREFIX))
 
 
-def representative_sort_key(row: dict) -> tuple:
-    """The documented rule, quality first: an original encoding over a deliberate conversion
-    (``converted``: palette, greyscale, 16-bit scaled, CMYK, alpha-composited, animated frame 0),
-    then the steps' rank columns (``rank_*``, lower first: e.g. a sharp, well-exposed copy before a
-    blurred one), then larger resolution, then more input bytes per pixel, then the smallest key.
-    A column the row lacks counts as unknown: not converted, rank 0, 0 bytes per pixel."""
-    pixels = (row.get("width") or 0) * (row.get("height") or 0)
-    per_pixel = (row.get("input_bytes") or 0) / pixels if pixels else 0.0
-    ranks = tuple(row.get(c) or 0 for c in rank_columns(row))  # nested: rows of any columns compare
-    return (bool(row.get("converted")), ranks, -pixels, -per_pixel, row["key"])
+def _int_column(table: pa.Table, name: str) -> pa.ChunkedArray:
+    """An integer column with nulls (and a missing column) as 0."""
+    column = table.column(name) if name in table.column_names else pa.nulls(table.num_rows)
+    return pc.fill_null(column.cast(pa.int64()), 0)
 
 
-def group_decisions(members: list[dict], reason: str, group_id: str) -> list[dict]:
-    """Decision rows for one duplicate group: every member but the representative is dropped."""
-    ordered = sorted(members, key=representative_sort_key)
-    rep = ordered[0]["key"]
-    return [{"key": m["key"], "reason": reason, "duplicate_of": rep, "duplicate_group": group_id} for m in ordered[1:]]
+def representative_order(meta: pa.Table, prefer: Collection[str] = ()) -> pa.Table:
+    """The rule choosing a family's representative, as columns to sort ascending (every engine's): a
+    key in ``prefer`` first, an original encoding before a conversion (``converted``), then the steps'
+    rank columns (``rank_*``, lower first), larger resolution, more input bytes per pixel, the
+    smallest key. A column ``meta`` lacks counts as unknown: not converted, rank 0, 0 bytes."""
+    n = meta.num_rows
+    pixels = pc.multiply(_int_column(meta, "width"), _int_column(meta, "height"))
+    nbytes = meta.column("input_bytes") if "input_bytes" in meta.column_names else pa.nulls(n)
+    per_pixel = pc.divide(
+        pc.fill_null(nbytes.cast(pa.float64()), 0.0), pc.max_element_wise(pixels, 1).cast(pa.float64())
+    )
+    converted = meta.column("converted") if "converted" in meta.column_names else pa.nulls(n)
+    keys = meta.column("key")
+    return pa.table(
+        {
+            "other": pc.invert(pc.is_in(keys, value_set=pa.array(sorted(prefer), pa.string()))),
+            "converted": pc.fill_null(converted.cast(pa.bool_()), False),
+            **{c: _int_column(meta, c) for c in rank_columns(meta.column_names)},
+            "fewer_pixels": pc.negate(pixels),
+            "fewer_bytes": pc.negate(pc.if_else(pc.equal(pixels, 0), 0.0, per_pixel)),
+            "key": keys,
+        }
+    )
+
+
+def representative_sort_key(row: dict, prefer: Collection[str] = ()) -> tuple:
+    """``representative_order`` of one row as a tuple (the smallest tuple of a family is its
+    representative); rows with different rank columns still compare."""
+    order = representative_order(pa.Table.from_pylist([row]), prefer).to_pylist()[0]
+    ranks = tuple(order[c] for c in rank_columns(order))
+    return (order["other"], order["converted"], ranks, order["fewer_pixels"], order["fewer_bytes"], order["key"])

@@ -1,34 +1,24 @@
-"""Data-driven bands for the exact near-duplicate search (``curation.dedup.near``).
+"""The band planner: one plan, one cost model, for every exact near-duplicate search.
 
-Any partition of the 64 bit positions into B blocks keeps the search exact: two values at
-most t bits apart differ in at most t blocks, so they agree on the B - t blocks left, and on every
-*band* (a set of blocks, whose bits are compared as one key) inside them. Bands of all (B - t)-
-subsets (C(B, t) of them) are one exact plan; a *covering design* is another: any family of
-k-subsets (k < B - t) such that every (B - t)-subset contains one (``covering_bands``; e.g. for
-t = 4, 12 bands of 3 of 9 blocks instead of 15 bands of 2 of 6, both 21.3 bits, or 21 bands of 4
-of 10 blocks, 25.6 bits). Which plan only sets the cost: the sort of every band plus the Hamming
-check of every pair that agrees on a band. On uniform bits a band of k bits collides with
-probability 2^-k, so a larger corpus wants longer bands, and the designs give a step of 1-2 bits
-per step in band count where all-subsets plans jump (15 bands of 21.3 bits, then 35 of 27.4). On
-real PHashes the bits are biased and correlated (they are signs of one image's low DCT
-coefficients), bands collide far more often and a B chosen for uniform bits lets the candidate
-pairs grow with n^2 (issue 14: n^1.36 from 1e5 to 1e6).
+Any partition of the 64 bits into B blocks keeps the search exact: two values at most t bits apart
+differ in at most t blocks, so they agree on the B - t others and on every *band* (a set of blocks
+compared as one key) among them. All (B - t)-subsets make one exact plan; a *covering design*,
+k-subsets (k < B - t) such that every (B - t)-subset contains one (``covering_bands``), makes
+another with fewer, longer bands. A plan may also hold bits ``within`` every band, for values known
+to agree on them (the distributed search's shuffle groups).
 
-``plan_bands`` chooses from the data instead:
-
-1. a deterministic sample of the distinct values (those with the smallest splitmix64 mix,
-   so the same values whatever the input order or partitioning);
-2. blocks by a greedy deal of the bits, most informative first (binary entropy measured on
-   the sample), each into the block where it is least correlated with the bits already there
-   (so no band loses a whole family of redundant bits) and whose entropy is lowest; the plain
-   interleaved deal (bit p into block p % B) is also a candidate;
-3. for the PLAN_OPTIONS designs cheapest on uniform bits at this n (``cheapest_designs``), the
-   candidate pairs of each band *counted* on the sample and scaled by (n / sample)^2 (never below
-   the uniform-bit figure), and the cost ``bands * n * VALUE_COST + pairs * PAIR_COST``; the
-   cheapest (design, deal) wins.
-
-The plan depends on the values only (not on their order), so local and Ray runs given the
-same values choose the same bands; decisions never depend on the plan.
+A plan sets the cost, never the pairs found. The cost model (``Workload``): each value is hashed
+into each band (``value_cost``: a share of a sort in a search, a posting written and read back in
+the on-disk index) and each pair sharing a band key gets a Hamming check (``PAIR_COST``), among the
+values (a search) or against a later batch (the index). Bands collide at 2^-bits on uniform bits,
+far more on real PHash bits (biased, correlated), so where the values are at hand the pairs are
+counted on a deterministic sample (the values of smallest splitmix64 mix: the same whatever the
+order or partitioning) and scaled up, never below the uniform figure. ``plan_bands`` costs the
+PLAN_OPTIONS designs cheapest on uniform bits (``cheapest_designs``), each with the interleaved
+deal of the bits and, with a sample, a greedy one (most informative bits first, each into the
+block it is least correlated with), and keeps the cheapest: the same values give the same plan in
+every engine. It serves the in-process search (``near``), the distributed one (``distributed``)
+and the near-dup index (``incremental.index_plan``).
 """
 
 from __future__ import annotations
@@ -37,11 +27,12 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 import numpy as np
 
 HASH_BITS = 64
+ALL_BITS = (1 << HASH_BITS) - 1
 MAX_BANDS = 5000
 SAMPLE_SIZE = 10_000
 MIX_END = 1 << 64  # mix64 values lie in [0, MIX_END)
@@ -55,24 +46,28 @@ DESIGN_MAX_BLOCKS = 12  # covering designs are searched for B up to this
 PLAN_OPTIONS = 6  # designs costed on the sample
 
 
+def popcount(mask: int) -> int:
+    return bin(int(mask)).count("1")
+
+
 @dataclasses.dataclass(frozen=True)
 class BandPlan:
-    """Blocks (one 64-bit mask each, a partition of the bits), the tolerated distance t, and the
-    bands as sets of block indices: every (B - t)-subset when ``bands`` is None, else a covering
-    design (``covering_bands``: every (B - t)-subset contains one of them, so the search stays exact).
-    """
+    """Blocks (one mask each, a partition of the bits outside ``within``), the tolerated distance t,
+    and the bands as sets of block indices: every (B - t)-subset when ``bands`` is None, else a
+    covering design (every (B - t)-subset contains one of them, so the search stays exact)."""
 
     blocks: tuple[int, ...]
     max_distance: int
     bands: tuple[tuple[int, ...], ...] | None = None
+    within: int = 0
 
     def __post_init__(self) -> None:
-        union = 0
+        union = self.within
         for b in self.blocks:
             if union & b:
                 raise ValueError("band plan blocks overlap")
             union |= b
-        if union != (1 << HASH_BITS) - 1 or len(self.blocks) <= self.max_distance:
+        if union != ALL_BITS or len(self.blocks) <= self.max_distance:
             raise ValueError(
                 f"band plan: {len(self.blocks)} blocks must cover the 64 bits and exceed "
                 f"max_distance={self.max_distance}"
@@ -93,19 +88,8 @@ class BandPlan:
         return tuple(itertools.combinations(range(self.num_blocks), self.num_blocks - self.max_distance))
 
     def masks(self) -> np.ndarray:
-        """One mask per band: the union of its blocks."""
-        return np.array([sum(self.blocks[b] for b in band) for band in self.band_sets()], dtype=np.uint64)
-
-    def to_json(self) -> dict:
-        d = {"blocks": [f"{b:016x}" for b in self.blocks], "max_distance": self.max_distance}
-        if self.bands is not None:
-            d["bands"] = [list(band) for band in self.bands]
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict) -> BandPlan:
-        bands = tuple(tuple(int(b) for b in band) for band in d["bands"]) if "bands" in d else None
-        return cls(tuple(int(b, 16) for b in d["blocks"]), int(d["max_distance"]), bands)
+        """One mask per band: the union of its blocks, and ``within``."""
+        return np.array([self.within | sum(self.blocks[b] for b in band) for band in self.band_sets()], np.uint64)
 
 
 def covers(bands: Collection[Collection[int]], num_blocks: int, max_distance: int) -> bool:
@@ -123,12 +107,7 @@ def covers(bands: Collection[Collection[int]], num_blocks: int, max_distance: in
 @functools.cache
 def covering_bands(num_blocks: int, max_distance: int, band_blocks: int) -> tuple[tuple[int, ...], ...] | None:
     """A small set of ``band_blocks``-subsets of the blocks such that every (B - t)-subset contains
-    one (a covering design / Turan system), by greedy covering with a fixed seed, then dropping bands
-    the rest already cover; None when the search would be too large (see DESIGN_SEARCH_LIMIT).
-
-    Each band is longer than in the plan of all (B - t)-subsets of fewer blocks with the same count,
-    e.g. for t = 4: 21 bands of 4 of 10 blocks (25.6 bits) against 15 bands of 2 of 6 (21.3 bits).
-    """
+    one, by greedy covering with a fixed seed, less bands the rest cover; None past DESIGN_SEARCH_LIMIT."""
     b, t, k = num_blocks, max_distance, band_blocks
     if not 0 < k < b - t or math.comb(b, k) * math.comb(b, t) > DESIGN_SEARCH_LIMIT:
         return None
@@ -155,10 +134,15 @@ def covering_bands(num_blocks: int, max_distance: int, band_blocks: int) -> tupl
     return tuple(sorted(options[c] for c in best))
 
 
-def interleaved(num_blocks: int, max_distance: int) -> BandPlan:
-    """Bit p in block p % B (the plan of ``curation.dedup.near.band_masks``)."""
+def free_bits(within: int) -> list[int]:
+    return [p for p in range(HASH_BITS) if not within >> p & 1]
+
+
+def interleaved(num_blocks: int, max_distance: int, within: int = 0) -> BandPlan:
+    """The k-th bit outside ``within`` in block k % B, every (B - t)-subset a band."""
+    bits = free_bits(within)
     return BandPlan(
-        tuple(sum(1 << p for p in range(b, HASH_BITS, num_blocks)) for b in range(num_blocks)), max_distance
+        tuple(sum(1 << p for p in bits[b::num_blocks]) for b in range(num_blocks)), max_distance, None, within
     )
 
 
@@ -192,9 +176,8 @@ def sample_bound(n_values: int, size: int = SAMPLE_SIZE) -> int:
 
 
 def distinct_estimate(sample: np.ndarray, size: int = SAMPLE_SIZE) -> int:
-    """Distinct values of the whole from its ``sample_values`` sample: all of them when the sample is
-    not full, else the k-minimum-values estimate (size - 1) / (largest mix / 2^64), ~1% off at
-    size 1e4 (order-free, so every engine plans for the same n)."""
+    """Distinct values of the whole from its ``sample_values`` sample (exact when not full, else the
+    k-minimum-values estimate: order-free, so every engine plans for the same n)."""
     if len(sample) < size:
         return len(sample)
     return round((size - 1) * MIX_END / (int(mix64(sample).max()) + 1))
@@ -204,15 +187,9 @@ def bit_matrix(values: np.ndarray) -> np.ndarray:
     return ((values[:, None] >> np.arange(HASH_BITS, dtype=np.uint64)) & np.uint64(1)).astype(np.uint8)
 
 
-def _entropy(p: np.ndarray) -> np.ndarray:
-    q = np.clip(p, 1e-12, 1 - 1e-12)
-    return -(q * np.log2(q) + (1 - q) * np.log2(1 - q))
-
-
 def bit_statistics(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(binary entropy of each bit, |correlation| between bits; 0 for a constant bit) measured on a
-    sample (rows of 0/1). Counted exactly on packed bit columns (the pairs' co-occurrences by
-    popcount) rather than by a float correlation matrix."""
+    """(binary entropy of each bit, |correlation| between bits; 0 for a constant bit) of a sample
+    (rows of 0/1), counted exactly on packed bit columns (co-occurrences by popcount)."""
     n = len(bits)
     packed = np.packbits(bits.astype(bool), axis=0).T.copy()  # [bit, byte]
     words = np.zeros((packed.shape[0], -(-packed.shape[1] // 8) * 8), np.uint8)
@@ -226,21 +203,25 @@ def bit_statistics(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         corr = np.nan_to_num(np.abs(cov / np.sqrt(np.outer(var, var))), nan=0.0, posinf=0.0)
     corr[var == 0, :] = 0.0
     corr[:, var == 0] = 0.0
-    return _entropy(p), corr
+    q = np.clip(p, 1e-12, 1 - 1e-12)
+    return -(q * np.log2(q) + (1 - q) * np.log2(1 - q)), corr
 
 
-def greedy_blocks(entropy: np.ndarray, corr: np.ndarray, num_blocks: int, max_distance: int) -> BandPlan:
-    """Deal bits, most informative first, into the block where they add the least correlation."""
-    cap = math.ceil(HASH_BITS / num_blocks)
+def greedy_blocks(
+    entropy: np.ndarray, corr: np.ndarray, num_blocks: int, max_distance: int, within: int = 0
+) -> BandPlan:
+    """Deal the bits outside ``within``, most informative first, where they add the least correlation."""
+    bits = free_bits(within)
+    cap = math.ceil(len(bits) / num_blocks)
     members: list[list[int]] = [[] for _ in range(num_blocks)]
-    for bit in sorted(range(HASH_BITS), key=lambda j: (-round(float(entropy[j]), 9), j)):
+    for bit in sorted(bits, key=lambda j: (-round(float(entropy[j]), 9), j)):
         open_blocks = [b for b in range(num_blocks) if len(members[b]) < cap]
         best = min(
             open_blocks,
             key=lambda b: (round(float(corr[bit, members[b]].sum()), 6), round(float(entropy[members[b]].sum()), 6), b),
         )
         members[best].append(bit)
-    return BandPlan(tuple(sum(1 << p for p in m) for m in members), max_distance)
+    return BandPlan(tuple(sum(1 << p for p in m) for m in members), max_distance, None, within)
 
 
 def sample_pairs(sample: np.ndarray, masks: np.ndarray) -> float:
@@ -253,42 +234,41 @@ def sample_pairs(sample: np.ndarray, masks: np.ndarray) -> float:
     return float(total)
 
 
-def plan_cost(plan: BandPlan, sample: np.ndarray, n_values: int) -> float:
-    masks = plan.masks()
-    scale = (n_values / max(len(sample), 1)) ** 2
-    uniform = sum(n_values * (n_values - 1) / 2 / 2.0 ** bin(int(m)).count("1") for m in masks)
-    pairs = max(sample_pairs(sample, masks) * scale, uniform)
-    return len(masks) * n_values * VALUE_COST + pairs * PAIR_COST
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What a plan is chosen for: ``values`` hashed into every band at ``value_cost`` each, and a
+    Hamming check (``PAIR_COST``) per pair sharing a band key, among the values (``queries`` None:
+    a search) or between them and a later batch of ``queries`` values (an index)."""
+
+    values: int
+    value_cost: float = VALUE_COST
+    queries: int | None = None
+
+    @property
+    def pair_scale(self) -> float:
+        """The pairs a band of collision probability 1 would give."""
+        return self.values**2 / 2 if self.queries is None else float(self.values) * self.queries
+
+    def uniform_cost(self, num_bands: int, band_bits: float) -> float:
+        """Cost of ``num_bands`` bands of ``band_bits`` bits on uniform bits."""
+        return num_bands * (self.values * self.value_cost + PAIR_COST * self.pair_scale / 2.0**band_bits)
+
+    def cost(self, plan: BandPlan, sample: np.ndarray | None) -> float:
+        """Cost of ``plan``, its pairs counted on ``sample`` and scaled up, never below the uniform figure."""
+        masks = plan.masks()
+        pairs = sum(self.pair_scale / 2.0 ** popcount(m) for m in masks)
+        if sample is not None and len(sample) > 1:
+            pairs = max(sample_pairs(sample, masks) * self.pair_scale / (len(sample) ** 2 / 2), pairs)
+        return len(masks) * self.values * self.value_cost + pairs * PAIR_COST
 
 
-def uniform_cost(num_bands: int, band_bits: float, n_values: int) -> float:
-    """Cost of a plan on uniform bits: each band sorts n values and checks n^2 / 2 / 2^bits pairs."""
-    return num_bands * n_values * (VALUE_COST + PAIR_COST * n_values / 2 / 2.0**band_bits)
-
-
-@functools.cache
-def band_designs(max_distance: int) -> tuple[tuple[int, tuple[tuple[int, ...], ...] | None], ...]:
-    """The exact plans' shapes, (B, bands): every (B - t)-subset of B blocks (bands None), and the
-    covering designs of fewer blocks per band for B up to DESIGN_MAX_BLOCKS, where they use fewer
-    bands than all subsets."""
-    t = max_distance
-    out: list[tuple[int, tuple[tuple[int, ...], ...] | None]] = [
-        (b, None) for b in range(t + 1, HASH_BITS + 1) if math.comb(b, t) <= MAX_BANDS
-    ]
-    for b in range(t + 2, DESIGN_MAX_BLOCKS + 1):
-        for k in range(1, b - t):
-            design = covering_bands(b, t, k)
-            if design is not None and len(design) <= MAX_BANDS:
-                out.append((b, design))
-    return tuple(out)
-
-
-def design_shape(design: tuple[int, tuple[tuple[int, ...], ...] | None], max_distance: int) -> tuple[int, float]:
-    """(bands, bits per band) of a design, blocks of 64 / B bits."""
+def design_shape(design: tuple[int, tuple | None], max_distance: int, within: int = 0) -> tuple[int, float]:
+    """(bands, bits per band) of a design, blocks of an equal share of the bits outside ``within``."""
     b, bands = design
+    space = HASH_BITS - popcount(within)
     if bands is None:
-        return math.comb(b, max_distance), HASH_BITS * (b - max_distance) / b
-    return len(bands), HASH_BITS * len(bands[0]) / b
+        return math.comb(b, max_distance), space * (b - max_distance) / b + popcount(within)
+    return len(bands), space * len(bands[0]) / b + popcount(within)
 
 
 def fewest_bands(num_blocks: int, max_distance: int, band_blocks: int) -> int:
@@ -301,22 +281,20 @@ def fewest_bands(num_blocks: int, max_distance: int, band_blocks: int) -> int:
 
 
 def cheapest_designs(
-    max_distance: int, n_values: int, *, cost: Callable[[int, float], float] | None = None, options: int = PLAN_OPTIONS
+    max_distance: int, workload: Workload, options: int = PLAN_OPTIONS, within: int = 0
 ) -> list[tuple[int, tuple[tuple[int, ...], ...] | None]]:
-    """The ``options`` designs of ``band_designs`` cheapest by ``cost(bands, bits per band)`` (default:
-    ``uniform_cost`` at ``n_values``; any cost that grows with the bands at fixed bits), searching a
-    covering design only while its lower bound (``fewest_bands``) could still rank."""
-    t = max_distance
-    if cost is None:
-        cost = functools.partial(_uniform_cost_at, n_values)
+    """The ``options`` plan shapes (B, bands) cheapest by ``workload.uniform_cost``: all (B - t)-subsets
+    (bands None) and the covering designs for B up to DESIGN_MAX_BLOCKS, each searched only while
+    its lower bound (``fewest_bands``) could rank."""
+    t, space, fixed = max_distance, HASH_BITS - popcount(within), popcount(within)
     scored = [
-        (cost(*design_shape((b, None), t)), b, None)
-        for b in range(t + 1, HASH_BITS + 1)
+        (workload.uniform_cost(*design_shape((b, None), t, within)), b, None)
+        for b in range(t + 1, space + 1)
         if math.comb(b, t) <= MAX_BANDS
     ]
     shapes = sorted(
-        (cost(fewest_bands(b, t, k), HASH_BITS * k / b), b, k)
-        for b in range(t + 2, DESIGN_MAX_BLOCKS + 1)
+        (workload.uniform_cost(fewest_bands(b, t, k), space * k / b + fixed), b, k)
+        for b in range(t + 2, min(DESIGN_MAX_BLOCKS, space) + 1)
         for k in range(1, b - t)
     )
     for bound, b, k in shapes:
@@ -325,36 +303,35 @@ def cheapest_designs(
             break
         design = covering_bands(b, t, k)
         if design is not None and len(design) <= MAX_BANDS:
-            scored.append((cost(*design_shape((b, design), t)), b, design))
+            scored.append((workload.uniform_cost(*design_shape((b, design), t, within)), b, design))
     return [(b, bands) for _, b, bands in sorted(scored, key=lambda s: (s[0], s[1]))[:options]]
 
 
-def _uniform_cost_at(n_values: int, num_bands: int, band_bits: float) -> float:
-    return uniform_cost(num_bands, band_bits, n_values)
-
-
 def plan_bands(
-    values: np.ndarray, max_distance: int, *, n_values: int | None = None, num_blocks: int | None = None
+    values: np.ndarray | None,
+    max_distance: int,
+    workload: Workload | None = None,
+    *,
+    num_blocks: int | None = None,
+    within: int = 0,
 ) -> BandPlan:
-    """The cheapest exact plan for these values: the PLAN_OPTIONS designs cheapest on uniform bits,
-    each with both deals, costed on ``sample_values``' sample, for n distinct values estimated from
-    it (``distinct_estimate``) unless ``n_values`` is given. So the values' sample alone gives the
-    same plan as the values: ``plan_bands(sample_values(v), t) == plan_bands(v, t)``."""
+    """The cheapest exact plan for ``workload`` (default: a search among ``values``, as many as
+    ``distinct_estimate`` says): ``cheapest_designs`` (all (B - t)-subsets of ``num_blocks`` blocks when
+    given), each deal costed on the sample of ``values`` (None: uniform bits, interleaved). The sample
+    alone gives the values' plan: ``plan_bands(sample_values(v), t) == plan_bands(v, t)``."""
     t = max_distance
-    sample = sample_values(values)
-    n = n_values if n_values is not None else distinct_estimate(sample)
-    if len(sample) < 2:
-        return interleaved(num_blocks or t + 1, t)
-    entropy, corr = bit_statistics(bit_matrix(sample))
-    if num_blocks:
-        options = [(num_blocks, None)]
-    else:  # correlated bits collide more than uniform ones: the sample decides among the near-best
-        options = cheapest_designs(t, n)
+    sample = None if values is None else sample_values(values)
+    if sample is not None and len(sample) < 2:
+        return interleaved(num_blocks or t + 1, t, within)
+    workload = workload or Workload(distinct_estimate(sample))
+    stats = bit_statistics(bit_matrix(sample)) if sample is not None else None
+    options = [(num_blocks, None)] if num_blocks else cheapest_designs(t, workload, within=within)
     best, best_cost = None, math.inf
     for blocks, bands in options:
-        for deal in (interleaved(blocks, t), greedy_blocks(entropy, corr, blocks, t)):
+        deals = [interleaved(blocks, t, within)] + ([greedy_blocks(*stats, blocks, t, within)] if stats else [])
+        for deal in deals:
             plan = dataclasses.replace(deal, bands=bands)
-            cost = plan_cost(plan, sample, n)
+            cost = workload.cost(plan, sample)
             if cost < best_cost:
                 best, best_cost = plan, cost
     return best

@@ -1,62 +1,47 @@
-"""Incremental near dedup in Ray Data: a batch against an earlier version's partitioned index.
+"""Incremental near dedup in Ray Data: a batch against an earlier version's partitioned index,
+with the driver search's decisions (``index_store.PartitionedNearIndex.decisions``) and nothing
+corpus-sized on the driver.
 
-The same decisions as the driver's search (``index_store.PartitionedNearIndex.decisions``, the
-contract of ``curation.dedup.incremental``), with nothing corpus-sized on the driver: it holds
-the index header (parts and the buckets each holds), counts and a sample of hash values.
+1. **The batch**: its row edges among itself (``distributed.near_edges``).
+2. **The join**: per band j of the index's plan each (value, row) record goes to the group of its
+   bucket ``j * P + mix64(value & mask_j) % P``, as the postings are stored; a group reads that
+   bucket's file of every part, pairs new and stored values sharing a band key within t bits, and
+   joins every stored row holding a reached value to the batch (as stars: linear in postings).
+3. **Representatives**: a stored key stands for its representative, found by a shuffle by key
+   bucket reading the rows files; a second finds the representative's row and numbers it by where
+   it is stored (``OLD_NODE``). A batch key the earlier version holds is refused, as on the driver.
+4. **Components**: the batch's and (row, representative) edges through
+   ``distributed.component_decisions``, earlier rows preferred and never dropped.
 
-1. **The batch**: each row's distinct hash values (row id, value) and the row edges among the
-   batch itself (``distributed.near_edges``, the in-run search; rows of one value are a star).
-2. **The join**: per band j of the index's plan, every (value, row) record goes to the shuffle
-   group of its bucket ``j * P + mix64(value & mask_j) % P``, the key the index's postings are
-   stored under. A group reads, bucket by bucket, that band's bucket file of every part that has
-   it (filtered to the group's band keys as it is read), pairs the distinct new and stored values
-   that share a band key and keeps the pairs within t bits. A stored value reached by the batch
-   joins every stored row holding it to the batch: one edge from the smallest new row reaching
-   it to each of its keys, and one from each other new value reaching it to its smallest key (a
-   star, linear in the postings however many rows share a value).
-3. **Representatives**: a stored key stands for its representative (an earlier kept row: stored
-   rows of one group reach each other through it), found by a shuffle by key bucket
-   (``crc32(key) % P``) whose groups read their rows bucket files; a second such shuffle finds
-   each representative's row and numbers it by where it is stored (``OLD_NODE``: part, bucket,
-   position), a graph node beside the batch's row ids. New keys go through the first shuffle too:
-   one the earlier version already holds is refused, as on the driver.
-4. **Components**: the batch's row edges and (row, representative) edges through near dedup's
-   star rounds (``distributed.component_decisions``); the members' metadata is read back from
-   staging (new rows) and from the rows bucket files (representatives); per component the
-   representative rule with the earlier rows preferred, and only new rows are dropped
-   (``distributed._near_group``), exactly as ``incremental._new_rows_decisions``.
-
-The graph differs from the driver's (which also holds value nodes and the stored rows that are
-not representatives) but has the same components over the batch's rows and the representatives,
-which is all the decisions read.
+The graph lacks the driver's value nodes and non-representative stored rows, but has the same
+components over the batch's rows and the representatives, which is all the decisions read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import zlib
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from curation.dedup.decisions import GlobalDedupInput, clear_step
 from curation.dedup.distributed import (
-    GlobalDedupInput,
-    _members,
-    _row_values,
     candidates_dataset,
-    clear_step,
     component_decisions,
     near_edges,
+    read_members,
+    values_dataset,
     write_decisions,
 )
-from curation.dedup.hashing import hamming
-from curation.dedup.index_store import PartitionedNearIndex, _band_file, _rows_file, value_buckets
-from curation.dedup.shuffle import shuffle
+from curation.dedup.index_store import PartitionedNearIndex, band_file, key_buckets, rows_file, value_buckets
+from curation.dedup.near import GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, cross_pairs
+from curation.dedup.shuffle import shuffle, slices
 from infra import storage
 
 OLD_NODE = 1 << 62  # node ids of stored rows: OLD_NODE | part << 44 | bucket << 32 | position in the file
+EDGE_SCHEMA = pa.schema([("row_id", pa.int64()), ("key", pa.string())])  # a batch row reaching a stored key
 NEW_GROUPS = 1 << 30  # ``node >> 32`` below this: a staging partition; above: (part, bucket) of a stored row
 MEMBER_TYPES = {
     "key": pa.string(),
@@ -90,7 +75,7 @@ class IndexLayout:
         columns: tuple[str, ...] = ()
         for (fs, root), part in zip(located, parts):
             if part["row_buckets"]:
-                with fs.open_input_file(_rows_file(root, part["row_buckets"][0])) as fh:
+                with fs.open_input_file(rows_file(root, part["row_buckets"][0])) as fh:
                     columns = tuple(pq.read_schema(fh).names)
                 break
         return cls(
@@ -104,25 +89,13 @@ class IndexLayout:
 
     def rows_file(self, p: int, b: int) -> pa.Table:
         fs, root = self.parts[p]
-        with fs.open_input_file(_rows_file(root, b)) as fh:
+        with fs.open_input_file(rows_file(root, b)) as fh:
             return pq.read_table(fh)
 
     def band_file(self, p: int, j: int, b: int) -> pa.Table:
         fs, root = self.parts[p]
-        with fs.open_input_file(_band_file(root, j, b)) as fh:
+        with fs.open_input_file(band_file(root, j, b)) as fh:
             return pq.read_table(fh)
-
-
-def _slices(table: pa.Table, column: str):
-    """(value, rows) for each distinct value of an integer ``column``."""
-    table = table.sort_by(column)
-    v = table.column(column).to_numpy()
-    starts = np.flatnonzero(np.r_[True, v[1:] != v[:-1]]) if len(v) else np.zeros(0, np.int64)
-    for s, e in zip(starts, [*starts[1:], len(v)]):
-        yield int(v[s]), table.slice(int(s), int(e - s))
-
-
-# ---- 2. the join of the batch's band keys with the stored postings ---------------------------------
 
 
 def _band_records(batch: pa.Table, masks: tuple[int, ...], num_buckets: int) -> pa.Table:
@@ -137,19 +110,6 @@ def _band_records(batch: pa.Table, masks: tuple[int, ...], num_buckets: int) -> 
     )
 
 
-def close_pairs(new: np.ndarray, old: np.ndarray, mask: int, max_distance: int) -> tuple[np.ndarray, np.ndarray]:
-    """(i, j): distinct ``new[i]``, ``old[j]`` sharing the band key ``& mask`` and within t bits."""
-    m = np.uint64(mask)
-    order = np.argsort(old & m, kind="stable")
-    old_keys = (old & m)[order]
-    lo = np.searchsorted(old_keys, new & m, side="left")
-    counts = np.searchsorted(old_keys, new & m, side="right") - lo
-    i = np.repeat(np.arange(len(new)), counts)
-    j = order[np.repeat(lo, counts) + (np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts))]
-    close = hamming(new[i], old[j]) <= max_distance
-    return i[close], j[close]
-
-
 def _bucket_edges(rows: pa.Table, postings: pa.Table, mask: int, max_distance: int) -> pa.Table:
     """(row_id, stored key) edges joining the batch's records of one bucket to one stored part."""
     distinct, inverse = np.unique(rows.column("value").to_numpy(), return_inverse=True)
@@ -158,9 +118,9 @@ def _bucket_edges(rows: pa.Table, postings: pa.Table, mask: int, max_distance: i
     keys = postings.column("value").to_numpy() & np.uint64(mask)
     postings = postings.filter(pa.array(np.isin(keys, distinct & np.uint64(mask))))
     old, holder = np.unique(postings.column("value").to_numpy(), return_inverse=True)
-    i, j = close_pairs(distinct, old, mask, max_distance)
+    i, j = cross_pairs(distinct, old, mask, max_distance)
     if not len(i):
-        return pa.table({"row_id": pa.array([], pa.int64()), "key": pa.array([], pa.string())})
+        return EDGE_SCHEMA.empty_table()
     reach = np.full(len(old), np.iinfo(np.int64).max)
     np.minimum.at(reach, j, first[i])  # per stored value: the smallest new row reaching it
     hit = np.isin(np.arange(len(old)), j)[holder]
@@ -181,8 +141,8 @@ def _bucket_edges(rows: pa.Table, postings: pa.Table, mask: int, max_distance: i
 
 def _join_buckets(group: pa.Table, layout: IndexLayout, max_distance: int) -> pa.Table:
     """The (row_id, stored key) edges of the buckets in one shuffle group (one file at a time)."""
-    out = [pa.table({"row_id": pa.array([], pa.int64()), "key": pa.array([], pa.string())})]
-    for bucket, rows in _slices(group, "_b"):
+    out = [EDGE_SCHEMA.empty_table()]
+    for bucket, rows in slices(group, "_b"):
         j, b = divmod(bucket, layout.num_buckets)
         for p in range(len(layout.parts)):
             if b in layout.band_buckets[p][j]:
@@ -190,12 +150,8 @@ def _join_buckets(group: pa.Table, layout: IndexLayout, max_distance: int) -> pa
     return pa.concat_tables(out)
 
 
-# ---- 3. stored keys -> their representative -> its node --------------------------------------------
-
-
 def _key_bucket(batch: pa.Table, column: str, num_buckets: int) -> pa.Table:
-    keys = batch.column(column).to_pylist()
-    return batch.append_column("_kb", pa.array([zlib.crc32(k.encode()) % num_buckets for k in keys], pa.int64()))
+    return batch.append_column("_kb", pa.array(key_buckets(batch.column(column).to_pylist(), num_buckets)))
 
 
 def _stored(layout: IndexLayout, b: int, keys: pa.Array) -> pa.Table | None:
@@ -212,8 +168,8 @@ def _stored(layout: IndexLayout, b: int, keys: pa.Array) -> pa.Table | None:
 def _representatives(group: pa.Table, layout: IndexLayout) -> pa.Table:
     """(row_id, representative key) per edge record (``new`` false) of the group. The batch's own
     keys come as ``new`` records: one the index already holds is refused."""
-    out = [pa.table({"row_id": pa.array([], pa.int64()), "key": pa.array([], pa.string())})]
-    for b, rows in _slices(group, "_kb"):
+    out = [EDGE_SCHEMA.empty_table()]
+    for b, rows in slices(group, "_kb"):
         stored = _stored(layout, b, pc.unique(rows.column("key")))
         if stored is None or not stored.num_rows:
             continue
@@ -230,7 +186,7 @@ def _representatives(group: pa.Table, layout: IndexLayout) -> pa.Table:
 def _rep_nodes(group: pa.Table, layout: IndexLayout) -> pa.Table:
     """Edges (a: new row, b: the representative's node) of one group of representative keys."""
     a, b_ = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for b, rows in _slices(group, "_kb"):
+    for b, rows in slices(group, "_kb"):
         for p in range(len(layout.parts)):
             if b not in layout.row_buckets[p]:
                 continue
@@ -241,9 +197,6 @@ def _rep_nodes(group: pa.Table, layout: IndexLayout) -> pa.Table:
             a.append(rows.column("row_id").filter(found).to_numpy())
             b_.append(OLD_NODE | (p << 44) | (b << 32) | pos)
     return pa.table({"a": np.concatenate(a), "b": np.concatenate(b_)})
-
-
-# ---- 4. members: new rows from staging, representatives from the rows buckets -------------------------
 
 
 def _canonical(members: pa.Table, old: bool) -> pa.Table:
@@ -259,7 +212,7 @@ def _members_with_old(group: pa.Table, inp: GlobalDedupInput, layout: IndexLayou
     """The labelled nodes of one group: a staging partition's rows, or one rows bucket file's."""
     pidx = int(group.column("pidx")[0].as_py())
     if pidx < NEW_GROUPS:
-        return _canonical(_members(group, inp).select([*columns, "partition", "row_id", "label"]), old=False)
+        return _canonical(read_members(group, inp).select([*columns, "partition", "row_id", "label"]), old=False)
     nodes, first = np.unique(group.column("node").to_numpy(), return_index=True)
     p, b = (pidx >> 12) & 0x3FFF, pidx & 0xFFF
     rows = layout.rows_file(p, b).take(pa.array(nodes & 0xFFFFFFFF))
@@ -268,10 +221,7 @@ def _members_with_old(group: pa.Table, inp: GlobalDedupInput, layout: IndexLayou
     return _canonical(meta, old=True)
 
 
-# ---- the step ---------------------------------------------------------------------------------------
-
-
-def _cross_edges(inp: GlobalDedupInput, values, layout: IndexLayout, cfg, parts: int):
+def _edges_to_index(inp: GlobalDedupInput, values, layout: IndexLayout, cfg, parts: int):
     """Edges (a: new row, b: representative node) from the batch to the stored rows."""
     records = values.map_batches(
         _band_records, fn_kwargs={"masks": layout.masks, "num_buckets": layout.num_buckets}, batch_format="pyarrow"
@@ -308,32 +258,26 @@ def _as_edge(batch: pa.Table) -> pa.Table:
     return batch.append_column("new", pa.array(np.zeros(batch.num_rows, bool)))
 
 
-def near_against_decisions(
-    inp: GlobalDedupInput, cfg, index: PartitionedNearIndex, reason: str, prefix: str, step: str
-) -> int:
+def near_against_decisions(inp: GlobalDedupInput, cfg: NearDupConfig, index: PartitionedNearIndex, step: str) -> int:
     """The batch's near-duplicate decisions against ``index`` (module docstring), written per
     partition; returns rows dropped."""
     index.check(cfg)
     fs, root = storage.resolve(inp.out)
-    values = (
-        candidates_dataset(inp, ["row_id", *cfg.hash_columns()])
-        .map_batches(_row_values, fn_kwargs={"hash_columns": cfg.hash_columns()}, batch_format="pyarrow")
-        .materialize()
-    )
+    values = values_dataset(inp, cfg)
     n_values = values.count()
     if not n_values:
         clear_step(fs, root, step)
         return 0
     layout = IndexLayout.of(index)
     parts = inp.num_partitions(n_values * len(layout.masks))
-    within = near_edges(values, n_values, cfg, inp.num_partitions(n_values * (cfg.max_distance + 1)))
-    edges = within.union(_cross_edges(inp, values, layout, cfg, parts)).materialize()
+    within = near_edges(values, cfg, inp.num_partitions(n_values * (cfg.max_distance + 1)))
+    edges = within.union(_edges_to_index(inp, values, layout, cfg, parts)).materialize()
     if not edges.count():
         clear_step(fs, root, step)
         return 0
     columns = [c for c in inp.meta() if c != "partition" and c in layout.columns]
     parts = inp.num_partitions(edges.count())
     decided = component_decisions(
-        inp, edges, reason, prefix, parts, members=_members_with_old, layout=layout, columns=columns
+        inp, edges, NEAR_DUPLICATE, GROUP_PREFIX, parts, members=_members_with_old, layout=layout, columns=columns
     )
     return write_decisions(decided, inp.out, step, parts)

@@ -1,36 +1,21 @@
-"""Semantic dedup in Ray Data (``dedup.engine=ray``): nothing corpus-sized on the driver.
+"""Semantic dedup in Ray Data (``dedup.engine=ray``): the in-process step's decisions
+(``semantic.semantic_duplicate_decisions``, ``earlier.semantic_against``), nothing corpus-sized on
+the driver.
 
-The same decisions as the in-process step (``semantic.semantic_duplicate_decisions``, and
-``earlier.semantic_against`` with ``dedup.against``) on the run's staged candidates, every
-row-sized step in Ray tasks:
+1. **Centroids**: a map keeps the rows whose key rank falls below a margin (widened until enough);
+   one task fits k-means on the smallest ranks in key order (``semantic.sample_centroids``, as in
+   process). The driver holds an object reference to the centroids.
+2. **Assignment**: a map gives every row its cluster; the driver reads the k cluster sizes.
+3. **Pairs**: a cluster of more than ``block_rows`` rows is dealt into b blocks by a mix of the row
+   id; each pair of blocks is one *unit*, routed by one shuffle into groups of bounded embedding
+   bytes (``GROUP_BYTES``); a unit's pairs with cosine >= threshold come from
+   ``semantic.similar_pairs`` (each rechecked by its own product: blocking changes no pair).
+4. **Components and representatives**: ``distributed.component_decisions``.
 
-1. **Centroids**: a map keeps the rows whose key rank (``semantic.key_rank``) falls below a
-   margin (about twice ``kmeans_sample_size``, widened until there are enough); one Ray task
-   takes the smallest ranks, sorts them by key and fits k-means on them
-   (``semantic._sample_centroids``: the in-process sample and fit, flat or a two-level tree). The
-   driver holds an object reference to the k centroids, never an embedding.
-2. **Assignment**: a map gives every row its cluster; the assigned rows (row id, embedding,
-   cluster) are materialised in the object store, and the driver reads the k cluster sizes.
-3. **Pairs**: a cluster of more than ``block_rows`` rows is dealt into b blocks by a mix of the
-   row id; each pair of blocks (i <= j) is one *unit*, and a row of block i is sent to the b units
-   that hold its block (a cluster that fits one block: one unit, one copy). One shuffle routes the
-   units into groups sized by their embedding bytes (``GROUP_BYTES``: what one reduce task holds);
-   the reduce finds each unit's pairs with cosine >= threshold (``semantic.similar_pairs``, every
-   pair rechecked by its own row product, so blocking cannot change a pair). No task holds more
-   than its group, and no unit more than two blocks, however large a cluster is.
-4. **Components and representatives**: the row pairs go through near dedup's machinery
-   (``distributed.component_decisions``: star rounds, the members' metadata read back partition
-   by partition, ``components.decisions_from_labels`` per component).
-
-**Against an earlier version** (``dedup.against``): centroids fitted on this run's candidates;
-the earlier version's kept embeddings are read manifest part by part in Ray tasks and assigned to
-the same centroids; in each cluster, units of (new block, earlier block) find every new row's best
-earlier match there (``earlier.best_matches``: highest cosine >= threshold, then smallest key), and
-one shuffle by row id keeps the best over the units. The rows it drops are then no candidates for
-the within-run search above, whose centroids are fitted on the rows left (as in process).
-
-Decisions are written per partition (``distributed.write_decisions``) after each of these
-stages, so a later stage reads the rows an earlier one left (``read_candidates``).
+**Against an earlier version**: its kept embeddings, read part by part by tasks, are assigned to
+this run's centroids; units of (new block, earlier block) find each new row's best earlier match
+(``earlier.best_matches``), one shuffle by row id keeps the best. Each stage's decisions are
+written before the next reads the rows left.
 """
 
 from __future__ import annotations
@@ -44,42 +29,45 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation.dedup.bands import mix64
-from curation.dedup.distributed import (
-    PARTITIONED_DECISION_SCHEMA,
-    GlobalDedupInput,
-    candidates_dataset,
-    clear_step,
-    component_decisions,
-    write_decisions,
-)
+from curation.dedup.decisions import PARTITIONED_DECISION_SCHEMA, GlobalDedupInput, clear_step
+from curation.dedup.distributed import candidates_dataset, component_decisions, earlier_parts_dataset, write_decisions
 from curation.dedup.earlier import EarlierVersion, best_matches
 from curation.dedup.semantic import (
     GROUP_PREFIX,
     SEMANTIC_DUPLICATE,
     SemanticDupConfig,
-    _below,
-    _sample_centroids,
-    _with_rank,
     embeddings,
     key_rank,
+    sample_centroids,
     similar_pairs,
 )
-from curation.dedup.shuffle import shuffle
+from curation.dedup.shuffle import shuffle, slices
 from infra import storage
 
 GROUP_BYTES = 256 * 2**20  # embedding bytes of one shuffle group of units (what one reduce holds)
 MAX_GROUPS = 1024
 EMBEDDING = pa.list_(pa.float32())
-
-
-# ---- centroids and assignment -------------------------------------------------------------------
+MATCH_SCHEMA = pa.schema(
+    [
+        ("row_id", pa.int64()),
+        ("key", pa.string()),
+        ("partition", pa.string()),
+        ("score", pa.float64()),
+        ("match", pa.string()),
+    ]
+)
 
 
 def _fit(refs: list, n_rows: int, cfg: SemanticDupConfig) -> np.ndarray:
     import ray
 
     tables = [t for t in ray.get(list(refs)) if t.num_rows]
-    return _sample_centroids(pa.concat_tables(tables), n_rows, cfg)
+    return sample_centroids(pa.concat_tables(tables), n_rows, cfg)
+
+
+def _ranked_below(batch: pa.Table, limit: int) -> pa.Table:
+    """The rows whose key rank (``semantic.key_rank``) is below ``limit``."""
+    return batch.filter(pa.array(key_rank(batch.column("key").to_pylist()) < np.uint64(limit)))
 
 
 def fitted_centroids(inp: GlobalDedupInput, n_rows: int, cfg: SemanticDupConfig):
@@ -90,11 +78,9 @@ def fitted_centroids(inp: GlobalDedupInput, n_rows: int, cfg: SemanticDupConfig)
     keyed = candidates_dataset(inp, ["key", cfg.embedding_column])
     fraction = 2.0 * cfg.kmeans_sample_size / n_rows
     while fraction < 1.0:
-        sample = (
-            keyed.map_batches(_with_rank, batch_format="pyarrow")
-            .map_batches(_below, fn_kwargs={"limit": int(fraction * 2**64)}, batch_format="pyarrow")
-            .materialize()
-        )
+        sample = keyed.map_batches(
+            _ranked_below, fn_kwargs={"limit": int(fraction * 2**64)}, batch_format="pyarrow"
+        ).materialize()
         if sample.count() >= cfg.kmeans_sample_size:
             break
         fraction *= 4
@@ -153,15 +139,6 @@ def unit_groups(inp: GlobalDedupInput, assigned, rows: int, records: int) -> int
     return max(1, min(MAX_GROUPS, math.ceil(records * per_record / GROUP_BYTES)))
 
 
-# ---- units: pairs of blocks of one cluster ---------------------------------------------------------
-
-
-def _spread(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(row index, 0..count-1) for every copy of each row."""
-    idx = np.repeat(np.arange(len(counts)), counts)
-    return idx, np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-
-
 def _own_block(batch: pa.Table, blocks: np.ndarray) -> np.ndarray:
     """Each row's block of its cluster: a mix of its row id (of its key's rank for an earlier row)."""
     ids = batch.column("row_id").to_numpy().astype(np.uint64)
@@ -182,7 +159,9 @@ def _units(batch: pa.Table, blocks, column: str, cross: bool) -> pa.Table:
     side = batch.column("side").to_numpy().astype(np.int64)
     mine_of = blocks[side, cluster]
     own = _own_block(batch, mine_of)
-    idx, other = _spread(blocks[1 - side, cluster] if cross else mine_of)
+    counts = blocks[1 - side, cluster] if cross else mine_of  # one copy per unit holding the row's block
+    idx = np.repeat(np.arange(len(counts)), counts)
+    other = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     mine, side = own[idx], side[idx]
     if cross:
         first, second = np.where(side == 0, mine, other), np.where(side == 0, other, mine)
@@ -197,18 +176,10 @@ def _units(batch: pa.Table, blocks, column: str, cross: bool) -> pa.Table:
     )
 
 
-def _each_unit(group: pa.Table):
-    group = group.sort_by("unit")
-    u = group.column("unit").to_numpy()
-    starts = np.flatnonzero(np.r_[True, u[1:] != u[:-1]]) if len(u) else np.zeros(0, np.int64)
-    for s, e in zip(starts, [*starts[1:], len(u)]):
-        yield int(u[s]), group.slice(int(s), int(e - s))
-
-
 def _unit_pairs(group: pa.Table, column: str, threshold: float) -> pa.Table:
     """Row pairs with cosine >= threshold in each unit of one shuffle group."""
     a, b = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for unit, rows in _each_unit(group):
+    for unit, rows in slices(group, "unit"):
         lo, hi = unit >> 16 & 0xFFFF, unit & 0xFFFF
         ids, block = rows.column("row_id").to_numpy(), rows.column("block").to_numpy()
         x = embeddings(rows, column)
@@ -227,7 +198,7 @@ def _unit_pairs(group: pa.Table, column: str, threshold: float) -> pa.Table:
 def _unit_matches(group: pa.Table, column: str, threshold: float) -> pa.Table:
     """Each new row's best earlier match in each unit (new block x earlier block) of one group."""
     out = []
-    for _, rows in _each_unit(group):
+    for _, rows in slices(group, "unit"):
         side = rows.column("side").to_numpy()
         new, old = rows.filter(pa.array(side == 0)), rows.filter(pa.array(side == 1))
         if not new.num_rows or not old.num_rows:
@@ -245,19 +216,7 @@ def _unit_matches(group: pa.Table, column: str, threshold: float) -> pa.Table:
                 }
             )
         )
-    return pa.concat_tables(out) if out else _no_matches()
-
-
-def _no_matches() -> pa.Table:
-    return pa.table(
-        {
-            "row_id": pa.array([], pa.int64()),
-            "key": pa.array([], pa.string()),
-            "partition": pa.array([], pa.string()),
-            "score": pa.array([], pa.float64()),
-            "match": pa.array([], pa.string()),
-        }
-    )
+    return pa.concat_tables(out) if out else MATCH_SCHEMA.empty_table()
 
 
 def _best_of_row(group: pa.Table) -> pa.Table:
@@ -277,9 +236,6 @@ def _best_of_row(group: pa.Table) -> pa.Table:
             "partition": best.column("partition"),
         }
     ).cast(PARTITIONED_DECISION_SCHEMA)
-
-
-# ---- the stages -----------------------------------------------------------------------------------
 
 
 def _blocks(sizes: np.ndarray, block_rows: int, minimum: int) -> np.ndarray:
@@ -324,7 +280,6 @@ def within_decisions(inp: GlobalDedupInput, cfg: SemanticDupConfig):
 def against_decisions(inp: GlobalDedupInput, earlier: EarlierVersion, cfg: SemanticDupConfig):
     """Decisions (a lazy dataset) dropping the candidates with an earlier kept match in their cluster."""
     import ray
-    import ray.data
 
     n = candidates_dataset(inp, ["key"]).count()
     if not n or not earlier.parts or cfg.embedding_column not in earlier.columns:
@@ -334,9 +289,7 @@ def against_decisions(inp: GlobalDedupInput, earlier: EarlierVersion, cfg: Seman
     new = candidates_dataset(inp, ["key", "partition", column]).map_batches(
         _assign, fn_kwargs={"column": column, "centroids": centroids, "side": 0}, batch_format="pyarrow"
     )
-    old = ray.data.from_items(
-        [{"path": p} for p in earlier.parts], override_num_blocks=max(1, min(len(earlier.parts), 200))
-    ).map_batches(
+    old = earlier_parts_dataset(earlier).map_batches(
         _earlier_assigned,
         batch_size=1,
         batch_format="numpy",

@@ -1,27 +1,17 @@
-"""An earlier dataset version (``dedup.against``) read partition by partition, never whole.
+"""An earlier dataset version (``dedup.against``) read manifest part by part, never whole.
 
-An incremental run dedups its new batch against the images the earlier version kept. The
-earlier version may be corpus-sized, so nothing here loads it on the driver: its manifest is
-read one part at a time, only the columns a lookup needs, and each part is reduced at once to
-what concerns the new batch.
+- **Exact** (``kept_with_sha``): the earlier kept rows whose SHA-256 is one of the new batch's.
+- **Semantic** (``best_semantic_matches``): each new row's best earlier kept match (highest cosine,
+  then smallest key) in its k-means cluster (centroids fitted on the batch, the earlier rows
+  assigned to them), merged over the parts. The driver holds the batch and one match per row.
 
-- **Exact** (``kept_with_sha``): the earlier kept rows whose SHA-256 is one of the new batch's;
-  the driver holds the batch's digest set, one part's (key, sha256, status) and the matches.
-  With ``dedup.engine=ray`` exact dedup instead joins the earlier kept rows to the new ones in
-  its Ray Data shuffle by digest (``curation.dedup.distributed.exact_decisions``).
-- **Semantic** (``best_semantic_matches``): a top-1 cosine search of the new embeddings in each
-  part's kept embeddings (columns key, embedding only) of the same k-means cluster (centroids
-  fitted on the new batch, the earlier rows assigned to them), merged into the best match per new
-  row (highest cosine, then smallest key); one part at a time on the driver. The driver holds the
-  batch and per new row one score and key. With ``dedup.engine=ray`` the run's semantic step
-  does the same search in Ray Data (``curation.dedup.distributed_semantic``).
+With ``dedup.engine=ray`` the same runs in Ray Data (``distributed``, ``distributed_semantic``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -29,9 +19,7 @@ import pyarrow.compute as pc
 
 from curation import output, schema
 from curation.dedup import DECISION_SCHEMA
-
-if TYPE_CHECKING:
-    from curation.dedup.semantic import Centroids
+from curation.dedup.semantic import GROUP_PREFIX, Centroids, embeddings, sample_centroids, similar_pairs
 
 KEY_SHA = pa.schema([("key", pa.string()), ("sha256", pa.string())])
 
@@ -74,48 +62,25 @@ class EarlierVersion:
         return pa.concat_tables([KEY_SHA.empty_table(), *found])
 
 
-# ---- semantic: top-1 per new row in its cluster, part by part -----------------------------------
-
-
-@dataclasses.dataclass
-class BestMatch:
-    """Per new row the best earlier match so far: cosine (-inf: none at or above the threshold) and key."""
-
-    score: np.ndarray
-    key: np.ndarray  # object array of str (None: no match)
-
-    @classmethod
-    def none(cls, n: int) -> BestMatch:
-        return cls(np.full(n, -np.inf), np.full(n, None, dtype=object))
-
-    def merge(self, rows: np.ndarray, score: np.ndarray, key: np.ndarray) -> None:
-        """Take (row, score, key) candidates where they beat the current best (higher cosine, then smaller key)."""
-        for r, s, k in zip(rows.tolist(), score.tolist(), key.tolist()):
-            if s > self.score[r] or (s == self.score[r] and self.key[r] is not None and k < self.key[r]):
-                self.score[r], self.key[r] = s, k
+def best_per_row(pairs: pa.Table) -> pa.Table:
+    """Of (row, score, key) candidates, each row's best: the highest cosine, then the smallest key."""
+    pairs = pairs.sort_by([("row", "ascending"), ("score", "descending"), ("key", "ascending")])
+    rows = pairs.column("row").to_numpy()
+    return pairs.take(pa.array(np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else [], pa.int64()))
 
 
 def best_matches(x_new: np.ndarray, x_old: np.ndarray, old_keys, threshold: float) -> pa.Table:
     """(row, score, key): for each new unit row with a cosine >= ``threshold`` to a row of ``x_old``
     (keys ``old_keys``), its best one (highest cosine, then smallest key). Cosines come from
     ``semantic.similar_pairs`` (rechecked per pair), so any blocking of the rows gives the same."""
-    from curation.dedup.semantic import similar_pairs
-
     if len(x_old) and len(x_new) and x_old.shape[1] != x_new.shape[1]:
         raise ValueError(
             f"earlier embeddings have {x_old.shape[1]} dimensions, the new ones {x_new.shape[1]}: "
             "they come from different models"
         )
     i, j, score = similar_pairs(x_new, x_old, threshold) if len(x_new) and len(x_old) else (np.zeros(0, int),) * 3
-    pairs = pa.table(
-        {
-            "row": pa.array(i, pa.int64()),
-            "score": pa.array(score, pa.float64()),
-            "key": _array(old_keys).take(pa.array(j, pa.int64())),
-        }
-    ).sort_by([("row", "ascending"), ("score", "descending"), ("key", "ascending")])
-    rows = pairs.column("row").to_numpy()
-    return pairs.take(pa.array(np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]]) if len(rows) else [], pa.int64()))
+    keys = _array(old_keys).take(pa.array(j, pa.int64()))
+    return best_per_row(pa.table({"row": pa.array(i, pa.int64()), "score": pa.array(score, pa.float64()), "key": keys}))
 
 
 def _array(keys) -> pa.Array:
@@ -128,8 +93,6 @@ def top1_in_part(
     """(row, score, key): for each new row with a cosine >= ``threshold`` to a row of ``part`` in the
     same cluster (``part`` assigned to ``centroids``; ``clusters``: the new rows'), its best one there
     (highest cosine, then smallest key). ``x_new``: unit rows (``semantic.embeddings``)."""
-    from curation.dedup.semantic import embeddings
-
     found = [best_matches(x_new[:0], x_new[:0], pa.array([], pa.string()), threshold)]
     if not part.num_rows or not len(x_new):
         return found[0]
@@ -142,17 +105,6 @@ def top1_in_part(
     return pa.concat_tables(found)
 
 
-def _part_top1(batch: dict, uri: str, column: str, threshold: float, refs) -> pa.Table:
-    import ray
-
-    earlier, (x_new, clusters, centroids) = EarlierVersion.open(uri), ray.get(refs)
-    tables = [
-        top1_in_part(x_new, clusters, centroids, earlier.kept_part(str(p), ["key", column]), column, threshold)
-        for p in batch["path"]
-    ]
-    return pa.concat_tables(tables)
-
-
 def best_semantic_matches(
     earlier: EarlierVersion,
     x_new: np.ndarray,
@@ -160,71 +112,29 @@ def best_semantic_matches(
     centroids: Centroids,
     column: str,
     threshold: float,
-    engine: str = "local",
-) -> BestMatch:
-    """The best earlier kept match (cosine >= ``threshold``, in the new row's cluster) of each new
-    row, over every manifest part: one part at a time on the driver, or one Ray task per part."""
-    best = BestMatch.none(len(x_new))
-    if engine == "ray" and earlier.parts:
-        import ray
-        import ray.data
-
-        items = ray.data.from_items(
-            [{"path": p} for p in earlier.parts], override_num_blocks=max(1, min(len(earlier.parts), 200))
-        )
-        found = items.map_batches(
-            _part_top1,
-            batch_size=1,
-            batch_format="numpy",
-            fn_kwargs={
-                "uri": earlier.uri,
-                "column": column,
-                "threshold": threshold,
-                "refs": ray.put((x_new, clusters, centroids)),
-            },
-        )
-        tables = (b for b in found.iter_batches(batch_format="pyarrow", batch_size=None))
-    else:
-        tables = (
-            top1_in_part(x_new, clusters, centroids, t, column, threshold) for t in earlier.kept_parts(["key", column])
-        )
-    for t in tables:
-        best.merge(
-            t.column("row").to_numpy(),
-            t.column("score").to_numpy(),
-            np.array(t.column("key").to_pylist(), dtype=object),
-        )
+) -> pa.Table:
+    """(row, score, key): each new row's best earlier kept match (cosine >= ``threshold``, in its
+    cluster) over every manifest part, one part at a time."""
+    best = best_matches(x_new[:0], x_new[:0], pa.array([], pa.string()), threshold)
+    for part in earlier.kept_parts(["key", column]):
+        best = best_per_row(pa.concat_tables([best, top1_in_part(x_new, clusters, centroids, part, column, threshold)]))
     return best
 
 
-def semantic_against(new: pa.Table, earlier: EarlierVersion, cfg, engine: str = "local") -> pa.Table:
-    """Decisions dropping the new rows whose embedding is within ``cfg.threshold`` cosine of an image
-    the earlier version kept in the same k-means cluster (``duplicate_of``: the best such match).
-    The centroids are fitted on ``new`` as semantic dedup fits them (``semantic._sample_centroids``)
-    and the earlier rows are assigned to them: the cost is the new rows x the earlier rows of their
-    cluster, not x every earlier row (a pair split across two clusters is missed, as within a run).
-    Empty when the earlier version stored no ``cfg.embedding_column``. ``engine="ray"``: the earlier
-    parts are searched by Ray tasks, the new batch on the driver; the run's step with
-    ``dedup.engine=ray`` uses ``distributed_semantic.against_decisions`` instead."""
-    from curation.dedup.semantic import GROUP_PREFIX, _sample_centroids, embeddings
-
+def semantic_against(new: pa.Table, earlier: EarlierVersion, cfg) -> pa.Table:
+    """Decisions dropping the new rows within ``cfg.threshold`` cosine of an image the earlier version
+    kept in the same cluster (``duplicate_of``: the best), centroids fitted on ``new`` as in
+    ``semantic.sample_centroids``; empty when the earlier version has no ``cfg.embedding_column``."""
     if not new.num_rows or cfg.embedding_column not in earlier.columns:
         return DECISION_SCHEMA.empty_table()
     x = embeddings(new, cfg.embedding_column)
-    centroids = _sample_centroids(new.select(["key", cfg.embedding_column]), new.num_rows, cfg)
-    clusters = centroids.assign(x)
-    best = best_semantic_matches(earlier, x, clusters, centroids, cfg.embedding_column, cfg.threshold, engine)
-    rows = np.flatnonzero(best.key != None)  # noqa: E711
-    reps = pa.array(best.key[rows].tolist(), pa.string())
-    return (
-        pa.table(
-            {
-                "key": new.column("key").take(pa.array(rows, pa.int64())),
-                "reason": pa.array([schema.SEMANTIC_DUPLICATE] * len(rows), pa.string()),
-                "duplicate_of": reps,
-                "duplicate_group": pc.binary_join_element_wise(GROUP_PREFIX, reps, ""),
-            }
-        )
-        .cast(DECISION_SCHEMA)
-        .sort_by("key")
-    )
+    centroids = sample_centroids(new.select(["key", cfg.embedding_column]), new.num_rows, cfg)
+    best = best_semantic_matches(earlier, x, centroids.assign(x), centroids, cfg.embedding_column, cfg.threshold)
+    reps = best.column("key")
+    decisions = {
+        "key": new.column("key").take(best.column("row")),
+        "reason": pa.array([schema.SEMANTIC_DUPLICATE] * len(reps), pa.string()),
+        "duplicate_of": reps,
+        "duplicate_group": pc.binary_join_element_wise(GROUP_PREFIX, reps, ""),
+    }
+    return pa.table(decisions).cast(DECISION_SCHEMA).sort_by("key")

@@ -1,23 +1,12 @@
 """Decontamination: the run's images that copy an evaluation image are dropped as ``eval_overlap``.
 
-``dedup.decontaminate.eval_images`` is a set of evaluation images (``curation.eval_set`` reads
-and hashes them with the recipe's own reader and decode step). A candidate row overlaps it when
-
-- **exact**: its SHA-256 equals an evaluation image's;
-- **near**: one of its hash values (the PHash and, with ``dedup.near.match_mirrored``, the
-  mirror's) lies within ``dedup.near.max_distance`` bits of one of an evaluation image's values
-  (the banded search of ``incremental._cross_edges``, over an in-memory index of the set);
-- **semantic** (pass 2, when semantic dedup runs): its embedding is within
-  ``dedup.semantic.threshold`` cosine of an evaluation image's (``earlier.best_matches``, over
-  the whole set: no clusters, the set is small).
-
-No chains: a row is dropped for its own match, never for resembling another row that matches.
-``duplicate_of`` names the evaluation image (its source within the set) that matched best:
-exact first, then the fewest differing bits, or the highest cosine, then the smallest source;
-``duplicate_group`` is ``eval:exact``, ``eval:near`` or ``eval:semantic``. A decision depends on
-the row and the set alone, so both engines decide partition by partition (Ray tasks with
-``dedup.engine=ray``, one per partition writing its own decisions file; the driver's loop
-otherwise), with no shuffle: the set, bounded by its own size, goes to the tasks.
+``dedup.decontaminate.eval_images`` is read and hashed with the recipe's own reader and decode step
+(``curation.eval_set``). A row overlaps it on an equal SHA-256 (exact), a hash value within
+``dedup.near.max_distance`` bits of an evaluation image's (near: ``incremental.cross_edges`` over an
+in-memory index of the set) or, with semantic dedup, an embedding within ``dedup.semantic.threshold``
+cosine (``earlier.best_matches``). No chains: ``duplicate_of`` is the row's own best match (exact,
+then fewest bits or highest cosine, then smallest source), ``duplicate_group`` ``eval:<kind>``. A
+decision depends on the row and the set only, so both engines decide partition by partition.
 """
 
 from __future__ import annotations
@@ -29,9 +18,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation.dedup import DECISION_SCHEMA
+from curation.dedup.decisions import clear_step, with_partitions, write_partition_decisions
+from curation.dedup.distributed import candidates_dataset
+from curation.dedup.earlier import best_matches
 from curation.dedup.hashing import hamming
-from curation.dedup.incremental import NearDupIndex, _cross_edges
+from curation.dedup.incremental import NearDupIndex, cross_edges
 from curation.dedup.near import NearDupConfig, row_values
+from curation.dedup.semantic import embeddings
+from infra import storage
 
 EVAL_OVERLAP = "eval_overlap"  # the reason (owned by the decontaminate step)
 GROUP = "eval:"
@@ -39,13 +33,9 @@ GROUP = "eval:"
 
 @dataclasses.dataclass(kw_only=True)
 class DecontaminateConfig:
-    """Settings of decontamination (``dedup.decontaminate``).
-
-    ``eval_images``: evaluation images the curated dataset must not contain: a folder, WebDataset
-    tars or Parquet, local or object store, read as ``input`` is; empty (the default): off. Its
-    content (not its path) enters the job's identity. Near and semantic copies are judged with
-    the ``dedup.near`` and ``dedup.semantic`` settings (hash, distance, mirror; threshold).
-    """
+    """``dedup.decontaminate``: ``eval_images``, images the dataset must not contain (a folder,
+    WebDataset tars or Parquet, read as ``input`` is; empty: off), entering the job's identity by
+    content; near and semantic copies judged with ``dedup.near`` and ``dedup.semantic``."""
 
     eval_images: str = ""
 
@@ -83,7 +73,7 @@ def _near(table: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa.Table:
     """(row, bits, eval source) of every row value within t bits of an evaluation value."""
     rows, values = row_values(table, cfg)
     distinct, inverse = np.unique(values, return_inverse=True)
-    ea, eb = _cross_edges(distinct, index, cfg.max_distance, cfg.max_pairs_per_chunk)
+    ea, eb = cross_edges(distinct, index, cfg.max_distance, cfg.max_pairs_per_chunk)
     ev_rows, ev_values = row_values(index.rows, cfg)
     pairs = pa.table({"v": ea, "w": eb, "bits": hamming(distinct[ea], index.values[eb]).astype(np.float64)})
     held = pa.table({"v": inverse.astype(np.int64), "row": rows})
@@ -139,9 +129,6 @@ def hash_overlap(table: pa.Table, ev: EvalSet, cfg: NearDupConfig, index: NearDu
 def semantic_overlap(table: pa.Table, ev: EvalSet, column: str, threshold: float) -> pa.Table:
     """Decisions for the rows of ``table`` (key, ``column``) within ``threshold`` cosine of an
     evaluation image's embedding."""
-    from curation.dedup.earlier import best_matches
-    from curation.dedup.semantic import embeddings
-
     if not table.num_rows or column not in ev.rows.column_names or not ev.rows.num_rows:
         return DECISION_SCHEMA.empty_table()
     best = best_matches(embeddings(table, column), embeddings(ev.rows, column), ev.rows.column("source"), threshold)
@@ -157,63 +144,40 @@ def semantic_overlap(table: pa.Table, ev: EvalSet, column: str, threshold: float
     return _decisions(table, matches)
 
 
-# ---- partition by partition ------------------------------------------------------------------------
-
-
-def _partition_overlap(pidx: int, inp, ev_ref, cfg: NearDupConfig, step: str) -> int:
-    """One partition's exact and near overlaps, written as its decisions file; rows dropped."""
+def _hash_part(batch: pa.Table, ev_ref, cfg: NearDupConfig, out: str, step: str) -> pa.Table:
+    """A batch of candidates' exact and near overlaps, written as their partitions' decisions files."""
     import ray
 
-    from curation import output
-    from curation.dedup.distributed import read_candidates
-    from infra import storage
-
     ev, index = ray.get(ev_ref)
-    table = read_candidates(inp, pidx, ["key", "sha256", *cfg.hash_columns()])
-    decisions = hash_overlap(table, ev, cfg, index)
-    if decisions.num_rows:
-        fs, root = storage.resolve(inp.out)
-        storage.write_parquet(fs, output.decisions_path(root, step, inp.pids[pidx]), decisions)
-    return decisions.num_rows
+    decisions = with_partitions(hash_overlap(batch, ev, cfg, index), batch)
+    for pid in pc.unique(decisions.column("partition")).to_pylist():
+        rows = decisions.filter(pc.equal(decisions.column("partition"), pid))
+        write_partition_decisions(*storage.resolve(out), step, pid, rows)
+    return pa.table({"dropped": [decisions.num_rows]})
 
 
 def decontaminate(inp, ev: EvalSet, cfg: NearDupConfig, step: str) -> int:
-    """Every partition's exact and near overlaps with the evaluation set, one Ray task per
-    partition writing that partition's decisions file; rows dropped."""
-    import functools
-
+    """Every partition's exact and near overlaps with the evaluation set, decided and written by
+    the task reading the partition (no shuffle); rows dropped."""
     import ray
-
-    from curation.dedup.distributed import clear_step
-    from infra import storage
-    from infra.ray_runtime import map_tasks
 
     clear_step(*storage.resolve(inp.out), step)
-    ref = ray.put((ev, ev.near_index(cfg) if cfg.enabled else None))
-    fn = functools.partial(_partition_overlap, inp=inp, ev_ref=ref, cfg=cfg, step=step)
-    return sum(map_tasks(fn, range(len(inp.pids)), name="curation.decontaminate"))
+    kw = {"ev_ref": ray.put((ev, ev.near_index(cfg) if cfg.enabled else None)), "cfg": cfg, "out": inp.out}
+    ds = candidates_dataset(inp, ["key", "partition", "sha256", *cfg.hash_columns()])
+    written = ds.map_batches(_hash_part, batch_size=None, batch_format="pyarrow", fn_kwargs={**kw, "step": step})
+    return sum(int(r["dropped"]) for r in written.take_all())
 
 
-def _semantic_part(batch: dict, inp, ev_ref, column: str, threshold: float) -> pa.Table:
+def _semantic_part(batch: pa.Table, ev_ref, column: str, threshold: float) -> pa.Table:
     import ray
 
-    from curation.dedup.distributed import read_candidates, with_partitions
-
-    ev = ray.get(ev_ref)
-    out = []
-    for pidx in batch["pidx"]:
-        table = read_candidates(inp, int(pidx), ["key", "partition", column])
-        out.append(with_partitions(semantic_overlap(table, ev, column, threshold), table))
-    return pa.concat_tables(out)
+    return with_partitions(semantic_overlap(batch, ray.get(ev_ref), column, threshold), batch)
 
 
 def semantic_overlap_dataset(inp, ev: EvalSet, column: str, threshold: float):
     """The partitioned semantic-overlap decisions of every partition (a lazy Ray dataset)."""
     import ray
-    import ray.data
 
-    items = ray.data.from_items(
-        [{"pidx": i} for i in range(len(inp.pids))], override_num_blocks=max(1, min(len(inp.pids), 200))
-    )
-    kw = {"inp": inp, "ev_ref": ray.put(ev), "column": column, "threshold": threshold}
-    return items.map_batches(_semantic_part, batch_size=1, batch_format="numpy", fn_kwargs=kw)
+    kw = {"ev_ref": ray.put(ev), "column": column, "threshold": threshold}
+    ds = candidates_dataset(inp, ["key", "partition", column])
+    return ds.map_batches(_semantic_part, batch_size=None, batch_format="pyarrow", fn_kwargs=kw)

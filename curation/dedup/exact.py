@@ -3,58 +3,46 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from curation.dedup import DECISION_SCHEMA, group_decisions
-from curation.dedup.components import meta_columns
+from curation.dedup import DECISION_SCHEMA
+from curation.dedup.components import decisions_from_labels
 from curation.schema import EXACT_DUPLICATE
 
 
+def _group_ids(digests: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return pc.binary_join_element_wise("sha256:", pc.utf8_slice_codeunits(digests, 0, 16), "")
+
+
 def exact_duplicate_decisions(candidates: pa.Table) -> pa.Table:
-    """Decisions for a table of candidate rows (one process; fine up to tens of millions of rows)."""
-    groups: dict[str, list[dict]] = {}
-    for row in candidates.select(["sha256", *meta_columns(candidates.column_names)]).to_pylist():
-        groups.setdefault(row["sha256"], []).append(row)
-    rows: list[dict] = []
-    for digest in sorted(groups):
-        members = groups[digest]
-        if len(members) > 1:
-            rows.extend(group_decisions(members, EXACT_DUPLICATE, f"sha256:{digest[:16]}"))
-    return pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
+    """Decisions among candidate rows (key, sha256 and the rule's columns): rows sharing a digest
+    are one group, group id ``sha256:`` + the digest's first 16 characters. Both engines call it
+    (the distributed one per shuffle group of digests)."""
+    candidates = candidates.filter(pc.is_valid(candidates.column("sha256")))
+    if candidates.num_rows < 2:
+        return DECISION_SCHEMA.empty_table()
+    sha = candidates.column("sha256")
+    codes = pc.index_in(sha, value_set=pc.unique(sha)).to_numpy()
+    out = decisions_from_labels(candidates, codes, EXACT_DUPLICATE, "sha256:")
+    digest = sha.take(pc.index_in(out.column("key"), value_set=candidates.column("key")))
+    out = out.set_column(out.schema.get_field_index("duplicate_group"), "duplicate_group", _group_ids(digest))
+    return out.cast(DECISION_SCHEMA)
 
 
 def exact_against(candidates: pa.Table, existing_kept: pa.Table) -> pa.Table:
     """Rows whose input bytes equal an image the earlier version kept (``existing_kept``: key, sha256
-    of those kept images, or only of the ones sharing a digest with ``candidates``)."""
-    first_key = {}
-    for key, sha in sorted(zip(existing_kept.column("key").to_pylist(), existing_kept.column("sha256").to_pylist())):
-        if sha is not None:
-            first_key.setdefault(sha, key)
-    rows = [
-        {"key": k, "reason": EXACT_DUPLICATE, "duplicate_of": first_key[s], "duplicate_group": f"sha256:{s[:16]}"}
-        for k, s in zip(candidates.column("key").to_pylist(), candidates.column("sha256").to_pylist())
-        if s in first_key
-    ]
-    return pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
-
-
-def _decide_group(group: pa.Table) -> pa.Table:
-    rows = group.to_pylist()
-    if len(rows) < 2:
-        return DECISION_SCHEMA.empty_table()
-    return pa.Table.from_pylist(
-        group_decisions(rows, EXACT_DUPLICATE, f"sha256:{rows[0]['sha256'][:16]}"), schema=DECISION_SCHEMA
+    of those kept images, or only of the ones sharing a digest with ``candidates``); ``duplicate_of``
+    is the smallest earlier key with that digest."""
+    kept = existing_kept.filter(pc.is_valid(existing_kept.column("sha256"))).sort_by("key")
+    where = pc.index_in(candidates.column("sha256"), value_set=kept.column("sha256"))  # the first: smallest key
+    hit = pc.is_valid(where)
+    reps = kept.column("key").take(where.filter(hit))
+    out = pa.table(
+        {
+            "key": candidates.column("key").filter(hit),
+            "reason": pa.array([EXACT_DUPLICATE] * len(reps), pa.string()),
+            "duplicate_of": reps,
+            "duplicate_group": _group_ids(candidates.column("sha256").filter(hit)),
+        }
     )
-
-
-def exact_duplicate_decisions_ray(candidates_ds) -> pa.Table:
-    """The same decisions computed with Ray Data (a shuffle by digest), for cluster-sized runs."""
-    out = (
-        candidates_ds.select_columns(["sha256", *meta_columns(candidates_ds.schema().names)])
-        .groupby("sha256")
-        .map_groups(_decide_group, batch_format="pyarrow")
-    )
-    tables = [
-        pa.Table.from_pylist(b.to_pylist() if hasattr(b, "to_pylist") else [], schema=DECISION_SCHEMA)
-        for b in out.iter_batches(batch_format="pyarrow", batch_size=None)
-    ]
-    return pa.concat_tables([DECISION_SCHEMA.empty_table(), *tables]).sort_by("key")
+    return out.cast(DECISION_SCHEMA)

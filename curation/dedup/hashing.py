@@ -1,24 +1,30 @@
 """Perceptual hashes of decoded images, computed once per image in the decode step.
 
-``phash_hex`` is imagededup's PHash, bit for bit: it equals
-``PHash().encode_image(image_file=path)`` for the file the image came from, so hashes in a
-manifest can be checked or recomputed with imagededup alone. What that hash does (0.3.3):
+The hash is imagededup's PHash algorithm (0.3.3): the whole image resized to 32x32 with Lanczos
+in RGB, then 8-bit luma (other modes through RGBA -> RGB, alpha dropped), a 2-D DCT-II, and over
+the top-left 8x8 coefficients (DC first, row-major, most significant bit first) bit = coefficient
+>= the median of the 63 AC ones. The DC bit is always set and (barring ties) 32 AC bits: distances
+are even, unrelated photos about 32 bits apart. ``phash_hex_pair`` also hashes the mirrored
+thumbnail from the same coefficients, so flipped copies match (``NearDupConfig.match_mirrored``).
 
-- the whole image (any aspect ratio, no crop, no padding) is resized to 32x32 with Lanczos
-  in RGB, then turned into 8-bit grey (Pillow's ITU-R 601-2 luma): colour counts only
-  through luma, so a grey copy hashes the same; non-RGB modes go through RGBA -> RGB first
-  (alpha dropped), as imagededup's file loader does;
-- a 2-D DCT-II of the 32x32 grey thumbnail; bit = coefficient >= median of the 63 AC ones,
-  over the top-left 8x8 coefficients (DC first, row-major, most significant bit first).
-  So the DC bit is always 1 and (barring ties) exactly 32 AC bits are set: every Hamming
-  distance between two hashes is even, and unrelated photos sit around 32 bits apart;
-- a horizontal mirror moves about 30 of the 64 bits. ``phash_hex_pair`` also returns the
-  hash of the mirrored thumbnail (from the same coefficients); it equalled the hash of the
-  mirrored image itself on every real photo we tried, so near-duplicate search can match
-  flipped copies (``NearDupConfig.match_mirrored``) without re-reading images.
+What a manifest's ``phash`` is, against imagededup (measured on real photos by
+``tests/curation/dedup/test_dedup_hashing.py``): ``phash_hex_pair(img, fast=False)`` is
+imagededup's PHash of ``img``'s pixels, bit for bit. The decode step hashes the pixels it hands on
+(EXIF orientation applied, 16-bit scaled, alpha composited, CMYK and palettes converted) through
+two shortcuts, a JPEG draft decode (a JPEG kept as it is) and a box pre-reduction before the
+Lanczos resize (``fast``), which move a few bits on some images (the test's bound: 4) and none on
+most. So imagededup's PHash of the *file* equals the manifest's only where decode changed no pixel
+imagededup reads and the shortcuts moved no bit: a manifest's hashes can be checked against
+imagededup on the decoded pixels, within that bound, not recomputed from the files alone.
 
-Almost all of the cost is the Lanczos resize of the full image, not the DCT (figures:
-docs/results/curation_design.md).
+The pipeline's hash does not follow the BLAS kernel (CPU) it runs on: its coefficients are rounded
+to ``COEFFICIENT_STEP`` before they are compared, far above the rounding differences of the matrix
+products between kernels, so a bit can differ only where two coefficients lie within a step of
+each other across the median (the test perturbs the products). Without it the bits of a blank or
+symmetric image, whose coefficients are mostly zero, were the signs of that rounding noise. The
+thumbnail itself is Pillow's (decode and resize): equal where the Pillow and libjpeg builds are. (``fast=False`` keeps
+imagededup's floating-point DCT, noise included.) Almost all of the cost is the Lanczos resize
+of the full image, not the DCT (docs/results/curation_design.md).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 from PIL import Image
 
 HASH_HEX_CHARS = 16  # 64 bits
+COEFFICIENT_STEP = 2.0**-20  # coefficients reach ~1e6; matrix products differ by ~1e-9 between kernels
 
 
 def _rgb(img: Image.Image) -> Image.Image:
@@ -44,11 +51,8 @@ def _bits_hex(bits: np.ndarray) -> str:
 
 
 def _phash_of_thumbnail(thumb: np.ndarray) -> str:
-    """imagededup's PHash algorithm on a 32x32 uint8 grey thumbnail: 2-D DCT-II (scipy.fftpack,
-    unnormalised), top-left 8x8 coefficients, bit = coefficient >= median of the 63 AC ones.
-    Written here rather than called in imagededup: importing imagededup.methods imports torch
-    and torchvision (seconds of CPU per fresh worker process), to hash 64 bits.
-    tests/curation/dedup/test_dedup_hashing.py checks it against imagededup bit for bit."""
+    """imagededup's PHash algorithm on a 32x32 uint8 grey thumbnail (scipy.fftpack's unnormalised
+    DCT-II), written here because importing imagededup.methods imports torch (seconds per worker)."""
     from scipy.fftpack import dct
 
     coef = dct(dct(thumb, axis=0), axis=1)[:8, :8]
@@ -62,42 +66,30 @@ def phash_hex(img: Image.Image) -> str:
 
 # The top-left 8 rows of scipy.fftpack's unnormalised 32-point DCT-II matrix: the 8x8 corner of
 # the 2-D DCT of a 32x32 thumbnail is _DCT8 @ t @ _DCT8.T (two 8x32 products instead of two full
-# scipy transforms, whose per-call overhead dominated at this size). Reversing a row multiplies
-# its k-th coefficient by (-1)^k, so the mirror's hash comes from the same coefficients.
+# scipy transforms). Reversing a row multiplies its k-th coefficient by (-1)^k, so the mirror's
+# hash comes from the same coefficients.
 _DCT8 = 2.0 * np.cos(np.pi * np.arange(8)[:, None] * (2 * np.arange(32)[None, :] + 1) / 64.0)
 _MIRROR_SIGNS = (-1.0) ** np.arange(8)
 
 
 def phash_pair_of_thumbnail(thumb: np.ndarray) -> tuple[str, str]:
     """(PHash, PHash of the horizontal mirror) of a 32x32 grey thumbnail, from one set of
-    coefficients; equal to ``_phash_of_thumbnail`` of the thumbnail and of its mirror (checked in
-    tests/curation/dedup/test_dedup_hashing.py) up to exact ties between coefficients."""
-    coef = _DCT8 @ thumb.astype(np.float64) @ _DCT8.T
+    coefficients rounded to ``COEFFICIENT_STEP``: ``_phash_of_thumbnail`` of the thumbnail and of
+    its mirror, but where two coefficients lie within a step of each other across the median."""
+    coef = np.rint(_DCT8 @ thumb.astype(np.float64) @ _DCT8.T / COEFFICIENT_STEP)
     mirror = coef * _MIRROR_SIGNS[None, :]
     return tuple(_bits_hex(c >= np.median(c.flatten()[1:])) for c in (coef, mirror))
 
 
 def phash_hex_pair(img: Image.Image, fast: bool = True) -> tuple[str, str]:
-    """(PHash of ``img``, PHash of its horizontal mirror), from one resize.
-
-    ``fast`` (the pipeline's choice) first shrinks the image by an integer factor with a box
-    filter (Pillow's ``reducing_gap=3``), then applies the same Lanczos resize to 32x32: the
-    same algorithm on a pre-reduced image, several times faster (more so on larger images),
-    and within a few bits of imagededup's own hash (exactly equal for images under ~100 px). Hashes in
-    one manifest are all computed the same way, so distances between them are comparable.
-    ``fast=False`` is imagededup's ``PHash`` bit for bit.
-    """
+    """(PHash of ``img``, PHash of its horizontal mirror), from one resize: ``fast`` (the pipeline's)
+    pre-reduces by a box filter (Pillow's ``reducing_gap=3``) before the Lanczos resize, several
+    times faster; ``fast=False`` is imagededup's ``PHash`` bit for bit (module docstring)."""
     if fast:
         small = _rgb(img).resize((32, 32), Image.Resampling.LANCZOS, reducing_gap=3.0)
         return phash_pair_of_thumbnail(np.asarray(small.convert("L")))
     thumb = _grey_thumbnail(img, (32, 32))
     return _phash_of_thumbnail(thumb), _phash_of_thumbnail(np.ascontiguousarray(thumb[:, ::-1]))
-
-
-def dhash_hex(img: Image.Image) -> str:
-    """imagededup's DHash (9x8 grey thumbnail, horizontal gradient signs) as 16 hex characters."""
-    thumb = _grey_thumbnail(img, (9, 8))
-    return _bits_hex(thumb[:, 1:] > thumb[:, :-1])
 
 
 def hex_to_uint64(hashes) -> np.ndarray:

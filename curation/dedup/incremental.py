@@ -1,52 +1,22 @@
 """Incremental near-duplicate dedup: a new batch against an existing dataset version.
 
-The existing version is summarised by a ``NearDupIndex``: its near-dedup candidate rows
-(key, hashes, size, person score), each row's representative (itself when kept, else its
-``duplicate_of``), the distinct hash values, and per band the sort order of the values by
-band key, so a new batch is searched against it without re-sorting or re-deciding the old
-rows. On disk it is stored partitioned by band key (``curation.dedup.index_store``); a search
-there loads only the small ``NearDupIndex`` of the rows a new batch can reach.
+The existing version is summarised by a ``NearDupIndex``: its near-dedup candidates, each row's
+representative (itself when kept, else its ``duplicate_of``), the distinct hash values and their
+order under each band, so a batch is searched against it without re-deciding the old rows (on
+disk, partitioned: ``curation.dedup.index_store``). Contract of ``incremental_decisions``:
+existing rows are never dropped and an existing kept row stays its group's representative; a new
+row joined (through any chain of edges, old rows and groups included) to an existing group is
+dropped as a duplicate of the best existing representative of its component by the rule; new
+rows whose component has no existing row are grouped as in full mode. Precisely, for an index
+built from V's candidates and V's ``near_duplicate_decisions`` with the same settings, and any
+batch B: ``incremental_decisions(B, index, cfg) == near_duplicate_decisions(V + B, cfg,
+prefer=keys of V)`` restricted to B's keys, row for row (only the full recomputation may drop an
+old row, when a new one bridges two old groups; incremental mode keeps it, by design).
 
-Contract of ``incremental_decisions(new, index, cfg)``:
-
-- existing rows are never dropped, and an existing kept row always stays the
-  representative: a new row joined (through any chain of duplicate edges, which may pass
-  through existing rows and their groups) to an existing group is dropped with
-  ``duplicate_of`` = the best existing representative of its component by the rule;
-- new rows whose component has no existing row are grouped as in full mode.
-
-Equality with a full recomputation, precisely: if the index was built from version V's
-candidates and V's ``near_duplicate_decisions(V, cfg)`` with the same settings, then for
-any batch B
-    incremental_decisions(B, index, cfg)
-    == near_duplicate_decisions(V + B, cfg, prefer=keys of V) restricted to keys of B,
-row for row (key, reason, duplicate_of, duplicate_group). ``prefer`` makes V's rows win the
-representative choice before the rule; where the rule alone already picks a row of V in
-every component that touches V (e.g. the old copies are larger), plain
-``near_duplicate_decisions(V + B, cfg)`` gives the same rows. Only with ``prefer`` can a
-full recomputation drop an existing row (when a new row bridges two old groups, the worse
-old representative); incremental mode keeps it, by design.
-
-**The index's band plan** (``index_plan``) is chosen apart from the in-run search's
-(``bands.plan_bands``, which minimises one run's sort + pair work): the index is written once
-and kept, and every later batch searches it. For a plan of m bands of L bits (all (B - t)-subsets
-of B interleaved blocks, or a covering design, ``bands.covering_bands``), with N values indexed
-(postings per band: one per distinct hash value of a row) and a later batch of b values, the
-cost per indexed value is
-
-    m x 2                       postings written once, and streamed once by the batch
-                                (b >= P buckets: every bucket file of a band is opened)
-  + m x b x 2^-L                candidate pairs that batch checks, per indexed value
-                                (bands x N x 2^-L per query value, uniform bits)
-
-a posting and a candidate counted at the same cost (a candidate is a key read back and a
-row fetched, about what a posting costs to write). The batch assumed is
-``INDEX_BATCH_FRACTION`` of the index (a version adds a tenth of the corpus) and at least
-``INDEX_MIN_BATCH`` values. With t = 4 that gives 9 bands of 18.3 bits up to ~3e6 values, 12 of
-21.3 up to ~4e7, 21 of 25.6 up to ~7e8, 32 of 28.4 up to ~4e9 (2e9 values: 1e9 images with mirror
-hashes), where all-subsets plans alone would store 15, 15, 35 and 35 postings per value. Any plan
-is exact (pigeonhole): the plan changes only cost. ``NearDupConfig.index_num_blocks`` asks for all
-(B - t)-subsets of B blocks instead; an index that is appended to keeps the masks its header records.
+The index's plan (``index_plan``) is the planner's for ``index_workload``: N values stored once per
+band (``POSTING_COST``: written once, streamed once by a later batch, counted as two candidate
+checks) and a later batch of ``INDEX_BATCH_FRACTION`` of them (at least ``INDEX_MIN_BATCH``)
+checking the pairs it shares a band key with. An index appended to keeps its plan.
 """
 
 from __future__ import annotations
@@ -58,57 +28,40 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation.dedup import DECISION_SCHEMA
-from curation.dedup.bands import BandPlan, cheapest_designs, interleaved
+from curation.dedup.bands import PAIR_COST, BandPlan, Workload, plan_bands
 from curation.dedup.components import component_labels, decisions_from_labels, meta_columns
-from curation.dedup.hashing import hamming
 from curation.dedup.near import (
     GROUP_PREFIX,
     NEAR_DUPLICATE,
     NearDupConfig,
-    _check_columns,
-    _prepare,
+    check_columns,
+    cross_pairs,
+    prepare,
     row_values,
+    unique_inverse,
     value_edges,
 )
 
 INDEX_BATCH_FRACTION = 0.1  # the later batch the index plan is chosen for: a tenth of the index ...
 INDEX_MIN_BATCH = 100_000  # ... and at least this many values
+POSTING_COST = 2 * PAIR_COST  # a posting written once and streamed once: two candidate checks' worth
 
 
-def index_batch(n_values: int) -> int:
-    """Values of the later batch ``index_plan`` assumes for an index of ``n_values``."""
-    return max(INDEX_MIN_BATCH, int(INDEX_BATCH_FRACTION * n_values))
+def index_workload(n_values: int) -> Workload:
+    """What the index's plan is chosen for: ``n_values`` postings per band, and a later batch."""
+    return Workload(n_values, POSTING_COST, max(INDEX_MIN_BATCH, int(INDEX_BATCH_FRACTION * n_values)))
 
 
-def index_cost(num_bands: int, band_bits: float, batch_values: int) -> float:
-    """Relative cost per indexed value of a plan of ``num_bands`` bands of ``band_bits`` bits (the
-    module docstring's model)."""
-    return num_bands * (2.0 + batch_values / 2.0**band_bits)
-
-
-def index_plan(
-    n_values: int, max_distance: int, *, batch_values: int | None = None, num_blocks: int | None = None
-) -> BandPlan:
-    """The index's band plan for ``n_values`` postings per band: the design cheapest by ``index_cost``
-    (``bands.cheapest_designs``), interleaved blocks; ``num_blocks`` given: all (B - t)-subsets of B
-    blocks. ``batch_values`` None: ``index_batch(n_values)``."""
-    if num_blocks is not None:
-        return interleaved(num_blocks, max_distance)
-    b = index_batch(n_values) if batch_values is None else batch_values
-    [(blocks, bands)] = cheapest_designs(
-        max_distance, n_values, cost=lambda n_bands, bits: index_cost(n_bands, bits, b), options=1
-    )
-    return dataclasses.replace(interleaved(blocks, max_distance), bands=bands)
+def index_plan(n_values: int, cfg: NearDupConfig) -> BandPlan:
+    """The band plan of a new index of ``n_values`` postings per band (``NearDupConfig.index_num_blocks``
+    when set); every engine writing an index calls it."""
+    return plan_bands(None, cfg.max_distance, index_workload(n_values), num_blocks=cfg.index_num_blocks)
 
 
 @dataclasses.dataclass
 class NearDupIndex:
-    """An existing version's near-dedup candidates, ready to be searched by a new batch.
-
-    ``rows``: key-sorted candidates with a ``representative`` column. ``values``: sorted
-    distinct hash values of those rows; ``band_orders[j]``: argsort of ``values & masks[j]``.
-    Built for ``max_distance`` (searches with any smaller distance stay exact).
-    """
+    """An existing version's near-dedup candidates (``rows``, key-sorted, with ``representative``), their
+    sorted distinct ``values`` and ``band_orders[j]``: the argsort of ``values & masks[j]``."""
 
     rows: pa.Table
     values: np.ndarray
@@ -126,38 +79,9 @@ class NearDupIndex:
     @classmethod
     def build(cls, candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table | None = None) -> NearDupIndex:
         """Index of a version's candidates; ``decisions``: its near-dup decisions (None: all kept)."""
-        rows = _indexed_rows(candidates, cfg, decisions)
-        n_values = len(row_values(rows, cfg)[1])
-        plan = index_plan(n_values, cfg.max_distance, num_blocks=cfg.index_num_blocks)
+        rows = indexed_rows(candidates, cfg, decisions)
+        plan = index_plan(len(row_values(rows, cfg)[1]), cfg)
         return cls.from_rows(rows, cfg, masks=plan.masks(), num_blocks=plan.num_blocks, max_distance=cfg.max_distance)
-
-    def extended(self, new: pa.Table, new_decisions: pa.Table, cfg: NearDupConfig) -> NearDupIndex:
-        """The index of the next version: these rows plus a new batch and its decisions."""
-        old = self.rows.drop_columns(["representative"])
-        rep = dict(zip(self.rows.column("key").to_pylist(), self.rows.column("representative").to_pylist()))
-        decisions = pa.concat_tables(
-            [
-                pa.Table.from_pylist(
-                    [
-                        {"key": k, "reason": NEAR_DUPLICATE, "duplicate_of": r, "duplicate_group": ""}
-                        for k, r in rep.items()
-                        if r != k
-                    ],
-                    schema=DECISION_SCHEMA,
-                ),
-                new_decisions.cast(DECISION_SCHEMA),
-            ]
-        )
-        new_rows = _prepare(new, cfg)  # columns the older index lacks (a step's rank_*) are not kept
-        merged = pa.concat_tables([old, new_rows.select(old.column_names).cast(old.schema)])
-        same = dataclasses.replace(cfg, max_distance=self.max_distance)
-        return NearDupIndex.from_rows(  # this index's plan, whatever cfg asks
-            _indexed_rows(merged, same, decisions),
-            same,
-            masks=self.masks,
-            num_blocks=self.num_blocks,
-            max_distance=self.max_distance,
-        )
 
     @classmethod
     def from_rows(
@@ -170,10 +94,9 @@ class NearDupIndex:
         max_distance: int,
         like: pa.Table | None = None,
     ) -> NearDupIndex:
-        """An index of stored rows (with ``representative``) under a given band plan; ``rows`` None:
-        an empty index with ``like``'s prepared columns."""
+        """An index of stored rows under a band plan; ``rows`` None: empty, with ``like``'s columns."""
         if rows is None:
-            rows = _prepare(like, cfg).slice(0, 0).append_column("representative", pa.array([], pa.string()))
+            rows = prepare(like, cfg).slice(0, 0).append_column("representative", pa.array([], pa.string()))
         rows = rows.sort_by("key")
         _, values = row_values(rows, cfg)
         distinct = np.unique(values)
@@ -186,10 +109,10 @@ class NearDupIndex:
         check_settings(self.hash, self.match_mirrored, self.max_distance, cfg)
 
 
-def _indexed_rows(candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table | None) -> pa.Table:
+def indexed_rows(candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table | None) -> pa.Table:
     """Prepared candidates with a ``representative`` column (each row's own key unless ``decisions``
     name another)."""
-    table = _prepare(candidates, cfg)
+    table = prepare(candidates, cfg)
     rep = table.column("key").to_pylist()
     if decisions is not None and decisions.num_rows:
         dup_of = dict(zip(decisions.column("key").to_pylist(), decisions.column("duplicate_of").to_pylist()))
@@ -211,24 +134,15 @@ def check_settings(hash_name: str, match_mirrored: bool, max_distance: int, cfg:
         )
 
 
-def _cross_edges(
+def cross_edges(
     new_values: np.ndarray, index: NearDupIndex, max_distance: int, max_pairs: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Pairs (new value idx, index value idx) within ``max_distance``, one searchsorted per band."""
+    """Pairs (new value idx, index value idx) within ``max_distance``, each once, band by band."""
     found = [np.zeros(0, dtype=np.int64)]
     n_old = len(index.values)
     for mask, order in zip(index.masks, index.band_orders):
-        old_keys = index.values[order] & mask
-        keys = new_values & mask
-        lo = np.searchsorted(old_keys, keys, side="left")
-        counts = np.searchsorted(old_keys, keys, side="right") - lo
-        hit = np.flatnonzero(counts)
-        for chunk in np.array_split(hit, max(1, int(counts.sum()) // max_pairs + 1)):
-            c = counts[chunk]
-            a = np.repeat(chunk, c)
-            b = order[np.repeat(lo[chunk], c) + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c))]
-            close = hamming(new_values[a], index.values[b]) <= max_distance
-            found.append(a[close].astype(np.int64) * n_old + b[close])
+        i, j = cross_pairs(new_values, index.values, int(mask), max_distance, order, max_pairs)
+        found.append(i * n_old + j)
     codes = np.unique(np.concatenate(found))
     return codes // max(n_old, 1), codes % max(n_old, 1)
 
@@ -236,100 +150,48 @@ def _cross_edges(
 def incremental_decisions(
     new: pa.Table, existing: NearDupIndex | pa.Table, cfg: NearDupConfig, *, existing_decisions: pa.Table | None = None
 ) -> pa.Table:
-    """Decision rows for a new batch only (see the module docstring for the contract).
-
-    ``existing``: a ``NearDupIndex``, or the existing version's candidate table (then
-    ``existing_decisions`` are its near-dup decisions; None means all its rows were kept).
-    """
+    """Decision rows for a new batch (the module docstring's contract); ``existing``: a ``NearDupIndex``,
+    or the existing version's candidates and ``existing_decisions``. One graph of the batch's rows
+    and values and the index's values and rows: rows to their values, values within t (batch-batch,
+    batch-index), indexed rows to their representative (an indexed group's own edges would add no
+    more); decided over the batch and the indexed representatives, those preferred."""
     if not cfg.enabled or new.num_rows == 0:
         return DECISION_SCHEMA.empty_table()
     index = existing if isinstance(existing, NearDupIndex) else NearDupIndex.build(existing, cfg, existing_decisions)
     table = _checked_batch(new, index, cfg)
     rows, values = row_values(table, cfg)
-    distinct = np.unique(values)
+    distinct, value_ids = unique_inverse(values)
     ea, eb = value_edges(distinct, index.masks, cfg.max_distance, cfg.max_pairs_per_chunk)
-    ca, cb = _cross_edges(distinct, index, cfg.max_distance, cfg.max_pairs_per_chunk)
-    side = _ExistingSide.of(index, cb, cfg)
-
-    # One graph: new rows, new distinct values, hit existing values, existing rows (compact).
-    n_new = table.num_rows
-    v0 = n_new
-    h0 = v0 + len(distinct)
-    r0 = h0 + len(side.hit)
-    a = np.concatenate([rows, v0 + ea, v0 + ca, h0 + side.holder_vals, r0 + side.node(side.involved)])
-    b = np.concatenate(
-        [
-            v0 + np.searchsorted(distinct, values),
-            v0 + eb,
-            h0 + np.searchsorted(side.hit, cb),
-            r0 + side.node(side.holder_rows),
-            r0 + side.node(side.reps),
-        ]
+    ca, cb = cross_edges(distinct, index, cfg.max_distance, cfg.max_pairs_per_chunk)
+    old_rows, old_values = row_values(index.rows, cfg)
+    n_old = index.rows.num_rows
+    where = pc.index_in(index.rows.column("representative"), value_set=index.rows.column("key"))
+    reps = pc.fill_null(where, pa.array(np.arange(n_old, dtype=np.int32))).to_numpy().astype(np.int64)
+    v0 = table.num_rows  # nodes: the batch's rows, its values, the index's values, its rows
+    w0, r0 = v0 + len(distinct), v0 + len(distinct) + len(index.values)
+    a = np.concatenate([rows, v0 + ea, v0 + ca, r0 + old_rows, r0 + np.arange(n_old)])
+    b = np.concatenate([v0 + value_ids, v0 + eb, w0 + cb, w0 + np.searchsorted(index.values, old_values), r0 + reps])
+    labels = component_labels(r0 + n_old, a, b)
+    kept = np.flatnonzero(reps == np.arange(n_old))
+    columns = [c for c in meta_columns(table.column_names) if c in index.rows.column_names]
+    meta = pa.concat_tables(
+        [table.select(columns), index.rows.select(columns).take(kept).cast(table.select(columns).schema)]
     )
-    labels = component_labels(r0 + len(side.old_nodes), a, b)
-    return _new_rows_decisions(table, index, side, labels[:n_new], labels[r0:])
+    old = index.rows.column("key").take(pa.array(kept))
+    decided = decisions_from_labels(
+        meta, np.concatenate([labels[:v0], labels[r0 + kept]]), NEAR_DUPLICATE, GROUP_PREFIX, set(old.to_pylist())
+    )
+    return decided.filter(pc.invert(pc.is_in(decided.column("key"), value_set=old)))
 
 
 def _checked_batch(new: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa.Table:
     """The new batch prepared for the search, after checking it fits the index."""
     index.check(cfg)
-    _check_columns(new.column_names, cfg)
-    table = _prepare(new, cfg)
+    check_columns(new.column_names, cfg)
+    table = prepare(new, cfg)
     clash = pc.is_in(table.column("key"), value_set=index.rows.column("key"))
     if pc.any(clash).as_py():
         raise ValueError(
             f"new rows reuse keys of the existing version: {table.filter(clash).column('key')[0].as_py()!r}"
         )
     return table
-
-
-@dataclasses.dataclass(frozen=True)
-class _ExistingSide:
-    """The existing rows a new batch touches: the hit index values, the rows holding them and
-    those rows' representatives, numbered compactly as ``old_nodes``."""
-
-    hit: np.ndarray  # index value positions within max_distance of a new value
-    holder_rows: np.ndarray  # existing rows holding a hit value ...
-    holder_vals: np.ndarray  # ... and that value's position in ``hit``
-    involved: np.ndarray  # distinct holder rows
-    reps: np.ndarray  # their representatives' rows
-    old_nodes: np.ndarray  # involved rows and representatives, sorted
-    keys: list[str]  # key of every existing row
-    rep_keys: list[str]  # representative key of every existing row
-
-    @classmethod
-    def of(cls, index: NearDupIndex, cb: np.ndarray, cfg: NearDupConfig) -> _ExistingSide:
-        hit = np.unique(cb)
-        old_rows, old_values = row_values(index.rows, cfg)
-        holds = np.isin(old_values, index.values[hit])
-        holder_rows = old_rows[holds]
-        holder_vals = np.searchsorted(hit, np.searchsorted(index.values, old_values[holds]))
-        keys = index.rows.column("key").to_pylist()
-        rep_keys = index.rows.column("representative").to_pylist()
-        involved = np.unique(holder_rows)
-        position = {k: i for i, k in enumerate(keys)}
-        reps = np.array([position[rep_keys[r]] for r in involved], dtype=np.int64)
-        return cls(
-            hit, holder_rows, holder_vals, involved, reps, np.unique(np.concatenate([involved, reps])), keys, rep_keys
-        )
-
-    def node(self, rows: np.ndarray) -> np.ndarray:
-        """Compact numbers of existing rows (which must be in ``old_nodes``)."""
-        return np.searchsorted(self.old_nodes, rows)
-
-
-def _new_rows_decisions(
-    table: pa.Table, index: NearDupIndex, side: _ExistingSide, new_labels: np.ndarray, old_labels: np.ndarray
-) -> pa.Table:
-    """Decide over the new rows and the existing representatives of their components (existing
-    ones preferred); keep only the new rows' decisions."""
-    is_rep = np.array([side.rep_keys[r] == side.keys[r] for r in side.old_nodes], dtype=bool)
-    rep_nodes = side.old_nodes[is_rep]
-    columns = [c for c in meta_columns(table.column_names) if c in index.rows.column_names]
-    new_meta = table.select(columns)
-    meta = pa.concat_tables([new_meta, index.rows.select(columns).take(rep_nodes).cast(new_meta.schema)])
-    meta_labels = np.concatenate([new_labels, old_labels[side.node(rep_nodes)]])
-    existing_keys = {side.keys[r] for r in rep_nodes}
-    decisions = decisions_from_labels(meta, meta_labels, NEAR_DUPLICATE, GROUP_PREFIX, prefer=existing_keys)
-    old = pc.is_in(decisions.column("key"), value_set=pa.array(sorted(existing_keys), pa.string()))
-    return decisions.filter(pc.invert(old))

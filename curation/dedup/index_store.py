@@ -3,46 +3,33 @@ without loading it whole.
 
 Layout (under an output's ``_dedup/near_index/``; any pyarrow filesystem)::
 
-    index.json                          header: format, hash, match_mirrored, max_distance,
-                                        num_blocks, masks (the index's band plan:
-                                        ``incremental.index_plan`` or ``index_num_blocks``,
-                                        kept by every later part), num_buckets, parts
-    parts/<part id>/rows/<b>.parquet    one part's rows (key, hashes, size, quality, representative),
-                                        bucketed by crc32(key) % P
+    index.json                             header: format, the settings (hash, match_mirrored,
+                                           max_distance, num_blocks, masks: the band plan,
+                                           ``incremental.index_plan``; num_buckets P) and parts
+    parts/<part id>/rows/<b>.parquet       one part's rows (key, hashes, the rule's columns,
+                                           representative), bucketed by crc32(key) % P
     parts/<part id>/bands/<j>/<b>.parquet  postings (value, key) of band j, bucketed by
-                                        mix64(value & mask_j) % P, sorted by value
+                                           mix64(value & mask_j) % P, sorted by value
 
-A part holds the rows one version added (the first version: all its candidates). The next
-version's header lists the earlier parts and adds one new part: the index grows append-only,
-nothing already written is rewritten. ``<part id>`` is a digest of the part's keys (content,
-not paths), order-free so that a distributed writer
-(``curation.dedup.distributed.write_near_index``) sums it from partial digests.
+A part holds the rows one version added (the first version: all its candidates); the next
+version's header lists the earlier parts and adds one: the index grows append-only, keeping its
+settings. ``<part id>`` is an order-free digest of the part's keys (content, not paths), which the
+distributed writer (``curation.dedup.distributed.write_near_index``) sums from partial digests.
 
-**Relocatable.** A header names its own parts relative to its folder (``uri``: ``parts/<id>``:
-a copied or moved output keeps working). A part of an earlier version (another output or
-bucket) is named by what does not move with a path: ``origin`` (the dataset version id of
-the output that wrote it, from its ``_SUCCESS``, and that output's index URI at the time),
-``path`` (``parts/<id>``, relative to its owner's index folder), plus two hints: ``relative``
-(the path from this index's folder at write time: found again when a whole tree of versions
-is moved or copied together) and ``uri`` (the absolute URI at write time). Opening an index
-resolves every part, in order: under each location the user passes now (the searched output
-itself and ``NearDupConfig.index_locations``: where earlier outputs lie now), then the
-relative hint, then the absolute one; the first that exists wins (the part id names its
-content). When none does, the open fails with one line naming the missing version and what
-to pass.
+**Relocatable.** A header names its own parts relative to its folder (``parts/<id>``). A part of
+an earlier version is named by its ``origin`` (that output's dataset version id and index URI),
+its ``path`` in its owner's index folder, and two hints: ``relative`` (from this index's folder at
+write time: a tree of versions moved together) and ``uri`` (absolute, at write time). Opening an
+index resolves every part: under each location passed now (the searched output and
+``NearDupConfig.index_locations``), then the hints; the first that exists wins (the id names its
+content). When none does, the open fails in one line naming the missing version and what to pass.
 
-A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets the new batch's
-band keys hash to, keeps the postings whose band key equals a new one, then reads the rows
-of those keys and of their representatives (their key buckets only). The result is a small
-in-memory ``NearDupIndex`` holding every existing row a new value can reach, so
-``incremental_decisions`` on it equals the whole-index decisions row for row.
-
-Driver memory scales with the new batch and what it reaches, not with the earlier corpus:
-each bucket file is filtered as it is read, so the driver holds the batch, one bucket file
-(about N / P postings or rows) and the reached rows (the batch's near matches and their
-representatives). I/O is per band min(P, b) of P bucket files for a batch of b distinct
-values, i.e. about min(1, b / P) x N postings per band: reads are partial when b << P, and
-approach the whole index (streamed, never held) when the batch has more values than P.
+A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets the batch's band
+keys hash to, keeps the postings whose band key equals a new one, then the rows of those keys and of
+their representatives: a small ``NearDupIndex`` of every existing row a new value can reach, on
+which ``incremental_decisions`` equals the whole index's decisions. The driver holds the batch,
+one bucket file (filtered as it is read) and the rows reached; I/O per band is min(P, b) of P bucket
+files for a batch of b distinct values.
 """
 
 from __future__ import annotations
@@ -63,6 +50,7 @@ from curation.dedup import DECISION_SCHEMA
 from curation.dedup.bands import mix64
 from curation.dedup.incremental import NearDupIndex, check_settings, incremental_decisions
 from curation.dedup.near import NearDupConfig, row_values
+from curation.dedup.shuffle import slices
 from curation.output import NEAR_INDEX_HEADER as HEADER
 from infra import storage
 
@@ -88,19 +76,12 @@ def value_buckets(values: np.ndarray, mask: int, num_buckets: int) -> np.ndarray
     return (mix64(values & np.uint64(mask)) % np.uint64(num_buckets)).astype(np.int64)
 
 
-def _rows_file(part: str, b: int) -> str:
+def rows_file(part: str, b: int) -> str:
     return storage.join(part, "rows", f"{b:05d}.parquet")
 
 
-def _band_file(part: str, j: int, b: int) -> str:
+def band_file(part: str, j: int, b: int) -> str:
     return storage.join(part, "bands", f"{j:04d}", f"{b:05d}.parquet")
-
-
-def bucket_slices(buckets: np.ndarray) -> dict[int, np.ndarray]:
-    """Row positions per non-empty bucket, each in the rows' order."""
-    order = np.argsort(buckets, kind="stable")
-    ids, starts = np.unique(buckets[order], return_index=True)
-    return {int(b): order[lo:hi] for b, lo, hi in zip(ids, starts, [*starts[1:], len(order)])}
 
 
 def keys_sum(keys: list[str]) -> int:
@@ -132,34 +113,51 @@ def postings(rows: pa.Table, cfg: NearDupConfig) -> pa.Table:
     )
 
 
-def write_row_bucket(fs, part: str, b: int, rows: pa.Table) -> None:
-    storage.write_parquet(fs, _rows_file(part, b), rows.sort_by("key"))
+def row_records(rows: pa.Table, num_buckets: int) -> pa.Table:
+    """Index rows with ``_b``: their key bucket."""
+    return rows.append_column("_b", pa.array(key_buckets(rows.column("key").to_pylist(), num_buckets)))
 
 
-def write_band_bucket(fs, part: str, j: int, b: int, band_postings: pa.Table) -> None:
-    order = [("value", "ascending"), ("key", "ascending")]
-    storage.write_parquet(fs, _band_file(part, j, b), band_postings.sort_by(order))
-
-
-def write_part(fs, index_root: str, rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray, num_buckets: int) -> dict:
-    """One part (``rows`` carry ``representative``) under ``index_root/parts/<id>``; its header entry.
-    (``curation.dedup.distributed.write_near_index`` writes the same files from Ray tasks.)"""
-    rows = rows.sort_by("key")
-    keys = rows.column("key").to_pylist()
-    by_key = bucket_slices(key_buckets(keys, num_buckets))
-    pid = part_id(len(keys), keys_sum(keys))
-    part = part_dir(index_root, pid)
-    for b, idx in by_key.items():
-        write_row_bucket(fs, part, b, rows.take(idx))
+def band_records(rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray, num_buckets: int) -> pa.Table:
+    """Per band j and distinct hash value of a row: (value, key, ``_b`` = j * P + value bucket)."""
     post = postings(rows, cfg)
     v = post.column("value").to_numpy()
-    band_b = []
-    for j, m in enumerate(masks):
-        by_value = bucket_slices(value_buckets(v, int(m), num_buckets))
-        for b, idx in by_value.items():
-            write_band_bucket(fs, part, j, b, post.take(idx))
-        band_b.append(list(by_value))
-    return part_entry(pid, len(keys), list(by_key), band_b, postings=post.num_rows * len(masks))
+    buckets = [j * num_buckets + value_buckets(v, int(m), num_buckets) for j, m in enumerate(masks)]
+    return pa.concat_tables([post.append_column("_b", pa.array(b)) for b in buckets])
+
+
+def write_buckets(fs, part: str, records: pa.Table, num_buckets: int, kind: str) -> list[int]:
+    """The bucket files of ``records`` (``row_records`` for ``kind`` "rows", else ``band_records``),
+    sorted as stored; returns the ``_b`` written."""
+    written = []
+    for b, bucket in slices(records, "_b"):
+        body = bucket.drop_columns(["_b"])
+        if kind == "rows":
+            storage.write_parquet(fs, rows_file(part, b), body.sort_by("key"))
+        else:
+            path = band_file(part, b // num_buckets, b % num_buckets)
+            storage.write_parquet(fs, path, body.sort_by([("value", "ascending"), ("key", "ascending")]))
+        written.append(b)
+    return written
+
+
+def part_bands(written: list[int], num_buckets: int, num_bands: int) -> list[list[int]]:
+    """The value buckets written per band, from the ``_b`` of ``band_records``."""
+    w = np.asarray(written, dtype=np.int64)
+    return [sorted((w[w // num_buckets == j] % num_buckets).tolist()) for j in range(num_bands)]
+
+
+def write_part(fs, index_root: str, rows: pa.Table, settings: dict) -> dict:
+    """One part (``rows`` carry ``representative``) under ``index_root/parts/<id>``; its header entry.
+    (``curation.dedup.distributed.write_near_index`` writes the same files from Ray tasks.)"""
+    masks, p = settings_masks(settings), settings["num_buckets"]
+    keys = rows.column("key").to_pylist()
+    pid = part_id(len(keys), keys_sum(keys))
+    part = part_dir(index_root, pid)
+    row_b = write_buckets(fs, part, row_records(rows, p), p, "rows")
+    post = band_records(rows, settings_config(settings), masks, p)
+    band_b = part_bands(write_buckets(fs, part, post, p, "bands"), p, len(masks))
+    return part_entry(pid, len(keys), row_b, band_b, postings=post.num_rows)
 
 
 def part_entry(
@@ -176,27 +174,28 @@ def part_entry(
     }
 
 
-def write_header(
-    fs,
-    index_root: str,
-    cfg: NearDupConfig,
-    *,
-    masks: np.ndarray,
-    num_blocks: int,
-    max_distance: int,
-    num_buckets: int,
-    parts: list[dict],
+SETTINGS = ("hash", "match_mirrored", "max_distance", "num_blocks", "masks", "num_buckets")
+
+
+def index_settings(
+    hash_name: str, match_mirrored: bool, max_distance: int, num_blocks: int, masks, num_buckets: int
 ) -> dict:
-    header = {
-        "format": FORMAT,
-        "hash": cfg.hash,
-        "match_mirrored": cfg.match_mirrored,
-        "max_distance": max_distance,
-        "num_blocks": num_blocks,
-        "masks": [str(int(m)) for m in masks],
-        "num_buckets": num_buckets,
-        "parts": parts,
-    }
+    """A header's settings (``SETTINGS``): the hash, its band plan and P."""
+    values = (hash_name, match_mirrored, max_distance, num_blocks, [str(int(m)) for m in masks], num_buckets)
+    return dict(zip(SETTINGS, values))
+
+
+def settings_config(settings: dict) -> NearDupConfig:
+    """The near-dedup settings an index's rows were prepared with (their hash columns)."""
+    return NearDupConfig(**{k: settings[k] for k in ("hash", "match_mirrored", "max_distance")})
+
+
+def settings_masks(settings: dict) -> np.ndarray:
+    return np.array([int(m) for m in settings["masks"]], dtype=np.uint64)
+
+
+def write_header(fs, index_root: str, settings: dict, parts: list[dict]) -> dict:
+    header = {"format": FORMAT, **{k: settings[k] for k in SETTINGS}, "parts": parts}
     storage.atomic_write_bytes(
         fs, storage.join(index_root, HEADER), json.dumps(header, indent=2, sort_keys=True).encode()
     )
@@ -204,34 +203,13 @@ def write_header(
 
 
 def write_index(
-    fs,
-    index_root: str,
-    rows: pa.Table,
-    cfg: NearDupConfig,
-    *,
-    masks: np.ndarray,
-    num_blocks: int,
-    max_distance: int,
-    earlier: PartitionedNearIndex | None = None,
-    num_buckets: int = 8,
+    fs, index_root: str, rows: pa.Table, settings: dict, earlier: PartitionedNearIndex | None = None
 ) -> dict:
     """Write ``rows`` as a new part and the header listing ``earlier``'s parts (if any) before it."""
-    parts = []
-    if earlier is not None:
-        num_buckets = earlier.header["num_buckets"]
-        parts = [earlier.listed_from(p, fs, index_root) for p in earlier.header["parts"]]
+    parts = [earlier.listed_from(p, fs, index_root) for p in earlier.header["parts"]] if earlier else []
     if rows.num_rows:
-        parts.append(write_part(fs, index_root, rows, cfg, masks, num_buckets))
-    return write_header(
-        fs,
-        index_root,
-        cfg,
-        masks=masks,
-        num_blocks=num_blocks,
-        max_distance=max_distance,
-        num_buckets=num_buckets,
-        parts=parts,
-    )
+        parts.append(write_part(fs, index_root, rows, settings))
+    return write_header(fs, index_root, settings, parts)
 
 
 @dataclasses.dataclass
@@ -250,11 +228,10 @@ class PartitionedNearIndex:
 
     @classmethod
     def open(cls, fs, root: str, locations: tuple[str, ...] | list[str] = ()) -> PartitionedNearIndex:
-        """The index at ``root``, every part resolved (module docstring); ``locations``: where
-        earlier versions' outputs lie now, searched before the hints a header records."""
+        """The index at ``root``, every part resolved; ``locations``: where earlier outputs lie now."""
         header = json.loads(storage.read_bytes(fs, storage.join(root, HEADER)))
         if header.get("format") != FORMAT:
-            raise ValueError(f"{root}: near-dup index format is not {FORMAT}; rebuild it (NearDupIndex.build)")
+            raise ValueError(f"{root}: near-dup index format is not {FORMAT}: curate that version again")
         index = cls(fs, root, header, locations=tuple(locations))
         for part in header["parts"]:
             index.locate(part)
@@ -262,8 +239,7 @@ class PartitionedNearIndex:
 
     @property
     def owner(self) -> dict:
-        """Who this index belongs to: the dataset version id of the finished output holding it
-        (None when it is not in one) and its URI now."""
+        """The dataset version id of the finished output holding this index (or None), its URI now."""
         version = None
         suffix = "/" + storage.join(output.DEDUP_DIR, output.NEAR_INDEX_DIR)
         if self.root.rstrip("/").endswith(suffix):
@@ -308,7 +284,16 @@ class PartitionedNearIndex:
 
     @property
     def masks(self) -> np.ndarray:
-        return np.array([int(m) for m in self.header["masks"]], dtype=np.uint64)
+        return settings_masks(self.header)
+
+    @property
+    def plan(self) -> dict:
+        """The band plan, as ``NearDupIndex.from_rows`` takes it."""
+        return {
+            "masks": self.masks,
+            "num_blocks": self.header["num_blocks"],
+            "max_distance": self.header["max_distance"],
+        }
 
     @property
     def num_files(self) -> int:
@@ -320,8 +305,7 @@ class PartitionedNearIndex:
         check_settings(h["hash"], h["match_mirrored"], h["max_distance"], cfg)
 
     def _read(self, path_of, wanted: set[int], listed: str, j: int | None = None, keep=None) -> list[pa.Table]:
-        """The files of buckets ``wanted`` in every part, each one filtered by ``keep`` as it is read
-        (so at most one whole bucket file is held at a time)."""
+        """The files of buckets ``wanted`` in every part, each filtered by ``keep`` as it is read."""
         tables = []
         for part in self.header["parts"]:
             fs, root = self.locate(part)
@@ -337,28 +321,22 @@ class PartitionedNearIndex:
         return tables
 
     def _from_uri(self, uri: str) -> tuple[object, str]:
-        """(filesystem, path) of an absolute part URI: this index's filesystem when the part is on
-        the same kind (keeping its endpoint and credentials), else the one its URI names."""
+        """(filesystem, path) of an absolute part URI: this index's filesystem when of the same kind
+        (keeping its endpoint and credentials), else the one the URI names."""
         prefix = f"{self.fs.type_name}://"
         if uri.startswith(prefix):
             return self.fs, uri[len(prefix) :]
         return storage.resolve(uri) if "://" in uri else (self.fs, uri)
 
     def listed_from(self, part: dict, fs, index_root: str) -> dict:
-        """How an index written at ``index_root`` (on ``fs``) lists this index's ``part``: relative
-        when the part lies under that folder; else as an earlier version's part (module
-        docstring: origin, path in its owner's folder, the relative and absolute hints)."""
+        """How an index written at ``index_root`` (on ``fs``) lists this index's ``part``: relative when
+        under that folder, else as an earlier version's (origin, path, the two hints)."""
         part_fs, path = self.locate(part)
         root = index_root.rstrip("/")
         same_kind = part_fs.type_name == fs.type_name
         if same_kind and path.startswith(root + "/"):
             return dict(part, uri=path[len(root) + 1 :])
-        origin = part.get("origin") or (
-            self.owner
-            if is_relative(part["uri"])
-            # an older header: its URI
-            else {"version": None, "index": part["uri"].rsplit("/parts/", 1)[0]}
-        )
+        origin = part.get("origin") or self.owner
         entry = dict(
             part, uri=storage.to_uri(part_fs, path), path=part.get("path") or relative_part(part["id"]), origin=origin
         )
@@ -373,7 +351,7 @@ class PartitionedNearIndex:
         wanted = set(key_buckets(keys, self.header["num_buckets"]).tolist())
         key_set = pa.array(sorted(set(keys)), pa.string())
         tables = self._read(
-            _rows_file, wanted, "row_buckets", keep=lambda t: t.filter(pc.is_in(t.column("key"), value_set=key_set))
+            rows_file, wanted, "row_buckets", keep=lambda t: t.filter(pc.is_in(t.column("key"), value_set=key_set))
         )
         return pa.concat_tables(tables, promote_options="default") if tables else None
 
@@ -389,7 +367,7 @@ class PartitionedNearIndex:
                 same = np.isin(t.column("value").to_numpy() & mask, band_keys)
                 return t.select(["key"]).filter(pa.array(same))
 
-            for t in self._read(lambda root, b, j=j: _band_file(root, j, b), wanted, "band_buckets", j, keep):
+            for t in self._read(lambda root, b, j=j: band_file(root, j, b), wanted, "band_buckets", j, keep):
                 found.update(t.column("key").to_pylist())
         return sorted(found)
 
@@ -405,11 +383,8 @@ class PartitionedNearIndex:
             reps = sorted(set(rows.column("representative").to_pylist()) - set(rows.column("key").to_pylist()))
             more = self.read_rows(reps) if reps else None
             rows = pa.concat_tables([rows, more], promote_options="default") if more is not None else rows
-        h = self.header
         self.reached = 0 if rows is None else rows.num_rows
-        return NearDupIndex.from_rows(
-            rows, cfg, masks=self.masks, num_blocks=h["num_blocks"], max_distance=h["max_distance"], like=new
-        )
+        return NearDupIndex.from_rows(rows, cfg, **self.plan, like=new)
 
     def decisions(self, new: pa.Table, cfg: NearDupConfig) -> pa.Table:
         """``incremental_decisions`` of ``new`` against this index, reading only touched buckets."""
@@ -419,30 +394,18 @@ class PartitionedNearIndex:
 
     def load(self) -> NearDupIndex:
         """The whole index in memory (every bucket file: for tests and small versions only)."""
-        h = self.header
-        cfg = NearDupConfig(hash=h["hash"], match_mirrored=h["match_mirrored"], max_distance=h["max_distance"])
-        tables = self._read(_rows_file, set(range(h["num_buckets"])), "row_buckets")
-        rows = pa.concat_tables(tables, promote_options="default") if tables else None
-        if rows is None:
+        tables = self._read(rows_file, set(range(self.header["num_buckets"])), "row_buckets")
+        if not tables:
             raise ValueError(f"{self.root}: the near-dup index holds no rows")
-        return NearDupIndex.from_rows(
-            rows, cfg, masks=self.masks, num_blocks=h["num_blocks"], max_distance=h["max_distance"]
-        )
+        rows = pa.concat_tables(tables, promote_options="default")
+        return NearDupIndex.from_rows(rows, settings_config(self.header), **self.plan)
 
 
 def save_index(index: NearDupIndex, fs, path: str, num_buckets: int | None = None) -> dict:
     """An in-memory index written partitioned, as one part (``num_buckets`` None: ``default_buckets``)."""
-    cfg = NearDupConfig(hash=index.hash, match_mirrored=index.match_mirrored, max_distance=index.max_distance)
-    return write_index(
-        fs,
-        path,
-        index.rows,
-        cfg,
-        masks=index.masks,
-        num_blocks=index.num_blocks,
-        max_distance=index.max_distance,
-        num_buckets=num_buckets or default_buckets(index.rows.num_rows),
-    )
+    p = num_buckets or default_buckets(index.rows.num_rows)
+    settings = index_settings(index.hash, index.match_mirrored, index.max_distance, index.num_blocks, index.masks, p)
+    return write_index(fs, path, index.rows, settings)
 
 
 @dataclasses.dataclass
@@ -454,32 +417,12 @@ class IndexExtension:
     rows: pa.Table
 
     def write(self, fs, path: str) -> dict:
-        h = self.base.header
-        cfg = NearDupConfig(hash=h["hash"], match_mirrored=h["match_mirrored"], max_distance=h["max_distance"])
-        return write_index(
-            fs,
-            path,
-            self.rows,
-            cfg,
-            masks=self.base.masks,
-            num_blocks=h["num_blocks"],
-            max_distance=h["max_distance"],
-            earlier=self.base,
-        )
-
-    def save(self, path: str) -> dict:
-        return self.write(*storage.resolve(path))
+        return write_index(fs, path, self.rows, self.base.header, earlier=self.base)
 
 
-def decide_against(
-    new: pa.Table, index: NearDupIndex | PartitionedNearIndex, cfg: NearDupConfig
-) -> tuple[pa.Table, NearDupIndex | IndexExtension]:
+def decide_against(new: pa.Table, index: PartitionedNearIndex, cfg: NearDupConfig) -> tuple[pa.Table, IndexExtension]:
     """A new batch's near-dup decisions against an earlier version's index, and the index the run
-    saves: a partitioned index grows by one part (the batch's rows); an in-memory one (built from a
-    manifest) is extended whole."""
-    if isinstance(index, NearDupIndex):
-        decisions = incremental_decisions(new, index, cfg)
-        return decisions, index.extended(new, decisions, cfg)
+    saves: the earlier one grown by one part (the batch's rows)."""
     decisions = index.decisions(new, cfg)
     rows = NearDupIndex.build(new, cfg, decisions).rows if new.num_rows else new.slice(0, 0)
     return decisions, IndexExtension(index, rows)

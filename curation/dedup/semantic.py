@@ -1,23 +1,12 @@
 """Semantic dedup on CLIP image embeddings: k-means, then pairwise cosine within each cluster.
 
-As in SemDeDup / NeMo Curator: embeddings are L2-normalised and clustered with spherical
-k-means; inside each cluster every pair with cosine similarity >= ``threshold`` is a
-duplicate edge. Groups are the connected components of those edges (so always inside one
-cluster) and keep one representative by the documented rule
-(``curation.dedup.representative_sort_key``); NeMo's "keep the hardest/easiest by centroid
-distance" is not used. Pairs split across two clusters are missed: that is the price of
-cost linear in the run (N x cluster size comparisons instead of N^2). k grows with the run
-(rows / ``target_cluster_size``), so past ``max_flat_clusters`` the centroids are a two-level
-tree (``fit_tree``): a row is compared with about 2 sqrt(k) centroids instead of k.
-
-Determinism: k-means trains on a sample chosen by a hash of each row's key (the
-``kmeans_sample_size`` smallest hashes, then sorted by key) with a seeded initialisation,
-and every later step works on key-sorted rows, so input and partition order never matter.
-The local and Ray variants share every step and give identical decisions (for one choice
-of k-means backend: faiss and numpy give different centroids). With ``dedup.engine=ray`` the
-run's step runs in Ray Data with nothing corpus-sized on the driver
-(``curation.dedup.distributed_semantic``); ``semantic_duplicate_decisions_ray`` below still
-gathers the decisions, for a dataset handed in directly.
+As in SemDeDup / NeMo Curator: unit embeddings, spherical k-means, every pair in a cluster with
+cosine >= ``threshold`` an edge; groups are the components (always inside one cluster), each
+keeping one representative by the rule. Pairs split across clusters are missed: the price of
+cost linear in the run. k grows with the run, so past ``max_flat_clusters`` the centroids are a
+two-level tree (``fit_tree``). k-means trains on the ``kmeans_sample_size`` rows of smallest key
+hash, in key order, seeded; every later step works on key-sorted rows: no input or partition
+order matters, and both engines decide the same (for one k-means backend).
 """
 
 from __future__ import annotations
@@ -48,19 +37,12 @@ _SLACK = 1e-9  # candidates this far below the threshold are rechecked exactly (
 
 @dataclasses.dataclass(kw_only=True, frozen=True)
 class SemanticDupConfig:
-    """Settings of semantic dedup.
+    """Settings of semantic dedup (``dedup.semantic``), off by default (the CLIP embedding step may be).
 
-    Off by default: embeddings come from the CLIP embedding step, which may be off. ``threshold``:
-    cosine similarity at or above which two images are duplicates; 0.99 is NeMo Curator's
-    default (eps 0.01). It was not calibrated here (no real CLIP weights on these machines):
-    calibrate it on real embeddings before lowering it to catch crops and burst frames.
-    ``n_clusters``: k of k-means; None uses ceil(rows / ``target_cluster_size``), which keeps
-    the within-cluster work at rows x cluster size. ``max_flat_clusters``: a larger k is fitted
-    as a two-level tree (``fit_tree``), so assigning a row costs about 2 sqrt(k) dot products
-    instead of k (k grows with the run: 10,000 at 1e7 rows). ``use_faiss``: "auto" (faiss when
-    installed), "always" or "never" (numpy Lloyd iterations). ``block_rows``: with
-    ``dedup.engine=ray``, a cluster of more rows is dealt into blocks and searched block pair by
-    block pair, so no task holds more than two blocks of embeddings (never changes decisions).
+    ``threshold``: the cosine at or above which two images are duplicates (NeMo Curator's 0.99; not
+    calibrated on real CLIP embeddings here). ``n_clusters``: k (None: rows / ``target_cluster_size``);
+    past ``max_flat_clusters`` k-means is a two-level tree. ``use_faiss``: "auto", "always" or "never"
+    (numpy). ``block_rows``: with ``dedup.engine=ray``, the rows of a cluster's block (bounded memory).
     """
 
     enabled: bool = False
@@ -77,25 +59,22 @@ class SemanticDupConfig:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
-            raise ValueError(f"semantic_dup.threshold is a cosine similarity in (0, 1], got {self.threshold}")
+            raise ValueError(f"dedup.semantic.threshold is a cosine similarity in (0, 1], got {self.threshold}")
         if self.n_clusters is not None and self.n_clusters < 1:
-            raise ValueError(f"semantic_dup.n_clusters must be >= 1 or None, got {self.n_clusters}")
+            raise ValueError(f"dedup.semantic.n_clusters must be >= 1 or None, got {self.n_clusters}")
         if self.target_cluster_size < 2:
-            raise ValueError(f"semantic_dup.target_cluster_size must be >= 2, got {self.target_cluster_size}")
+            raise ValueError(f"dedup.semantic.target_cluster_size must be >= 2, got {self.target_cluster_size}")
         if self.kmeans_iterations < 1 or self.kmeans_sample_size < 1:
-            raise ValueError("semantic_dup.kmeans_iterations and kmeans_sample_size must be >= 1")
+            raise ValueError("dedup.semantic.kmeans_iterations and kmeans_sample_size must be >= 1")
         if self.max_flat_clusters < 1:
-            raise ValueError(f"semantic_dup.max_flat_clusters must be >= 1, got {self.max_flat_clusters}")
+            raise ValueError(f"dedup.semantic.max_flat_clusters must be >= 1, got {self.max_flat_clusters}")
         if self.block_rows < 1:
-            raise ValueError(f"semantic_dup.block_rows must be >= 1, got {self.block_rows}")
+            raise ValueError(f"dedup.semantic.block_rows must be >= 1, got {self.block_rows}")
         if self.use_faiss not in ("auto", "always", "never"):
-            raise ValueError(f"semantic_dup.use_faiss must be 'auto', 'always' or 'never', got {self.use_faiss!r}")
+            raise ValueError(f"dedup.semantic.use_faiss must be 'auto', 'always' or 'never', got {self.use_faiss!r}")
 
     def clusters_for(self, n_rows: int) -> int:
         return max(1, min(n_rows, self.n_clusters or math.ceil(n_rows / self.target_cluster_size)))
-
-
-# ---- k-means ----------------------------------------------------------------------------
 
 
 def key_rank(keys: list[str]) -> np.ndarray:
@@ -125,7 +104,7 @@ def _faiss_or_none(use_faiss: str):
         import faiss
     except ImportError:
         if use_faiss == "always":
-            raise ValueError("semantic_dup.use_faiss='always' needs faiss: pip install faiss-cpu") from None
+            raise ValueError("dedup.semantic.use_faiss='always' needs faiss: pip install faiss-cpu") from None
         return None
     return faiss
 
@@ -162,9 +141,7 @@ SCORE_BLOCK = 1 << 23  # scores (row x centroid dot products) held at once: 64 M
 
 
 def assign_clusters(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Each row's centroid of largest dot product, scored ``SCORE_BLOCK // k`` rows at a time, so a
-    fit or an assignment task holds a bounded score matrix whatever its rows and ``k`` (a whole
-    ``rows x k`` matrix is 8 GB for a 100,000-row sample and 10,000 clusters)."""
+    """Each row's centroid of largest dot product, ``SCORE_BLOCK // k`` rows at a time (bounded memory)."""
     rows = max(1, SCORE_BLOCK // max(1, len(centroids)))
     out = np.empty(len(x), np.int32)
     for start in range(0, len(x), rows):
@@ -174,12 +151,8 @@ def assign_clusters(x: np.ndarray, centroids: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Centroids:
-    """Fitted k-means centroids, flat (``coarse`` None) or a two-level tree (``fit_tree``).
-
-    ``fine`` holds the k centroids rows are assigned to (a cluster id is a row number of it). In a
-    tree they are grouped by coarse centroid, those under coarse centroid c at
-    ``fine[offsets[c]:offsets[c + 1]]``, and a row goes to the best fine centroid under its best
-    coarse one."""
+    """k-means centroids ``fine`` (a cluster id is a row of it), flat or a two-level tree: those under
+    coarse centroid c at ``fine[offsets[c]:offsets[c + 1]]``, a row assigned under its best coarse one."""
 
     fine: np.ndarray
     coarse: np.ndarray | None = None
@@ -203,9 +176,8 @@ class Centroids:
 
 
 def split_clusters(rows: np.ndarray, k: int) -> np.ndarray:
-    """Fine clusters per coarse cluster of ``rows`` sample rows each (all >= 1, sum >= ``k``):
-    one each, then the rest one at a time to the cluster with the most rows per fine cluster
-    (D'Hondt; ties to the lower index), never more than a cluster's rows. Sums to exactly k."""
+    """Fine clusters per coarse cluster of ``rows`` sample rows each, summing to k: one each, then one at
+    a time to the most rows per fine cluster (D'Hondt, ties to the lower index), at most its rows."""
     per = np.ones(len(rows), np.int64)
     heap = [(-float(r), c) for c, r in enumerate(rows) if r > 1]
     heapq.heapify(heap)
@@ -218,13 +190,9 @@ def split_clusters(rows: np.ndarray, k: int) -> np.ndarray:
 
 
 def fit_tree(sample: np.ndarray, k: int, cfg: SemanticDupConfig) -> Centroids:
-    """k centroids of a key-sorted sample: flat up to ``cfg.max_flat_clusters``, else two levels.
-
-    The tree: ceil(sqrt(k)) coarse centroids fitted on the whole sample (those no sample row chose
-    are dropped), then each coarse cluster's sample rows (in key order) fitted with its share of k
-    (``split_clusters``), seeded by ``cfg.seed`` + 1 + its index. Fitting costs about 2 sqrt(k)
-    products per sample row and iteration instead of k. A near pair split by a coarse boundary is
-    missed, as one split by a flat boundary is."""
+    """k centroids of a key-sorted sample: flat up to ``cfg.max_flat_clusters``, else ceil(sqrt(k))
+    coarse centroids (those unused dropped), each coarse cluster's rows fitted with its share of k
+    (``split_clusters``), seeded ``cfg.seed`` + 1 + its index: about 2 sqrt(k) products per row."""
     k = min(k, len(sample))
     if k <= cfg.max_flat_clusters:
         return Centroids(fit_centroids(sample, k, cfg))
@@ -237,20 +205,12 @@ def fit_tree(sample: np.ndarray, k: int, cfg: SemanticDupConfig) -> Centroids:
     return Centroids(np.concatenate(fine), coarse, np.r_[0, np.cumsum(per)])
 
 
-# ---- within a cluster -------------------------------------------------------------------
-
-
 def similar_pairs(
     xa: np.ndarray, xb: np.ndarray, threshold: float, *, upper: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(i, j, cosine) of every pair of unit rows ``xa[i]``, ``xb[j]`` with cosine >= ``threshold``
-    (``upper``: ``xa`` is ``xb``, pairs i < j only), ``_ROW_BLOCK`` rows of ``xa`` at a time.
-
-    The matrix product finds the candidates (within ``_SLACK`` of the threshold); each
-    candidate's cosine is then recomputed as its own row product, so the pairs and their scores
-    depend on the two vectors only, not on which other rows shared the product (a BLAS kernel
-    may round a dot product differently with the shape of the matrices): the Ray engine, which
-    blocks a cluster differently, finds the same pairs."""
+    (``upper``: ``xa`` is ``xb``, i < j). The product finds candidates within ``_SLACK``; each is
+    rechecked by its own row product, so no blocking of the rows (or BLAS rounding) changes a pair."""
     found_i, found_j = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     for start in range(0, len(xa), _ROW_BLOCK):
         sim = xa[start : start + _ROW_BLOCK] @ xb.T
@@ -275,13 +235,6 @@ def cluster_decisions(cluster: pa.Table, cfg: SemanticDupConfig, prefer: Collect
     return decisions_from_labels(table, labels, SEMANTIC_DUPLICATE, GROUP_PREFIX, prefer)
 
 
-def _cluster_group(group: pa.Table, cfg: SemanticDupConfig, prefer: Collection[str]) -> pa.Table:
-    return cluster_decisions(group.drop_columns(["cluster"]), cfg, prefer)
-
-
-# ---- entry points -----------------------------------------------------------------------
-
-
 def _columns(cfg: SemanticDupConfig, names=META_COLUMNS) -> list[str]:
     return [*meta_columns(names), cfg.embedding_column]
 
@@ -295,7 +248,7 @@ def _check_columns(names, cfg: SemanticDupConfig) -> None:
         )
 
 
-def _sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> Centroids:
+def sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> Centroids:
     """Centroids from the rows of ``sample`` with the smallest key ranks (then in key order)."""
     ranks = key_rank(sample.column("key").to_pylist())
     chosen = np.sort(np.argsort(ranks, kind="stable")[: cfg.kmeans_sample_size])
@@ -306,73 +259,15 @@ def _sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> 
 def semantic_duplicate_decisions(
     candidates: pa.Table, cfg: SemanticDupConfig, *, prefer: Collection[str] = ()
 ) -> pa.Table:
-    """Decision rows (``DECISION_SCHEMA``, reason ``semantic_duplicate``, sorted by key), in one process.
-
-    ``candidates``: key, width, height (converted, input_bytes where known) and ``cfg.embedding_column``
-    (list<float32>, any fixed length; normalised here). Row order does not matter.
-    """
+    """Decision rows (reason ``semantic_duplicate``, sorted by key) in one process, whatever the row
+    order; ``candidates``: key, the rule's columns and ``cfg.embedding_column`` (any fixed length)."""
     if not cfg.enabled or candidates.num_rows == 0:
         return DECISION_SCHEMA.empty_table()
     _check_columns(candidates.column_names, cfg)
     table = canonical_order(candidates.select(_columns(cfg, candidates.column_names)))
-    centroids = _sample_centroids(table.select(["key", cfg.embedding_column]), table.num_rows, cfg)
+    centroids = sample_centroids(table.select(["key", cfg.embedding_column]), table.num_rows, cfg)
     clusters = centroids.assign(embeddings(table, cfg.embedding_column))
     order = np.argsort(clusters, kind="stable")
     bounds = np.flatnonzero(np.diff(clusters[order])) + 1
     parts = [cluster_decisions(table.take(idx), cfg, prefer) for idx in np.split(order, bounds) if len(idx) > 1]
     return pa.concat_tables([DECISION_SCHEMA.empty_table(), *parts]).sort_by("key")
-
-
-def _with_rank(batch: pa.Table) -> pa.Table:
-    return batch.append_column("_rank", pa.array(key_rank(batch.column("key").to_pylist()), pa.uint64()))
-
-
-def _below(batch: pa.Table, limit: int) -> pa.Table:
-    return batch.filter(pa.array(batch.column("_rank").to_numpy() < np.uint64(limit))).drop_columns(["_rank"])
-
-
-def _assign(batch: pa.Table, column: str, centroids: Centroids) -> pa.Table:
-    return batch.append_column("cluster", pa.array(centroids.assign(embeddings(batch, column))))
-
-
-def _gather(ds) -> pa.Table | None:
-    batches = [b for b in ds.iter_batches(batch_format="pyarrow", batch_size=None) if b.num_rows]
-    return pa.concat_tables(batches) if batches else None
-
-
-def semantic_duplicate_decisions_ray(
-    candidates_ds, cfg: SemanticDupConfig, *, prefer: Collection[str] = ()
-) -> pa.Table:
-    """The same decisions with Ray Data: k-means on the driver over a key-hash sample,
-    cluster assignment in ``map_batches``, pairwise cosine per cluster in ``map_groups``."""
-    if not cfg.enabled:
-        return DECISION_SCHEMA.empty_table()
-    _check_columns(list(candidates_ds.schema().names), cfg)
-    ds = candidates_ds.select_columns(_columns(cfg, candidates_ds.schema().names)).materialize()
-    n_rows = ds.count()
-    if n_rows == 0:
-        return DECISION_SCHEMA.empty_table()
-    keyed = ds.select_columns(["key", cfg.embedding_column])
-    fraction = 2.0 * cfg.kmeans_sample_size / n_rows
-    while True:  # the sample is the kmeans_sample_size smallest ranks: fetch all ranks below a margin
-        if fraction >= 1.0:
-            sample = _gather(keyed)
-            break
-        sample = _gather(
-            keyed.map_batches(_with_rank, batch_format="pyarrow").map_batches(
-                _below, fn_kwargs={"limit": int(fraction * 2**64)}, batch_format="pyarrow"
-            )
-        )
-        if sample is not None and sample.num_rows >= cfg.kmeans_sample_size:
-            break
-        fraction *= 4
-    centroids = _sample_centroids(sample, n_rows, cfg)
-    out = (
-        ds.map_batches(
-            _assign, fn_kwargs={"column": cfg.embedding_column, "centroids": centroids}, batch_format="pyarrow"
-        )
-        .groupby("cluster")
-        .map_groups(_cluster_group, fn_kwargs={"cfg": cfg, "prefer": prefer}, batch_format="pyarrow")
-    )
-    parts = [b for b in out.iter_batches(batch_format="pyarrow", batch_size=None) if b.num_rows]
-    return pa.concat_tables([DECISION_SCHEMA.empty_table(), *[p.cast(DECISION_SCHEMA) for p in parts]]).sort_by("key")

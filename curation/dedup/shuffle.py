@@ -1,16 +1,11 @@
 """The Ray Data shuffle the distributed dedup steps share, and connected components on it.
 
-``shuffle(ds, key, reduce)`` routes every row to one of P groups by a 64-bit key (splitmix64
-of it, mod P) and calls ``reduce`` once per group with all the group's rows as one Arrow
-table: one shuffle, vectorised reduces, no per-key Python calls. Reduces must not depend on
-row order (they sort what they need), so results are deterministic.
-
-``connected_components(edges)``: edges ``(a, b)`` (int64 node ids) -> ``(node, label)`` with
-label = the smallest node of its component, for every node that has an edge. Alternating
-large-star / small-star rounds (Kiveris et al., "Connected Components in MapReduce and
-Beyond", 2014), each one shuffle of the edge set, until a round changes no edge; every
-round is O(edges) work and O(log^2 n) rounds suffice. Only the per-round count of changed
-edges reaches the driver (one number per block).
+``shuffle(ds, key, reduce)`` routes every row to one of P groups by splitmix64 of a 64-bit key and
+calls ``reduce`` once per group with the group's rows as one table (reduces sort what they need:
+results do not depend on row order). ``connected_components(edges)``: int64 edges (a, b) ->
+(node, label = the smallest node of its component), by alternating large-star / small-star rounds
+(Kiveris et al., 2014), one shuffle each, until a round changes no edge; only the per-round count
+of changed edges reaches the driver.
 """
 
 from __future__ import annotations
@@ -28,13 +23,9 @@ MAX_ROUNDS = 64
 EDGE_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.int64()), ("changed", pa.int8())])
 
 
-def partition_of(keys: np.ndarray, num_partitions: int, salt: int = 0) -> np.ndarray:
-    return (mix64(keys.astype(np.uint64) ^ np.uint64(salt)) % np.uint64(num_partitions)).astype(np.int32)
-
-
 def _with_part(batch: pa.Table, key: str, num_partitions: int) -> pa.Table:
-    part = partition_of(batch.column(key).to_numpy(), num_partitions)
-    return batch.append_column("_part", pa.array(part))
+    keys = batch.column(key).to_numpy().astype(np.uint64)
+    return batch.append_column("_part", pa.array((mix64(keys) % np.uint64(num_partitions)).astype(np.int32)))
 
 
 def shuffle(ds, key: str, reduce, num_partitions: int, fn_kwargs: dict | None = None):
@@ -48,6 +39,15 @@ def shuffle(ds, key: str, reduce, num_partitions: int, fn_kwargs: dict | None = 
         .groupby("_part", num_partitions=num_partitions)
         .map_groups(_reduce, batch_format="pyarrow")
     )
+
+
+def slices(table: pa.Table, column: str):
+    """(value, rows) for each distinct value of an integer ``column``, in value order."""
+    table = table.sort_by(column)
+    v = table.column(column).to_numpy()
+    starts = np.flatnonzero(np.r_[True, v[1:] != v[:-1]]) if len(v) else np.zeros(0, np.int64)
+    for s, e in zip(starts, [*starts[1:], len(v)]):
+        yield int(v[s]), table.slice(int(s), int(e - s))
 
 
 def unique_edges(a: np.ndarray, b: np.ndarray, changed: np.ndarray | None = None) -> pa.Table:

@@ -1,28 +1,18 @@
-"""The global dedup steps of the recipe: decontamination, exact, near-duplicate, then semantic, on metadata only.
+"""The recipe's global dedup steps, on metadata only: decontamination, exact, near, then semantic.
 
-Each step sees only the rows the previous ones kept, so every dropped row has exactly one
-reason. With ``dedup.decontaminate.eval_images`` the run's copies of evaluation images go first,
-as ``eval_overlap`` (``curation.dedup.eval_overlap``). With ``dedup.against`` (an earlier
-curation output) the run is incremental: this run's images are deduplicated against that
-version's kept images (exact by content hash, near-duplicates through its saved partitioned
-index, semantic by the best cosine match to its kept embeddings in the same k-means cluster),
-read part by part (``curation.dedup.earlier``), never whole on the driver; the earlier version
-is not recomputed and its images are never dropped. Every run saves its near-dup index so a
-later run can build on it (``dedup.engine=ray``: written by the Ray tasks,
-``distributed.write_near_index``, extending the earlier version's with ``dedup.against``).
-
-With ``dedup.engine=ray`` every step runs in Ray Data with nothing corpus-sized on the driver:
-exact and near dedup (``distributed``), near dedup against an earlier version's index
-(``distributed_incremental``), semantic dedup with or without one (``distributed_semantic``),
-decontamination as one task per partition. Only near dedup against an index built in memory
-from an old output's manifest (written before runs saved their index) still runs on the driver.
+Each step sees only the rows the ones before it kept, so every dropped row has one reason. With
+``dedup.against`` (an earlier output) the run is incremental: its images are deduplicated against
+that version's kept images (exact by digest, near through its saved index, semantic by the best
+cosine in the same cluster), never loading it whole and never dropping its images; every run saves
+its near-dup index for the next. Two engines (``dedup.engine``): ``local`` decides in this process
+(``decide``), ``ray`` in Ray Data with nothing corpus-sized on the driver (``decide_distributed``);
+both write the same decision files (``curation.dedup.decisions``).
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-import json
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -32,15 +22,15 @@ from curation import output, schema
 from curation.config import DedupSettings
 from curation.dedup import DECISION_SCHEMA, rank_columns
 from curation.dedup.components import QUALITY_COLUMNS
-from curation.dedup.distributed import (
+from curation.dedup.decisions import (
+    PARTITIONED_DECISION_SCHEMA,
     GlobalDedupInput,
     clear_step,
-    exact_decisions,
-    near_decisions,
     read_candidates,
     with_partitions,
-    write_near_index,
+    write_step_decisions,
 )
+from curation.dedup.distributed import exact_decisions, near_decisions, write_near_index
 from curation.dedup.distributed_incremental import near_against_decisions
 from curation.dedup.distributed_semantic import semantic_decisions
 from curation.dedup.earlier import EarlierVersion, semantic_against
@@ -53,11 +43,11 @@ from curation.dedup.eval_overlap import (
     semantic_overlap,
     semantic_overlap_dataset,
 )
-from curation.dedup.exact import exact_against, exact_duplicate_decisions, exact_duplicate_decisions_ray
+from curation.dedup.exact import exact_against, exact_duplicate_decisions
 from curation.dedup.incremental import NearDupIndex
-from curation.dedup.index_store import FORMAT, IndexExtension, PartitionedNearIndex, decide_against, save_any
-from curation.dedup.near import GROUP_PREFIX, NearDupConfig, near_duplicate_decisions, near_duplicate_decisions_ray
-from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions, semantic_duplicate_decisions_ray
+from curation.dedup.index_store import IndexExtension, PartitionedNearIndex, decide_against, save_any
+from curation.dedup.near import NearDupConfig, near_duplicate_decisions
+from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
 from curation.steps import Step, section_of
 from infra import storage
 
@@ -74,7 +64,7 @@ class DedupContext:
     engine: str = "local"
     against: str | None = None
     earlier: EarlierVersion | None = None  # the earlier version, read part by part (never whole)
-    against_index: PartitionedNearIndex | NearDupIndex | None = None  # opened by its header only
+    against_index: PartitionedNearIndex | None = None  # its near-dup index, opened by its header only
     index: NearDupIndex | IndexExtension | None = None  # the near-dup index this run saves
     eval_set: EvalSet | None = None  # dedup.decontaminate: the evaluation images, hashed (curation.eval_set)
 
@@ -86,7 +76,7 @@ class DedupContext:
             ctx.earlier = EarlierVersion.open(settings.against)
             if near:
                 ctx.against_index = earlier_index(
-                    ctx.earlier.output, near if isinstance(near, NearDupConfig) else NearDupConfig()
+                    ctx.earlier, near if isinstance(near, NearDupConfig) else NearDupConfig()
                 )
         return ctx
 
@@ -95,49 +85,18 @@ class DedupContext:
         if self.index is not None:
             save_any(self.index, fs, path)
 
-    def dataset(self, table: pa.Table):
-        import ray.data
 
-        return ray.data.from_arrow(table)
-
-
-def earlier_index(earlier: output.CuratedOutput, cfg: NearDupConfig) -> PartitionedNearIndex | NearDupIndex:
-    """An earlier version's near-dup index: the partitioned one it saved, opened by its header only
-    (searches read the buckets a new batch touches; both engines save one), else built in memory
-    from its manifest (an output written before runs saved their index, or an older index
-    format): its near-dedup candidates are the rows kept or dropped by near or semantic dedup,
-    represented by ``duplicate_of``."""
-    header = output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR, output.NEAR_INDEX_HEADER)
-    if (
-        storage.exists(earlier.fs, header)
-        and json.loads(storage.read_bytes(earlier.fs, header)).get("format") == FORMAT
-    ):
-        return PartitionedNearIndex.open(
-            earlier.fs, output.path(earlier.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR), cfg.index_locations
+def earlier_index(earlier: EarlierVersion, cfg: NearDupConfig) -> PartitionedNearIndex:
+    """The near-dup index an earlier version saved (every run with near dedup saves one), opened by
+    its header only: searches read the buckets a new batch touches."""
+    out = earlier.output
+    root = output.path(out.root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
+    if not storage.exists(out.fs, output.path(root, output.NEAR_INDEX_HEADER)):
+        raise ValueError(
+            f"dedup.against={earlier.uri!r} has no near-dup index (it was curated without near dedup): "
+            "curate it again with dedup.near enabled, or set dedup.near.enabled=false"
         )
-    names = earlier.manifest_schema().names
-    wanted = [
-        "key",
-        *cfg.hash_columns(),
-        "width",
-        "height",
-        "converted",
-        "input_bytes",
-        "status",
-        "reason",
-        "duplicate_of",
-    ]
-    rows = earlier.read_manifest([c for c in wanted if c in names])
-    later = pa.array([schema.NEAR_DUPLICATE, schema.SEMANTIC_DUPLICATE])
-    candidates = rows.filter(
-        pc.or_(
-            pc.equal(rows.column("status"), schema.KEPT),
-            pc.fill_null(pc.is_in(rows.column("reason"), value_set=later), False),
-        )
-    )
-    near = candidates.filter(pc.equal(candidates.column("reason"), schema.NEAR_DUPLICATE))
-    decisions = pa.table({"key": near.column("key"), "duplicate_of": near.column("duplicate_of")})
-    return NearDupIndex.build(candidates.drop_columns(["status", "reason", "duplicate_of"]), cfg, decisions)
+    return PartitionedNearIndex.open(out.fs, root, cfg.index_locations)
 
 
 class DedupStep(Step):
@@ -161,18 +120,14 @@ class DedupStep(Step):
     def decide(self, remaining: pa.Table, ctx: DedupContext) -> pa.Table:
         """Decisions for ``remaining`` (rows no earlier dedup step dropped)."""
 
-    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
-        """Decide in Ray Data, writing the decisions partitioned; rows dropped, or None when this
-        step (with these settings) has no distributed form: then ``decide`` runs on the driver."""
-        return None
+    @abc.abstractmethod
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int:
+        """Decide in Ray Data, writing the decisions partitioned; rows dropped."""
 
 
 class Decontaminate(DedupStep):
-    """Drops the run's exact and near copies of an evaluation set as ``eval_overlap`` (and, with
-    semantic dedup on embeddings, ``SemanticDedup`` drops its semantic copies under the same
-    reason, which this step owns in the funnel): ``curation.dedup.eval_overlap``. First of the
-    global steps, so a copy of an evaluation image is recorded as such, not as a duplicate of
-    another copy, and a near-duplicate family keeps its clean members."""
+    """Drops the run's exact and near copies of an evaluation set as ``eval_overlap`` (semantic copies:
+    ``SemanticDedup``, under this step's reason). First, so such a copy is recorded as one."""
 
     name = "decontaminate"
     section = "dedup.decontaminate"
@@ -196,7 +151,7 @@ class Decontaminate(DedupStep):
     def decide(self, remaining: pa.Table, ctx: DedupContext) -> pa.Table:
         return hash_overlap(remaining, _eval_set(ctx), self.near)
 
-    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int:
         return decontaminate(inp, _eval_set(ctx), self.near, self.name)
 
 
@@ -225,15 +180,11 @@ class ExactDedup(DedupStep):
         if ctx.earlier is not None:
             parts.append(exact_against(remaining, ctx.earlier.kept_with_sha(remaining.column("sha256"))))
             remaining = without(remaining, parts[-1])
-        parts.append(
-            exact_duplicate_decisions_ray(ctx.dataset(remaining))
-            if ctx.engine == "ray"
-            else exact_duplicate_decisions(remaining)
-        )
+        parts.append(exact_duplicate_decisions(remaining))
         return pa.concat_tables(parts)
 
-    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
-        return exact_decisions(inp, schema.EXACT_DUPLICATE, self.name, ctx.earlier)
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int:
+        return exact_decisions(inp, self.name, ctx.earlier)
 
 
 class NearDedup(DedupStep):
@@ -252,22 +203,16 @@ class NearDedup(DedupStep):
         if ctx.against_index is not None:
             near, ctx.index = decide_against(remaining, ctx.against_index, self.cfg)
             return near
-        near = (
-            near_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg)
-            if ctx.engine == "ray"
-            else near_duplicate_decisions(remaining, self.cfg)
-        )
+        near = near_duplicate_decisions(remaining, self.cfg)
         ctx.index = NearDupIndex.build(remaining, self.cfg, near)
         return near
 
-    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int:
         base = ctx.against_index
-        if isinstance(base, NearDupIndex):  # built from an old output's manifest: searched on the driver
-            return None
         if base is not None:
-            dropped = near_against_decisions(inp, self.cfg, base, schema.NEAR_DUPLICATE, GROUP_PREFIX, self.name)
+            dropped = near_against_decisions(inp, self.cfg, base, self.name)
         else:
-            dropped = near_decisions(inp, self.cfg, schema.NEAR_DUPLICATE, GROUP_PREFIX, self.name)
+            dropped = near_decisions(inp, self.cfg, self.name)
         write_near_index(inp, self.cfg, self.name, base)  # written by Ray tasks: nothing left for save_index
         ctx.index = None
         return dropped
@@ -298,18 +243,15 @@ class SemanticDedup(DedupStep):
             parts.append(semantic_overlap(remaining, ev, self.cfg.embedding_column, self.cfg.threshold))
             remaining = without(remaining, parts[-1])
         if ctx.earlier is not None:
-            parts.append(semantic_against(remaining, ctx.earlier, self.cfg, ctx.engine))
+            parts.append(semantic_against(remaining, ctx.earlier, self.cfg))
             remaining = without(remaining, parts[-1])
-        parts.append(
-            semantic_duplicate_decisions_ray(ctx.dataset(remaining), self.cfg)
-            if ctx.engine == "ray"
-            else semantic_duplicate_decisions(remaining, self.cfg)
-        )
+        parts.append(semantic_duplicate_decisions(remaining, self.cfg))
         return pa.concat_tables(parts).sort_by("key")
 
-    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int | None:
+    def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int:
         if not self.cfg.enabled:
-            return None
+            clear_step(*storage.resolve(inp.out), self.name)
+            return 0
         before = ()
         if (ev := self._eval(ctx)) is not None:
             col, threshold = self.cfg.embedding_column, self.cfg.threshold
@@ -347,41 +289,27 @@ def candidate_columns(steps: list[DedupStep], available: set[str]) -> tuple[list
 
 
 def run_global_dedup(steps: list[DedupStep], inp: GlobalDedupInput, ctx: DedupContext) -> dict[str, int]:
-    """Run the steps in order over the staged candidates, each on the rows the earlier ones kept;
-    decisions are written per step and partition (``output.decisions_path``). Returns rows
-    dropped per step. With ``dedup.engine=ray`` every step that has a distributed form runs in
-    Ray Data (nothing corpus-sized on the driver: the module docstring); the others
-    (``engine=local``, near dedup against an in-memory index) read their candidates into the
-    driver and decide there. An earlier version (``dedup.against``) is never loaded whole: exact
-    dedup joins its kept digests in the Ray shuffle (or streams its manifest parts on the
-    driver), near dedup joins the batch's band keys with its index buckets (or reads the buckets
-    the batch touches on the driver), semantic dedup searches its parts' kept embeddings cluster
-    by cluster (``curation.dedup.distributed_semantic``, ``curation.dedup.earlier``)."""
+    """Run the steps in order over the staged candidates, each on the rows the earlier ones kept,
+    writing decisions per step and partition; rows dropped per step. ``dedup.engine=ray``: each step
+    in Ray Data (``decide_distributed``); ``local``: in this process (``decide_on_driver``)."""
     dropped: dict[str, int] = {}
     for step in steps:
         step_inp = dataclasses.replace(inp, earlier_steps=tuple(dropped))
-        n = step.decide_distributed(step_inp, ctx) if ctx.engine == "ray" else None
-        dropped[step.name] = n if n is not None else decide_on_driver(step, step_inp, ctx)
+        if ctx.engine == "ray":
+            dropped[step.name] = step.decide_distributed(step_inp, ctx)
+        else:
+            dropped[step.name] = decide_on_driver(step, step_inp, ctx)
     return dropped
 
 
 def decide_on_driver(step: DedupStep, inp: GlobalDedupInput, ctx: DedupContext) -> int:
-    """One step in the driver's process: candidates read into one table, decisions written per partition."""
-    fs, root = storage.resolve(inp.out)
+    """One step in this process: candidates read into one table, decisions written per partition."""
     tables = [read_candidates(inp, i) for i in range(len(inp.pids))]
     candidates = pa.concat_tables(tables, promote_options="default").sort_by("key") if tables else None
-    decisions = (
-        step.decide(candidates, ctx)
-        if candidates is not None and candidates.num_rows
-        else DECISION_SCHEMA.empty_table()
-    )
-    clear_step(fs, root, step.name)
-    if decisions.num_rows:
-        decisions = with_partitions(decisions, candidates)
-        for pid in pc.unique(decisions.column("partition")).to_pylist():
-            rows = decisions.filter(pc.equal(decisions.column("partition"), pid)).drop_columns(["partition"])
-            storage.write_parquet(fs, output.decisions_path(root, step.name, pid), rows.sort_by("key"))
-    return decisions.num_rows
+    decisions = PARTITIONED_DECISION_SCHEMA.empty_table()
+    if candidates is not None and candidates.num_rows:
+        decisions = with_partitions(step.decide(candidates, ctx), candidates)
+    return write_step_decisions(*storage.resolve(inp.out), step.name, decisions)
 
 
 def run_dedup(steps: list[DedupStep], candidates: pa.Table, ctx: DedupContext) -> pa.Table:

@@ -10,15 +10,18 @@ from infra.tracking import get_experiment_id
 
 
 class ParentRun:
-    def __init__(self, uri: str, experiment: str, run_name: str, stages: list[str]) -> None:
+    """``tags``: more tags of the parent run (a sweep makes it a child of its own run)."""
+
+    def __init__(
+        self, uri: str, experiment: str, run_name: str, stages: list[str], tags: dict[str, str] | None = None
+    ) -> None:
         from mlflow import MlflowClient
 
         self.uri = uri
         self.client = MlflowClient(uri)
         self.experiment_id = get_experiment_id(experiment, uri)
-        run = self.client.create_run(
-            self.experiment_id, run_name=run_name, tags={"humanvision.stage": "dag", "dag.stages": ",".join(stages)}
-        )
+        tags = {"humanvision.stage": "dag", "dag.stages": ",".join(stages), **(tags or {})}
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
 
     def _stage_tags(self, stage: str, identity: str, lineage: dict[str, Any]) -> dict[str, str]:

@@ -109,14 +109,17 @@ def reuse_or_run(
     return StageOutcome(p.stage, p.identity, str(p.folder), False, result)
 
 
-def run_dag(dag: DagConfig, observer: StageObserver | None = None) -> DagResult:
-    """Run (or reuse) every stage of ``dag.stages``; ``observer`` hears each stage start and end."""
+def run_dag(
+    dag: DagConfig, observer: StageObserver | None = None, parent_tags: dict[str, str] | None = None
+) -> DagResult:
+    """Run (or reuse) every stage of ``dag.stages``; ``observer`` hears each stage start and end;
+    ``parent_tags``: more tags of the invocation's parent run (``mlflow.parentRunId`` nests it)."""
     dag.validate()
     ws = Path(dag.workspace).expanduser().resolve()
     ws.mkdir(parents=True, exist_ok=True)
     uri = tracking_uri(dag, ws)
     (ws / "dag_config.yaml").write_text(dump_config(dag))
-    parent = ParentRun(uri, dag.tracking.experiment, dag.tracking.run_name or dag.name, dag.stages)
+    parent = ParentRun(uri, dag.tracking.experiment, dag.tracking.run_name or dag.name, dag.stages, parent_tags)
     handoff = Handoff.from_inputs(dag.inputs)
     outcomes: list[StageOutcome] = []
     status = "FAILED"

@@ -13,7 +13,7 @@ from PIL import Image
 from curation import schema
 from curation.config import DecodeConfig
 from curation.decode import DecodeStep
-from curation.dedup.components import representative_rank
+from curation.dedup import representative_sort_key
 from curation.dedup.steps import DedupContext, ExactDedup, NearDedup, candidate_columns, run_dedup
 from curation.recipe import CurationConfig
 from tests.conftest import IMAGES
@@ -77,7 +77,7 @@ def test_the_original_jpeg_represents_its_family(family):
     assert {d["duplicate_of"] for d in decisions} == {"z_original_jpeg"}
     assert {d["reason"] for d in decisions} == {"near_duplicate"}
     # the rule in Python says the same as the Arrow sort that made the decisions
-    assert min(by_key.values(), key=representative_rank)["key"] == "z_original_jpeg"
+    assert min(by_key.values(), key=representative_sort_key)["key"] == "z_original_jpeg"
 
 
 def test_resolution_then_bytes_per_pixel_then_key_order_the_originals(family):
@@ -85,10 +85,10 @@ def test_resolution_then_bytes_per_pixel_then_key_order_the_originals(family):
     rows = {r["key"]: r for r in candidates.to_pylist()}
     original, webp = rows["z_original_jpeg"], rows["d_webp"]
     assert original["input_bytes"] > webp["input_bytes"]  # same size, more bytes per pixel: the original wins
-    assert representative_rank(original) < representative_rank(webp)
+    assert representative_sort_key(original) < representative_sort_key(webp)
     bigger_webp = {**webp, "width": webp["width"] + 1}
-    assert representative_rank(bigger_webp) < representative_rank(original)  # resolution before bytes
+    assert representative_sort_key(bigger_webp) < representative_sort_key(original)  # resolution before bytes
     converted_bigger = {**rows["a_palette_png"], "width": original["width"] * 2}
-    assert representative_rank(original) < representative_rank(converted_bigger)  # an original before any size
+    assert representative_sort_key(original) < representative_sort_key(converted_bigger)  # an original before any size
     twin = {**original, "key": "a_twin"}
-    assert representative_rank(twin) < representative_rank(original)  # full tie: the smallest key
+    assert representative_sort_key(twin) < representative_sort_key(original)  # full tie: the smallest key

@@ -119,3 +119,34 @@ def test_mlflow_ties_the_run_to_its_dataset_version_and_checkpoints(runs):
 def test_resuming_with_different_settings_is_refused(runs):
     with pytest.raises(ValueError, match=r"different settings \(optim.lr\)"):
         run_pretraining(tiny_config(*runs["common"], "run_name=reference", "optim.lr=0.5"))
+
+
+def test_balanced_sampling_trains_the_tiny_model_on_a_clustered_demo_version(runs, tmp_path_factory):
+    """``pipelines/pretrain.py ... data.sampling.policy=balanced`` on a copy of the session's curated
+    demo with hierarchical cluster columns added (tests/training/versions.py, the attribute contract),
+    in this process on the session's Ray: it trains, draws only the version's samples, and records
+    the policy and its acceptance."""
+    import sys
+
+    from mlflow import MlflowClient
+
+    from tests.conftest import REPO, in_process
+    from tests.training.conftest import TINY
+    from tests.training.versions import clustered_copy, tar_keys
+
+    tmp = tmp_path_factory.mktemp("balanced")
+    version, _ = clustered_copy(Path(runs["curated"].output_dir), tmp / "clustered")
+    steps = 4
+    settings = [f"data.dataset={version}", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", f"storage_path={tmp}"]
+    settings += [f"steps={steps}", f"checkpoint.every={steps}", "metrics.log_every=1", "metrics.images_every=0"]
+    settings += ["record_batch_keys=true", "run_name=balanced", "data.sampling.policy=balanced"]
+    in_process([sys.executable, str(REPO / "pipelines" / "pretrain.py"), "--config", str(TINY), *settings])
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FINISHED" and run.data.tags["training.final_step"] == str(steps)
+    assert run.data.tags["data.sampling"].startswith("data.sampling.policy=balanced, reading cluster_l1")
+    acceptance = [m.value for m in client.get_metric_history(run.info.run_id, "data_acceptance")]
+    assert len(acceptance) == steps and all(0 < a <= 1 for a in acceptance)
+    keys = set().union(*(tar_keys(s) for s in runs["curated"].shards))
+    drawn = set().union(*batch_keys(str(tmp / "balanced")).values())
+    assert drawn and drawn <= keys

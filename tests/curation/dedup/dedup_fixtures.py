@@ -11,7 +11,10 @@ import numpy as np
 import pyarrow as pa
 from PIL import Image
 
+from curation import staging
+from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.hashing import uint64_to_hex
+from infra import storage
 from tests.conftest import IMAGES
 
 CANDIDATE_SCHEMA = pa.schema(
@@ -64,6 +67,35 @@ def planted_table(
 
 def shuffled(table: pa.Table, seed: int) -> pa.Table:
     return table.take(np.random.default_rng(seed).permutation(table.num_rows))
+
+
+def staged_table(root, table: pa.Table, partitions: int, shuffle_partitions: int | None = 3) -> GlobalDedupInput:
+    """``table``'s rows staged as a run's scoring leaves them (decoded, no reason yet), spread at
+    random over ``partitions`` partitions, as the dedup steps' input."""
+    rng = np.random.default_rng(partitions)
+    pids = [f"p{i:03d}" for i in range(partitions)]
+    n = table.num_rows
+    staged = (
+        table.append_column("partition", pa.array([pids[i] for i in rng.integers(0, partitions, n)]))
+        .append_column("decode_ok", pa.array(np.ones(n, bool)))
+        .append_column("reason", pa.nulls(n, pa.string()))
+    )
+    staging.write_parts(*storage.resolve(str(root)), staged)
+    columns = tuple(dict.fromkeys(["key", "partition", *table.column_names]))
+    return GlobalDedupInput(str(root), tuple(pids), columns, shuffle_partitions=shuffle_partitions)
+
+
+def distributed_decisions(root, table: pa.Table, cfg, partitions: int, shuffle_partitions: int | None = 3) -> pa.Table:
+    """The distributed engine's (``dedup.engine=ray``) decisions of the one step ``cfg`` sets up
+    (near or semantic dedup) on ``table`` staged at ``root``, sorted by key."""
+    from curation.dedup.near import NearDupConfig
+    from curation.dedup.steps import DedupContext, NearDedup, SemanticDedup, run_global_dedup
+
+    inp = staged_table(root, table, partitions, shuffle_partitions)
+    step = NearDedup(cfg) if isinstance(cfg, NearDupConfig) else SemanticDedup(cfg)
+    run_global_dedup([step], inp, DedupContext(engine="ray"))
+    fs, path = storage.resolve(inp.out)
+    return pa.concat_tables([partition_decisions(fs, path, pid) for pid in inp.pids]).sort_by("key")
 
 
 BASE = 0x8F3A_5C21_77D0_1E94

@@ -1,6 +1,7 @@
 """Incremental dedup against an earlier version read part by part (``curation.dedup.earlier``):
 exact and semantic decisions equal the whole-version reference (the earlier version loaded on
-the driver), with the local engine and in Ray Data."""
+the driver), with the local engine and (exact) in Ray Data; the distributed semantic search
+against an earlier version is held to the in-process one in ``test_dedup_semantic_ray``."""
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +11,7 @@ import pytest
 from test_dedup_distributed import all_decisions, staged_run
 
 from curation import output, schema
-from curation.dedup.distributed import read_candidates
+from curation.dedup.decisions import read_candidates
 from curation.dedup.earlier import EarlierVersion, semantic_against
 from curation.dedup.exact import exact_against, exact_duplicate_decisions
 from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
@@ -100,9 +101,7 @@ def brute_force_against(new: pa.Table, kept: pa.Table, threshold: float) -> pa.T
     return pa.Table.from_pylist(rows, schema=DECISION_SCHEMA)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ["local", "ray"])
-def test_semantic_against_an_earlier_version_equals_brute_force(ray_local, tmp_path, engine):
+def test_semantic_against_an_earlier_version_equals_brute_force(tmp_path):
     rng = np.random.default_rng(5)
     old = rng.normal(size=(300, 16))
     old[150:160] = old[140:150] + rng.normal(scale=1e-3, size=(10, 16))  # near ties among earlier rows
@@ -113,10 +112,10 @@ def test_semantic_against_an_earlier_version_equals_brute_force(ray_local, tmp_p
     new[60:80] = new[80:100] + rng.normal(scale=0.02, size=(20, 16))  # copies within the batch
     new_table = embedding_table([f"new{i:04d}" for i in range(200)], new)
     cfg = SemanticDupConfig(enabled=True, threshold=0.98, n_clusters=2, use_faiss="never")
-    against = semantic_against(new_table, earlier, cfg, engine)
+    against = semantic_against(new_table, earlier, cfg)
     want = brute_force_against(new_table, whole_kept(earlier, ["key", "clip_embedding"]), cfg.threshold)
     assert 25 < want.num_rows < 60 and against.equals(want)
-    got = SemanticDedup(cfg).decide(new_table, DedupContext(engine=engine, earlier=earlier))
+    got = SemanticDedup(cfg).decide(new_table, DedupContext(earlier=earlier))
     within = semantic_duplicate_decisions(without(new_table, want), cfg)
     assert within.num_rows >= 15 and got.equals(pa.concat_tables([want, within]).sort_by("key"))
 

@@ -1,23 +1,21 @@
 """A bucket holding a large share of the values (many distinct values sharing one band key, as
 near-blank images can) is split by sub-bands (``near.band_close_pairs``): the pairs found stay
-exactly the brute-force pairs, in-process and in the Ray join, and the Hamming checks drop far
+exactly the brute-force pairs, in-process and in the distributed search, and the Hamming checks drop far
 below the bucket's m (m - 1) / 2 -- never above it."""
 
 import numpy as np
 import pyarrow as pa
-from dedup_fixtures import CANDIDATE_SCHEMA
+from dedup_fixtures import CANDIDATE_SCHEMA, distributed_decisions
 
 from curation.dedup.bands import interleaved, plan_bands, sample_pairs
+from curation.dedup.distributed import group_edges
 from curation.dedup.hashing import hamming, uint64_to_hex
 from curation.dedup.near import (
     REFINE_MIN,
     NearDupConfig,
     SearchWork,
-    _join_partition,
     band_close_pairs,
-    band_masks,
     near_duplicate_decisions,
-    near_duplicate_decisions_ray,
     value_edges,
 )
 
@@ -70,7 +68,7 @@ def test_a_large_bucket_is_split_and_its_pairs_stay_exact():
 
 
 def test_the_whole_search_on_a_clustered_corpus_equals_brute_force_with_fewer_checks():
-    masks = band_masks(6, T)  # the Ray variant's plan: a cluster agreeing on band 0's 22 bits
+    masks = interleaved(6, T).masks()  # a cluster agreeing on band 0's 22 bits
     values = clustered(2, cluster=2500, others=1500, fixed=int(masks[0]))
     truth = brute_pairs(values)
     work = SearchWork()
@@ -102,32 +100,24 @@ def test_a_dense_bucket_is_left_whole_when_splitting_does_not_pay():
         np.uint64(0x0123_4567_89AB_CDEF) ^ (((rng.random((400, 8)) < 0.5) << free).sum(axis=1).astype(np.uint64))
     )
     assert len(values) > REFINE_MIN
-    for masks in (band_masks(6, T), plan_bands(values, T).masks()):
+    for masks in (interleaved(6, T).masks(), plan_bands(values, T).masks()):
         work = SearchWork()
         assert as_set(*value_edges(values, masks, T, work=work)) == brute_pairs(values)
         assert work.checked <= sample_pairs(values, masks)
 
 
 def test_the_ray_join_splits_the_same_way():
-    """``_join_partition`` (one shuffle group of the Ray search) on a group holding a large bucket."""
-    masks = band_masks(6, T)
+    """``group_edges`` (one shuffle group of the distributed search) on a group holding a large bucket."""
+    masks = interleaved(6, T).masks()
     values = clustered(4, cluster=1500, others=300, fixed=int(masks[0]))
-    group = pa.table(
-        {
-            "band": np.repeat(np.arange(len(masks), dtype=np.int16), len(values)),
-            "value": np.tile(values, len(masks)),
-        }
-    )
-    edges = _join_partition(group, masks, T, max_pairs=10_000)
-    index = {int(v): i for i, v in enumerate(values)}
-    got = {(index[int(a)], index[int(b)]) for a, b in zip(edges.column("a").to_numpy(), edges.column("b").to_numpy())}
+    group = pa.table({"outer": np.zeros(len(values), np.int8), "value": values, "row_id": np.arange(len(values))})
+    edges = group_edges(group, [masks], T, max_pairs=10_000)
+    got = set(zip(edges.column("a").to_pylist(), edges.column("b").to_pylist()))
     assert got == brute_pairs(values)
 
 
-def test_ray_decisions_equal_local_on_a_clustered_corpus(ray_local):
-    import ray.data
-
-    masks = band_masks(6, T)
+def test_ray_decisions_equal_local_on_a_clustered_corpus(ray_local, tmp_path):
+    masks = interleaved(6, T).masks()
     values = clustered(5, cluster=800, others=600, fixed=int(masks[0]))
     mirrors = clustered(6, cluster=0, others=len(values), fixed=0, copies=0)[: len(values)]
     n = len(values)
@@ -142,7 +132,7 @@ def test_ray_decisions_equal_local_on_a_clustered_corpus(ray_local):
         },
         schema=CANDIDATE_SCHEMA,
     )
-    cfg = NearDupConfig(max_distance=T, num_blocks=6, num_partitions=3)
+    cfg = NearDupConfig(max_distance=T, num_blocks=6)
     local = near_duplicate_decisions(table, cfg)
     assert local.num_rows > 100
-    assert near_duplicate_decisions_ray(ray.data.from_arrow(table).repartition(3), cfg).equals(local)
+    assert distributed_decisions(tmp_path, table, cfg, partitions=3).equals(local)

@@ -1,7 +1,8 @@
 import numpy as np
 import pyarrow as pa
 
-from curation.dedup.components import component_labels, decisions_from_labels, representative_rank
+from curation.dedup import representative_sort_key
+from curation.dedup.components import component_labels, decisions_from_labels
 
 
 def test_component_labels_are_the_smallest_member_for_any_edge_order():
@@ -32,7 +33,7 @@ def test_arrow_ranking_equals_the_documented_rule_with_ties_and_nulls():
         groups.setdefault(label, []).append(row)
     expected = []
     for members in groups.values():
-        ordered = sorted(members, key=lambda r: representative_rank(r, prefer))
+        ordered = sorted(members, key=lambda r: representative_sort_key(r, prefer))
         expected += [
             {
                 "key": m["key"],

@@ -16,7 +16,7 @@ from curation import staging
 from curation.audit import counts, settings
 from curation.config import InputConfig
 from curation.decode import DecodeConfig, DecodeStep
-from curation.dedup.distributed import GlobalDedupInput, partition_decisions
+from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.eval_overlap import EVAL_OVERLAP, EvalSet, semantic_overlap
 from curation.dedup.steps import DedupContext, DedupStep, run_global_dedup
 from curation.eval_set import read_eval_set

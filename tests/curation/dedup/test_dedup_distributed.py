@@ -9,7 +9,7 @@ from dedup_fixtures import planted_table
 
 from curation import output, staging
 from curation.dedup.components import component_labels
-from curation.dedup.distributed import GlobalDedupInput, partition_decisions
+from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.near import NearDupConfig
 from curation.dedup.shuffle import connected_components
 from curation.dedup.steps import DedupContext, ExactDedup, ExactDupConfig, NearDedup, run_global_dedup

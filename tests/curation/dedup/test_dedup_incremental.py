@@ -96,39 +96,19 @@ def test_a_new_row_bridging_two_old_groups_joins_the_better_one():
     assert [(d["key"], d["duplicate_of"]) for d in full] == [("n", "o2"), ("o1", "o2"), ("o1b", "o2")]
 
 
-def test_an_earlier_version_without_a_saved_index_is_indexed_from_its_manifest(tmp_path):
-    """An output with no saved near-dup index (written before runs saved one); a later incremental run builds it from
-    that version's manifest (kept rows and near/semantic-dropped rows, representatives from
-    ``duplicate_of``) and gets the same decisions as from the index built in-process."""
+def test_an_earlier_version_without_a_saved_index_is_refused(tmp_path):
+    """An output with no saved near-dup index (curated without near dedup) is not searched for near
+    duplicates: the run is refused in one line naming what to do, never rebuilt from its manifest."""
     import pyarrow.parquet as pq
 
     from curation import output, schema
-    from curation.dedup.steps import earlier_index
+    from curation.config import DedupSettings
+    from curation.dedup.steps import DedupContext
 
-    cfg = NearDupConfig(max_distance=4)
-    old, new = split(planted_table(1500, seed=5), 5)
-    near = near_duplicate_decisions(old, cfg)
-    dup_of = dict(zip(near.column("key").to_pylist(), near.column("duplicate_of").to_pylist()))
-    keys = old.column("key").to_pylist()
-    ended = {k for k in keys[::50] if k not in dup_of and k not in set(dup_of.values())}  # ended before dedup
-    manifest = (
-        old.append_column(
-            "status", pa.array([schema.DROPPED if k in dup_of or k in ended else schema.KEPT for k in keys])
-        )
-        .append_column(
-            "reason",
-            pa.array(
-                [schema.NEAR_DUPLICATE if k in dup_of else "too_small" if k in ended else None for k in keys],
-                pa.string(),
-            ),
-        )
-        .append_column("duplicate_of", pa.array([dup_of.get(k) for k in keys], pa.string()))
-    )
     (tmp_path / output.MANIFEST).mkdir()
+    manifest = pa.table({"key": ["a"], "sha256": ["0" * 64], "status": [schema.KEPT]})
     pq.write_table(manifest, tmp_path / output.MANIFEST / "p0.parquet")
-    index = earlier_index(output.CuratedOutput.at(str(tmp_path)), cfg)
-    candidates = old.filter(pc.invert(pc.is_in(old.column("key"), value_set=pa.array(sorted(ended)))))
-    reference = NearDupIndex.build(candidates, cfg, near)
-    assert index.rows.column("representative").equals(reference.rows.column("representative"))
-    got = incremental_decisions(new, index, cfg)
-    assert got.num_rows > 50 and got.equals(incremental_decisions(new, reference, cfg))
+    (tmp_path / output.SUCCESS_FILE).write_text("{}")
+    with pytest.raises(ValueError, match=r"has no near-dup index .*dedup\.near\.enabled=false") as err:
+        DedupContext.open(DedupSettings(against=str(tmp_path)), NearDupConfig())
+    assert "\n" not in str(err.value)

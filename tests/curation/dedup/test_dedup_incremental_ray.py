@@ -12,7 +12,7 @@ from test_dedup_index_engines import CFG, curated, index_dir, new_batch
 
 from curation import staging
 from curation.config import DedupSettings
-from curation.dedup.distributed import GlobalDedupInput, partition_decisions
+from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.distributed_incremental import IndexLayout, _key_bucket, _representatives
 from curation.dedup.hashing import hex_to_uint64, uint64_to_hex
 from curation.dedup.index_store import PartitionedNearIndex

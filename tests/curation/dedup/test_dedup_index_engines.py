@@ -15,7 +15,7 @@ from test_dedup_distributed import all_decisions, staged_run
 
 from curation import output, schema
 from curation.config import DedupSettings
-from curation.dedup.distributed import read_candidates
+from curation.dedup.decisions import read_candidates
 from curation.dedup.hashing import hex_to_uint64, uint64_to_hex
 from curation.dedup.index_store import PartitionedNearIndex, is_relative
 from curation.dedup.near import NearDupConfig

@@ -8,7 +8,7 @@ import pyarrow.fs as pafs
 from dedup_fixtures import planted_table
 from test_dedup_near import reference_decisions
 
-from curation.dedup.incremental import NearDupIndex
+from curation.dedup.incremental import NearDupIndex, incremental_decisions
 from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index, value_buckets
 from curation.dedup.near import NearDupConfig, near_duplicate_decisions, row_values
 from tests.curation.test_object_store import BUCKET, s3  # noqa: F401  (the moto S3 fixture)
@@ -32,6 +32,15 @@ def only(decisions, keys: pa.Table) -> list[dict]:
     return decisions.filter(pc.is_in(decisions.column("key"), value_set=keys.column("key"))).to_pylist()
 
 
+def in_memory(new: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> tuple[pa.Table, NearDupIndex]:
+    """The in-memory reference: the batch's decisions against ``index``, and the next version's index
+    (``index``'s rows, then the batch's with their representatives, under ``index``'s plan)."""
+    decisions = incremental_decisions(new, index, cfg)
+    rows = pa.concat_tables([index.rows, NearDupIndex.build(new, cfg, decisions).rows], promote_options="default")
+    plan = {"masks": index.masks, "num_blocks": index.num_blocks, "max_distance": index.max_distance}
+    return decisions, NearDupIndex.from_rows(rows.select(index.rows.column_names), cfg, **plan)
+
+
 def test_chain_of_two_versions_partitioned_equals_in_memory_equals_brute_force(tmp_path):
     """v1, then b1 against v1 (version 2 = one more part), then b2 against version 2. Older rows
     are larger, so the brute-force reference over everything picks the same representatives."""
@@ -41,10 +50,10 @@ def test_chain_of_two_versions_partitioned_equals_in_memory_equals_brute_force(t
     memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
     save_index(memory, fs, str(tmp_path / "v1"), num_buckets=8)
     d1, ext = decide_against(b1, PartitionedNearIndex.open(fs, str(tmp_path / "v1")), cfg)
-    m1, memory2 = decide_against(b1, memory, cfg)
+    m1, memory2 = in_memory(b1, memory, cfg)
     ext.write(fs, str(tmp_path / "v2"))
     d2, _ = decide_against(b2, PartitionedNearIndex.open(fs, str(tmp_path / "v2")), cfg)
-    m2, _ = decide_against(b2, memory2, cfg)
+    m2, _ = in_memory(b2, memory2, cfg)
     assert d1.equals(m1) and d2.equals(m2)
     assert d1.to_pylist() == only(pa.Table.from_pylist(reference_decisions(pa.concat_tables([v1, b1]), 4)), b1)
     everything = pa.Table.from_pylist(reference_decisions(pa.concat_tables([v1, b1, b2]), 4))
@@ -67,7 +76,7 @@ def test_a_small_batch_opens_only_the_buckets_its_band_keys_fall_into(tmp_path):
     index = PartitionedNearIndex.open(fs, str(tmp_path / "v1"))
     got = index.decisions(new, cfg)
     assert got.num_rows >= 1
-    assert got.equals(decide_against(new, PartitionedNearIndex.open(fs, str(tmp_path / "v1")).load(), cfg)[0])
+    assert got.equals(incremental_decisions(new, PartitionedNearIndex.open(fs, str(tmp_path / "v1")).load(), cfg))
     _, values = row_values(new, cfg)
     band_files = {p for p in index.opened if "/bands/" in p}
     allowed = {
@@ -122,7 +131,7 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
         assert i == 0 or isinstance(ctx.against_index, PartitionedNearIndex)
         got = NearDedup(cfg, settings).decide(batch, ctx)
         want, memory = (
-            decide_against(batch, memory, cfg)
+            in_memory(batch, memory, cfg)
             if memory is not None
             else (near_duplicate_decisions(batch, cfg), NearDupIndex.build(batch, cfg, got))
         )
@@ -147,10 +156,10 @@ def test_the_index_lives_on_s3(s3):  # noqa: F811  (the imported fixture)
     memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
     save_index(memory, s3, f"{BUCKET}/v1/near_index")
     d1, ext = decide_against(b1, PartitionedNearIndex.open(s3, f"{BUCKET}/v1/near_index"), cfg)
-    m1, memory = decide_against(b1, memory, cfg)
+    m1, memory = in_memory(b1, memory, cfg)
     ext.write(s3, f"{BUCKET}/v2/near_index")
     v2 = PartitionedNearIndex.open(s3, f"{BUCKET}/v2/near_index")
     v1_part, v2_part = (p["uri"] for p in v2.header["parts"])  # the earlier output's by URI, its own relative
     assert v1_part.split("/")[:4] == ["s3:", "", BUCKET, "v1"] and v2_part == f"parts/{v2.header['parts'][1]['id']}"
     d2 = v2.decisions(b2, cfg)
-    assert d1.equals(m1) and d2.equals(decide_against(b2, memory, cfg)[0]) and d2.num_rows > 20
+    assert d1.equals(m1) and d2.equals(in_memory(b2, memory, cfg)[0]) and d2.num_rows > 20

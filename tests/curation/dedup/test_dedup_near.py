@@ -1,4 +1,5 @@
 import itertools
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -6,9 +7,9 @@ import pytest
 from dedup_fixtures import BASE, flip_bits, planted_table, rows, shuffled
 
 from curation.dedup import DECISION_SCHEMA
-from curation.dedup.bands import plan_bands
+from curation.dedup.bands import interleaved, plan_bands
 from curation.dedup.hashing import hamming, hex_to_uint64
-from curation.dedup.near import NearDupConfig, band_masks, near_duplicate_decisions, value_edges
+from curation.dedup.near import NearDupConfig, near_duplicate_decisions, value_edges
 
 
 def decisions(table, **cfg):
@@ -90,7 +91,7 @@ def test_banded_search_finds_exactly_the_brute_force_pairs(t):
     i, j = np.triu_indices(len(values), 1)
     truth = set(zip(i[d[i, j] <= t].tolist(), j[d[i, j] <= t].tolist()))
     assert truth or t == 0  # planted pairs exist (distinct values are never 0 bits apart)
-    for masks in (plan_bands(values, t).masks(), band_masks(t + 1, t), band_masks(t + 3, t)):
+    for masks in (plan_bands(values, t).masks(), interleaved(t + 1, t).masks(), interleaved(t + 3, t).masks()):
         a, b = value_edges(values, masks, t, max_pairs=5000)
         assert set(zip(a.tolist(), b.tolist())) == truth, len(masks)
 
@@ -138,12 +139,31 @@ def test_disabled_and_empty():
         ({"max_distance": 4, "num_blocks": 4}, "num_blocks"),
         ({"max_distance": 8, "num_blocks": 40}, "bands"),
         ({"hash": "ahash"}, "phash"),
-        ({"num_partitions": 0}, "num_partitions"),
     ],
 )
 def test_invalid_settings_say_what_to_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
         NearDupConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "dedup.near.max_distance=40",
+        "dedup.near.num_blocks=3",
+        "dedup.near.index_num_blocks=65",
+        "dedup.near.max_pairs_per_chunk=0",
+        "dedup.near.hash=dhash",
+    ],
+)
+def test_a_bad_value_in_the_curation_config_names_its_real_key(override):
+    """The message names the key as a user writes it in the curation config (not a former name)."""
+    from curation.recipe import CurationConfig
+    from infra.config import load_config
+
+    key = override.partition("=")[0]
+    with pytest.raises(ValueError, match=rf"^{re.escape(key)}\b"):
+        load_config(CurationConfig, overrides=["input.uri=x", "output_dir=y", override])
 
 
 def test_duplicate_keys_are_refused():
@@ -154,7 +174,14 @@ def test_duplicate_keys_are_refused():
 
 def reference_decisions(table: pa.Table, t: int) -> list[dict]:
     """Brute force over row pairs and hash variants, naive union-find, the package's group rule."""
-    from curation.dedup import group_decisions
+    from curation.dedup import representative_sort_key
+
+    def group_decisions(members, reason, group_id):  # every member but the rule's first is dropped
+        ordered = sorted(members, key=representative_sort_key)
+        rep = ordered[0]["key"]
+        return [
+            {"key": m["key"], "reason": reason, "duplicate_of": rep, "duplicate_group": group_id} for m in ordered[1:]
+        ]
 
     recs = table.to_pylist()
     hv = [(int(r["phash"], 16), int(r["phash_mirror"], 16)) for r in recs]

@@ -7,7 +7,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from curation.dedup.components import decisions_from_labels, meta_columns, representative_rank
+from curation.dedup import representative_sort_key
+from curation.dedup.components import decisions_from_labels, meta_columns
 from curation.dedup.steps import DedupContext, NearDedup, candidate_columns, run_dedup
 from curation.recipe import CurationConfig
 from curation.steps import Step
@@ -20,12 +21,12 @@ def _row(key: str, **kw) -> dict:
 def test_a_rank_column_comes_after_converted_and_before_resolution():
     flawed_big = _row("a", width=400, height=400, input_bytes=90_000, rank_quality=1)
     fine = _row("z", rank_quality=0)
-    assert representative_rank(fine) < representative_rank(flawed_big)
+    assert representative_sort_key(fine) < representative_sort_key(flawed_big)
     converted_fine = {**fine, "key": "b", "converted": True}
-    assert representative_rank(flawed_big) < representative_rank(converted_fine)
+    assert representative_sort_key(flawed_big) < representative_sort_key(converted_fine)
     unknown = {**flawed_big, "rank_quality": None}  # a null rank counts as 0
-    assert representative_rank(unknown) < representative_rank(fine)
-    assert representative_rank(unknown) == representative_rank({**flawed_big, "rank_quality": 0})
+    assert representative_sort_key(unknown) < representative_sort_key(fine)
+    assert representative_sort_key(unknown) == representative_sort_key({**flawed_big, "rank_quality": 0})
 
 
 def test_arrow_ranking_equals_the_rule_with_two_rank_columns_and_nulls():
@@ -52,7 +53,7 @@ def test_arrow_ranking_equals_the_rule_with_two_rank_columns_and_nulls():
         groups.setdefault(int(label), []).append(row)
     expected = []
     for members in groups.values():
-        rep = min(members, key=representative_rank)["key"]
+        rep = min(members, key=representative_sort_key)["key"]
         expected += [
             {"key": m["key"], "reason": "near_duplicate", "duplicate_of": rep, "duplicate_group": "g:" + rep}
             for m in members
@@ -86,17 +87,3 @@ def test_near_dedup_reads_the_rank_columns_earlier_steps_wrote():
 def test_a_rank_column_must_be_an_integer():
     with pytest.raises(TypeError, match=r"rank column 'rank_quality' must be an integer type, not float"):
         type("FloatRank", (Step,), {"name": "x", "fields": [pa.field("rank_quality", pa.float32())]})
-
-
-def test_an_index_from_before_a_rank_column_extends_with_rows_that_have_one():
-    """An earlier version's in-memory index (its output predates the rank column) keeps its schema."""
-    from curation.dedup import DECISION_SCHEMA
-    from curation.dedup.incremental import NearDupIndex
-    from curation.dedup.near import NearDupConfig
-
-    same_hash = "8f0f0f0f0f0f0f0f"
-    size = {"width": pa.array([10], pa.int32()), "height": pa.array([10], pa.int32())}
-    old = pa.table({"key": ["a"], "phash": [same_hash], "phash_mirror": [same_hash], **size})
-    new = pa.table({"key": ["b"], "phash": [same_hash], "phash_mirror": [same_hash], **size, "rank_quality": [0]})
-    index = NearDupIndex.build(old, NearDupConfig()).extended(new, DECISION_SCHEMA.empty_table(), NearDupConfig())
-    assert index.rows.column("key").to_pylist() == ["a", "b"] and "rank_quality" not in index.rows.column_names

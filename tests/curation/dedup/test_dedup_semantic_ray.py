@@ -11,7 +11,7 @@ from dedup_fixtures import EMB, embedding_table
 from test_dedup_against import earlier_output
 
 from curation import staging
-from curation.dedup.distributed import GlobalDedupInput, partition_decisions
+from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.eval_overlap import EVAL_OVERLAP, EvalSet
 from curation.dedup.semantic import SemanticDupConfig
 from curation.dedup.steps import DedupContext, SemanticDedup, run_global_dedup

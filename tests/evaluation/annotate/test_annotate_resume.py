@@ -1,9 +1,12 @@
 """An annotation job killed mid-run (SIGKILL of its process group, no clean-up) after its first
-shard committed resumes to outputs byte-identical to an undisturbed run's (the same command, run
-in the test process on the session's Ray)."""
+shard committed resumes to outputs byte-identical to an undisturbed run's. Only the killed run is a
+job process of its own: the undisturbed run and the re-run run the same command through the
+script's ``main`` in the test process, on the session's Ray (what the re-run resumes from is on
+disk; ``tests/conftest.py: in_process``)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -39,7 +42,7 @@ def annotation_files(out: Path) -> dict[str, bytes]:
 
 
 def test_kill_after_the_first_shard_and_resume_gives_identical_annotations(
-    demo_curated, tiny_models, tmp_path, ray_local
+    demo_curated, tiny_models, tmp_path, ray_local, caplog
 ):
     dataset = demo_curated[2].output_dir
     ray_tmp = f"/tmp/hva-{os.getpid()}"
@@ -54,10 +57,11 @@ def test_kill_after_the_first_shard_and_resume_gives_identical_annotations(
         kill_when(proc, lambda: len(committed()) >= 1, timeout=300, leftovers=ray_tmp)
     shards = len(list(Path(dataset, "shards").glob("*.tar")))
     assert 1 <= len(committed()) < shards and not (out / "_SUCCESS").exists()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = re.search(r"(\d+) shards: (\d+) to annotate, (\d+) already done", done.stderr)
-    assert found and int(found[1]) == shards and int(found[3]) >= 1, done.stderr[-3000:]  # resumed, not redone
+    caplog.set_level(logging.INFO)  # the re-run's log (it runs in this process, on the session's Ray)
+    caplog.clear()
+    in_process(cmd)
+    found = re.search(r"(\d+) shards: (\d+) to annotate, (\d+) already done", caplog.text)
+    assert found and int(found[1]) == shards and int(found[3]) >= 1, caplog.text[-3000:]  # resumed, not redone
     assert (out / "_SUCCESS").exists() and annotation_files(out) == annotation_files(ref)
     assert len(annotation_files(ref)) == 2 * shards  # a tar and a table per source shard
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name]
