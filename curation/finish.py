@@ -18,7 +18,7 @@ from collections import Counter
 
 from curation import output
 from curation.job import CurationJob
-from curation.passes import decisions_of
+from curation.passes import attributes_of, decisions_of
 from curation.stats import (
     SUMMARY_COLUMNS,
     format_summary,
@@ -27,6 +27,7 @@ from curation.stats import (
     stats_from_counts,
     tracking_record,
 )
+from curation.steps import Annotator
 from curation.versions import code_version, combine_digests, partition_digest
 from infra import storage
 
@@ -64,7 +65,9 @@ def write_shards(job: CurationJob, partitions: list[str], pending: list[str], st
     """The writer's output of the ``pending`` partitions (of all ``partitions``), from the rows
     staged at ``staged_at`` (default: the output folder, pass 1's staging)."""
     decisions = functools.partial(decisions_of, job.uri)
-    job.steps.writer.write_all(job.uri, partitions, pending, decisions, staged_at, job.cfg.input.num_cpus)
+    annotators = tuple(s.name for s in job.steps.of_kind(Annotator))
+    attributes = functools.partial(attributes_of, job.uri, annotators) if annotators else None
+    job.steps.writer.write_all(job.uri, partitions, pending, decisions, staged_at, job.cfg.input.num_cpus, attributes)
 
 
 def _summarise_parts(paths: list[str], uri: str) -> list[dict]:
@@ -162,6 +165,10 @@ def _record(job: CurationJob, stats: dict, schema, dataset_id: str, name: str, i
     from infra.tracking import arrow_to_mlflow_schema, log_dataset_run, resolve_tracking_uri
 
     metrics, run_tags, profile = tracking_record(stats)
+    documents = {output.STATS_FILE: stats, "shards.txt": "\n".join(shards) + "\n", output.SHARD_INDEX_FILE: index}
+    version = output.CuratedOutput(job.fs, job.root)
+    if version.has(output.CLUSTERS_FILE):  # O(clusters): small beside the shards it describes
+        documents[output.CLUSTERS_FILE] = version.clusters()
     tags = {"humanvision.stage": "curate", "curation.output": job.uri, "curation.job_digest": job.digest}
     run_tags.update(
         {
@@ -180,7 +187,7 @@ def _record(job: CurationJob, stats: dict, schema, dataset_id: str, name: str, i
         tags=tags,
         metrics=metrics,
         run_tags=run_tags,
-        documents={output.STATS_FILE: stats, "shards.txt": "\n".join(shards) + "\n", output.SHARD_INDEX_FILE: index},
+        documents=documents,
         dataset_name=name,
         dataset_id=dataset_id,
         dataset_schema=arrow_to_mlflow_schema(schema),

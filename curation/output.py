@@ -11,8 +11,9 @@
   stats.json  config.yaml  partitions.jsonl  job_digest
   _dedup/decisions/<step>/<partition>.parquet   global dedup decisions, by step and partition
   _dedup/near_index/index.json, parts/<id>/...   the near-dup index, bucketed by band key (index_store)
+  clusters.json                 with clusters on: k and kept samples per cluster of each level, parents, embedding
   _staging/                     scored rows waiting for the global steps (removed at the end)
-  clusters.json                 hierarchical k-means of the kept samples: per level its k and counts, the parents
+  _staging/attributes/<step>/<partition>.parquet  an annotating global step's columns (key + cluster ids), by partition
   _SUCCESS                      written last: dataset version id, MLflow run id
 ```
 
@@ -42,7 +43,8 @@ DEDUP_DIR, STAGING_DIR, LISTING_FILE = "_dedup", "_staging", "_listing.json"
 NEAR_INDEX_DIR = "near_index"  # _dedup/near_index/: the partitioned near-dup index (curation.dedup.index_store)
 NEAR_INDEX_HEADER = "index.json"
 DECISIONS_DIR = "decisions"  # _dedup/decisions/<step>/<partition>.parquet: one step's drops in one partition
-CLUSTERS_FILE = "clusters.json"  # the kept samples' hierarchical clusters (CuratedOutput.clusters)
+CLUSTERS_FILE = "clusters.json"  # the cluster hierarchy of the kept samples (curation.clusters)
+ATTRIBUTES_DIR = "attributes"  # _staging/attributes/<step>/<partition>.parquet: columns the writer joins by key
 
 _MEMBER = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's base_plus_ext, exactly
 
@@ -89,6 +91,11 @@ def empty_marker_path(output: str, pid: str) -> str:
 
 def decisions_path(output: str, step: str, pid: str) -> str:
     return storage.join(output, DEDUP_DIR, DECISIONS_DIR, step, f"{pid}.parquet")
+
+
+def attributes_path(output: str, step: str, pid: str) -> str:
+    """An annotating global step's columns for partition ``pid`` (key + its columns), until the writer joins them."""
+    return storage.join(output, STAGING_DIR, ATTRIBUTES_DIR, step, f"{pid}.parquet")
 
 
 def part_id(path: str) -> str:

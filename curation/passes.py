@@ -4,7 +4,9 @@
 - **Pass 1** (``score_partitions``): read -> the cheap row steps (decode: header, size, SHA-256,
   PHash; geometry) inside each partition's read task, into staging part files.
 - **Global steps** of a pass (``global_dedup``: exact, near, semantic dedup, decontamination) on
-  staged metadata only, across the run; their decisions are files under the output.
+  staged metadata only, across the run; their decisions are files under the output. Then its
+  annotators (``annotate``: cluster ids) on the rows those decisions left, their columns files
+  the writer joins (``attributes_of``).
 - **Pass k > 1** (``score_survivors``): the survivors, read back from the previous pass's staging;
   their image bytes are read from the input by reference where staging holds none
   (``curation.staging``: a file or an uncompressed tar member kept as it is), checked against
@@ -38,10 +40,10 @@ from curation.dedup.steps import (
     steps_before,
 )
 from curation.eval_set import eval_reader, read_eval_set
-from curation.job import CurationJob
+from curation.job import CurationJob, content_digest
 from curation.partitions import Partition, partition_datasource, partition_to_json
 from curation.readers import ROWS_PER_BLOCK
-from curation.steps import Pass, Reader, apply_step, check_fits, run_steps_locally
+from curation.steps import Annotator, Pass, Reader, apply_step, check_fits, run_steps_locally
 from curation.writer import survivors_only
 from infra import storage
 
@@ -233,7 +235,7 @@ def run_passes(job: CurationJob, pids: list[str], pending: list[str]) -> tuple[d
     ``pids``: all partitions (the global steps see the whole run); ``pending``: those not yet
     written. Returns rows dropped per dedup step (the decisions are on disk, per partition), and
     seconds per phase."""
-    dropped, phases = {}, {"dedup": 0.0, "score_survivors": 0.0}
+    dropped, phases = {}, {"dedup": 0.0, "score_survivors": 0.0, "annotate": 0.0}
     for p in job.steps.passes():
         if p.index > 1:
             t = time.time()
@@ -243,7 +245,50 @@ def run_passes(job: CurationJob, pids: list[str], pending: list[str]) -> tuple[d
             t = time.time()
             dropped.update(global_dedup(pass_job(job, p), pids))
             phases["dedup"] += time.time() - t
+            t = time.time()
+            annotate(job, p, pids)
+            phases["annotate"] += time.time() - t
     return dropped, phases
+
+
+def annotate(job: CurationJob, p: Pass, pids: list[str]) -> None:
+    """Pass ``p``'s annotators (``Annotator``: cluster ids), each on the rows of its staging that no
+    dedup step before it dropped (their decisions are on disk by now)."""
+    fs, out_root = storage.resolve(job.cfg.output_dir)
+    decided = set(decided_steps(fs, out_root))
+    staged = pass_job(job, p).uri
+    for step in (s for s in p.global_steps if isinstance(s, Annotator)):
+        before = job.steps.steps[: job.steps.steps.index(step)]
+        earlier = tuple(s.name for s in before if isinstance(s, DedupStep) and s.name in decided)
+        columns = ("key", "partition", *step.columns_read())
+        inp = GlobalDedupInput(staged, tuple(pids), columns, (), earlier, job.cfg.output_dir)
+        step.annotate(inp, {c: column_source(job, c) for c in step.columns_read()})
+
+
+def column_source(job: CurationJob, column: str) -> str:
+    """What wrote ``column``: its row step's ``source`` (model and weights by content), else its
+    name and weights' digests."""
+    step = next((s for s in job.steps.row_steps if column in s.columns_written()), None)
+    if step is None:
+        return "unknown"
+    digests = {k: content_digest(v)["sha256"] for k, v in step.weight_files().items()}
+    if hasattr(step, "source"):
+        return step.source(digests)
+    return ":".join([step.name, *digests.values()])
+
+
+def attributes_of(uri: str, steps: tuple[str, ...], pid: str) -> pa.Table | None:
+    """The columns the annotators ``steps`` wrote for partition ``pid`` of the output at ``uri``
+    (key + theirs), or None without annotators."""
+    import pyarrow.parquet as pq
+
+    fs, root = storage.resolve(uri)
+    table = None
+    for step in steps:
+        with fs.open_input_file(output.attributes_path(root, step, pid)) as fh:
+            part = pq.read_table(fh)
+        table = part if table is None else table.join(part, "key")
+    return table
 
 
 def decisions_of(uri: str, pid: str) -> pa.Table:
@@ -259,6 +304,8 @@ def global_dedup(job: CurationJob, pids: list[str], steps: list[DedupStep] | Non
     dedup after a second pass): later calls see the decisions of the earlier ones on disk.
     With ``dedup.engine=ray`` exact and near dedup run as Ray Data shuffles (``curation.dedup.distributed``)."""
     steps = job.steps.of_kind(DedupStep) if steps is None else steps
+    if not steps:  # a pass whose global steps are annotators only
+        return {}
     fs, out_root = storage.resolve(job.cfg.output_dir)
     earlier = steps_before(steps, decided_steps(fs, out_root))
     columns, absent = candidate_columns(steps, job.steps.available())

@@ -3,7 +3,9 @@
     pass 1 (every input):  read -> decode -> the cheap row steps (geometry, image quality)
     global:                decontamination, exact / near dedup   (decides the survivors)
     pass 2 (survivors):    person -> CLIP -> the content filters (heads on CLIP, watermark, OCR)
+                           -> a Sapiens backbone's embedding (off by default)
     global:                semantic dedup              (on pass 2's CLIP embeddings)
+                           -> cluster ids of the kept samples (off by default)
                            -> shards + manifest
 
 The global steps are the pass boundaries (``curation.steps``): the models never see an exact
@@ -22,11 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from curation.clusters import Clusters
 from curation.config import JobConfig
 from curation.decode import DecodeStep
 from curation.dedup.steps import Decontaminate, ExactDedup, NearDedup, SemanticDedup
 from curation.filters.aesthetic import AestheticScore
 from curation.filters.artistic import ArtisticFilter
+from curation.filters.backbone_embedding import BackboneEmbedding
 from curation.filters.clip_embedding import ClipEmbedding
 from curation.filters.geometry import GeometryFilter
 from curation.filters.nsfw import NsfwFilter
@@ -55,7 +59,9 @@ HUMANS1B = Recipe(
         WatermarkFilter,  # content.watermark:  LAION-style watermark classifier
         AestheticScore,   # content.aesthetic:  LAION aesthetic predictor v2: a stored score, optional min_score
         TextFilter,       # content.text:       OCR: text-dominated images, captions, text watermarks
+        BackboneEmbedding,  # backbone_embedding: a Sapiens backbone's mean patch tokens (no CLIP needed)
         SemanticDedup,    # dedup.semantic:     CLIP cosine within k-means clusters      } end of pass 2
+        Clusters,         # clusters:           hierarchical k-means ids of the kept samples, clusters.json
         WriteShards,      #                     the one decision point: shards, sidecars, manifest
     ],
     job=JobConfig,

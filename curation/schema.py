@@ -123,6 +123,7 @@ PERSON_FIELDS = [
     pa.field("person_count", pa.int32()),  # boxes with score >= the detector threshold
     pa.field("salient_person_count", pa.int32()),  # ... that are also large enough
     pa.field("person_score_max", pa.float32()),
+    pa.field("person_max_area", pa.float32()),  # the largest of those boxes' area / the image's area; 0 if none
 ]
 
 # Columns the final decision adds to every manifest row.

@@ -16,7 +16,10 @@ better) ranks the copies of a duplicate family: the representative rule compares
   pending rows they would drop (``curation.schema.set_reasons``); the writer's one decision
   point turns reasons into statuses. Model steps (``curation.filters.model.ModelStep``) run on
   actor pools so weights load once per actor;
-- a **global step** (``curation.dedup.steps``): decides over the whole run's metadata.
+- a **global step** (``curation.dedup.steps``): decides over the whole run's metadata;
+- an **annotator** (``Annotator``): a global step that decides nothing but adds columns to the
+  rows the dedup steps before it left (cluster ids, ``curation.clusters``): per-partition files
+  the writer joins by key onto the kept rows.
 
 **Passes.** Global steps are the recipe's pass boundaries. The row steps before the first
 global step are pass 1: they run on every input, inside each partition's read task, so they
@@ -182,14 +185,29 @@ class Writer(Step):
         decisions: Callable[[str], pa.Table],
         staged_at: str | None = None,
         read_cpus: float = 1.0,
+        attributes: Callable[[str], pa.Table | None] | None = None,
     ) -> list[dict]:
         """Write the output of ``pending`` (of all ``partitions``) from the rows staged at
         ``staged_at`` (default ``output``); ``decisions(pid)``: a partition's dedup decisions;
-        ``read_cpus``: the CPUs of a task that reads input bytes (``input.num_cpus``)."""
+        ``read_cpus``: the CPUs of a task that reads input bytes (``input.num_cpus``);
+        ``attributes(pid)``: the annotators' columns of a partition's kept rows (key + columns)."""
 
     @abc.abstractmethod
     def check_shard_sizes(self, sizes: list[int]) -> None:
         """Raise ``RuntimeError`` unless the written shards' sample counts fit the layout."""
+
+
+class Annotator(Step):
+    """A global step that adds its columns (``columns_written``) to every row the dedup steps
+    before it left, after them; it drops nothing. It writes one file per partition
+    (``curation.output.attributes_path``: key + its columns), which the writer joins onto the
+    kept rows of the sidecars and the manifest."""
+
+    @abc.abstractmethod
+    def annotate(self, inp: Any, sources: dict[str, str]) -> None:
+        """Write the files for the candidates of ``inp`` (``curation.dedup.distributed.GlobalDedupInput``:
+        the rows no earlier dedup step dropped); ``sources``: for each column it reads, what wrote
+        it (the step and its weights' digests)."""
 
 
 class RowStep(Step):
@@ -433,7 +451,8 @@ class BuiltRecipe:
 
     def available(self) -> set[str]:
         """The columns staged rows hold (transient ones never are)."""
-        return {c for s in self.steps if s.enabled for c in s.columns_written()} - set(schema.TRANSIENT_COLUMNS)
+        staged = [s for s in self.steps if s.enabled and not isinstance(s, Annotator)]  # annotators' go to the writer
+        return {c for s in staged for c in s.columns_written()} - set(schema.TRANSIENT_COLUMNS)
 
     def funnel(self) -> list[tuple[str, tuple[str, ...]]]:
         """(step, reasons it owns) of every enabled step that can remove rows, in order. A reason

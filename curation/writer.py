@@ -16,7 +16,9 @@ knows which.
 
 Either way, ``<key>.jpg`` + ``<key>.json`` per sample with fixed member metadata (mtime 0,
 uid/gid 0), so equal content gives equal bytes; ``manifest/<pid>.parquet`` has one row per
-input image of the partition (kept, dropped or error) with its reason, scores and shard. Each
+input image of the partition (kept, dropped or error) with its reason, scores and shard. The
+annotators' columns (cluster ids: ``curation.steps.Annotator``) are joined by key onto the kept
+rows of both (``with_attributes``; null on the others). Each
 file is written under a temporary name and renamed when complete, a tar before its sidecar
 (a sidecar marks its shard complete) and the manifest part last: it is the partition's commit
 marker. A partition with no kept sample writes no shard of its own, only its manifest part.
@@ -48,6 +50,7 @@ from curation.steps import Writer
 from infra import storage
 
 log = logging.getLogger("curation")
+EMBEDDING_COLUMNS = ("clip_embedding", "backbone_embedding")
 _NOT_STORED = (*schema.PAYLOAD_COLUMNS, *schema.REFERENCE_COLUMNS)  # in neither the manifest nor the sidecar
 _META_SKIP = set(_NOT_STORED) | {
     "decode_ok",
@@ -68,7 +71,8 @@ def sample_metadata(row: dict) -> dict:
             meta["source_meta"] = json.loads(meta["source_meta"])
         except json.JSONDecodeError:
             pass
-    meta.pop("clip_embedding", None)  # kept in the sidecar; too bulky for every sample's json
+    for bulky in EMBEDDING_COLUMNS:  # kept in the sidecar; too bulky for every sample's json
+        meta.pop(bulky, None)
     return meta
 
 
@@ -125,6 +129,24 @@ def apply_decisions(table: pa.Table, decisions: pa.Table) -> pa.Table:
     return schema.with_columns(table, {"status": pa.array(status, pa.string())})
 
 
+def with_attributes(table: pa.Table, attributes: pa.Table | None) -> pa.Table:
+    """``table`` (final statuses) with the annotators' columns (``attributes``: key + columns, one
+    row per kept row) on its kept rows, null on the others. Any other match is a bug: raised."""
+    if attributes is None:
+        return table
+    at = pc.index_in(table.column("key"), value_set=attributes.column("key"))
+    kept = pc.equal(table.column("status"), schema.KEPT)
+    matched = pc.and_(kept, pc.is_valid(at))
+    n = pc.sum(matched).as_py() or 0
+    if n != (pc.sum(kept).as_py() or 0) or n != attributes.num_rows:  # every kept row, and only those
+        raise RuntimeError(
+            f"annotations of {attributes.num_rows} rows do not match the {pc.sum(kept).as_py()} kept rows "
+            f"of partition {table.column('partition')[0].as_py() if table.num_rows else '?'}"
+        )
+    columns = [c for c in attributes.column_names if c != "key"]
+    return schema.with_columns(table, {c: attributes.column(c).take(at) for c in columns})
+
+
 PLACE = ("_shard", "_pos")  # a kept row's place in the mixed layout, from its read task to its shard
 
 
@@ -160,18 +182,24 @@ def _write_shard(fs, root: str, stem: str, kept: pa.Table) -> None:
 
 
 def write_partition(
-    output: str, pid: str, decisions: pa.Table, staged_at: str | None = None, placed: tuple[Layout, int] | None = None
+    output: str,
+    pid: str,
+    decisions: pa.Table,
+    staged_at: str | None = None,
+    placed: tuple[Layout, int] | None = None,
+    attributes: pa.Table | None = None,
 ) -> dict:
     """The manifest part of one partition from its rows staged at ``staged_at`` (the last pass's
     staging root; default ``output``); returns its counts. ``placed`` None (per-partition
     layout): the partition's shard and sidecar are written first. ``placed`` = (mixed layout, the
-    partition's first sample number): its kept rows' shards, written already, are named."""
+    partition's first sample number): its kept rows' shards, written already, are named.
+    ``attributes``: the annotators' columns of its kept rows (``with_attributes``)."""
     fs, root = storage.resolve(output)
     staged = _staged_rows(output, pid, staged_at)
     if staged is None:  # no image in this input partition: nothing to account for, but it is done
         storage.atomic_write_bytes(fs, empty_marker_path(root, pid), b"")
         return {"partition": pid, "rows": 0, "kept": 0}
-    table = apply_decisions(staged, decisions)
+    table = with_attributes(apply_decisions(staged, decisions), attributes)
     kept = kept_of(table)
     if placed is None:
         names = [shard_file_name(pid)] * kept.num_rows
@@ -189,11 +217,19 @@ def write_partition(
 
 
 def placed_rows(
-    output: str, pid: str, first: int, decisions: pa.Table, layout: Layout, done, staged_at: str | None = None
+    output: str,
+    pid: str,
+    first: int,
+    decisions: pa.Table,
+    layout: Layout,
+    done,
+    staged_at: str | None = None,
+    attributes: pa.Table | None = None,
 ) -> pa.Table:
     """Partition ``pid``'s kept rows bound for mixed shards not yet written (``done``: a bool
-    per shard), with their image bytes and their place (``PLACE``: shard, position)."""
-    kept = kept_of(apply_decisions(_staged_rows(output, pid, staged_at), decisions))
+    per shard), with their image bytes, the annotators' columns and their place (``PLACE``:
+    shard, position)."""
+    kept = kept_of(with_attributes(apply_decisions(_staged_rows(output, pid, staged_at), decisions), attributes))
     shard, pos = layout.place(first, kept.num_rows)
     todo = ~done[shard]
     kept = kept.filter(pa.array(todo))
@@ -217,9 +253,11 @@ def write_mixed_shard(group: pa.Table, output: str, layout: Layout) -> pa.Table:
 SHUFFLE_GROUP_BYTES = 512 * 2**20
 
 
-def _placed(batch: pa.Table, output: str, decisions, layout: Layout, done, staged_at: str | None) -> pa.Table:
+def _placed(
+    batch: pa.Table, output: str, decisions, layout: Layout, done, staged_at: str | None, attributes
+) -> pa.Table:
     pid, first = batch.column("partition")[0].as_py(), batch.column("first")[0].as_py()
-    return placed_rows(output, pid, first, decisions(pid), layout, done, staged_at)
+    return placed_rows(output, pid, first, decisions(pid), layout, done, staged_at, _of(attributes, pid))
 
 
 def write_mixed_shards(
@@ -230,6 +268,7 @@ def write_mixed_shards(
     decisions: Callable[[str], pa.Table],
     staged_at: str | None = None,
     read_cpus: float = 1.0,
+    attributes: Callable[[str], pa.Table | None] | None = None,
 ) -> None:
     """The mixed shards whose sidecar is not written yet: a Ray Data task per partition with kept
     samples (``counts``, from ``count_kept``) reads those bound for them (``placed_rows``), one
@@ -247,6 +286,7 @@ def write_mixed_shards(
         return
     items = [{"partition": c["partition"], "first": firsts[c["partition"]]} for c in counts]
     kwargs = {"output": output, "decisions": decisions, "layout": layout, "done": done, "staged_at": staged_at}
+    kwargs["attributes"] = attributes
     ds = ray.data.from_items(items, override_num_blocks=min(len(items), 1000)).map_batches(
         _placed, batch_size=1, batch_format="pyarrow", fn_kwargs=kwargs, num_cpus=read_cpus
     )
@@ -260,16 +300,22 @@ def write_mixed_shards(
         raise RuntimeError(f"{len(written)} mixed shards written, {todo} expected")
 
 
-def _write_own_shard(pid: str, output: str, decisions, staged_at: str | None) -> dict:
-    return write_partition(output, pid, decisions(pid), staged_at)
+def _of(attributes, pid: str) -> pa.Table | None:
+    return attributes(pid) if attributes is not None else None
+
+
+def _write_own_shard(pid: str, output: str, decisions, staged_at: str | None, attributes) -> dict:
+    return write_partition(output, pid, decisions(pid), staged_at, attributes=_of(attributes, pid))
 
 
 def _count(pid: str, output: str, decisions, staged_at: str | None) -> dict:
     return count_kept(output, pid, decisions(pid), staged_at)
 
 
-def _write_placed(pid: str, output: str, decisions, staged_at: str | None, layout: Layout, firsts: dict) -> dict:
-    return write_partition(output, pid, decisions(pid), staged_at, (layout, firsts[pid]))
+def _write_placed(
+    pid: str, output: str, decisions, staged_at: str | None, layout: Layout, firsts: dict, attributes
+) -> dict:
+    return write_partition(output, pid, decisions(pid), staged_at, (layout, firsts[pid]), _of(attributes, pid))
 
 
 class WriteShards(Writer):
@@ -294,24 +340,27 @@ class WriteShards(Writer):
         decisions: Callable[[str], pa.Table],
         staged_at: str | None = None,
         read_cpus: float = 1.0,
+        attributes: Callable[[str], pa.Table | None] | None = None,
     ) -> list[dict]:
         """The shards with their sidecars, and the manifest parts of the ``pending`` partitions,
         from the rows the last pass staged at ``staged_at`` (default ``output``); a task reads its
-        partition's decisions only (``decisions(pid)``). One shard per partition: each pending
-        partition's task writes its shard, then its manifest part. Mixed shards: the kept counts
-        of all ``partitions`` (a task each), the shards not yet complete (``write_mixed_shards``,
-        its read tasks of ``read_cpus``), then the manifest parts naming them. Returns each
-        written part's counts."""
+        partition's decisions only (``decisions(pid)``) and annotations (``attributes(pid)``, when
+        the recipe has annotators). One shard per partition: each pending partition's task writes
+        its shard, then its manifest part. Mixed shards: the kept counts of all ``partitions`` (a
+        task each), the shards not yet complete (``write_mixed_shards``, its read tasks of
+        ``read_cpus``), then the manifest parts naming them. Returns each written part's counts."""
         from infra.ray_runtime import map_tasks
 
         where = {"output": output, "decisions": decisions, "staged_at": staged_at}
         if not self.cfg.samples_per_shard:
-            return map_tasks(functools.partial(_write_own_shard, **where), pending, num_cpus=1, name="curation.write")
+            own = functools.partial(_write_own_shard, **where, attributes=attributes)
+            return map_tasks(own, pending, num_cpus=1, name="curation.write")
         counts = map_tasks(functools.partial(_count, **where), partitions, num_cpus=1, name="curation.count_kept")
         layout = self.layout(sum(c["kept"] for c in counts))
         firsts = first_numbers({c["partition"]: c["kept"] for c in counts})
-        write_mixed_shards(output, layout, [c for c in counts if c["kept"]], firsts, decisions, staged_at, read_cpus)
-        manifest = functools.partial(_write_placed, **where, layout=layout, firsts=firsts)
+        kept = [c for c in counts if c["kept"]]
+        write_mixed_shards(output, layout, kept, firsts, decisions, staged_at, read_cpus, attributes)
+        manifest = functools.partial(_write_placed, **where, layout=layout, firsts=firsts, attributes=attributes)
         return map_tasks(manifest, pending, num_cpus=1, name="curation.write_manifest")
 
     def check_shard_sizes(self, sizes: list[int]) -> None:

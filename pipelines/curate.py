@@ -6,14 +6,29 @@ ray job submit --address http://127.0.0.1:8265 --working-dir . -- python pipelin
 
 from __future__ import annotations
 
+import functools
 import sys
 
+from curation.filters.backbone_embedding import BackboneCode, provide_backbone_code
 from curation.pipeline import run_curation
 from curation.recipe import CurationConfig
 from infra.cli import config_main
 
 
+def provide_model_code() -> None:
+    """Give curation's backbone embedding step (``backbone_embedding``) the Sapiens backbones of
+    ``models``: the two share a floor and never import each other, so the entry points pass it in."""
+    from models import build_backbone, check_weights_file, get_config
+    from models.sapiens_processing import normalize_image
+
+    provide_backbone_code(
+        BackboneCode(build_backbone, check_weights_file, get_config, functools.partial(normalize_image, bgr=False))
+    )
+
+
 def curate(cfg: CurationConfig) -> str:
+    if cfg.backbone_embedding.enabled:  # (models imports torch: only when the step runs)
+        provide_model_code()
     result = run_curation(cfg)
     return ("already complete (nothing re-run)\n" if result.skipped else "") + result.summary()
 

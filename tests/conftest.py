@@ -148,7 +148,8 @@ def centernet_path() -> Path:
 def demo_curated(tmp_path_factory, ray_local, centernet_path):
     """The demo corpus curated once for the session with the curation tests' settings
     (``tests.curation.test_pipeline.demo_config``: real CenterNet detector, real OCR, weightless
-    content filters), in this process on ``ray_local``: ``(root, expected, cfg, result)`` with the
+    content filters, the demo's per-sample attributes: a Sapiens2 tiny embedding and cluster ids),
+    in this process on ``ray_local``: ``(root, expected, cfg, result)`` with the
     corpus in ``root/raw``, the output in ``root/curated`` and its MLflow store ``root/mlflow.db``.
     Tests that read a finished curated version share it; none may change what is in it."""
     from curation.pipeline import run_curation
@@ -157,7 +158,7 @@ def demo_curated(tmp_path_factory, ray_local, centernet_path):
 
     root = tmp_path_factory.mktemp("demo-curated")
     expected = build_demo_corpus(root / "raw")
-    cfg = demo_config(root / "raw", root / "curated", centernet_path)
+    cfg = demo_config(root / "raw", root / "curated", centernet_path, attributes=True)
     return root, expected, cfg, run_curation(cfg)
 
 

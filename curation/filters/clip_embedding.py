@@ -185,6 +185,11 @@ class ClipEmbedding(ModelStep):
     def settings(self) -> dict:
         return {"model": self.cfg.model, "weights": self.cfg.weights, "precision": self.cfg.precision}
 
+    def source(self, digests: dict[str, str]) -> str:
+        """What embeds the images, for ``clusters.json``: CLIP, its weights' digest (or its source), the model."""
+        found = list(digests.values())
+        return f"clip:{found[0] if found else self.cfg.weights or self.cfg.model} ({self.cfg.model})"
+
     def not_applied(self) -> dict:
         return {
             **super().not_applied(),

@@ -11,7 +11,9 @@ Backends (``detector.backend``):
 Rule (Sapiens): keep an image with at least one person box scoring >= the detector's
 threshold whose size is >= ``min_box_size`` pixels, the size being the box's height, long
 side or short side (``box_size_measure``) in the normalised image's pixels. Every person box
-at or above ``record_threshold`` is recorded with its score, not only the best one.
+at or above ``record_threshold`` is recorded with its score, not only the best one. Per image,
+for samplers and audits: ``person_count``, the boxes scoring >= the threshold (the confident
+ones), and ``person_max_area``, the largest confident box's area over the image's (0 when none).
 
 The score threshold is a per-detector setting (``curation.filters.thresholds``): the CenterNet
 asset's default was measured here (``PUBLISHED``); the Sapiens rule (> 0.9) was set for Sapiens'
@@ -93,6 +95,19 @@ def box_size(box: Box, measure: str) -> float:
     if measure == "short_side":
         return min(w, h)
     raise ValueError(f"detector.box_size_measure must be height, long_side or short_side, got {measure!r}")
+
+
+def max_area(boxes: list[Box], scores: list[float], threshold: float, width: int, height: int) -> float:
+    """The largest area of a box scoring >= ``threshold`` (clipped to the image) over the image's
+    area, in [0, 1]; 0 when no box does."""
+    if width <= 0 or height <= 0:
+        return 0.0
+    areas = [
+        max(0.0, min(b[2], width) - max(b[0], 0.0)) * max(0.0, min(b[3], height) - max(b[1], 0.0))
+        for b, s in zip(boxes, scores)
+        if s >= threshold
+    ]
+    return max(areas, default=0.0) / (width * height)
 
 
 def salient_counts(boxes: list[Box], scores: list[float], cfg: DetectorConfig) -> tuple[int, int]:
@@ -289,7 +304,7 @@ class PersonFilter(ModelStep):
         widths, heights = batch.column("width").to_pylist(), batch.column("height").to_pylist()
         sizes = [(widths[i], heights[i]) for i in rows]
         out = []
-        for boxes, scores in self.model.detect(images, sizes):
+        for (boxes, scores), (w, h) in zip(self.model.detect(images, sizes), sizes, strict=True):
             order = sorted(range(len(scores)), key=lambda j: -scores[j])
             boxes, scores = [boxes[j] for j in order], [scores[j] for j in order]
             count, salient = salient_counts(boxes, scores, self.cfg)
@@ -300,6 +315,7 @@ class PersonFilter(ModelStep):
                     "person_count": count,
                     "salient_person_count": salient,
                     "person_score_max": scores[0] if scores else 0.0,
+                    "person_max_area": max_area(boxes, scores, self.cfg.threshold, w, h),
                 }
             )
         return out

@@ -17,9 +17,11 @@ from evaluation.finetune.stage import FinetuneResult, FinetuneStage
 from evaluation.stage import ProbeStage, checkpoint_digest
 from infra.stage import Stage, StageResult
 from pipelines.chain.config import DagInputs
+from pipelines.curate import provide_model_code
 from training.stage import DistillResult, DistillStage, PretrainResult, PretrainStage
 
 CURATE, PRETRAIN, FINETUNE, PROBE = CurateStage(), PretrainStage(), FinetuneStage(), ProbeStage()
+provide_model_code()  # curation's backbone embedding runs models' backbones (curation does not import models)
 DISTILL, ANNOTATE = DistillStage(), AnnotateStage()
 FACADES: dict[str, Stage] = {s.name: s for s in (CURATE, PRETRAIN, DISTILL, FINETUNE, PROBE, ANNOTATE)}
 

@@ -13,7 +13,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from pipelines.demo_corpus import build_demo_corpus
-from tests.conftest import REPO, alongside, kill_when
+from tests.conftest import REPO, SHARED, alongside, kill_when
 
 pytestmark = pytest.mark.slow
 BUCKET = "humanvision-test"
@@ -84,6 +84,7 @@ def curate(raw: str, out: str, centernet: Path, ray_tmp: str, mlflow_db: Path) -
         "ray.progress_bars=off",
         f"tracking.uri=sqlite:///{mlflow_db}",
         "content.text.enabled=false",
+        f"backbone_embedding.weights={SHARED / 'reference' / 'sapiens2_parity_tiny.safetensors'}",
     ]  # (OCR is the slow step on CPU; the detector makes pass 2)
 
 

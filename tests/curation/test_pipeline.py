@@ -6,6 +6,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 import yaml
@@ -16,11 +17,19 @@ from curation.filters.person import DetectorConfig
 from curation.job import job_digest
 from curation.pipeline import run_curation
 from curation.recipe import CurationConfig, weightless_content_filters
+from infra.config import load_config
 from infra.tracking import TrackingConfig
+from pipelines.curate import provide_model_code
+from tests.conftest import REPO, SHARED
+
+DEMO_YAML = REPO / "configs" / "curate_demo.yaml"
+REFERENCE = SHARED / "reference" / "sapiens2_parity_tiny.safetensors"
 
 
-def demo_config(raw: Path, out: Path, centernet: Path, **overrides) -> CurationConfig:
-    return CurationConfig(
+def demo_config(raw: Path, out: Path, centernet: Path, attributes: bool = False, **overrides) -> CurationConfig:
+    """The curation tests' settings; ``attributes``: with configs/curate_demo.yaml's per-sample
+    attributes (the backbone embedding on the shared reference weights, cluster ids)."""
+    cfg = CurationConfig(
         input=InputConfig(uri=str(raw), images_per_partition=8),
         output_dir=str(out),
         geometry=GeometryConfig(min_short_side=256),
@@ -36,6 +45,17 @@ def demo_config(raw: Path, out: Path, centernet: Path, **overrides) -> CurationC
         tracking=TrackingConfig(uri=f"sqlite:///{out.parent / 'mlflow.db'}", experiment="test-curation"),
         **overrides,
     )
+    if attributes:
+        provide_model_code()
+        shipped = load_config(
+            CurationConfig, DEMO_YAML, ["input.uri=x", "output_dir=y", f"backbone_embedding.weights={REFERENCE}"]
+        )
+        cfg.backbone_embedding, cfg.clusters, cfg.input.num_cpus = (
+            shipped.backbone_embedding,
+            shipped.clusters,
+            shipped.input.num_cpus,  # a third model pool beside the detector's and OCR's on 2 CPUs
+        )
+    return cfg
 
 
 def read_manifest(out: Path):
@@ -122,6 +142,74 @@ def test_shards_stream_with_the_webdataset_library(curated):
         assert meta["sha256"] == row["sha256"] and meta["source"] == row["source"]
 
 
+def test_attributes_stream_from_the_sidecars_and_agree_with_clusters_json(curated):
+    """The per-sample attributes the pretraining loader samples by (issue 48's contract): person
+    count and largest box in every sidecar and the manifest, cluster ids at each level nesting
+    as clusters.json says, its counts those of the sidecars."""
+    import hashlib
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    root, _, cfg, result = curated
+    out = root / "curated"
+    doc = json.loads((out / "clusters.json").read_text())
+    wanted = ["key", "person_count", "person_max_area", "cluster_l0", "cluster_l1"]
+    ids = []
+    for sidecar in sorted((out / "shards").glob("*.parquet")):
+        part = pq.read_table(sidecar, columns=wanted)  # one shard's attributes, nothing else read
+        assert [part.schema.field(c).type for c in wanted[1:]] == [pa.int32(), pa.float32(), pa.int32(), pa.int32()]
+        assert all(part.column(c).null_count == 0 for c in wanted)
+        with tarfile.open(sidecar.with_suffix(".tar")) as tar:
+            assert part.column("key").to_pylist() == [n[:-4] for n in tar.getnames() if n.endswith(".jpg")]
+        ids.append(part)
+    ids = pa.concat_tables(ids)
+    assert ids.num_rows == result.stats["kept"] == sum(doc["levels"][0]["counts"].values())
+    for level, spec in enumerate(doc["levels"]):
+        column = ids.column(f"cluster_l{level}").to_numpy()
+        assert 0 <= column.min() and column.max() < spec["k"] <= cfg.clusters.levels[level]
+        assert spec["counts"] == {str(c): int(n) for c, n in zip(*np.unique(column, return_counts=True))}
+    parent = {int(c): p for c, p in doc["parents"][1].items()}
+    assert doc["parents"][0] is None and sorted(parent) == list(range(doc["levels"][1]["k"]))
+    assert all(
+        parent[f] == c for f, c in zip(ids.column("cluster_l1").to_pylist(), ids.column("cluster_l0").to_pylist())
+    )
+    assert doc["levels"][1]["k"] == result.stats["kept"] < cfg.clusters.levels[1]  # 14 kept: one per finest cluster
+    sha = hashlib.sha256(REFERENCE.read_bytes()).hexdigest()
+    assert doc["embedding"] == f"sapiens2_tiny:{sha} mean-pooled patch tokens at 128x96"
+
+    manifest = read_manifest(out)
+    for row in manifest.to_pylist():
+        if row["status"] != "kept":
+            assert row["cluster_l0"] is None and row["cluster_l1"] is None
+            continue
+        confident = [(b, s) for b, s in zip(row["person_boxes"], row["person_scores"]) if s >= 0.3]
+        assert row["person_count"] == len(confident) >= 1
+        area = max((b[2] - b[0]) * (b[3] - b[1]) for b, _ in confident) / (row["width"] * row["height"])
+        assert row["person_max_area"] == pytest.approx(area, rel=1e-5) and 0 < area <= 1
+        assert len(row["backbone_embedding"]) == 64
+    steps = {s["name"]: s for s in result.stats["stages"]}
+    assert steps["clusters"]["applied"] and steps["clusters"]["levels"] == [8, 32]
+    assert steps["backbone_embedding"]["applied"] and steps["backbone_embedding"]["model"] == "sapiens2_tiny"
+    import mlflow
+
+    client = mlflow.MlflowClient(cfg.tracking.uri)
+    logged = client.download_artifacts(result.mlflow_run_id, "clusters.json", str(root / "logged"))
+    assert json.loads(Path(logged).read_text()) == doc
+
+
+def test_the_attribute_settings_are_part_of_the_job(curated, tmp_path):
+    root, _, cfg, _ = curated
+    other_seed = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights), attributes=True)
+    other_seed.clusters.seed = 1
+    assert job_digest(other_seed) != job_digest(cfg)
+    copy = tmp_path / "tiny.safetensors"  # the checkpoint enters by content, not by path
+    copy.write_bytes(REFERENCE.read_bytes())
+    moved = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights), attributes=True)
+    moved.backbone_embedding.weights = str(copy)
+    assert job_digest(moved) == job_digest(cfg)
+
+
 def test_shards_read_with_ray_data(curated):
     import ray.data
 
@@ -159,7 +247,7 @@ def test_rerun_reuses_and_other_config_is_refused(curated):
     again = run_curation(cfg)
     assert again.skipped and again.dataset_id == result.dataset_id
     # other resources (a different cluster shape) are the same job: recognised, not refused
-    wider = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights))
+    wider = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights), attributes=True)
     wider.decode.num_cpus, wider.detector.num_actors, wider.detector.num_gpus = 0.5, 4, 0.25
     wider.content.text.num_cpus = 2.0
     assert job_digest(wider) == job_digest(cfg)
@@ -172,15 +260,15 @@ def test_rerun_reuses_and_other_config_is_refused(curated):
     copy = root / "copied.onnx"
     copy.write_bytes(Path(cfg.detector.weights).read_bytes())
     for elsewhere in (link, copy):
-        moved = demo_config(root / "raw", root / "curated", elsewhere)
+        moved = demo_config(root / "raw", root / "curated", elsewhere, attributes=True)
         assert job_digest(moved) == job_digest(cfg)
         assert run_curation(moved).skipped
     written = yaml.safe_load((root / "curated" / "config.yaml").read_text())  # the config it ran, paths as given
     assert written["detector"]["weights"] == str(cfg.detector.weights)
     altered = root / "altered.onnx"
     altered.write_bytes(copy.read_bytes() + b"\0")  # other bytes, other job
-    assert job_digest(demo_config(root / "raw", root / "curated", altered)) != job_digest(cfg)
-    changed = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights))
+    assert job_digest(demo_config(root / "raw", root / "curated", altered, attributes=True)) != job_digest(cfg)
+    changed = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights), attributes=True)
     changed.geometry.min_short_side = 100
     with pytest.raises(ValueError, match="different configuration"):
         run_curation(changed)

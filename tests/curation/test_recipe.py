@@ -38,7 +38,9 @@ def test_the_shipped_recipe_is_in_order():
         "watermark_filter",
         "aesthetic_filter",
         "text_filter",
+        "backbone_embedding",
         "semantic_dedup",
+        "clusters",
         "write_shards",
     ]
 
@@ -175,6 +177,8 @@ def test_a_filter_added_in_one_file_and_one_line_runs_everywhere(tmp_path, ray_l
             "content.text.enabled=false",
             "content.brightness.threshold=100",
             "content.brightness.num_cpus=0.25",
+            "backbone_embedding.enabled=false",  # (the demo's cluster ids: tests/curation/test_pipeline.py)
+            "clusters.enabled=false",
         ],
     )
     result = run_curation(cfg, recipe=WITH_BRIGHTNESS)

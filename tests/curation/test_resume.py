@@ -16,7 +16,7 @@ import pytest
 
 from infra.local_cluster import pids_naming
 from pipelines.demo_corpus import build_demo_corpus
-from tests.conftest import REPO, in_process, kill_when
+from tests.conftest import REPO, SHARED, in_process, kill_when
 
 pytestmark = pytest.mark.slow
 
@@ -39,6 +39,7 @@ def curate_cmd(raw: Path, out: Path, centernet: Path, ray_tmp: str) -> list[str]
         "ray.progress_bars=off",
         f"tracking.uri=sqlite:///{out.parent / 'mlflow.db'}",
         "content.text.enabled=false",
+        f"backbone_embedding.weights={SHARED / 'reference' / 'sapiens2_parity_tiny.safetensors'}",
     ]
 
 

@@ -69,6 +69,8 @@ def _overrides(tmp_path: Path, clip: Path, nsfw: Path, aesthetic: Path, centerne
         "content.aesthetic.enabled=true",
         f"content.aesthetic.weights={aesthetic}",
         "content.aesthetic.min_score=4.0",
+        "backbone_embedding.enabled=false",  # (the demo's cluster ids: tests/curation/test_pipeline.py)
+        "clusters.enabled=false",
         *quarter,
     ]
 
