@@ -3,7 +3,7 @@
 **What it writes.** Every kept sample gets ``cluster_l0``, ``cluster_l1``, ... (int32), one per
 entry of ``clusters.levels`` (cluster counts, coarsest first): ids are global per level
 (0 .. k - 1) and a sample's level-l cluster lies inside its level-(l - 1) cluster. The writer puts
-them in the shards' sidecars and the manifest (an ``Annotator``'s per-partition files, joined by
+them in the shards' sidecars and the manifest (an ``AttributeStep``'s per-partition files, joined by
 key). ``clusters.json`` at the output's root holds per level its k and the kept samples of each
 cluster that has any (a missing id has none), the parent of every cluster of each level below
 the first, and what embedded the images (``FORMAT``; O(clusters), never O(samples)).
@@ -49,7 +49,7 @@ from curation.dedup.components import canonical_order
 from curation.dedup.distributed import GlobalDedupInput, candidates_dataset, read_candidates
 from curation.dedup.distributed_semantic import fitted_centroids
 from curation.dedup.semantic import Centroids, SemanticDupConfig, embeddings, fit_tree, key_rank
-from curation.steps import Annotator
+from curation.steps import AttributeStep
 from infra import storage
 
 FORMAT = 1
@@ -287,7 +287,7 @@ def cluster_with_ray(inp: GlobalDedupInput, cfg: ClustersConfig, step: str) -> F
 ENGINES = {"local": cluster_locally, "ray": cluster_with_ray}
 
 
-class Clusters(Annotator):
+class Clusters(AttributeStep):
     """Cluster ids at every level for the kept samples, and ``clusters.json`` (the module doc)."""
 
     name = "clusters"

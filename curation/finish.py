@@ -27,7 +27,7 @@ from curation.stats import (
     stats_from_counts,
     tracking_record,
 )
-from curation.steps import Annotator
+from curation.steps import AttributeStep
 from curation.versions import code_version, combine_digests, partition_digest
 from infra import storage
 
@@ -65,7 +65,7 @@ def write_shards(job: CurationJob, partitions: list[str], pending: list[str], st
     """The writer's output of the ``pending`` partitions (of all ``partitions``), from the rows
     staged at ``staged_at`` (default: the output folder, pass 1's staging)."""
     decisions = functools.partial(decisions_of, job.uri)
-    annotators = tuple(s.name for s in job.steps.of_kind(Annotator))
+    annotators = tuple(s.name for s in job.steps.of_kind(AttributeStep))
     attributes = functools.partial(attributes_of, job.uri, annotators) if annotators else None
     job.steps.writer.write_all(job.uri, partitions, pending, decisions, staged_at, job.cfg.input.num_cpus, attributes)
 

@@ -43,7 +43,7 @@ from curation.eval_set import eval_reader, read_eval_set
 from curation.job import CurationJob, content_digest
 from curation.partitions import Partition, partition_datasource, partition_to_json
 from curation.readers import ROWS_PER_BLOCK
-from curation.steps import Annotator, Pass, Reader, apply_step, check_fits, run_steps_locally
+from curation.steps import AttributeStep, Pass, Reader, apply_step, check_fits, run_steps_locally
 from curation.writer import survivors_only
 from infra import storage
 
@@ -252,12 +252,12 @@ def run_passes(job: CurationJob, pids: list[str], pending: list[str]) -> tuple[d
 
 
 def annotate(job: CurationJob, p: Pass, pids: list[str]) -> None:
-    """Pass ``p``'s annotators (``Annotator``: cluster ids), each on the rows of its staging that no
+    """Pass ``p``'s annotators (``AttributeStep``: cluster ids), each on the rows of its staging that no
     dedup step before it dropped (their decisions are on disk by now)."""
     fs, out_root = storage.resolve(job.cfg.output_dir)
     decided = set(decided_steps(fs, out_root))
     staged = pass_job(job, p).uri
-    for step in (s for s in p.global_steps if isinstance(s, Annotator)):
+    for step in (s for s in p.global_steps if isinstance(s, AttributeStep)):
         before = job.steps.steps[: job.steps.steps.index(step)]
         earlier = tuple(s.name for s in before if isinstance(s, DedupStep) and s.name in decided)
         columns = ("key", "partition", *step.columns_read())

@@ -17,7 +17,7 @@ better) ranks the copies of a duplicate family: the representative rule compares
   point turns reasons into statuses. Model steps (``curation.filters.model.ModelStep``) run on
   actor pools so weights load once per actor;
 - a **global step** (``curation.dedup.steps``): decides over the whole run's metadata;
-- an **annotator** (``Annotator``): a global step that decides nothing but adds columns to the
+- an **attribute step** (``AttributeStep``): a global step that decides nothing but adds columns to the
   rows the dedup steps before it left (cluster ids, ``curation.clusters``): per-partition files
   the writer joins by key onto the kept rows.
 
@@ -197,7 +197,7 @@ class Writer(Step):
         """Raise ``RuntimeError`` unless the written shards' sample counts fit the layout."""
 
 
-class Annotator(Step):
+class AttributeStep(Step):
     """A global step that adds its columns (``columns_written``) to every row the dedup steps
     before it left, after them; it drops nothing. It writes one file per partition
     (``curation.output.attributes_path``: key + its columns), which the writer joins onto the
@@ -451,7 +451,9 @@ class BuiltRecipe:
 
     def available(self) -> set[str]:
         """The columns staged rows hold (transient ones never are)."""
-        staged = [s for s in self.steps if s.enabled and not isinstance(s, Annotator)]  # annotators' go to the writer
+        staged = [
+            s for s in self.steps if s.enabled and not isinstance(s, AttributeStep)
+        ]  # annotators' go to the writer
         return {c for s in staged for c in s.columns_written()} - set(schema.TRANSIENT_COLUMNS)
 
     def funnel(self) -> list[tuple[str, tuple[str, ...]]]:

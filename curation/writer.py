@@ -17,7 +17,7 @@ knows which.
 Either way, ``<key>.jpg`` + ``<key>.json`` per sample with fixed member metadata (mtime 0,
 uid/gid 0), so equal content gives equal bytes; ``manifest/<pid>.parquet`` has one row per
 input image of the partition (kept, dropped or error) with its reason, scores and shard. The
-annotators' columns (cluster ids: ``curation.steps.Annotator``) are joined by key onto the kept
+annotators' columns (cluster ids: ``curation.steps.AttributeStep``) are joined by key onto the kept
 rows of both (``with_attributes``; null on the others). Each
 file is written under a temporary name and renamed when complete, a tar before its sidecar
 (a sidecar marks its shard complete) and the manifest part last: it is the partition's commit
