@@ -11,7 +11,7 @@ groups: each original's copies but one should be dropped; unrelated uniform rows
 be 0). For each size it runs ``semantic.semantic_duplicate_decisions`` (sample fit, assignment,
 pairs within each cluster, components) with k = n / ``--cluster-size`` as one flat k-means
 (``max_flat_clusters`` above k) and as the tree (``max_flat_clusters`` 1), and prints for each the
-wall time of the call, the fit and assignment alone (``_sample_centroids`` then
+wall time of the call, the fit and assignment alone (``sample_centroids`` then
 ``Centroids.assign``), the rows dropped, the recall (drops / planted drops) and the agreement of
 the two (dropped keys in both / in either). The ratio flat / tree is the speed-up at that k; the
 recall difference is what the coarse boundaries cost. Uniform rows have no cluster structure, so
