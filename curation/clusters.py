@@ -23,8 +23,8 @@ child; a finest cluster may end with no sample. Vo et al.'s resampling steps bet
 not done.
 
 **Fitting reuses semantic dedup's** (``curation.dedup.semantic``): the finest level is fitted on
-the ``sample_size`` samples with the smallest key hashes, in key order (``sample_fit``: semantic
-dedup's rule from its public parts; spherical k-means from ``seed``; past ``max_flat_clusters``
+the ``sample_size`` samples with the smallest key hashes, in key order (``semantic.sample_centroids``:
+semantic dedup's own rule; spherical k-means from ``seed``; past ``max_flat_clusters``
 clusters a two-level tree, so a sample's assignment costs about 2 sqrt(k) products, not k); the
 coarser levels on the centroids below with ``fit_tree``. Every sample is then assigned in its
 partition's own pass. The same seed, samples and settings give the same ids. Engines
@@ -45,10 +45,9 @@ import numpy as np
 import pyarrow as pa
 
 from curation import output
-from curation.dedup.components import canonical_order
 from curation.dedup.distributed import GlobalDedupInput, candidates_dataset, read_candidates
 from curation.dedup.distributed_semantic import fitted_centroids
-from curation.dedup.semantic import Centroids, SemanticDupConfig, embeddings, fit_tree, key_rank
+from curation.dedup.semantic import Centroids, SemanticDupConfig, embeddings, fit_tree, sample_centroids
 from curation.steps import AttributeStep
 from infra import storage
 
@@ -134,16 +133,6 @@ class Hierarchy:
 
 def empty_hierarchy(levels: int) -> Hierarchy:
     return Hierarchy(None, tuple(np.zeros(0, np.int32) for _ in range(levels - 1)), (0,) * levels)
-
-
-def sample_fit(sample: pa.Table, n_rows: int, km: SemanticDupConfig) -> Centroids:
-    """The finest level's centroids, fitted in this process as ``distributed_semantic.fitted_centroids``
-    fits them in a Ray task (semantic dedup's rule: the ``kmeans_sample_size`` rows of ``sample``
-    with the smallest key ranks, in key order, then ``fit_tree``)."""
-    ranks = key_rank(sample.column("key").to_pylist())
-    chosen = np.sort(np.argsort(ranks, kind="stable")[: km.kmeans_sample_size])
-    rows = canonical_order(sample.take(chosen))
-    return fit_tree(embeddings(rows, km.embedding_column), km.clusters_for(n_rows), km)
 
 
 def fit_hierarchy(finest: Centroids, levels: Sequence[int], km: SemanticDupConfig) -> Hierarchy:
@@ -240,7 +229,7 @@ def cluster_locally(inp: GlobalDedupInput, cfg: ClustersConfig, step: str) -> Fi
         hierarchy = empty_hierarchy(len(cfg.levels))
     else:
         km = cfg.kmeans()
-        finest = sample_fit(candidates.select(["key", column]), candidates.num_rows, km)
+        finest = sample_centroids(candidates.select(["key", column]), candidates.num_rows, km)
         hierarchy = fit_hierarchy(finest, cfg.levels, km)
     counts = [np.zeros(k, np.int64) for k in hierarchy.sizes]
     for i, rows in enumerate(tables):
