@@ -145,6 +145,9 @@ TRANSIENT_COLUMNS = tuple(f.name for f in TRANSIENT_FIELDS)
 PAYLOAD_COLUMNS = ("image", "raw")
 # Where the payload can be read again (staging only): never copied into the manifest or the shards.
 REFERENCE_COLUMNS = ("bytes_uri", "bytes_offset")
+# Image embeddings (list<float32>, L2-normalised), preferred first: kept in the manifest and the
+# sidecars, too bulky for a sample's json or a row shown to a person.
+EMBEDDING_COLUMNS = ("clip_embedding", "backbone_embedding")
 
 
 def pending_mask(table: pa.Table) -> list[bool]:

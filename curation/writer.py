@@ -50,7 +50,6 @@ from curation.steps import Writer
 from infra import storage
 
 log = logging.getLogger("curation")
-EMBEDDING_COLUMNS = ("clip_embedding", "backbone_embedding")
 _NOT_STORED = (*schema.PAYLOAD_COLUMNS, *schema.REFERENCE_COLUMNS)  # in neither the manifest nor the sidecar
 _META_SKIP = set(_NOT_STORED) | {
     "decode_ok",
@@ -71,7 +70,7 @@ def sample_metadata(row: dict) -> dict:
             meta["source_meta"] = json.loads(meta["source_meta"])
         except json.JSONDecodeError:
             pass
-    for bulky in EMBEDDING_COLUMNS:  # kept in the sidecar; too bulky for every sample's json
+    for bulky in schema.EMBEDDING_COLUMNS:  # kept in the sidecar; too bulky for every sample's json
         meta.pop(bulky, None)
     return meta
 

@@ -36,7 +36,7 @@ MAX_VALUE_CHARS = 1024
 RANDOM = "random"  # sort: deterministic random order, the SHA-1 of the key (``images.sample_order``)
 BOX_SIZE = "person_box_size"
 # Bulky columns no query selects (embeddings and pixels are not for tables).
-BULKY = frozenset({"clip_embedding", "image", "raw"})
+BULKY = frozenset({*schema.EMBEDDING_COLUMNS, *schema.PAYLOAD_COLUMNS})
 GALLERY_PARAMS = ("status", "step", "reason", "source", "sort", "page", "page_size")
 _DRIVE = re.compile(r"^[A-Za-z]:")
 # The SQL of one box's size under each ``detector.box_size_measure`` (``person.box_size``), box

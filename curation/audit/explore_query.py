@@ -238,17 +238,20 @@ class ManifestQuery:
         return Family(found.get(rep), [found[k] for k in members if k in found], total)
 
     def neighbours(self, row: dict) -> list[dict] | None:
-        """The images nearest ``row`` by cosine of their CLIP embeddings, among the first
-        ``neighbour_scan_rows`` rows holding one (a bounded scan: no vector index); None when the
-        version holds no embeddings or ``row`` has none."""
-        if "clip_embedding" not in self.v.dataset.schema.names:
+        """The images nearest ``row`` by cosine of the version's embedding (``schema.EMBEDDING_COLUMNS``:
+        CLIP's where it has one, else the backbone's), among the first ``neighbour_scan_rows`` rows
+        holding one (a bounded scan: no vector index); None when the version holds no embeddings or
+        ``row`` has none."""
+        column = next((c for c in schema.EMBEDDING_COLUMNS if c in self.v.dataset.schema.names), None)
+        if column is None:
             return None
-        mine = next((r.get("clip_embedding") for r in self._rows([row["key"]])), None)
+        mine = next((r.get(column) for r in self._rows([row["key"]])), None)
         if mine is None:
             return None
+        vector = f"FLOAT[{len(mine)}]"  # fixed-size arrays: DuckDB's list_cosine_similarity refuses Parquet's lists
         sql = (
-            "SELECT key, status, reason, list_cosine_similarity(clip_embedding, ?::FLOAT[]) AS cosine "
-            "FROM (SELECT key, status, reason, clip_embedding FROM manifest "
-            "WHERE clip_embedding IS NOT NULL AND key <> ? LIMIT ?) ORDER BY cosine DESC, key LIMIT ?"
+            f"SELECT key, status, reason, array_cosine_similarity({column}::{vector}, ?::{vector}) AS cosine "
+            f"FROM (SELECT key, status, reason, {column} FROM manifest "
+            f"WHERE {column} IS NOT NULL AND key <> ? LIMIT ?) ORDER BY cosine DESC, key LIMIT ?"
         )
         return self._run(sql, [list(mine), row["key"], self.cfg.neighbour_scan_rows, self.cfg.neighbours])

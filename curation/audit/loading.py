@@ -24,12 +24,13 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import yaml
 
+from curation import schema
 from curation.output import CONFIG_FILE, CuratedOutput, DatasetVersion, resolve_dataset
 from infra import storage
 from infra.tracking import resolve_tracking_uri
 
 # Bulky columns no audit view needs (pixels never reach the manifest; embeddings are large).
-MANIFEST_SKIP = frozenset({"clip_embedding", "source_meta", "image", "raw"})
+MANIFEST_SKIP = frozenset({*schema.EMBEDDING_COLUMNS, "source_meta", *schema.PAYLOAD_COLUMNS})
 BATCH_ROWS = 65_536  # the most manifest rows one streamed batch holds
 
 

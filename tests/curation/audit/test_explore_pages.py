@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow.dataset as pads
 import pytest
 
+from curation import schema
 from tests.browser import Loaded
 
 pytestmark = pytest.mark.slow  # real curation runs, a server process and headless Chromium
@@ -159,7 +160,7 @@ def test_an_image_page_shows_its_row_and_its_duplicate_family(served, browse):
     settle(loaded)
     row = by_key[first["key"]]
     cells = {x["column"]: x for x in loaded.rows("#row-table tr")}
-    assert set(cells) == {k for k in row if k != "clip_embedding"}
+    assert set(cells) == {k for k in row if k not in schema.EMBEDDING_COLUMNS}
     assert loaded.page.inner_text('#row-table tr[data-column="source"] code') == row["source"]
     rep = row["duplicate_of"]
     info = loaded.rows("#family-info")[0]
@@ -169,6 +170,35 @@ def test_an_image_page_shows_its_row_and_its_duplicate_family(served, browse):
     assert [(f["key"], f["role"]) for f in family] == [(rep, "representative")] + [(k, "member") for k in members]
     assert {f["key"]: f["status"] for f in family} == {k: by_key[k]["status"] for k in [rep, *members]}
     assert loaded.errors == [] and loaded.images()["loaded"] == loaded.images()["total"] >= 2
+
+
+def test_an_image_pages_neighbours_are_the_nearest_by_the_versions_embedding(served, browse):
+    """The demo embeds every survivor with the backbone (no CLIP weights here): a kept image's
+    neighbours are the other embedded rows by cosine, as numpy ranks them over C's manifest."""
+    import numpy as np
+
+    _, c, url, _ = served
+    rows = manifest(c.output)
+    column = next(col for col in schema.EMBEDDING_COLUMNS if any(r.get(col) is not None for r in rows))
+    embedded = [r for r in rows if r.get(column) is not None]
+    assert len(embedded) >= 3, column
+    me = embedded[0]
+    others = [r for r in embedded if r["key"] != me["key"]]
+    cos = np.asarray([r[column] for r in others]) @ np.asarray(me[column])
+    expected = [
+        others[i]["key"] for i in sorted(range(len(others)), key=lambda i: (-round(cos[i], 5), others[i]["key"]))
+    ]
+    loaded = browse(url + "/image?" + urllib.parse.urlencode({"key": me["key"]}))
+    shown_keys = [n["key"] for n in loaded.rows("#neighbours-table tbody tr")]
+    assert shown_keys and len(shown_keys) == min(12, len(others))
+    assert set(shown_keys) == set(expected[: len(shown_keys)]), (shown_keys, expected)
+    cosines = [
+        float(t)
+        for t in loaded.page.eval_on_selector_all("#neighbours-table td.num", "els => els.map(e => e.textContent)")
+    ]
+    assert cosines == sorted(cosines, reverse=True) and cosines[0] <= 1.0001
+    assert column not in {x["column"] for x in loaded.rows("#row-table tr")}  # the vector itself is not a row cell
+    assert loaded.errors == []
 
 
 def test_a_score_range_applied_in_the_form(served, browse):
