@@ -23,27 +23,19 @@ Per task and size, in one run:
      out): ``--actors`` actors of one CPU, timed from the call to ``_SUCCESS`` (prepare, the
      models' sha256, actor start-up, every shard, the counts; no gallery, no MLflow).
 
-Printed per task: each one's images/s (the loop's also per CPU-second of its process, a figure
-that other work on the machine moves less), the job's images/s per core against the loop's
-(target >= 0.8x), the share of the time spent in model forwards (the loop's, and the job's
-summed over actors against wall x actors), the seconds each actor spent outside shards (its
-start-up and model loads, waits for work: the fixed cost that a longer run amortises), and
-whether the two wrote the same bytes. Every sample must be annotated: a sample the loop or the
-job could not annotate (an error row) stops the benchmark (the job runs with
-``max_error_share=0``), since error rows are neither throughput nor bytes worth comparing.
+Printed per task: each one's images/s (the loop's also per CPU-second), the job's images/s per
+core against the loop's (target >= 0.8x), the forwards' share of the time, each actor's seconds
+outside shards, and whether the two wrote the same bytes. An error row in either stops the
+benchmark (the job runs with ``max_error_share=0``): error rows are not throughput.
 
 ``--runtimes`` (default ``torch``): ``torch`` runs the checkpoint in PyTorch at ``--precision``;
-``onnx-fp32`` and ``onnx-fp16`` export it first (``pipelines/export.py``'s export, not timed; on
-the CPU checked against the eager model at batch 1, on a GPU not checked here) and run the
-graph through ONNX Runtime (``tasks.<task>.onnx``). Each runtime runs on the same samples, and
-each line after the first ends with its loop's (on a GPU: its job's) images/s against the first
-runtime's. ONNX on ``--device cuda`` needs ONNX Runtime's CUDA provider: without it the script
-says NOT MEASURED and exits with status 3 before any work. ``--parallel-loops`` adds ``--actors`` plain loops in as
-many processes (shards dealt out, no Ray): what the machine itself gives per core when that
-many copies of the work run at once. With
-``--device cuda`` (the GPU suite) the loop is skipped (``--no-loop``): the job's images/s per
-GPU, its forward share, and the backbone's own forward (batch ``--batch``, the job's
-precision) in TFLOP/s against ``--peak-tflops``. Results: docs/results/annotate.md.
+``onnx-fp32`` / ``onnx-fp16`` export it first (not timed; on the CPU checked against eager) and
+run the graph through ONNX Runtime, on the same samples; each line after the first ends with its
+images/s against the first runtime's. ONNX on ``--device cuda`` without ONNX Runtime's CUDA
+provider says NOT MEASURED and exits 3. ``--parallel-loops`` adds ``--actors`` plain loops in as
+many processes (no Ray): what the machine gives per core with that many copies at once. With
+``--device cuda`` the loop is skipped (``--no-loop``): the job's images/s per GPU, its forward
+share and the backbone's TFLOP/s against ``--peak-tflops``. Results: docs/results/annotate.md.
 """
 
 from __future__ import annotations
