@@ -5,8 +5,8 @@
 
 Per size n, two finished curation outputs are written with metadata only (no shard, no input
 file): version A, n rows in Parquet manifest parts of ``--rows-per-part`` rows with the real
-manifest schema (the columns the recipe's decode, geometry, quality, person and text steps write,
-then the decision's: ``manifest_schema``) and stats.json / config.yaml / _SUCCESS as the pipeline
+manifest schema (the columns the recipe's decode, geometry, quality, person, text and clusters
+steps write, then the decision's: ``manifest_schema``) and stats.json / config.yaml / _SUCCESS as the pipeline
 writes them (funnel and step descriptions from ``curation.recipe.HUMANS1B``); and version B, the
 same corpus with ``geometry.min_short_side`` raised from 256 to 400, its last part's inputs gone,
 a new part of inputs and 1% of A's kept images under a new key (same SHA-256). Outcomes are
@@ -38,6 +38,7 @@ import time
 import numpy as np
 
 STEPS = ("decode", "geometry", "image_quality", "person_detection", "text_filter")  # the demo run's column writers
+CLUSTER_LEVELS = 2  # the demo's clusters step: cluster_l0 and cluster_l1 on every kept sample
 MIN_SIDE_A, MIN_SIDE_B = 256, 400
 RENAMED_SHARE = 0.01
 
@@ -48,11 +49,13 @@ def manifest_schema():
     import pyarrow as pa
 
     from curation import schema
+    from curation.clusters import level_column
     from curation.recipe import HUMANS1B
 
     left_out = {*schema.PAYLOAD_COLUMNS, *schema.REFERENCE_COLUMNS, *schema.TRANSIENT_COLUMNS}
     by_name = {c.name: c for c in HUMANS1B.steps}
     fields = [f for step in STEPS for f in by_name[step].fields if f.name not in left_out]
+    fields += [pa.field(level_column(i), pa.int32()) for i in range(CLUSTER_LEVELS)]
     return pa.schema(fields + [f for f in schema.DECISION_FIELDS if f.name not in {g.name for g in fields}])
 
 
@@ -171,7 +174,16 @@ def part_columns(
         "text_watermark": [bool(x < 0.01) if ok else None for x, ok in zip(rng.random(rows), decoded)],
         "status": status,
         "shard": [f"{part:06d}.tar" if s == "kept" else None for s in status],
+        **_clusters(rng, status),
     }
+
+
+def _clusters(rng: np.random.Generator, status: list[str]) -> dict[str, list]:
+    """Cluster ids per level for the kept rows (8 then 32 clusters, each fine one in one coarse)."""
+    fine = rng.integers(0, 32, len(status))
+    ids = [fine // 4, fine][:CLUSTER_LEVELS]
+    kept = [s == "kept" for s in status]
+    return {f"cluster_l{i}": [int(x) if k else None for x, k in zip(level, kept)] for i, level in enumerate(ids)}
 
 
 def _array(values, field, rows: int, decoded: np.ndarray):

@@ -60,7 +60,7 @@ def run(table: pa.Table, cfg: semantic.SemanticDupConfig) -> dict:
     out = semantic.semantic_duplicate_decisions(cand, cfg)
     total = time.perf_counter() - t0
     t0 = time.perf_counter()
-    centroids = semantic._sample_centroids(cand.select(["key", cfg.embedding_column]), cand.num_rows, cfg)
+    centroids = semantic.sample_centroids(cand.select(["key", cfg.embedding_column]), cand.num_rows, cfg)
     fit = time.perf_counter() - t0
     t0 = time.perf_counter()
     centroids.assign(semantic.embeddings(cand, cfg.embedding_column))

@@ -121,21 +121,25 @@ def test_resuming_with_different_settings_is_refused(runs):
         run_pretraining(tiny_config(*runs["common"], "run_name=reference", "optim.lr=0.5"))
 
 
-def test_balanced_sampling_trains_the_tiny_model_on_a_clustered_demo_version(runs, tmp_path_factory):
-    """``pipelines/pretrain.py ... data.sampling.policy=balanced`` on a copy of the session's curated
-    demo with hierarchical cluster columns added (tests/training/versions.py, the attribute contract),
-    in this process on the session's Ray: it trains, draws only the version's samples, and records
+def test_balanced_sampling_trains_the_tiny_model_on_the_demos_own_clusters(runs, tmp_path_factory):
+    """``pipelines/pretrain.py ... data.sampling.policy=balanced`` on the session's curated demo, whose
+    ``clusters`` step (configs/curate_demo.yaml) wrote ``cluster_l0``/``cluster_l1`` and clusters.json:
+    in this process on the session's Ray, it trains, draws only the version's samples, and records
     the policy and its acceptance."""
+    import json
     import sys
 
     from mlflow import MlflowClient
 
+    from curation.output import CLUSTERS_FILE
     from tests.conftest import REPO, in_process
     from tests.training.conftest import TINY
-    from tests.training.versions import clustered_copy, tar_keys
+    from tests.training.versions import tar_keys
 
+    version = Path(runs["curated"].output_dir)
+    levels = json.loads((version / CLUSTERS_FILE).read_text())["levels"]
+    assert len(levels) == 2 and sum(levels[-1]["counts"].values()) == runs["curated"].stats["kept"]
     tmp = tmp_path_factory.mktemp("balanced")
-    version, _ = clustered_copy(Path(runs["curated"].output_dir), tmp / "clustered")
     steps = 4
     settings = [f"data.dataset={version}", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", f"storage_path={tmp}"]
     settings += [f"steps={steps}", f"checkpoint.every={steps}", "metrics.log_every=1", "metrics.images_every=0"]

@@ -1,15 +1,13 @@
 """Dataset versions with per-sample attributes for the sampling tests, in the attribute contract
 curation writes (``curation.output``): each shard's sidecar carries the attributes, and
 hierarchical clusters are ``cluster_l<level>`` sidecar columns plus the version's
-``clusters.json``. Written here by hand (synthetic versions) or added to a copy of a real
-curated version (``clustered_copy``)."""
+``clusters.json``. Written here by hand; a real curated version's come from its ``clusters``
+step (configs/curate_demo.yaml)."""
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
-import shutil
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -74,28 +72,3 @@ def add_clusters(root: Path, ids: Callable[[dict], list[int]], ks: list[int], em
     }
     Path(root, CLUSTERS_FILE).write_text(json.dumps(clusters))
     return clusters
-
-
-def content_clusters(row: dict, fanout: tuple[int, ...] = (2, 2)) -> list[int]:
-    """Cluster ids from a sample's content (the SHA-256 of its bytes, else its key): a two-level
-    tree of ``fanout`` clusters per level, global ids per level."""
-    digest = hashlib.sha256((row.get("sha256") or row["key"]).encode()).digest()
-    ids, cid = [], 0
-    for level, n in enumerate(fanout):
-        cid = cid * n + digest[level] % n
-        ids.append(cid)
-    return ids
-
-
-def clustered_copy(src: Path, dst: Path, fanout: tuple[int, ...] = (2, 2)) -> tuple[Path, dict]:
-    """A copy of the curated version at ``src`` with hierarchical cluster columns and clusters.json."""
-    shutil.copytree(src, dst)
-    return dst, add_clusters(dst, lambda row: content_clusters(row, fanout), _level_sizes(fanout))
-
-
-def _level_sizes(fanout: tuple[int, ...]) -> list[int]:
-    sizes, k = [], 1
-    for n in fanout:
-        k *= n
-        sizes.append(k)
-    return sizes
