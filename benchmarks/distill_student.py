@@ -38,11 +38,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-import torch  # noqa: E402  (after the path and environment)
+import torch  # noqa: E402  (after the environment)
 
 RIDGE = 1e-2  # the linear map's ridge, relative to the mean feature energy
 
