@@ -30,11 +30,11 @@ from curation import output, schema, staging
 from curation.dedup.decisions import GlobalDedupInput, decided_steps, partition_decisions
 from curation.dedup.eval_overlap import EvalSet
 from curation.dedup.steps import (
-    Decontaminate,
     DedupContext,
+    DedupDecontaminate,
+    DedupNear,
+    DedupSemantic,
     DedupStep,
-    NearDedup,
-    SemanticDedup,
     candidate_columns,
     run_global_dedup,
     steps_before,
@@ -311,7 +311,7 @@ def global_dedup(job: CurationJob, pids: list[str], steps: list[DedupStep] | Non
     columns, absent = candidate_columns(steps, job.steps.available())
     # staging: this pass's (job.root); decisions: always under the output folder itself
     inp = GlobalDedupInput(job.uri, tuple(pids), tuple(columns), tuple(absent), tuple(earlier), job.cfg.output_dir)
-    ctx = DedupContext.open(job.cfg.dedup, next((s.cfg for s in steps if isinstance(s, NearDedup)), None))
+    ctx = DedupContext.open(job.cfg.dedup, next((s.cfg for s in steps if isinstance(s, DedupNear)), None))
     ctx.eval_set = evaluation_set(job, steps)
     dropped = run_global_dedup(steps, inp, ctx)
     ctx.save_index(fs, output.path(out_root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
@@ -324,8 +324,8 @@ def evaluation_set(job: CurationJob, steps: list[DedupStep]) -> EvalSet | None:
     and decode step (``curation.eval_set``), with the CLIP step's embedding when ``steps`` hold
     semantic dedup; None when no step here uses them."""
     uri = getattr(getattr(job.cfg.dedup, "decontaminate", None), "eval_images", "")
-    semantic = next((s for s in steps if isinstance(s, SemanticDedup)), None)
-    if not uri or (semantic is None and not any(isinstance(s, Decontaminate) for s in steps)):
+    semantic = next((s for s in steps if isinstance(s, DedupSemantic)), None)
+    if not uri or (semantic is None and not any(isinstance(s, DedupDecontaminate) for s in steps)):
         return None
     rows = job.steps.row_steps
     embedding = None
