@@ -27,7 +27,7 @@ import time
 import pyarrow as pa
 
 from curation import output, schema, staging
-from curation.dedup.decisions import GlobalDedupInput, decided_steps, partition_decisions
+from curation.dedup.decisions import GlobalDedupInput, clear_step, decided_steps, partition_decisions
 from curation.dedup.eval_overlap import EvalSet
 from curation.dedup.steps import (
     DedupContext,
@@ -43,6 +43,7 @@ from curation.eval_set import eval_reader, read_eval_set
 from curation.job import CurationJob, content_digest
 from curation.partitions import Partition, partition_datasource, partition_to_json
 from curation.readers import ROWS_PER_BLOCK
+from curation.stats import FORMAT1_STEP_NAMES
 from curation.steps import AttributeStep, Pass, Reader, apply_step, check_fits, run_steps_locally
 from curation.writer import survivors_only
 from infra import storage
@@ -60,6 +61,8 @@ POOL_INPUT_BYTES = 8 * 2**20
 def plan(job: CurationJob) -> tuple[list[Partition], set[str], list[Partition]]:
     """(all partitions, those already written, those to score); unfinished staging is cleared."""
     storage.remove_temp_files(job.fs, job.root)
+    for former in FORMAT1_STEP_NAMES:  # until the next release: a run resumed from one begun under them
+        clear_step(job.fs, job.root, former)  # (the global steps decide again, under the current names)
     partitions = job.steps.reader.plan()
     storage.atomic_write_bytes(
         job.fs,

@@ -1,6 +1,6 @@
 """One name per step: a step's name is its config section's path as a user writes it, its class
 is that path in CamelCase, and everything written with step names (funnel, descriptions, MLflow
-metric and tag names) says the same."""
+metric and tag names, decision folders) says the same."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import pkgutil
 
 import pyarrow as pa
 import pytest
+from PIL import Image
 
 import curation
+from curation import output
+from curation.dedup import DECISION_SCHEMA
 from curation.filters.geometry import Geometry
 from curation.recipe import HUMANS1B, CurationConfig
 from curation.recipe_config import section_class_name
@@ -120,3 +123,22 @@ def test_stats_and_mlflow_say_the_step_names_users_write():
     assert metrics["funnel.dedup.exact.out"] == 2 and metrics["funnel.content.text.out"] == 1
     assert tags["step.content.artistic.applied"] == "false" and tags["step.dedup.near.applied"] == "true"
     assert not any(k.startswith("filter.") for k in tags)
+
+
+def test_a_resumed_run_drops_the_decisions_written_under_the_former_step_names(tmp_path, centernet_path):
+    """Global steps decide again on every run; a folder of a run begun under the former names
+    would be read beside theirs (``partition_decisions`` reads every step's folder)."""
+    from curation.job import prepare
+    from curation.passes import plan
+    from infra import storage
+    from tests.curation.test_pipeline import demo_config
+
+    (tmp_path / "raw").mkdir()
+    Image.new("RGB", (64, 48), (120, 30, 60)).save(tmp_path / "raw" / "one.jpg")
+    job = prepare(demo_config(tmp_path / "raw", tmp_path / "out", centernet_path), HUMANS1B)
+    table = pa.table([["k"], ["near_duplicate"], ["j"], ["g"]], schema=DECISION_SCHEMA)
+    for step in ("near_dedup", "dedup.near"):
+        storage.write_parquet(job.fs, output.decisions_path(job.root, step, "000000-x"), table)
+    plan(job)
+    folders = tmp_path / "out" / output.DEDUP_DIR / output.DECISIONS_DIR
+    assert sorted(p.name for p in folders.iterdir()) == ["dedup.near"]
