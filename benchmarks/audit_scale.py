@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-STEPS = ("decode", "geometry", "image_quality", "person_detection", "text_filter")  # the demo run's column writers
+STEPS = ("decode", "geometry", "quality", "detector", "content.text")  # the demo run's column writers
 CLUSTER_LEVELS = 2  # the demo's clusters step: cluster_l0 and cluster_l1 on every kept sample
 MIN_SIDE_A, MIN_SIDE_B = 256, 400
 RENAMED_SHARE = 0.01

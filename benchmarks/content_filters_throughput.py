@@ -49,13 +49,13 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from curation.filters.aesthetic import LAYERS, AestheticScore, AestheticScoreConfig  # noqa: E402
-from curation.filters.artistic import ArtisticFilter, ArtisticFilterConfig, zero_shot  # noqa: E402
-from curation.filters.clip_embedding import ClipEmbedding, ClipEmbeddingConfig  # noqa: E402
+from curation.filters.aesthetic import LAYERS, AestheticScoreConfig, ContentAesthetic  # noqa: E402
+from curation.filters.artistic import ArtisticFilterConfig, ContentArtistic, zero_shot  # noqa: E402
+from curation.filters.clip_embedding import ClipEmbeddingConfig, ContentEmbedding  # noqa: E402
 from curation.filters.model import decode_rgb  # noqa: E402
-from curation.filters.nsfw import NsfwFilter, NsfwFilterConfig  # noqa: E402
-from curation.filters.text import TextFilter, TextFilterConfig  # noqa: E402
-from curation.filters.watermark import WatermarkFilter, WatermarkFilterConfig, build_classifier  # noqa: E402
+from curation.filters.nsfw import ContentNsfw, NsfwFilterConfig  # noqa: E402
+from curation.filters.text import ContentText, TextFilterConfig  # noqa: E402
+from curation.filters.watermark import ContentWatermark, WatermarkFilterConfig, build_classifier  # noqa: E402
 from curation.schema import BASE_FIELDS  # noqa: E402
 from pipelines.demo_corpus import person_photos  # noqa: E402
 
@@ -125,9 +125,9 @@ class Report:
         self.n, self.rows = n, []
         if not header:
             return
-        print(f"{'':67s} {'--- wall clock, img/s ---':>28s}  {'-- img per CPU-second --':>36s}")
+        print(f"{'':69s} {'--- wall clock, img/s ---':>28s}  {'-- img per CPU-second --':>36s}")
         print(
-            f"{'stage':16s} {'model':36s} {'batch':>5s} {'setup_s':>7s} {'stage':>9s} {'bare':>9s} {'ratio':>8s}  "
+            f"{'step':18s} {'model':36s} {'batch':>5s} {'setup_s':>7s} {'stage':>9s} {'bare':>9s} {'ratio':>8s}  "
             f"{'stage':>11s} {'bare':>11s} {'ratio':>12s}"
         )
 
@@ -144,7 +144,7 @@ class Report:
         }
         self.rows.append(r)
         print(
-            f"{stage:16s} {model:36s} {bs:5d} {setup_s:7.1f} {r['stage_ips']:9.2f} {r['bare_ips']:9.2f} "
+            f"{stage:18s} {model:36s} {bs:5d} {setup_s:7.1f} {r['stage_ips']:9.2f} {r['bare_ips']:9.2f} "
             f"{r['stage_ips'] / r['bare_ips']:8.2f}  {r['stage_per_cpu_s']:11.2f} {r['bare_per_cpu_s']:11.2f} "
             f"{r['stage_per_cpu_s'] / r['bare_per_cpu_s']:12.2f}",
             flush=True,
@@ -176,7 +176,7 @@ def bench_heads(report, embedded: pa.Table, clip_cfg, folder: Path, batch_sizes:
 
     embedded = pa.concat_tables([embedded] * -(-report.n // embedded.num_rows)).slice(0, report.n)
     emb = np.asarray(embedded.column("clip_embedding").to_pylist(), np.float32)
-    heads = {"nsfw": (NsfwFilter, NsfwFilterConfig), "aesthetic": (AestheticScore, AestheticScoreConfig)}
+    heads = {"nsfw": (ContentNsfw, NsfwFilterConfig), "aesthetic": (ContentAesthetic, AestheticScoreConfig)}
     for kind, (cls, config) in heads.items():
         if kind not in only:
             continue
@@ -246,7 +246,7 @@ def main() -> None:
             weights = Path(tmp) / f"clip-{clip_model}.pt"
             torch.save(open_clip.create_model(clip_model, pretrained=None).state_dict(), weights)
             clip_cfg = ClipEmbeddingConfig(model=clip_model, weights=str(weights))
-            stage = ClipEmbedding(clip_cfg)
+            stage = ContentEmbedding(clip_cfg)
             setup_s = setup(stage)
             clip = stage.clip
             pil = [decode_rgb(b, **stage.decode_size()) for b in timed_rows.column("image").to_pylist()]
@@ -265,14 +265,20 @@ def main() -> None:
                 )
                 if "embedding" in only:
                     report.add(
-                        "clip_embedding", f"{clip_model} random init ({clip.device})", bs, setup_s, warm_s, secs, base
+                        "content.embedding",
+                        f"{clip_model} random init ({clip.device})",
+                        bs,
+                        setup_s,
+                        warm_s,
+                        secs,
+                        base,
                     )
             heads = Report(args.head_rows, header=False)
             bench_heads(
                 heads, embedded, clip_cfg, Path(tmp), [int(b) for b in args.head_batch_sizes.split(",")], w, only
             )
             if "artistic" in only:
-                a_stage = ArtisticFilter(ArtisticFilterConfig(), clip_cfg)
+                a_stage = ContentArtistic(ArtisticFilterConfig(), clip_cfg)
                 setup_s = setup(a_stage)
                 emb = np.asarray(embedded.column("clip_embedding").to_pylist(), np.float32)
                 for bs in batch_sizes:
@@ -289,7 +295,7 @@ def main() -> None:
                         batches(emb, bs),
                     )
                     report.add(
-                        "artistic_filter",
+                        "content.artistic",
                         f"zero-shot on {clip_model}, {len(a_stage.prompts.prompts)} prompts",
                         bs,
                         setup_s,
@@ -303,7 +309,7 @@ def main() -> None:
             weights = Path(tmp) / "watermark.pt"
             torch.save(build_classifier(args.watermark_backbone, (625, 256)).state_dict(), weights)
             wcfg = WatermarkFilterConfig(weights=str(weights), backbone=args.watermark_backbone)
-            stage = WatermarkFilter(wcfg)
+            stage = ContentWatermark(wcfg)
             setup_s = setup(stage)
             clf = stage.classifier
             from curation.filters.model import autocast
@@ -323,7 +329,7 @@ def main() -> None:
                 warm = [table.slice(n + i * bs, bs) for i in range(w)]
                 warm_s, secs, base, _ = paired(stage.process, warm, [timed_rows], bare_wm, [x[:bs]] * w, batches(x, bs))
                 report.add(
-                    "watermark_filter",
+                    "content.watermark",
                     f"{args.watermark_backbone}@{wcfg.input_size} ({clf.device})",
                     bs,
                     setup_s,
@@ -335,7 +341,7 @@ def main() -> None:
         if "text" in only:
             for side in (int(s) for s in args.ocr_max_sides.split(",")):
                 cfg = TextFilterConfig(max_side=side)
-                stage = TextFilter(cfg)
+                stage = ContentText(cfg)
                 setup_s = setup(stage)
                 bs = cfg.batch_size
                 rgb = [np.asarray(decode_rgb(b, **stage.decode_size())) for b in timed_rows.column("image").to_pylist()]
@@ -348,7 +354,9 @@ def main() -> None:
                     [rgb[:bs]] * w,
                     batches(rgb, bs),
                 )
-                report.add("text_filter", f"rapidocr det+rec, max_side {side} (1 thr)", bs, setup_s, warm_s, secs, base)
+                report.add(
+                    "content.text", f"rapidocr det+rec, max_side {side} (1 thr)", bs, setup_s, warm_s, secs, base
+                )
     print(f"# total {time.perf_counter() - t_start:.0f}s, load average {os.getloadavg()[0]:.1f} at the end")
 
 

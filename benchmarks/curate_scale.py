@@ -201,7 +201,15 @@ def bench_job(
     cfg.dedup.engine, cfg.dedup.against = engine, against
     cfg.shards.samples_per_shard = samples_per_shard
     cfg.dedup.semantic = SemanticDupConfig(enabled=True)
-    kept = ("read", "decode", "clip_embedding", "decontaminate", "exact_dedup", "near_dedup", "semantic_dedup")
+    kept = (
+        "input",
+        "decode",
+        "content.embedding",
+        "dedup.decontaminate",
+        "dedup.exact",
+        "dedup.near",
+        "dedup.semantic",
+    )
     steps = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps if s.name in kept or s is HUMANS1B.steps[-1]])
     return CurationJob(cfg, steps, "bench", *storage.resolve(root))
 
@@ -278,14 +286,14 @@ def index_figures(root: str, seconds: dict, label: str = "") -> None:
 def global_steps(root: str, batch: str, pids: list[str], bpids: list[str], samples_per_shard: int) -> dict:
     """The global steps on V, V's shards, manifest and stats, then B's against V; seconds per step."""
     seconds: dict = {}
-    timed_steps(bench_job(root), pids, ("exact_dedup", "near_dedup", "semantic_dedup"), seconds)
+    timed_steps(bench_job(root), pids, ("dedup.exact", "dedup.near", "dedup.semantic"), seconds)
     index_figures(root, seconds)
     finish_version(root, pids, seconds, samples_per_shard)
-    timed_steps(bench_job(batch, against=root), bpids, ("exact_dedup", "near_dedup", "semantic_dedup"), seconds, "b_")
+    timed_steps(bench_job(batch, against=root), bpids, ("dedup.exact", "dedup.near", "dedup.semantic"), seconds, "b_")
     index_figures(batch, seconds, "b_")
-    v_steps = ("exact_dedup", "near_dedup", "semantic_dedup", "write_shards", "stats_and_version")
+    v_steps = ("dedup.exact", "dedup.near", "dedup.semantic", "write_shards", "stats_and_version")
     seconds["v_total"] = sum(seconds[k] for k in v_steps)
-    seconds["b_total"] = sum(seconds[f"b_{k}"] for k in ("exact_dedup", "near_dedup", "semantic_dedup"))
+    seconds["b_total"] = sum(seconds[f"b_{k}"] for k in ("dedup.exact", "dedup.near", "dedup.semantic"))
     seconds["global_total"] = seconds["v_total"] + seconds["b_total"]
     seconds["global_cpu"] = sum(v for k, v in seconds.items() if k.endswith("_cpu"))
     return seconds
@@ -374,10 +382,10 @@ def measure(n: int, args) -> dict:
             seconds["local_near_s"] = local_near(root, pids)
         if n <= args.check_max:  # after the RSS block: the local engine holds the candidates on the driver
             seconds["same"] = {
-                "semantic": same_decisions(bench_job(root), pids, "semantic_dedup", ("exact_dedup", "near_dedup")),
-                "B near": same_decisions(bench_job(batch, root), bpids, "near_dedup", ("exact_dedup",)),
+                "semantic": same_decisions(bench_job(root), pids, "dedup.semantic", ("dedup.exact", "dedup.near")),
+                "B near": same_decisions(bench_job(batch, root), bpids, "dedup.near", ("dedup.exact",)),
                 "B semantic": same_decisions(
-                    bench_job(batch, root), bpids, "semantic_dedup", ("exact_dedup", "near_dedup")
+                    bench_job(batch, root), bpids, "dedup.semantic", ("dedup.exact", "dedup.near")
                 ),
             }
     ray.shutdown()
@@ -394,19 +402,19 @@ def size_line(r: dict) -> str:
     )
     return (
         f"n={r['n']:>10,d}: global steps {r['global_total']:8.1f} s, {r['global_cpu']:.1f} CPU-s; "
-        f"V: exact {r['exact_dedup']:.1f}, near {r['near_dedup']:.1f} (index B={r['index_blocks']}, "
-        f"{r['index_bands']} bands, {r['index_postings']:,} postings), semantic {r['semantic_dedup']:.1f}, "
+        f"V: exact {r['dedup.exact']:.1f}, near {r['dedup.near']:.1f} (index B={r['index_blocks']}, "
+        f"{r['index_bands']} bands, {r['index_postings']:,} postings), semantic {r['dedup.semantic']:.1f}, "
         f"shards + manifest {r['write_shards']:.1f} ({r['shards']:,} shards of {r['shard_sizes']}), stats+version {r['stats_and_version']:.1f}; "
-        f"B against V: exact {r['b_exact_dedup']:.1f}, near {r['b_near_dedup']:.1f} (index of {r['b_index_parts']} parts), "
-        f"semantic {r['b_semantic_dedup']:.1f}; dropped V exact {r['exact_dedup_dropped']:,} near "
-        f"{r['near_dedup_dropped']:,} semantic {r['semantic_dedup_dropped']:,}, B exact {r['b_exact_dedup_dropped']:,} "
-        f"near {r['b_near_dedup_dropped']:,} semantic {r['b_semantic_dedup_dropped']:,}; kept {r['kept']:,}; "
+        f"B against V: exact {r['b_dedup.exact']:.1f}, near {r['b_dedup.near']:.1f} (index of {r['b_index_parts']} parts), "
+        f"semantic {r['b_dedup.semantic']:.1f}; dropped V exact {r['dedup.exact_dropped']:,} near "
+        f"{r['dedup.near_dropped']:,} semantic {r['dedup.semantic_dropped']:,}, B exact {r['b_dedup.exact_dropped']:,} "
+        f"near {r['b_dedup.near_dropped']:,} semantic {r['b_dedup.semantic_dropped']:,}; kept {r['kept']:,}; "
         f"driver peak RSS {r['peak_rss_mb']:.0f} MB (getrusage max {r['maxrss_mb']:.0f} MB); staging "
         f"{r['staging_s']:.1f} s; load {os.getloadavg()[0]:.1f}"
         + (f"; Ray == local: {same}" if same else "")
         + (
             f"; baseline in-process near search {r['local_near_s']:.1f} s (near step / baseline "
-            f"{r['near_dedup'] / r['local_near_s']:.1f}x)"
+            f"{r['dedup.near'] / r['local_near_s']:.1f}x)"
             if "local_near_s" in r
             else ""
         )
@@ -414,7 +422,7 @@ def size_line(r: dict) -> str:
 
 
 def growth_line(a: dict, b: dict) -> str:
-    steps = ("near_dedup", "semantic_dedup", "b_near_dedup", "b_semantic_dedup", "exact_dedup", "write_shards")
+    steps = ("dedup.near", "dedup.semantic", "b_dedup.near", "b_dedup.semantic", "dedup.exact", "write_shards")
     parts = ", ".join(f"{k} n^{exponent(a, b, k):.2f} (CPU n^{exponent(a, b, k + '_cpu'):.2f})" for k in steps)
     return (
         f"{a['n']:.0e} -> {b['n']:.0e}: global steps n^{exponent(a, b, 'global_total'):.2f} "

@@ -114,7 +114,7 @@ def real_photo_files() -> dict[str, Path]:
 
 def pipeline_phash_pair(raw: bytes) -> tuple[int, int]:
     """(PHash, mirror PHash) of encoded image bytes exactly as the decode step computes them
-    (``DecodeStep.decode_row``: ``decode_image`` with the JPEG draft, then ``phash_hex_pair``)."""
+    (``Decode.decode_row``: ``decode_image`` with the JPEG draft, then ``phash_hex_pair``)."""
     from curation.config import DecodeConfig
     from curation.decode import HASH_DRAFT_SIDE, decode_image
     from curation.dedup.hashing import phash_hex_pair
@@ -806,7 +806,7 @@ def distributed_near(inp, cfg):
     from curation.dedup.distributed import near_decisions
     from infra import storage
 
-    near_decisions(inp, cfg, "near_dedup")
+    near_decisions(inp, cfg, "dedup.near")
     fs, root = storage.resolve(inp.uri)
     return pa.concat_tables([partition_decisions(fs, root, p) for p in inp.pids])
 
@@ -925,12 +925,12 @@ def print_work_growth(results: list[dict], kinds: list[str], sizes: list[int]) -
 
 def check_pipeline_path(args, count: int = 6) -> str:
     """The generator's hash is the decode step's: a few generated JPEGs (views, copies, blanks) through
-    ``DecodeStep.process`` give the same phash and phash_mirror as ``pipeline_phash_pair``; and the
+    ``Decode.process`` give the same phash and phash_mirror as ``pipeline_phash_pair``; and the
     cached hashes of the first images equal a fresh computation (a stale cache would differ)."""
     import pyarrow as pa
 
     from curation.config import DecodeConfig
-    from curation.decode import DecodeStep
+    from curation.decode import Decode
     from curation.dedup.hashing import hex_to_uint64
 
     _load_photos([str(p) for p in real_photo_files().values()])
@@ -938,13 +938,13 @@ def check_pipeline_path(args, count: int = 6) -> str:
     for i in range(count):
         raw, _ = base_view(_PHOTOS, args.seed, i, args.collage_share)
         raws += [raw, near_copy(raw, args.seed, i), blank_image(args.seed, i)]
-    decoded = DecodeStep(DecodeConfig()).process(
+    decoded = Decode(DecodeConfig()).process(
         pa.table({"key": [f"c{i}" for i in range(len(raws))], "raw": raws, "reason": [None] * len(raws)})
     )
     ours = np.array([pipeline_phash_pair(r) for r in raws], np.uint64)
     step = np.stack([hex_to_uint64(decoded.column(c)) for c in ("phash", "phash_mirror")], axis=1)
     same = int((ours == step).all(axis=1).sum())
-    assert same == len(raws), f"the generator's hash differs from DecodeStep's on {len(raws) - same} images"
+    assert same == len(raws), f"the generator's hash differs from Decode's on {len(raws) - same} images"
     cached = image_hashes("real", count, args)
     fresh = _hash_chunk(("real", args.seed, 0, cached["root"], args.collage_share))
     assert np.array_equal(fresh["phash"], cached["phash"]) and np.array_equal(fresh["mirror"], cached["mirror"]), (
@@ -952,7 +952,7 @@ def check_pipeline_path(args, count: int = 6) -> str:
     )
     return (
         f"pipeline hash check: {same} of {len(raws)} generated JPEGs (views, copies, blanks) hash as "
-        f"DecodeStep does; the cache's first {count} real hashes equal a fresh computation"
+        f"Decode does; the cache's first {count} real hashes equal a fresh computation"
     )
 
 

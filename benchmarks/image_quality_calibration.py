@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 from curation.config import DecodeConfig
-from curation.decode import DecodeStep, thumbnail_pixels
+from curation.decode import Decode, thumbnail_pixels
 from curation.filters.quality import ImageQualityConfig, measure
 from pipelines.demo_corpus import non_person_photos, person_photos
 
@@ -61,7 +61,7 @@ def thumbnail(im: Image.Image) -> np.ndarray:
     buf = io.BytesIO()
     im.save(buf, "JPEG", quality=92)
     raw = buf.getvalue()
-    row = DecodeStep(DecodeConfig()).decode_row(
+    row = Decode(DecodeConfig()).decode_row(
         {"partition": "p", "key": "k", "source": "s", "raw": raw, "input_bytes": len(raw), "reason": None}
     )
     return thumbnail_pixels(row["thumbnail"])

@@ -279,7 +279,6 @@ ENGINES = {"local": cluster_locally, "ray": cluster_with_ray}
 class Clusters(AttributeStep):
     """Cluster ids at every level for the kept samples, and ``clusters.json`` (the module doc)."""
 
-    name = "clusters"
     section = "clusters"
     Config = ClustersConfig
 

@@ -257,11 +257,10 @@ def encode_output(raw: bytes, rgb: Image.Image, facts: dict, cfg: DecodeConfig) 
     return out.getvalue()
 
 
-class DecodeStep(RowStep):
+class Decode(RowStep):
     """Raw rows -> decoded rows (``schema.BASE_FIELDS`` and the transient ``thumbnail``); the raw
     bytes are dropped here."""
 
-    name = "decode"
     section = "decode"
     Config = DecodeConfig
     reasons = schema.ERROR_REASONS

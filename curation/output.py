@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from curation.stats import upgrade
 from infra import storage
 
 SHARDS, MANIFEST = "shards", "manifest"
@@ -143,7 +144,8 @@ class CuratedOutput:
         return self.read_json(SUCCESS_FILE)
 
     def stats(self) -> dict:
-        return self.read_json(STATS_FILE)
+        """stats.json in the current format, whichever format the output was written in."""
+        return upgrade(self.read_json(STATS_FILE))
 
     def _files(self, folder: str, suffix: str) -> list[str]:
         d = storage.join(self.root, folder)

@@ -27,14 +27,14 @@ import time
 import pyarrow as pa
 
 from curation import output, schema, staging
-from curation.dedup.decisions import GlobalDedupInput, decided_steps, partition_decisions
+from curation.dedup.decisions import GlobalDedupInput, clear_step, decided_steps, partition_decisions
 from curation.dedup.eval_overlap import EvalSet
 from curation.dedup.steps import (
-    Decontaminate,
     DedupContext,
+    DedupDecontaminate,
+    DedupNear,
+    DedupSemantic,
     DedupStep,
-    NearDedup,
-    SemanticDedup,
     candidate_columns,
     run_global_dedup,
     steps_before,
@@ -43,6 +43,7 @@ from curation.eval_set import eval_reader, read_eval_set
 from curation.job import CurationJob, content_digest
 from curation.partitions import Partition, partition_datasource, partition_to_json
 from curation.readers import ROWS_PER_BLOCK
+from curation.stats import FORMAT1_STEP_NAMES
 from curation.steps import AttributeStep, Pass, Reader, apply_step, check_fits, run_steps_locally
 from curation.writer import survivors_only
 from infra import storage
@@ -60,6 +61,8 @@ POOL_INPUT_BYTES = 8 * 2**20
 def plan(job: CurationJob) -> tuple[list[Partition], set[str], list[Partition]]:
     """(all partitions, those already written, those to score); unfinished staging is cleared."""
     storage.remove_temp_files(job.fs, job.root)
+    for former in FORMAT1_STEP_NAMES:  # until the next release: a run resumed from one begun under them
+        clear_step(job.fs, job.root, former)  # (the global steps decide again, under the current names)
     partitions = job.steps.reader.plan()
     storage.atomic_write_bytes(
         job.fs,
@@ -311,7 +314,7 @@ def global_dedup(job: CurationJob, pids: list[str], steps: list[DedupStep] | Non
     columns, absent = candidate_columns(steps, job.steps.available())
     # staging: this pass's (job.root); decisions: always under the output folder itself
     inp = GlobalDedupInput(job.uri, tuple(pids), tuple(columns), tuple(absent), tuple(earlier), job.cfg.output_dir)
-    ctx = DedupContext.open(job.cfg.dedup, next((s.cfg for s in steps if isinstance(s, NearDedup)), None))
+    ctx = DedupContext.open(job.cfg.dedup, next((s.cfg for s in steps if isinstance(s, DedupNear)), None))
     ctx.eval_set = evaluation_set(job, steps)
     dropped = run_global_dedup(steps, inp, ctx)
     ctx.save_index(fs, output.path(out_root, output.DEDUP_DIR, output.NEAR_INDEX_DIR))
@@ -324,8 +327,8 @@ def evaluation_set(job: CurationJob, steps: list[DedupStep]) -> EvalSet | None:
     and decode step (``curation.eval_set``), with the CLIP step's embedding when ``steps`` hold
     semantic dedup; None when no step here uses them."""
     uri = getattr(getattr(job.cfg.dedup, "decontaminate", None), "eval_images", "")
-    semantic = next((s for s in steps if isinstance(s, SemanticDedup)), None)
-    if not uri or (semantic is None and not any(isinstance(s, Decontaminate) for s in steps)):
+    semantic = next((s for s in steps if isinstance(s, DedupSemantic)), None)
+    if not uri or (semantic is None and not any(isinstance(s, DedupDecontaminate) for s in steps)):
         return None
     rows = job.steps.row_steps
     embedding = None

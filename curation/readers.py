@@ -357,10 +357,9 @@ def read_partition(p: Partition, cfg: InputConfig, max_bytes: int) -> Iterator[p
         raise ValueError(f"unknown partition kind {p.kind!r}")
 
 
-class ReadImages(Reader):
+class Input(Reader):
     """The recipe's first step: plan the input into partitions, read each into raw rows."""
 
-    name = "read"
     section = "input"
     Config = InputConfig
     reasons = (DOWNLOAD_FAILED, READ_FAILED, EMPTY_FILE, FILE_TOO_LARGE)
@@ -371,7 +370,7 @@ class ReadImages(Reader):
         self.max_bytes = max_bytes  # decode.max_bytes: larger files are recorded, never read
 
     @classmethod
-    def from_config(cls, job) -> ReadImages:
+    def from_config(cls, job) -> Input:
         return cls(job.input, job.decode.max_bytes)
 
     def plan(self) -> list[Partition]:

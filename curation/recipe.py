@@ -16,7 +16,9 @@ Each step declares the columns it reads and writes; building the recipe refuses 
 which a step reads a column no earlier enabled step writes. A disabled step stays in the list
 and reports itself as not applied. The job's config class, the funnel in stats.json, the step
 descriptions in stats.json and MLflow, the columns dedup reads and the audit's score charts all
-derive from this list. Adding a filter: one file with its step class (settings dataclass,
+derive from this list. A step is named by its config section, everywhere (the funnel, the
+audit and MLflow say ``content.nsfw`` where the YAML does), and its class is that path in
+CamelCase (``ContentNsfw``). Adding a filter: one file with its step class (settings dataclass,
 ``section``, ``reads``, ``fields``, ``reasons``, ``scores``) and one line here.
 """
 
@@ -26,43 +28,43 @@ import dataclasses
 
 from curation.clusters import Clusters
 from curation.config import JobConfig
-from curation.decode import DecodeStep
-from curation.dedup.steps import Decontaminate, ExactDedup, NearDedup, SemanticDedup
-from curation.filters.aesthetic import AestheticScore
-from curation.filters.artistic import ArtisticFilter
+from curation.decode import Decode
+from curation.dedup.steps import DedupDecontaminate, DedupExact, DedupNear, DedupSemantic
+from curation.filters.aesthetic import ContentAesthetic
+from curation.filters.artistic import ContentArtistic
 from curation.filters.backbone_embedding import BackboneEmbedding
-from curation.filters.clip_embedding import ClipEmbedding
-from curation.filters.geometry import GeometryFilter
-from curation.filters.nsfw import NsfwFilter
-from curation.filters.person import PersonFilter
-from curation.filters.quality import ImageQuality
-from curation.filters.text import TextFilter
-from curation.filters.watermark import WatermarkFilter
-from curation.readers import ReadImages
+from curation.filters.clip_embedding import ContentEmbedding
+from curation.filters.geometry import Geometry
+from curation.filters.nsfw import ContentNsfw
+from curation.filters.person import Detector
+from curation.filters.quality import Quality
+from curation.filters.text import ContentText
+from curation.filters.watermark import ContentWatermark
+from curation.readers import Input
 from curation.steps import Recipe
-from curation.writer import WriteShards
+from curation.writer import Shards
 
 # fmt: off
 HUMANS1B = Recipe(
     [
-        ReadImages,       # input:              folders, WebDataset tars, Parquet; local or object store
-        DecodeStep,       # decode:             safe decode, EXIF, modes, bombs; SHA-256 and PHash
-        GeometryFilter,   # geometry:           short side, aspect ratio
-        ImageQuality,     # quality:            sharpness, exposure of decode's thumbnail; ranks duplicates
-        Decontaminate,    # dedup.decontaminate: copies of evaluation images             }
-        ExactDedup,       # dedup.exact:        identical bytes, across the run          } end of pass 1
-        NearDedup,        # dedup.near:         PHash within t bits, mirror-aware        }
-        PersonFilter,     # detector:           at least one salient person
-        ClipEmbedding,    # content.embedding:  CLIP embedding for the heads after it and semantic dedup
-        NsfwFilter,       # content.nsfw:       LAION's CLIP NSFW detector
-        ArtisticFilter,   # content.artistic:   paintings, drawings, renders, screenshots...
-        WatermarkFilter,  # content.watermark:  LAION-style watermark classifier
-        AestheticScore,   # content.aesthetic:  LAION aesthetic predictor v2: a stored score, optional min_score
-        TextFilter,       # content.text:       OCR: text-dominated images, captions, text watermarks
-        BackboneEmbedding,  # backbone_embedding: a Sapiens backbone's mean patch tokens (no CLIP needed)
-        SemanticDedup,    # dedup.semantic:     CLIP cosine within k-means clusters      } end of pass 2
-        Clusters,         # clusters:           hierarchical k-means ids of the kept samples, clusters.json
-        WriteShards,      #                     the one decision point: shards, sidecars, manifest
+        Input,               # input:               folders, WebDataset tars, Parquet; local or object store
+        Decode,              # decode:              safe decode, EXIF, modes, bombs; SHA-256 and PHash
+        Geometry,            # geometry:            short side, aspect ratio
+        Quality,             # quality:             sharpness, exposure of decode's thumbnail; ranks duplicates
+        DedupDecontaminate,  # dedup.decontaminate: copies of evaluation images             }
+        DedupExact,          # dedup.exact:         identical bytes, across the run          } end of pass 1
+        DedupNear,           # dedup.near:          PHash within t bits, mirror-aware        }
+        Detector,            # detector:            at least one salient person
+        ContentEmbedding,    # content.embedding:   CLIP embedding for the heads after it and semantic dedup
+        ContentNsfw,         # content.nsfw:        LAION's CLIP NSFW detector
+        ContentArtistic,     # content.artistic:    paintings, drawings, renders, screenshots...
+        ContentWatermark,    # content.watermark:   LAION-style watermark classifier
+        ContentAesthetic,    # content.aesthetic:   LAION aesthetic predictor v2: a stored score, optional min_score
+        ContentText,         # content.text:        OCR: text-dominated images, captions, text watermarks
+        BackboneEmbedding,   # backbone_embedding:  a Sapiens backbone's mean patch tokens (no CLIP needed)
+        DedupSemantic,       # dedup.semantic:      CLIP cosine within k-means clusters      } end of pass 2
+        Clusters,            # clusters:            hierarchical k-means ids of the kept samples, clusters.json
+        Shards,              # shards:              the one decision point: shards, sidecars, manifest
     ],
     job=JobConfig,
 )

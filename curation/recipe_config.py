@@ -15,6 +15,12 @@ import re
 from typing import Any
 
 
+def section_class_name(path: str) -> str:
+    """A section path's words in CamelCase (``dedup.exact`` -> ``DedupExact``,
+    ``backbone_embedding`` -> ``BackboneEmbedding``): the class name of the step it configures."""
+    return "".join(word.capitalize() for word in re.split(r"[._]", path) if word)
+
+
 def _factory(cls: type, where: str):
     def make() -> Any:
         try:
@@ -32,7 +38,7 @@ def _group_class(path: str, children: dict[str, Any], bases: tuple[type, ...], m
         (name, tp, dataclasses.field(default_factory=_factory(tp, f"{path}.{name}" if path else name)))
         for name, tp in children.items()
     ]
-    name = "".join(p.title() for p in path.split(".")) + "Section"
+    name = section_class_name(path) + "Section"
     cls = dataclasses.make_dataclass(name, fields, bases=bases, kw_only=True)
     cls.__module__, cls.__qualname__ = module, name
     cls.__doc__ = f"The ``{path}`` section: " + ", ".join(children) + "."

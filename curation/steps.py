@@ -1,15 +1,18 @@
 """Steps: the unit the curation recipe is written in, their adapter onto Ray Data, and ``Recipe``.
 
-A **step** holds the settings of its own config section (``section``, a dataclass ``Config``),
-declares the columns it ``reads``, the typed columns it writes (``fields``; ``writes`` is
+A **step** holds the settings of its own config section (``section``, a dataclass ``Config``)
+and is named by it: its ``name`` is that section's dotted path as a user writes it in YAML and on
+the command line (``content.nsfw``), in stats.json, the audit and MLflow alike, and its class name
+is the path's words in CamelCase (``ContentNsfw``: ``curation.recipe_config.section_class_name``).
+It declares the columns it ``reads``, the typed columns it writes (``fields``; ``writes`` is
 their names), the drop/error ``reasons`` it may set and the ``scores`` the audit charts, and
 describes itself for stats.json and MLflow. A disabled step stays in the recipe and reports
 itself as not applied. A step that writes an integer column named ``rank_<what>`` (lower is
 better) ranks the copies of a duplicate family: the representative rule compares it after
 "original over converted" (``curation.dedup.representative_sort_key``). Kinds of step:
 
-- the **reader** and the **writer** (``Reader``, ``Writer``: ``curation.readers.ReadImages``,
-  ``curation.writer.WriteShards``), one of each per recipe, which ``BuiltRecipe.reader`` and
+- the **reader** and the **writer** (``Reader``, ``Writer``: ``curation.readers.Input``,
+  ``curation.writer.Shards``), one of each per recipe, which ``BuiltRecipe.reader`` and
   ``BuiltRecipe.writer`` name; the writer owns the output's layout;
 - a **row step** (``RowStep``): maps a ``pyarrow.Table`` batch of rows to the same rows with its
   columns added (``process``). Filters annotate: they record scores and set ``reason`` on the
@@ -91,11 +94,11 @@ class Score:
 
 
 class Step(abc.ABC):
-    """One step of the recipe, built from its config section. ``writes`` is derived from
-    ``fields`` (set on each subclass); a step whose columns depend on its settings overrides
-    ``columns_written``."""
+    """One step of the recipe, built from its config section and named by it: ``name`` is
+    ``section`` (derived, never written twice). ``writes`` is derived from ``fields`` (set on each
+    subclass); a step whose columns depend on its settings overrides ``columns_written``."""
 
-    name: ClassVar[str]
+    name: ClassVar[str]  # its section (set for each subclass, never declared)
     section: ClassVar[str] = ""  # dotted path of its settings in the job config, e.g. "content.text"
     Config: ClassVar[type | None] = None  # the settings dataclass of that section
     group: ClassVar[type | None] = None  # settings the steps of a section group share (e.g. dedup.engine)
@@ -109,6 +112,9 @@ class Step(abc.ABC):
         super().__init_subclass__(**kwargs)
         if "writes" in vars(cls):
             raise TypeError(f"{cls.__name__}: declare the columns it writes as ``fields``; ``writes`` is derived")
+        if "name" in vars(cls):
+            raise TypeError(f"{cls.__name__}: declare its config ``section``; a step's ``name`` is its section")
+        cls.name = cls.section
         cls.writes = tuple(f.name for f in cls.fields)
         for f in cls.fields:
             if f.name.startswith(RANK_PREFIX) and not pa.types.is_integer(f.type):
@@ -211,7 +217,7 @@ class AttributeStep(Step):
 
 
 class RowStep(Step):
-    """A step over batches of rows. Subclasses set ``name`` and ``reasons`` and implement ``process``."""
+    """A step over batches of rows. Subclasses set ``section`` and ``reasons`` and implement ``process``."""
 
     uses_model: ClassVar[bool] = False
 
@@ -285,7 +291,7 @@ def check_fits(steps: list[RowStep], read_cpus: float, total_cpus: float, autosc
     models = [s for s in steps if s.uses_model]
     held = sum(s.resources().num_cpus * s.resources().num_actors for s in models)
     tasks = [("input.num_cpus", read_cpus)] + [
-        (f"{s.name} num_cpus", s.resources().num_cpus) for s in steps if not s.uses_model
+        (f"{s.section}.num_cpus", s.resources().num_cpus) for s in steps if not s.uses_model
     ]
     name, largest = max(tasks, key=lambda t: t[1])
     if held + largest > total_cpus + 1e-9:
@@ -398,8 +404,8 @@ class BuiltRecipe:
             if column in type(other).writes or column in other.columns_written():
                 if j < index:
                     return (
-                        f": {other.name!r} writes it but is disabled; enable {other.section} or disable "
-                        f"{self.steps[index].section}"
+                        f": {other.name!r} writes it but is disabled; set {other.section}.enabled=true or "
+                        f"{self.steps[index].section}.enabled=false"
                     )
                 return f": {other.name!r} writes it later in the recipe; move {self.steps[index].name!r} after it"
         return ""

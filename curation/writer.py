@@ -11,7 +11,7 @@ Two layouts (``shards.samples_per_shard``, ``curation.config.ShardsConfig``):
   call of ``write_mixed_shard`` in its position order (``shards/<index>.tar`` and ``.parquet``).
   Manifest parts are written once every shard is.
 
-``WriteShards.write_all`` writes either layout (its tasks on Ray); it is the only place that
+``Shards.write_all`` writes either layout (its tasks on Ray); it is the only place that
 knows which.
 
 Either way, ``<key>.jpg`` + ``<key>.json`` per sample with fixed member metadata (mtime 0,
@@ -317,11 +317,10 @@ def _write_placed(
     return write_partition(output, pid, decisions(pid), staged_at, (layout, firsts[pid]), _of(attributes, pid))
 
 
-class WriteShards(Writer):
+class Shards(Writer):
     """The recipe's last step and its one decision point: statuses from reasons and dedup
     decisions, then the shards with their sidecars, and each partition's manifest part."""
 
-    name = "write_shards"
     section = "shards"
     Config = ShardsConfig
     reads = ("key", "image", "image_ext")

@@ -38,14 +38,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from curation.decode import DecodeStep
-from curation.filters.aesthetic import AestheticScore
-from curation.filters.artistic import ArtisticFilter
-from curation.filters.clip_embedding import ClipEmbedding
+from curation.decode import Decode
+from curation.filters.aesthetic import ContentAesthetic
+from curation.filters.artistic import ContentArtistic
+from curation.filters.clip_embedding import ContentEmbedding
 from curation.filters.model import EMBEDDING_COLUMN, ModelStep
-from curation.filters.nsfw import NsfwFilter
+from curation.filters.nsfw import ContentNsfw
 from curation.filters.thresholds import UncalibratedThresholdWarning
-from curation.filters.watermark import WatermarkFilter
+from curation.filters.watermark import ContentWatermark
 from curation.job import content_digest
 from curation.recipe import CurationConfig
 from curation.schema import EMPTY_FILE, RAW_SCHEMA, READ_FAILED
@@ -53,10 +53,10 @@ from curation.steps import RowStep, run_steps_locally, section_of
 from infra.config import config_to_dict, load_config
 
 FILTERS: dict[str, type[ModelStep]] = {
-    "artistic": ArtisticFilter,
-    "nsfw": NsfwFilter,
-    "watermark": WatermarkFilter,
-    "aesthetic": AestheticScore,
+    "artistic": ContentArtistic,
+    "nsfw": ContentNsfw,
+    "watermark": ContentWatermark,
+    "aesthetic": ContentAesthetic,
 }
 DROPS_BELOW = {"aesthetic"}  # min_score drops rows below it; the others drop at or above
 LABELS = ("positives", "negatives")
@@ -151,10 +151,10 @@ def build_steps(cfg, name: str) -> list[RowStep]:
     head_cls = FILTERS[name]
     section_of(cfg, head_cls.section).enabled = True
     head = head_cls.from_config(cfg)
-    steps: list[RowStep] = [DecodeStep(cfg.decode)]
+    steps: list[RowStep] = [Decode(cfg.decode)]
     if EMBEDDING_COLUMN in head.columns_read():
-        section_of(cfg, ClipEmbedding.section).enabled = True
-        steps.append(ClipEmbedding.from_config(cfg))
+        section_of(cfg, ContentEmbedding.section).enabled = True
+        steps.append(ContentEmbedding.from_config(cfg))
     steps.append(head)
     with warnings.catch_warnings():  # the threshold is what this run measures
         warnings.simplefilter("ignore", UncalibratedThresholdWarning)
@@ -281,7 +281,7 @@ def record(name: str, cfg, steps: list[RowStep], scored: Scored, point: Point, r
     """The one-line ``calibration`` record: what the threshold was measured on."""
     head = steps[-1]
     weights = ", ".join(f"{k} sha256:{v}" for k, v in weights_of(steps).items())
-    clip = f"CLIP {cfg.content.embedding.model}; " if any(isinstance(s, ClipEmbedding) for s in steps) else ""
+    clip = f"CLIP {cfg.content.embedding.model}; " if any(isinstance(s, ContentEmbedding) for s in steps) else ""
     counts = ", ".join(f"{len(scored.scores[k])} {k}" for k in LABELS)
     left_out = sum(sum(c.values()) for c in scored.skipped.values())
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

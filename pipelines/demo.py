@@ -235,7 +235,7 @@ def funnel_lines(curated: str) -> list[str]:
     for step in stats["funnel"]:
         removed = ", ".join(f"{k} {v}" for k, v in sorted(step.get("removed", {}).items()))
         rows.append(
-            f"  {step['stage']:24s} {step['out']:>5d}"
+            f"  {step['step']:24s} {step['out']:>5d}"
             + (f"   (-{step['in'] - step['out']}: {removed})" if removed else "")
         )
     rows.append(

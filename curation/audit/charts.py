@@ -32,7 +32,7 @@ def funnel(steps: list[dict]) -> bytes:
     """Each step's input split into what it passed on and what it removed (inputs at the top)."""
     fig = _figure(0.55 * len(steps) + 1.2)
     ax = fig.add_subplot()
-    names = [s["stage"] for s in steps]
+    names = [s["step"] for s in steps]
     outs = np.array([s["out"] for s in steps])
     removed = np.array([s["in"] - s["out"] for s in steps])
     y = np.arange(len(steps))[::-1]

@@ -26,7 +26,7 @@ _PARQUET_ROW = "#row="
 def funnel_entries(stats: dict) -> list[dict]:
     """stats.json's funnel in pipeline order: per entry its ``step``, rows ``in`` and ``out`` and the
     ``removed`` counts by reason (the last entry may be ``other``: reasons no step owns)."""
-    return [{"step": s["stage"], "in": s["in"], "out": s["out"], "removed": s["removed"]} for s in stats["funnel"]]
+    return [{"step": s["step"], "in": s["in"], "out": s["out"], "removed": s["removed"]} for s in stats["funnel"]]
 
 
 def funnel_spec(stats: dict) -> list[tuple[str, tuple[str, ...]]]:
@@ -81,7 +81,7 @@ def recount(v: AuditedVersion, t: Tally) -> dict:
         funnel_spec(v.stats),
         samples_in_shards=CuratedOutput.at(v.uri).samples_in_shards(),
         shards=len(v.version.shards),
-        descriptions=v.stats.get("stages", []),
+        descriptions=v.stats.get("steps", []),
     )
 
 
@@ -130,7 +130,7 @@ def source_group(source: str, input_root: str) -> str:
 
 
 def step_of_reason(stats: dict) -> dict[str, str]:
-    return {r: s["stage"] for s in stats["funnel"] for r in s["removed"]}
+    return {r: s["step"] for s in stats["funnel"] for r in s["removed"]}
 
 
 def reason_entries(removed: Counter, stats: dict) -> list[dict]:

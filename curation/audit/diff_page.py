@@ -20,15 +20,15 @@ from curation.audit.loading import AuditedVersion
 
 
 def _funnel_rows(d: VersionDiff) -> tuple[list[list], list[dict]]:
-    fa = {s["stage"]: s for s in counts.recount(d.a, d.tallies[0])["funnel"]}
-    fb = {s["stage"]: s for s in counts.recount(d.b, d.tallies[1])["funnel"]}
+    fa = {s["step"]: s for s in counts.recount(d.a, d.tallies[0])["funnel"]}
+    fb = {s["step"]: s for s in counts.recount(d.b, d.tallies[1])["funnel"]}
     steps = list(fa) + [s for s in fb if s not in fa]
     rows, attrs = [], []
     for s in steps:
         a_out, b_out = fa.get(s, {}).get("out"), fb.get(s, {}).get("out")
         delta = b_out - a_out if a_out is not None and b_out is not None else "-"
         rows.append([s, "-" if a_out is None else a_out, "-" if b_out is None else b_out, delta])
-        attrs.append({"data-stage": s, "data-a-out": a_out, "data-b-out": b_out})
+        attrs.append({"data-step": s, "data-a-out": a_out, "data-b-out": b_out})
     return rows, attrs
 
 

@@ -28,7 +28,7 @@ import pyarrow as pa
 from curation import schema
 from curation.audit import counts, images, report
 from curation.audit.loading import AuditedVersion
-from curation.filters.person import PersonFilter
+from curation.filters.person import Detector
 from curation.recipe import HUMANS1B
 from curation.steps import Recipe
 
@@ -104,7 +104,7 @@ def range_columns(v: AuditedVersion, recipe: Recipe = HUMANS1B) -> dict[str, Ran
             BOX_SIZE,
             box_size_sql(rule.measure, rule.threshold),
             f"largest person box scoring >= {rule.threshold:g} ({rule.measure}, px)",
-            PersonFilter.name,
+            Detector.name,
             "min_box_size",
             rule.min_box_size,
         )

@@ -32,7 +32,7 @@ from curation import schema
 from curation.audit.counts import split_source
 from curation.config import DecodeConfig, InputConfig
 from curation.decode import DecodeError, decode_image
-from curation.filters.person import DetectorConfig, box_size
+from curation.filters.person import Detector, DetectorConfig, box_size
 from curation.output import SHARDS
 from curation.partitions import parquet_columns
 from infra import storage
@@ -135,10 +135,10 @@ def section(config: dict, name: str, cls):
 
 
 def box_rule(config: dict, stats: dict) -> BoxRule | None:
-    step = next((s for s in stats.get("stages", []) if s["name"] == "person_detection"), None)
+    step = next((s for s in stats.get("steps", []) if s["name"] == Detector.name), None)
     if not step or not step.get("applied"):
         return None
-    det = section(config, "detector", DetectorConfig)
+    det = section(config, Detector.section, DetectorConfig)
     return BoxRule(
         float(step.get("score_threshold", det.threshold)),
         float(step.get("min_box_size", det.min_box_size)),

@@ -26,14 +26,14 @@ import curation.audit.page as page
 from curation import schema
 from curation.audit.loading import AuditedVersion
 from curation.audit.record import RunRef, explore_command
-from curation.filters.person import PersonFilter, box_size
+from curation.filters.person import Detector, box_size
 from curation.recipe import HUMANS1B
 from curation.steps import Recipe, Score
 
 
 def step_description(v: AuditedVersion, name: str) -> dict | None:
-    """The step's description in stats.json (its ``stages`` list)."""
-    return next((s for s in v.stats.get("stages", []) if s["name"] == name), None)
+    """The step's description in stats.json (its ``steps`` list)."""
+    return next((s for s in v.stats.get("steps", []) if s["name"] == name), None)
 
 
 def scores_of(v: AuditedVersion, recipe: Recipe = HUMANS1B) -> list[tuple[str, Score]]:
@@ -83,7 +83,7 @@ def _score_values(batch, s: Score, own: set[str], columns: tuple[str, ...]) -> l
 
 
 def score_charts(v: AuditedVersion, recipe: Recipe = HUMANS1B) -> list[Chart]:
-    owned = {s["stage"]: set(s["removed"]) for s in v.stats["funnel"]}
+    owned = {s["step"]: set(s["removed"]) for s in v.stats["funnel"]}
     out = []
     for step, s in scores_of(v, recipe):
         threshold = (step_description(v, step) or {}).get(s.setting) if s.setting else None
@@ -121,7 +121,7 @@ def _box_sizes(batch, rule: images.BoxRule) -> list:
 
 
 def people_charts(v: AuditedVersion) -> list[Chart]:
-    step = step_description(v, PersonFilter.name)
+    step = step_description(v, Detector.name)
     if not step or not step.get("applied") or "person_count" not in v.columns:
         return []
     count = dist.Measure(
@@ -273,7 +273,7 @@ def funnel_section(counted: dict) -> str:
     steps = counted["funnel"]
     rows = [
         [
-            s["stage"],
+            s["step"],
             s["in"],
             s["out"],
             s["in"] - s["out"],
@@ -283,7 +283,7 @@ def funnel_section(counted: dict) -> str:
     ]
     attrs = [
         {
-            "data-stage": s["stage"],
+            "data-step": s["step"],
             "data-in": s["in"],
             "data-out": s["out"],
             "data-removed": s["in"] - s["out"],
@@ -362,15 +362,15 @@ def sources_section(t: counts.Tally) -> str:
 
 
 def steps_section(v: AuditedVersion) -> str:
-    steps = v.stats.get("stages", [])
+    steps = v.stats.get("steps", [])
     return page.section(
         "filters",
         "Steps and their settings",
         page.table(
             ["step", "applied", "settings"],
             [[s["name"], "yes" if s.get("applied") else "NO", _settings_text(s)] for s in steps],
-            table_attrs={"id": "stages-table"},
-            row_attrs=[{"data-stage": s["name"], "data-applied": str(bool(s.get("applied"))).lower()} for s in steps],
+            table_attrs={"id": "steps-table"},
+            row_attrs=[{"data-step": s["name"], "data-applied": str(bool(s.get("applied"))).lower()} for s in steps],
         ),
     )
 

@@ -47,17 +47,17 @@ REASON_SETTINGS: dict[str, tuple[str, ...]] = {
 }
 
 STEP_SETTINGS: dict[str, tuple[str, ...]] = {
-    "read": ("input.", "decode.max_bytes"),
+    "input": ("input.", "decode.max_bytes"),
     "decode": ("decode.",),
     "geometry": ("geometry.",),
-    "person_detection": ("detector.",),
-    "clip_embedding": ("content.embedding.",),
-    "artistic_filter": ("content.artistic.", "content.embedding."),
-    "watermark_filter": ("content.watermark.",),
-    "text_filter": ("content.text.",),
-    "exact_dedup": ("dedup.",),
-    "near_dedup": ("dedup.",),
-    "semantic_dedup": ("dedup.", "content.embedding."),
+    "detector": ("detector.",),
+    "content.embedding": ("content.embedding.",),
+    "content.artistic": ("content.artistic.", "content.embedding."),
+    "content.watermark": ("content.watermark.",),
+    "content.text": ("content.text.",),
+    "dedup.exact": ("dedup.",),
+    "dedup.near": ("dedup.",),
+    "dedup.semantic": ("dedup.", "content.embedding."),
 }
 
 

@@ -27,7 +27,7 @@ from curation.dedup.near import NearDupConfig, row_values
 from curation.dedup.semantic import embeddings
 from infra import storage
 
-EVAL_OVERLAP = "eval_overlap"  # the reason (owned by the decontaminate step)
+EVAL_OVERLAP = "eval_overlap"  # the reason (owned by the dedup.decontaminate step)
 GROUP = "eval:"
 
 

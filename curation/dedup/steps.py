@@ -125,11 +125,10 @@ class DedupStep(Step):
         """Decide in Ray Data, writing the decisions partitioned; rows dropped."""
 
 
-class Decontaminate(DedupStep):
+class DedupDecontaminate(DedupStep):
     """Drops the run's exact and near copies of an evaluation set as ``eval_overlap`` (semantic copies:
-    ``SemanticDedup``, under this step's reason). First, so such a copy is recorded as one."""
+    ``DedupSemantic``, under this step's reason). First, so such a copy is recorded as one."""
 
-    name = "decontaminate"
     section = "dedup.decontaminate"
     Config = DecontaminateConfig
     reasons = (EVAL_OVERLAP,)
@@ -163,8 +162,7 @@ def _eval_set(ctx: DedupContext) -> EvalSet:
     return ctx.eval_set
 
 
-class ExactDedup(DedupStep):
-    name = "exact_dedup"
+class DedupExact(DedupStep):
     section = "dedup.exact"
     Config = ExactDupConfig
     reasons = (schema.EXACT_DUPLICATE,)
@@ -187,8 +185,7 @@ class ExactDedup(DedupStep):
         return exact_decisions(inp, self.name, ctx.earlier)
 
 
-class NearDedup(DedupStep):
-    name = "near_dedup"
+class DedupNear(DedupStep):
     section = "dedup.near"
     Config = NearDupConfig
     reasons = (schema.NEAR_DUPLICATE,)
@@ -218,8 +215,7 @@ class NearDedup(DedupStep):
         return dropped
 
 
-class SemanticDedup(DedupStep):
-    name = "semantic_dedup"
+class DedupSemantic(DedupStep):
     section = "dedup.semantic"
     Config = SemanticDupConfig
     reasons = (schema.SEMANTIC_DUPLICATE, EVAL_OVERLAP)
@@ -260,7 +256,7 @@ class SemanticDedup(DedupStep):
 
 
 # The order the dedup steps run in (each sees the rows the ones before it kept).
-DEDUP_ORDER = tuple(cls.name for cls in (Decontaminate, ExactDedup, NearDedup, SemanticDedup))
+DEDUP_ORDER = tuple(cls.name for cls in (DedupDecontaminate, DedupExact, DedupNear, DedupSemantic))
 
 
 def steps_before(steps: list[DedupStep], decided: list[str]) -> list[str]:

@@ -74,10 +74,9 @@ def aesthetic_widths(state: dict, where: str) -> list[int]:
     return widths
 
 
-class AestheticScore(EmbeddingHead):
+class ContentAesthetic(EmbeddingHead):
     """Adds ``aesthetic_score`` to pending rows; sets ``low_aesthetic`` below ``min_score`` when set."""
 
-    name = "aesthetic_filter"
     section = "content.aesthetic"
     Config = AestheticScoreConfig
     reasons = (LOW_AESTHETIC,)

@@ -138,10 +138,9 @@ def zero_shot(
     return score_N.astype(np.float32), probs_NC.argmax(axis=1)
 
 
-class ArtisticFilter(ModelStep):
+class ContentArtistic(ModelStep):
     """Scores pending rows' ``clip_embedding``; sets ``artistic`` where P(non-natural) >= threshold."""
 
-    name = "artistic_filter"
     section = "content.artistic"
     Config = ArtisticFilterConfig
     reasons = (ARTISTIC,)
@@ -163,7 +162,7 @@ class ArtisticFilter(ModelStep):
         self.head: LinearHead | None = None
 
     @classmethod
-    def from_config(cls, job) -> ArtisticFilter:
+    def from_config(cls, job) -> ContentArtistic:
         return cls(section_of(job, cls.section), section_of(job, "content.embedding"))
 
     def check_settings(self) -> None:

@@ -95,7 +95,6 @@ def brief(err: Exception) -> str:
 class BackboneEmbedding(ModelStep):
     """Adds ``backbone_embedding`` to every pending row (null elsewhere)."""
 
-    name = "backbone_embedding"
     section = "backbone_embedding"
     Config = BackboneEmbeddingConfig
     reads = ("image",)

@@ -155,10 +155,9 @@ def _weight_files(cfg: ClipEmbeddingConfig) -> dict[str, str]:
     return {"weights": cfg.weights} if cfg.weights and Path(cfg.weights).expanduser().is_file() else {}
 
 
-class ClipEmbedding(ModelStep):
+class ContentEmbedding(ModelStep):
     """Adds ``clip_embedding`` to every pending row (null elsewhere)."""
 
-    name = "clip_embedding"
     section = "content.embedding"
     Config = ClipEmbeddingConfig
     reads = ("image",)

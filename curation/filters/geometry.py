@@ -88,8 +88,7 @@ def aspect_ratio(row: dict) -> float | None:
     return max(sizes[1]) / min(sizes[1]) if sizes else None
 
 
-class GeometryFilter(RowStep):
-    name = "geometry"
+class Geometry(RowStep):
     section = "geometry"
     Config = GeometryConfig
     reasons = (schema.TOO_SMALL, schema.BAD_ASPECT_RATIO)

@@ -75,10 +75,9 @@ def nsfw_widths(state: dict, where: str) -> list[int]:
     return widths
 
 
-class NsfwFilter(EmbeddingHead):
+class ContentNsfw(EmbeddingHead):
     """Adds ``nsfw_score`` (P(NSFW)) to pending rows; sets ``nsfw`` where it is >= threshold."""
 
-    name = "nsfw_filter"
     section = "content.nsfw"
     Config = NsfwFilterConfig
     reasons = (NSFW,)

@@ -252,10 +252,9 @@ def check_detector_config(cfg: DetectorConfig) -> None:
     resolve_weights(cfg.weights, BACKENDS[cfg.backend].suffixes)
 
 
-class PersonFilter(ModelStep):
+class Detector(ModelStep):
     """Scores pending rows; rows without a salient person get reason ``no_salient_person``."""
 
-    name = "person_detection"
     section = "detector"
     Config = DetectorConfig
     reasons = (schema.NO_SALIENT_PERSON,)

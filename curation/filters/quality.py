@@ -108,10 +108,9 @@ def measure(grey_HW: np.ndarray, cfg: ImageQualityConfig) -> dict:
     }
 
 
-class ImageQuality(RowStep):
+class Quality(RowStep):
     """Adds sharpness, clipped shares and ``rank_quality`` to pending rows; drops only when told to."""
 
-    name = "image_quality"
     section = "quality"
     Config = ImageQualityConfig
     reasons = (BLURRED, BADLY_EXPOSED)

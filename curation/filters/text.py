@@ -195,10 +195,9 @@ class OcrEngine:
         return [(b, r[0], float(r[1])) for b, r in zip(boxes, results, strict=True)]
 
 
-class TextFilter(ModelStep):
+class ContentText(ModelStep):
     """Adds ``text_coverage``, ``text_box_count``, ``text_watermark``; sets ``text``/``watermark_text``."""
 
-    name = "text_filter"
     section = "content.text"
     Config = TextFilterConfig
     reasons = (TEXT, WATERMARK_TEXT)

@@ -113,10 +113,9 @@ class WatermarkClassifier:
         return probs.cpu().numpy().astype(np.float32)
 
 
-class WatermarkFilter(ModelStep):
+class ContentWatermark(ModelStep):
     """Adds ``watermark_score`` to pending rows; sets ``watermark`` where it is >= threshold."""
 
-    name = "watermark_filter"
     section = "content.watermark"
     Config = WatermarkFilterConfig
     reasons = (WATERMARK,)

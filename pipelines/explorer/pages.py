@@ -83,7 +83,7 @@ def funnel_page(s: ExploreSession) -> dict:
         ],
         "funnel": funnel,
         "reasons": reasons,
-        "steps": [dict(d) for d in stats.get("stages", [])],
+        "steps": [dict(d) for d in stats.get("steps", [])],
         "ranges": list(s.explored.query.vocab.ranges.values()),
         "input_root": root,
     }

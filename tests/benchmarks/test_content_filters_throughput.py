@@ -15,13 +15,13 @@ def test_prints_each_stage_beside_its_bare_model(bench):
     out = bench("content_filters_throughput.py", *SMALLEST)
     assert re.search(r"^# \d+ CPUs, .* \(1 threads\), .* 2 real photos timed per row, 1 warm-up batch", out, re.M)
     rows = {
-        "clip_embedding": r"ViT-B-32 random init \(cpu\) +2",
-        "nsfw_filter": r"LAION nsfw head on ViT-B-32 \(cpu\) +8",
-        "artistic_filter": r"zero-shot on ViT-B-32, \d+ prompts +2",
-        "aesthetic_filter": r"LAION aesthetic head on ViT-B-32 \(cpu\) +8",
-        "watermark_filter": r"efficientnet_b3@\d+ \(cpu\) +2",
-        "text_filter": r"rapidocr det\+rec, max_side 320 \(1 thr\) +\d+",
+        "content.embedding": r"ViT-B-32 random init \(cpu\) +2",
+        "content.nsfw": r"LAION nsfw head on ViT-B-32 \(cpu\) +8",
+        "content.artistic": r"zero-shot on ViT-B-32, \d+ prompts +2",
+        "content.aesthetic": r"LAION aesthetic head on ViT-B-32 \(cpu\) +8",
+        "content.watermark": r"efficientnet_b3@\d+ \(cpu\) +2",
+        "content.text": r"rapidocr det\+rec, max_side 320 \(1 thr\) +\d+",
     }
-    for stage, model in rows.items():
-        assert re.search(rf"^{stage} +{model} +{RATES}$", out, re.M), (stage, out)
+    for step, model in rows.items():
+        assert re.search(rf"^{re.escape(step)} +{model} +{RATES}$", out, re.M), (step, out)
     assert re.search(r"^# total \d+s, load average", out, re.M)

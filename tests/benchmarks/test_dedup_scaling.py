@@ -30,7 +30,7 @@ def test_prints_families_runs_counts_and_the_decisions_check(bench):
     assert re.search(r"^hash family real: \d+ hashes; DC bit set 100\.0%", out, re.M), out
     # by default every base image is a two-photo collage (a scene of its own)
     assert re.search(r"^  \d+ real photos; base images 100\.0% collages \(--collage-share 1\.0\)", out, re.M), out
-    assert re.search(r"^pipeline hash check: (\d+) of \1 generated JPEGs .* hash as DecodeStep does", out, re.M), out
+    assert re.search(r"^pipeline hash check: (\d+) of \1 generated JPEGs .* hash as Decode does", out, re.M), out
     reference = re.search(r"^  reference: untouched real photos: (\d+) hashes; DC bit set 100\.0%", out, re.M)
     assert reference and int(reference.group(1)) >= 8, out
     assert re.search(r"^    checked at its size: DC bit set 1\.000 \(family 1\.000-1\.000: within\); ", out, re.M), out

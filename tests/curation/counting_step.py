@@ -27,10 +27,9 @@ class CountingConfig(Placement):
     num_cpus: float = 0.0  # beside the detector's and the text filter's fixed pools on 2 CPUs
 
 
-class CountingStep(ModelStep):
+class ContentCounting(ModelStep):
     """Writes the keys of the rows it scores to ``folder``, before and after (see the module docstring)."""
 
-    name = "counting"
     section = "content.counting"
     Config = CountingConfig
     reads = ("image",)
@@ -73,7 +72,7 @@ def chunks(folder: Path) -> list[Chunk]:
 def _with_counting() -> list:
     """The shipped steps with the counting step right before the detector (first in pass 2)."""
     steps = list(HUMANS1B.steps)
-    steps.insert([s.name for s in steps].index("person_detection"), CountingStep)
+    steps.insert([s.name for s in steps].index("detector"), ContentCounting)
     return steps
 
 

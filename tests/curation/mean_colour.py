@@ -14,7 +14,7 @@ from curation.steps import RowStep
 
 
 class MeanColour(RowStep):
-    name = "mean_colour"
+    section = "mean_colour"
     reads = ("image",)
     fields = [pa.field("clip_embedding", pa.list_(pa.float32()))]
 

@@ -64,10 +64,10 @@ def staged(root, n: int = 600, partitions: int = 4, seed: int = 0) -> tuple[Glob
                 "duplicate_group": ["g"] * rows.num_rows,
             }
         ).cast(DECISION_SCHEMA)
-        storage.write_parquet(fs, output.decisions_path(out, "near_dedup", pid), decisions)
+        storage.write_parquet(fs, output.decisions_path(out, "dedup.near", pid), decisions)
     candidates = set(pending.column("key").to_pylist()) - set(dropped.column("key").to_pylist())
     return GlobalDedupInput(
-        str(root), tuple(pids), ("key", "partition", "emb"), (), ("near_dedup",), str(root)
+        str(root), tuple(pids), ("key", "partition", "emb"), (), ("dedup.near",), str(root)
     ), candidates
 
 
@@ -142,7 +142,7 @@ def test_no_kept_sample_gives_empty_files_and_levels(tmp_path):
         n = rows.num_rows
         table = pa.table({"key": rows.column("key"), "reason": ["near_duplicate"] * n, "duplicate_of": ["x"] * n})
         table = table.append_column("duplicate_group", pa.array(["g"] * n)).cast(DECISION_SCHEMA)
-        storage.write_parquet(fs, output.decisions_path(root, "near_dedup", pid), table)
+        storage.write_parquet(fs, output.decisions_path(root, "dedup.near", pid), table)
     ids, doc = annotated(inp, ClustersConfig(enabled=True, levels=[2, 4], embedding_column="emb", sample_size=10))
     assert ids.num_rows == 0 and [spec["k"] for spec in doc["levels"]] == [0, 0]
 
@@ -251,12 +251,12 @@ def test_a_recipe_whose_clusters_have_no_embedding_is_refused():
 
     cfg = CurationConfig(content=weightless_content_filters(), clusters=ClustersConfig(enabled=True))
     with pytest.raises(
-        ValueError, match=r"'clip_embedding' writes it but is disabled; enable content\.embedding"
+        ValueError, match=r"'content\.embedding' writes it but is disabled; set content\.embedding\.enabled=true"
     ) as err:
         HUMANS1B.build(cfg)
     one_line(err)
     cfg.clusters.embedding_column = "backbone_embedding"
-    with pytest.raises(ValueError, match=r"enable backbone_embedding or disable clusters"):
+    with pytest.raises(ValueError, match=r"set backbone_embedding\.enabled=true or clusters\.enabled=false"):
         HUMANS1B.build(cfg)
 
 

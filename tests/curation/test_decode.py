@@ -10,7 +10,7 @@ from PIL import Image
 
 from curation import schema
 from curation.config import DecodeConfig
-from curation.decode import DecodeStep
+from curation.decode import Decode
 from pipelines.demo_corpus import _ultralytics_asset, _view, bomb_png, jpeg_bytes, planted_cases
 
 
@@ -20,7 +20,7 @@ def base() -> Image.Image:
 
 
 def decode(raw: bytes, **cfg) -> dict:
-    step = DecodeStep(DecodeConfig(**cfg))
+    step = Decode(DecodeConfig(**cfg))
     return step.decode_row(
         {"partition": "p", "key": "k", "source": "s", "raw": raw, "reason": None, "input_bytes": len(raw)}
     )
@@ -104,7 +104,7 @@ def test_untouched_jpeg_bytes_are_kept_and_sha256_is_of_the_input(base):
 
 
 def test_reader_errors_pass_through_untouched():
-    step = DecodeStep(DecodeConfig())
+    step = Decode(DecodeConfig())
     row = step.decode_row(
         {
             "partition": "p",

@@ -8,8 +8,8 @@ import pytest
 
 from curation import schema
 from curation.config import DecodeConfig
-from curation.decode import DecodeStep
-from curation.filters.person import DetectorConfig, PersonFilter, check_detector_config, salient_counts, yolo_class
+from curation.decode import Decode
+from curation.filters.person import Detector, DetectorConfig, check_detector_config, salient_counts, yolo_class
 from curation.steps import run_steps_locally
 from pipelines.demo_corpus import _skimage, _ultralytics_asset, jpeg_bytes
 from tests.conftest import ASSETS
@@ -50,7 +50,7 @@ def test_real_centernet_keeps_people_and_drops_non_people(centernet_path):
         "rocket": jpeg_bytes(_skimage("rocket")),
     }
     cfg = DetectorConfig(backend="centernet_onnx", weights=str(centernet_path), min_box_size=200, batch_size=4)
-    out = run_steps_locally(raw_batch(images), [DecodeStep(DecodeConfig()), PersonFilter(cfg)])
+    out = run_steps_locally(raw_batch(images), [Decode(DecodeConfig()), Detector(cfg)])
     rows = {r["key"]: r for r in out.to_pylist()}
     assert rows["zidane"]["reason"] is None and rows["obama"]["reason"] is None
     assert rows["coffee"]["reason"] == rows["rocket"]["reason"] == schema.NO_SALIENT_PERSON
@@ -74,7 +74,7 @@ def test_ultralytics_model_from_a_local_weights_file(tmp_path):
         "bus": _ultralytics_asset("bus.jpg").read_bytes(),
         "zidane": _ultralytics_asset("zidane.jpg").read_bytes(),
     }
-    out = run_steps_locally(raw_batch(images), [DecodeStep(DecodeConfig()), PersonFilter(cfg)])
+    out = run_steps_locally(raw_batch(images), [Decode(DecodeConfig()), Detector(cfg)])
     for row in out.to_pylist():
         assert len(row["person_boxes"]) == len(row["person_scores"]) > 0
         assert all(s >= cfg.record_threshold for s in row["person_scores"])

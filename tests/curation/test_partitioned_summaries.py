@@ -8,7 +8,7 @@ from curation import schema
 from curation.stats import compute_stats, manifest_counts, merge_counts, stats_from_counts
 from curation.versions import combine_digests, dataset_version_id, partition_digest
 
-FUNNEL = [("decode", ("decode_failed",)), ("geometry", ("too_small",)), ("exact_dedup", ("exact_duplicate",))]
+FUNNEL = [("decode", ("decode_failed",)), ("geometry", ("too_small",)), ("dedup.exact", ("exact_duplicate",))]
 
 
 def manifest(n: int = 500, seed: int = 0) -> pa.Table:

@@ -188,7 +188,7 @@ def test_attributes_stream_from_the_sidecars_and_agree_with_clusters_json(curate
         area = max((b[2] - b[0]) * (b[3] - b[1]) for b, _ in confident) / (row["width"] * row["height"])
         assert row["person_max_area"] == pytest.approx(area, rel=1e-5) and 0 < area <= 1
         assert len(row["backbone_embedding"]) == 64
-    steps = {s["name"]: s for s in result.stats["stages"]}
+    steps = {s["name"]: s for s in result.stats["steps"]}
     assert steps["clusters"]["applied"] and steps["clusters"]["levels"] == [8, 32]
     assert steps["backbone_embedding"]["applied"] and steps["backbone_embedding"]["model"] == "sapiens2_tiny"
     import mlflow

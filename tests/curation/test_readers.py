@@ -141,9 +141,9 @@ def test_tar_input_through_the_whole_pipeline(tmp_path, ray_local):
     result = run_curation(cfg)
     assert (result.stats["inputs"], result.stats["kept"], result.stats["errors"]) == (3, 1, 1)
     assert result.stats["dropped_by_reason"] == {"exact_duplicate": 1}
-    assert [s for s in result.stats["stages"] if s["name"] == "person_detection"][0]["applied"] is False
-    for name in ("clip_embedding", "artistic_filter", "watermark_filter", "text_filter"):
-        assert [s for s in result.stats["stages"] if s["name"] == name][0]["applied"] is False
+    assert [s for s in result.stats["steps"] if s["name"] == "detector"][0]["applied"] is False
+    for name in ("content.embedding", "content.artistic", "content.watermark", "content.text"):
+        assert [s for s in result.stats["steps"] if s["name"] == name][0]["applied"] is False
 
 
 def test_the_per_folder_resolver_equals_storage_resolve(tmp_path):
@@ -195,8 +195,8 @@ def _img2dataset_folder(folder: Path) -> Path:
 
 
 def test_img2dataset_failed_downloads_are_inputs_and_geometry_uses_the_original_size(tmp_path):
-    from curation.decode import DecodeStep
-    from curation.filters.geometry import GeometryConfig, GeometryFilter
+    from curation.decode import Decode
+    from curation.filters.geometry import Geometry, GeometryConfig
     from curation.steps import run_steps_locally
 
     cfg = InputConfig(uri=str(_img2dataset_folder(tmp_path / "i2d")))
@@ -210,7 +210,7 @@ def test_img2dataset_failed_downloads_are_inputs_and_geometry_uses_the_original_
         assert json.loads(failed["source_meta"])["url"] == f"http://example.com/00000000{row_no}.jpg"
     scored = run_steps_locally(
         pa.Table.from_pylist(rows, schema=schema.RAW_SCHEMA),
-        [DecodeStep(DecodeConfig()), GeometryFilter(GeometryConfig(min_short_side=256))],
+        [Decode(DecodeConfig()), Geometry(GeometryConfig(min_short_side=256))],
     )
     geometry = {r["source"].rsplit("#", 1)[1]: r for r in scored.to_pylist()}
     upscaled, downscaled = geometry["000000000.jpg"], geometry["000000001.jpg"]
@@ -260,7 +260,7 @@ def test_img2dataset_funnel_starts_at_what_was_attempted(tmp_path, ray_local):
     stats = result.stats
     assert (stats["inputs"], stats["kept"], stats["dropped"], stats["errors"]) == (4, 1, 1, 2)
     assert stats["errors_by_reason"] == {"download_failed": 2} and stats["dropped_by_reason"] == {"too_small": 1}
-    assert stats["funnel"][0] == {"stage": "read", "in": 4, "out": 2, "removed": {"download_failed": 2}}
+    assert stats["funnel"][0] == {"step": "input", "in": 4, "out": 2, "removed": {"download_failed": 2}}
     assert stats["reconciled"] is True
     # the per-partition layout's shard index: its one shard, with the one kept sample
     index = json.loads((tmp_path / "out" / "shardindex.json").read_text())

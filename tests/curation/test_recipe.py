@@ -12,36 +12,36 @@ from curation.pipeline import run_curation
 from curation.recipe import HUMANS1B
 from curation.steps import BuiltRecipe, Recipe
 from infra.config import load_config
-from tests.curation.toy_brightness import DARK, BrightnessFilter
+from tests.curation.toy_brightness import DARK, ContentBrightness
 
 # The recipe of the shipped job with the toy filter after the text filter: the one recipe line.
-_AFTER_TEXT = [s.name for s in HUMANS1B.steps].index("text_filter") + 1
+_AFTER_TEXT = [s.name for s in HUMANS1B.steps].index("content.text") + 1
 WITH_BRIGHTNESS = Recipe(
-    [*HUMANS1B.steps[:_AFTER_TEXT], BrightnessFilter, *HUMANS1B.steps[_AFTER_TEXT:]], job=HUMANS1B.job
+    [*HUMANS1B.steps[:_AFTER_TEXT], ContentBrightness, *HUMANS1B.steps[_AFTER_TEXT:]], job=HUMANS1B.job
 )
 
 
 def test_the_shipped_recipe_is_in_order():
     names = [s.name for s in HUMANS1B.steps]
     assert names == [
-        "read",
+        "input",
         "decode",
         "geometry",
-        "image_quality",
-        "decontaminate",
-        "exact_dedup",
-        "near_dedup",
-        "person_detection",
-        "clip_embedding",
-        "nsfw_filter",
-        "artistic_filter",
-        "watermark_filter",
-        "aesthetic_filter",
-        "text_filter",
+        "quality",
+        "dedup.decontaminate",
+        "dedup.exact",
+        "dedup.near",
+        "detector",
+        "content.embedding",
+        "content.nsfw",
+        "content.artistic",
+        "content.watermark",
+        "content.aesthetic",
+        "content.text",
         "backbone_embedding",
-        "semantic_dedup",
+        "dedup.semantic",
         "clusters",
-        "write_shards",
+        "shards",
     ]
 
 
@@ -64,14 +64,14 @@ def test_the_global_steps_are_the_pass_boundaries():
     passes = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
     names = [([s.name for s in p.row_steps], [s.name for s in p.global_steps]) for p in passes]
     assert names == [
-        (["decode", "geometry", "image_quality"], ["exact_dedup", "near_dedup"]),
-        (["clip_embedding", "nsfw_filter", "aesthetic_filter", "text_filter"], ["semantic_dedup"]),
+        (["decode", "geometry", "quality"], ["dedup.exact", "dedup.near"]),
+        (["content.embedding", "content.nsfw", "content.aesthetic", "content.text"], ["dedup.semantic"]),
     ]  # (detector.backend=none)
     # a disabled global step is no boundary: without any dedup, one pass
     cfg = _config(HUMANS1B, "dedup.exact.enabled=false", "dedup.near.enabled=false")
     flat = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps]).passes()
     assert [[s.name for s in p.row_steps] for p in flat] == [
-        ["decode", "geometry", "image_quality", "clip_embedding", "nsfw_filter", "aesthetic_filter", "text_filter"]
+        ["decode", "geometry", "quality", "content.embedding", "content.nsfw", "content.aesthetic", "content.text"]
     ]
 
 
@@ -96,12 +96,12 @@ def test_each_step_writes_its_declared_fields_and_charts_its_own_columns_and_set
         "person_score_max",
     ]
     with pytest.raises(TypeError, match="declare the columns it writes as ``fields``"):
-        type("HandListed", (BrightnessFilter,), {"writes": ("brightness",)})
+        type("HandListed", (ContentBrightness,), {"writes": ("brightness",)})
 
 
 def test_the_reader_and_the_writer_are_named_not_found_by_position():
     built = BuiltRecipe([s.from_config(_config(HUMANS1B)) for s in HUMANS1B.steps])
-    assert (built.reader.name, built.writer.name) == ("read", "write_shards")
+    assert (built.reader.name, built.writer.name) == ("input", "shards")
     assert [s.name for s in built.between] == [s.name for s in HUMANS1B.steps][1:-1]
     first_pass = built.up_to(built.passes()[0])  # what pass 1's global steps see: the reader, no writer
     assert first_pass.reader is built.reader
@@ -115,11 +115,11 @@ def test_the_reader_and_the_writer_are_named_not_found_by_position():
 
 def test_a_model_step_before_the_first_dedup_is_refused():
     steps = list(HUMANS1B.steps)
-    person = steps.pop(steps.index(next(s for s in steps if s.name == "person_detection")))
+    person = steps.pop(steps.index(next(s for s in steps if s.name == "detector")))
     steps.insert(3, person)  # right after geometry: it would score every duplicate
     with pytest.raises(
         ValueError,
-        match=r"model step 'person_detection' comes before the first global \(dedup\) "
+        match=r"model step 'detector' comes before the first global \(dedup\) "
         r"step, so it would score every duplicate",
     ):
         Recipe(steps, job=HUMANS1B.job)
@@ -182,22 +182,22 @@ def test_a_filter_added_in_one_file_and_one_line_runs_everywhere(tmp_path, ray_l
         ],
     )
     result = run_curation(cfg, recipe=WITH_BRIGHTNESS)
-    funnel = {step["stage"]: step for step in result.stats["funnel"]}
-    assert list(funnel).index("brightness_filter") == list(funnel).index("person_detection") + 1
-    assert funnel["brightness_filter"]["removed"].get(DARK, 0) >= 1  # the demo's people include dark photos
+    funnel = {step["step"]: step for step in result.stats["funnel"]}
+    assert list(funnel).index("content.brightness") == list(funnel).index("detector") + 1
+    assert funnel["content.brightness"]["removed"].get(DARK, 0) >= 1  # the demo's people include dark photos
     assert result.stats["reconciled"]
-    steps = {s["name"]: s for s in result.stats["stages"]}
-    assert steps["brightness_filter"] == {"name": "brightness_filter", "applied": True, "threshold": 100.0}
+    steps = {s["name"]: s for s in result.stats["steps"]}
+    assert steps["content.brightness"] == {"name": "content.brightness", "applied": True, "threshold": 100.0}
     on_disk = json.loads((tmp_path / "out" / "stats.json").read_text())
     assert on_disk["funnel"] == result.stats["funnel"]
 
     run = mlflow.MlflowClient(uri).get_run(result.mlflow_run_id)
     assert run.data.params["content.brightness.threshold"] == "100.0"
-    assert run.data.tags["filter.brightness_filter.applied"] == "true"
-    assert run.data.metrics["funnel.brightness_filter.out"] == funnel["brightness_filter"]["out"]
+    assert run.data.tags["step.content.brightness.applied"] == "true"
+    assert run.data.metrics["funnel.content.brightness.out"] == funnel["content.brightness"]["out"]
 
     page = render_report(load_version(str(tmp_path / "out")))
-    assert "brightness_filter" in page and DARK in page
+    assert "content.brightness" in page and DARK in page
 
 
 def test_an_output_dir_that_cannot_be_created_is_one_line_and_exit_2(tmp_path):

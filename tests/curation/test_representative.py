@@ -12,9 +12,9 @@ from PIL import Image
 
 from curation import schema
 from curation.config import DecodeConfig
-from curation.decode import DecodeStep
+from curation.decode import Decode
 from curation.dedup import representative_sort_key
-from curation.dedup.steps import DedupContext, ExactDedup, NearDedup, candidate_columns, run_dedup
+from curation.dedup.steps import DedupContext, DedupExact, DedupNear, candidate_columns, run_dedup
 from curation.recipe import CurationConfig
 from tests.conftest import IMAGES
 
@@ -48,7 +48,7 @@ def encodings(raw_jpeg: bytes) -> dict[str, bytes]:
 
 def decoded_candidates(files: dict[str, bytes]) -> tuple[pa.Table, list]:
     """Decode as the pipeline does, then keep the columns the recipe's dedup steps read."""
-    step = DecodeStep(DecodeConfig())
+    step = Decode(DecodeConfig())
     rows = [
         step.decode_row({"partition": "p", "key": k, "source": k, "raw": v, "reason": None, "input_bytes": len(v)})
         for k, v in files.items()
@@ -56,8 +56,8 @@ def decoded_candidates(files: dict[str, bytes]) -> tuple[pa.Table, list]:
     assert all(r["decode_ok"] for r in rows), [r["error_message"] for r in rows]
     table = pa.Table.from_pylist(rows, schema=pa.schema(schema.BASE_FIELDS))
     cfg = CurationConfig()
-    steps = [ExactDedup.from_config(cfg), NearDedup.from_config(cfg)]
-    columns, absent = candidate_columns(steps, set(DecodeStep.writes))
+    steps = [DedupExact.from_config(cfg), DedupNear.from_config(cfg)]
+    columns, absent = candidate_columns(steps, set(Decode.writes))
     assert not absent and {"converted", "input_bytes"} <= set(columns)
     return table.select(columns), steps
 

@@ -12,7 +12,7 @@ from PIL import Image
 
 from curation import staging
 from curation.config import DecodeConfig, InputConfig
-from curation.decode import DecodeStep
+from curation.decode import Decode
 from curation.partitions import plan_partitions
 from curation.readers import read_partition
 from curation.steps import run_steps_locally
@@ -33,7 +33,7 @@ def _png(color) -> bytes:
 def _decoded(uri: str) -> list:
     cfg = InputConfig(uri=uri)
     return [
-        run_steps_locally(t, [DecodeStep(DecodeConfig())])
+        run_steps_locally(t, [Decode(DecodeConfig())])
         for p in plan_partitions(cfg)
         for t in read_partition(p, cfg, 2**26)
     ]

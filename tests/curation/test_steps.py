@@ -14,7 +14,7 @@ from curation.steps import Resources, RowStep, apply_step, check_fits
 class PidStep(RowStep):
     """A stand-in model step that records which actor process handled each row."""
 
-    name = "pid_model"
+    section = "pid_model"
     uses_model = True
 
     def __init__(self, actors: int, cpus: float, started: str = "") -> None:
@@ -37,7 +37,7 @@ class PidStep(RowStep):
 
 
 class CheapStep(PidStep):
-    name = "cheap"
+    section = "cheap"
     uses_model = False
 
 
@@ -60,7 +60,7 @@ def test_fixed_pools_that_starve_the_reads_are_refused_with_the_settings_to_chan
     steps = [CheapStep(1, 1.0), PidStep(actors=2, cpus=0.875)]
     with pytest.raises(ValueError, match=r"hold 1\.75 of 2 CPUs \(pid_model 2 x 0\.875\).*input\.num_cpus=1"):
         check_fits(steps, read_cpus=1.0, total_cpus=2, autoscale=False)
-    with pytest.raises(ValueError, match="cheap num_cpus=1"):
+    with pytest.raises(ValueError, match=r"cheap\.num_cpus=1"):
         check_fits(steps, read_cpus=0.25, total_cpus=2, autoscale=False)
     check_fits([CheapStep(1, 0.25), PidStep(2, 0.75)], read_cpus=0.25, total_cpus=2, autoscale=False)
     check_fits(steps, read_cpus=1.0, total_cpus=2, autoscale=True)  # a growing pool waits for room instead

@@ -12,7 +12,7 @@ from PIL import Image
 
 from curation import schema, staging
 from curation.config import DecodeConfig
-from curation.decode import THUMBNAIL_SIDE, DecodeStep, thumbnail_pixels
+from curation.decode import THUMBNAIL_SIDE, Decode, thumbnail_pixels
 from curation.recipe import HUMANS1B
 from curation.steps import BuiltRecipe, RowStep
 from infra import storage
@@ -31,7 +31,7 @@ def _decoded(files: dict[str, bytes]) -> pa.Table:
         {"partition": "p", "key": k, "source": k, "raw": v, "reason": None, "input_bytes": len(v)}
         for k, v in files.items()
     ]
-    return DecodeStep(DecodeConfig()).process(pa.Table.from_pylist(rows, schema=schema.RAW_SCHEMA))
+    return Decode(DecodeConfig()).process(pa.Table.from_pylist(rows, schema=schema.RAW_SCHEMA))
 
 
 def test_every_copy_of_a_photo_gets_the_same_size_of_thumbnail():
@@ -68,7 +68,7 @@ def test_staging_drops_the_transient_columns(tmp_path):
 
 
 class _ReadsThumbnail(RowStep):
-    name = "reads_thumbnail"
+    section = "reads_thumbnail"
     reads = ("thumbnail",)
 
     def process(self, batch: pa.Table) -> pa.Table:

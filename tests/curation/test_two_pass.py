@@ -29,9 +29,9 @@ def single_pass_recipe() -> Recipe:
     ``Recipe`` refuses it (a model step before the first dedup step scores every duplicate), so the
     order is set after that check; the pipeline still runs model steps in pass 1 (a Ray Data
     stream through their actor pools, ``score_partitions``)."""
-    dedup = [s for s in COUNTED.steps if s.name in ("exact_dedup", "near_dedup")]
+    dedup = [s for s in COUNTED.steps if s.name in ("dedup.exact", "dedup.near")]
     rest = [s for s in COUNTED.steps if s not in dedup]
-    at = [s.name for s in rest].index("semantic_dedup")
+    at = [s.name for s in rest].index("dedup.semantic")
     recipe = Recipe(list(COUNTED.steps), job=HUMANS1B.job)
     recipe.steps = (*rest[:at], *dedup, *rest[at:])
     return recipe

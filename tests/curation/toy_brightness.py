@@ -20,8 +20,7 @@ class BrightnessConfig(Placement):
     threshold: float  # required: mean grey level (0..255) an image needs to be kept
 
 
-class BrightnessFilter(ModelStep):
-    name = "brightness_filter"
+class ContentBrightness(ModelStep):
     section = "content.brightness"
     Config = BrightnessConfig
     reasons = (DARK,)

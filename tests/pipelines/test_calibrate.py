@@ -123,12 +123,12 @@ def embeddings(clip: Path, folder: Path) -> dict[str, np.ndarray]:
     """The embedding of each scorable labelled image by its key (``positives/...``), from the
     curation's decode and CLIP steps."""
     from curation.config import DecodeConfig
-    from curation.decode import DecodeStep
-    from curation.filters.clip_embedding import ClipEmbedding, ClipEmbeddingConfig
+    from curation.decode import Decode
+    from curation.filters.clip_embedding import ClipEmbeddingConfig, ContentEmbedding
     from curation.steps import run_steps_locally
     from pipelines.calibrate import labelled_files, raw_rows
 
-    steps = [DecodeStep(DecodeConfig()), ClipEmbedding(ClipEmbeddingConfig(model=f"local-dir:{clip}", device="cpu"))]
+    steps = [Decode(DecodeConfig()), ContentEmbedding(ClipEmbeddingConfig(model=f"local-dir:{clip}", device="cpu"))]
     paths = [p for found in labelled_files(folder).values() for p in found]
     out = run_steps_locally(raw_rows(paths, folder), steps).to_pydict()
     return {k: np.array(e, np.float64) for k, e in zip(out["key"], out["clip_embedding"]) if e is not None}
@@ -174,7 +174,7 @@ def _run(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def test_artistic_threshold_from_labelled_images(capsys, tmp_path, labelled, tiny_clip, head):
-    from curation.filters.artistic import ArtisticFilter
+    from curation.filters.artistic import ContentArtistic
     from curation.recipe import CurationConfig
     from infra.config import load_config
 
@@ -200,7 +200,7 @@ def test_artistic_threshold_from_labelled_images(capsys, tmp_path, labelled, tin
 
     # the fragment is a job config: the step it builds takes that threshold with no warning
     cfg = load_config(CurationConfig, out_file, overrides)
-    step = ArtisticFilter.from_config(cfg)
+    step = ContentArtistic.from_config(cfg)
     with warnings.catch_warnings():
         warnings.simplefilter("error", UncalibratedThresholdWarning)
         step.check()

@@ -10,9 +10,9 @@ from curation.recipe import ContentFiltersConfig, weightless_content_filters
 
 
 def test_a_step_not_listed_gets_its_section_and_its_feeders():
-    assert "artistic_filter" in settings.STEP_SETTINGS  # listed: the table wins
-    assert settings.step_settings("artistic_filter") == settings.STEP_SETTINGS["artistic_filter"]
-    assert settings.recipe_settings("artistic_filter") == ("content.artistic.", "content.embedding.")
+    assert "content.artistic" in settings.STEP_SETTINGS  # listed: the table wins
+    assert settings.step_settings("content.artistic") == settings.STEP_SETTINGS["content.artistic"]
+    assert settings.recipe_settings("content.artistic") == ("content.artistic.", "content.embedding.")
     assert settings.recipe_settings("no_such_step") == ()
 
 
@@ -20,7 +20,7 @@ def test_an_unlisted_reason_is_explained_by_its_steps_sections():
     changes = [settings.Change("content.embedding.model", "ViT-B-32", "ViT-L-14")]
     unlisted = "some_new_reason"
     assert unlisted not in settings.REASON_SETTINGS
-    assert settings.explaining(unlisted, changes, "artistic_filter") == ["content.embedding.model"]
+    assert settings.explaining(unlisted, changes, "content.artistic") == ["content.embedding.model"]
 
 
 def test_weightless_content_filters_disable_every_content_step_but_ocr():

@@ -55,7 +55,7 @@ def test_report_renders_in_chromium_and_its_counts_equal_the_manifest(run_a, ope
     seen = set()
     for before, step in zip([None] + funnel[:-1], funnel):
         removed = json.loads(step["reasons"])
-        assert removed == {r: by_reason[r] for r in removed}, step["stage"]
+        assert removed == {r: by_reason[r] for r in removed}, step["step"]
         assert int(step["in"]) - int(step["out"]) == int(step["removed"]) == sum(removed.values())
         assert before is None or before["out"] == step["in"]
         seen |= set(removed)
@@ -114,7 +114,7 @@ def test_terminal_summary_gives_counts_by_stage_and_reason(run_a, capsys):
     for (status, reason), n in Counter((r["status"], r["reason"]) for r in rows if r["status"] != "kept").items():
         assert re.search(rf"^\s+{status}\s+{reason}\s+{n}\s", out, re.M), (status, reason, n)
     kept = sum(r["status"] == "kept" for r in rows)
-    last = CuratedOutput.at(run_a.output).stats()["funnel"][-1]["stage"]  # steps disabled in the run are left out
+    last = CuratedOutput.at(run_a.output).stats()["funnel"][-1]["step"]  # steps disabled in the run are left out
     assert re.search(rf"^{last}\s+\d+\s+{kept}\s", out, re.M)
     assert f"inputs={len(rows)} kept={kept}" in out and "WARNING" not in out
 

@@ -78,7 +78,7 @@ def test_report_aggregates_equal_the_whole_table(synthetic):
         counts.funnel_spec(v.stats),
         samples_in_shards=0,
         shards=0,
-        descriptions=v.stats["stages"],
+        descriptions=v.stats["steps"],
     )
     assert recounted == whole and recounted["inputs"] == len(rows)
     assert t.removed == Counter((r["status"], r["reason"]) for r in rows if r["status"] != schema.KEPT)
@@ -86,7 +86,7 @@ def test_report_aggregates_equal_the_whole_table(synthetic):
     groups = Counter((counts.source_group(r["source"], root), r["status"]) for r in rows)
     assert {(g["group"], s): g[s] for g in t.by_source() for s in schema.STATUSES if g[s]} == dict(groups)
 
-    owned = {s["stage"]: set(s["removed"]) for s in v.stats["funnel"]}
+    owned = {s["step"]: set(s["removed"]) for s in v.stats["funnel"]}
     for (step, score), chart in zip(report.scores_of(v), scores):
         m = chart.measure
         want = whole_histogram(rows, score.value, owned.get(step, set()), m.threshold, score.integer)
@@ -203,7 +203,7 @@ def test_the_diff_of_the_synthetic_versions_equals_the_whole_table_diff(syntheti
 def write_output(root: Path, rows: list[dict], parts: int, config: dict) -> str:
     """A finished output of handmade ``rows`` in ``parts`` manifest parts."""
     fs, base = storage.resolve(str(root))
-    funnel = [("geometry", (schema.TOO_SMALL, schema.BAD_ASPECT_RATIO)), ("exact_dedup", (schema.EXACT_DUPLICATE,))]
+    funnel = [("geometry", (schema.TOO_SMALL, schema.BAD_ASPECT_RATIO)), ("dedup.exact", (schema.EXACT_DUPLICATE,))]
     table = pa.Table.from_pylist(rows)
     for i, at in enumerate(np.array_split(np.arange(len(rows)), parts)):
         storage.write_parquet(fs, output.manifest_part_path(base, f"{i:06d}"), table.take(pa.array(at)))

@@ -75,9 +75,9 @@ def test_tiles_never_show_a_broken_image(tmp_path):
         {"key": "moved", "status": "dropped", "reason": "text", "source": str(tmp_path / "moved.jpg")},
     ]
     stats = {
-        "stages": [
+        "steps": [
             {
-                "name": "person_detection",
+                "name": "detector",
                 "applied": True,
                 "score_threshold": 0.5,
                 "min_box_size": 300,
@@ -142,8 +142,8 @@ def test_config_changes_name_the_settings_that_explain_each_reason():
     assert settings.explaining("no_salient_person", changes) == ["detector.score_threshold"]
     assert settings.explaining("exact_duplicate", changes) == ["dedup.exact"]
     assert settings.explaining("near_duplicate", changes) == ["dedup.exact"]  # a dedup reason this code never saw
-    steps = ["read", "decode", "geometry", "person_detection", "text_filter", "exact_dedup"]
-    assert settings.explain("text", "text_filter", steps, changes) == [
+    steps = ["input", "decode", "geometry", "detector", "content.text", "dedup.exact"]
+    assert settings.explain("text", "content.text", steps, changes) == [
         "upstream detector.score_threshold",
         "upstream geometry.min_short_side",
     ]

@@ -57,13 +57,13 @@ def ask(mq: ManifestQuery, **params) -> tuple[list[str], tuple[int, bool], bool]
 
 def test_the_vocabulary_is_the_versions_own(mq, version, rows):
     v, _ = version
-    assert list(mq.vocab.steps) == [e["stage"] for e in v.stats["funnel"] if e["stage"] != "other"]
+    assert list(mq.vocab.steps) == [e["step"] for e in v.stats["funnel"] if e["step"] != "other"]
     assert {r["reason"] for r in rows if r["reason"]} <= mq.vocab.reasons
     ranges = mq.vocab.ranges
-    thresholds = {d["name"]: d for d in v.stats["stages"]}
-    assert ranges["sharpness"].threshold == thresholds["image_quality"]["min_sharpness"]
-    assert ranges["text_coverage"].step == "text_filter" and ranges["person_count"].integer
-    assert ranges[BOX_SIZE].threshold == thresholds["person_detection"]["min_box_size"]
+    thresholds = {d["name"]: d for d in v.stats["steps"]}
+    assert ranges["sharpness"].threshold == thresholds["quality"]["min_sharpness"]
+    assert ranges["text_coverage"].step == "content.text" and ranges["person_count"].integer
+    assert ranges[BOX_SIZE].threshold == thresholds["detector"]["min_box_size"]
     assert "short_side" not in ranges and "aspect_ratio" not in ranges  # derived in Python only: not offered
     assert {"width", "height", "input_bytes"} <= set(ranges)
 
@@ -83,7 +83,7 @@ def test_a_reasons_page_1_and_page_1000_are_its_rows_in_manifest_order(mq, rows)
 
 def test_a_step_is_the_reasons_it_set_and_status_filters_combine(mq, rows, version):
     v, _ = version
-    owned = next(set(e["removed"]) for e in v.stats["funnel"] if e["stage"] == "geometry")
+    owned = next(set(e["removed"]) for e in v.stats["funnel"] if e["step"] == "geometry")
     expected = [r["key"] for r in rows if r["reason"] in owned]
     keys, (n, exact), _ = ask(mq, step="geometry", page_size=480)
     assert keys == expected[:480] and (n, exact) == (len(expected), True)
@@ -128,7 +128,7 @@ def test_sorted_by_a_score_and_at_random(mq, rows):
 
 def test_the_largest_person_box_is_measured_as_the_detector_rule_does(mq, rows, version):
     v, _ = version
-    rule = next(d for d in v.stats["stages"] if d["name"] == "person_detection")
+    rule = next(d for d in v.stats["steps"] if d["name"] == "detector")
 
     def largest(r):
         boxes = zip(r["person_boxes"] or [], r["person_scores"] or [])

@@ -89,10 +89,10 @@ def distributed_decisions(root, table: pa.Table, cfg, partitions: int, shuffle_p
     """The distributed engine's (``dedup.engine=ray``) decisions of the one step ``cfg`` sets up
     (near or semantic dedup) on ``table`` staged at ``root``, sorted by key."""
     from curation.dedup.near import NearDupConfig
-    from curation.dedup.steps import DedupContext, NearDedup, SemanticDedup, run_global_dedup
+    from curation.dedup.steps import DedupContext, DedupNear, DedupSemantic, run_global_dedup
 
     inp = staged_table(root, table, partitions, shuffle_partitions)
-    step = NearDedup(cfg) if isinstance(cfg, NearDupConfig) else SemanticDedup(cfg)
+    step = DedupNear(cfg) if isinstance(cfg, NearDupConfig) else DedupSemantic(cfg)
     run_global_dedup([step], inp, DedupContext(engine="ray"))
     fs, path = storage.resolve(inp.out)
     return pa.concat_tables([partition_decisions(fs, path, pid) for pid in inp.pids]).sort_by("key")

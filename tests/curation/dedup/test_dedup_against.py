@@ -15,7 +15,7 @@ from curation.dedup.decisions import read_candidates
 from curation.dedup.earlier import EarlierVersion, semantic_against
 from curation.dedup.exact import exact_against, exact_duplicate_decisions
 from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
-from curation.dedup.steps import DedupContext, ExactDedup, ExactDupConfig, SemanticDedup, run_global_dedup, without
+from curation.dedup.steps import DedupContext, DedupExact, DedupSemantic, ExactDupConfig, run_global_dedup, without
 
 
 def earlier_output(root, table: pa.Table, parts: int, seed: int) -> EarlierVersion:
@@ -52,13 +52,13 @@ def test_exact_against_an_earlier_version_equals_the_whole_version_reference(ray
     earlier = earlier_output(
         tmp_path / "v1", pa.table({"key": [f"old{i:04d}" for i in range(500)], "sha256": old_sha}), parts=5, seed=11
     )
-    dropped = run_global_dedup([ExactDedup(ExactDupConfig())], inp, DedupContext(engine=engine, earlier=earlier))
+    dropped = run_global_dedup([DedupExact(ExactDupConfig())], inp, DedupContext(engine=engine, earlier=earlier))
     got = all_decisions(inp)
     against = exact_against(new, whole_kept(earlier, ["key", "sha256"]))
     within = exact_duplicate_decisions(without(new.select(["key", "sha256", "width", "height"]), against))
     want = pa.concat_tables([against, within]).sort_by("key")
     assert against.num_rows > 40 and within.num_rows > 10
-    assert dropped["exact_dedup"] == want.num_rows and got.equals(want)
+    assert dropped["dedup.exact"] == want.num_rows and got.equals(want)
     assert set(against.column("duplicate_of").to_pylist()) <= set(
         whole_kept(earlier, ["key"]).column("key").to_pylist()
     )
@@ -115,7 +115,7 @@ def test_semantic_against_an_earlier_version_equals_brute_force(tmp_path):
     against = semantic_against(new_table, earlier, cfg)
     want = brute_force_against(new_table, whole_kept(earlier, ["key", "clip_embedding"]), cfg.threshold)
     assert 25 < want.num_rows < 60 and against.equals(want)
-    got = SemanticDedup(cfg).decide(new_table, DedupContext(earlier=earlier))
+    got = DedupSemantic(cfg).decide(new_table, DedupContext(earlier=earlier))
     within = semantic_duplicate_decisions(without(new_table, want), cfg)
     assert within.num_rows >= 15 and got.equals(pa.concat_tables([want, within]).sort_by("key"))
 

@@ -1,6 +1,6 @@
 """Decontamination (``dedup.decontaminate``): the run's exact and near copies of evaluation images
 are dropped as ``eval_overlap``. Both sides are hashed by the pipeline's own reader and decode
-step; the reason is the decontaminate step's in the funnel and the audit with no hand edit; the
+step; the reason is the dedup.decontaminate step's in the funnel and the audit with no hand edit; the
 local and Ray engines decide the same."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from PIL import Image, ImageOps
 from curation import staging
 from curation.audit import counts, settings
 from curation.config import InputConfig
-from curation.decode import DecodeConfig, DecodeStep
+from curation.decode import Decode, DecodeConfig
 from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.eval_overlap import EVAL_OVERLAP, EvalSet, semantic_overlap
 from curation.dedup.steps import DedupContext, DedupStep, run_global_dedup
 from curation.eval_set import read_eval_set
 from curation.job import CurationJob
 from curation.passes import evaluation_set
-from curation.readers import ReadImages
+from curation.readers import Input
 from curation.recipe import HUMANS1B, CurationConfig
 from curation.stats import stats_from_counts
 from curation.steps import BuiltRecipe, run_steps_locally
@@ -60,12 +60,12 @@ def recipe_steps(eval_images: str) -> BuiltRecipe:
 
 def staged(corpus, out) -> tuple[GlobalDedupInput, dict[str, str]]:
     """The corpus read and decoded as pass 1 does it, staged in two partitions; key -> file name."""
-    reader = ReadImages(InputConfig(uri=str(corpus), images_per_partition=3))
+    reader = Input(InputConfig(uri=str(corpus), images_per_partition=3))
     fs, root = storage.resolve(str(out))
     names, pids = {}, []
     for p in reader.plan():
         for table in reader.read(p):
-            rows = run_steps_locally(table, [DecodeStep(DecodeConfig())])
+            rows = run_steps_locally(table, [Decode(DecodeConfig())])
             staging.write_parts(fs, root, rows)
             names.update({r["key"]: r["source"].rsplit("/", 1)[1] for r in rows.select(["key", "source"]).to_pylist()})
         pids.append(p.id)
@@ -90,12 +90,12 @@ def test_copies_of_evaluation_images_are_dropped_as_eval_overlap_by_both_engines
     cfg.dedup.decontaminate.eval_images = str(ev_dir)
     job = CurationJob(cfg, built, "test", *storage.resolve(str(tmp_path / "local")))
     ev = evaluation_set(job, steps)  # read as the run reads it: the recipe's reader and decode step
-    reader = ReadImages(InputConfig(uri=str(ev_dir)))
+    reader = Input(InputConfig(uri=str(ev_dir)))
     assert sorted(ev.rows.column("source").to_pylist()) == ["val/franz_kafka.jpg", "val/messi5.jpg", "val/obama.jpg"]
-    embedded = read_eval_set(reader, DecodeStep(DecodeConfig()), MeanColour(), relative_to=str(ev_dir))
+    embedded = read_eval_set(reader, Decode(DecodeConfig()), MeanColour(), relative_to=str(ev_dir))
     assert embedded.select(list(ev.rows.column_names)).equals(ev.rows)  # the same rows, with the embedding step's
     assert [len(v) for v in embedded.column("clip_embedding").to_pylist()] == [3, 3, 3]
-    assert [s.name for s in steps] == ["decontaminate", "exact_dedup", "near_dedup"]
+    assert [s.name for s in steps] == ["dedup.decontaminate", "dedup.exact", "dedup.near"]
     want = {
         "messi_copy.jpg": (EVAL_OVERLAP, "val/messi5.jpg", "eval:exact"),
         "obama_small.jpg": (EVAL_OVERLAP, "val/obama.jpg", "eval:near"),
@@ -106,17 +106,17 @@ def test_copies_of_evaluation_images_are_dropped_as_eval_overlap_by_both_engines
     got = decisions_by_name(inp, names)
     repost = got.pop("basketball_repost.jpg", None) or got.pop("basketball.jpg")
     assert repost[0] == "exact_duplicate" and got == want  # first, so no copy is a duplicate of another
-    assert dropped == {"decontaminate": 3, "exact_dedup": 1, "near_dedup": 0}
+    assert dropped == {"dedup.decontaminate": 3, "dedup.exact": 1, "dedup.near": 0}
     inp, names = staged(corpus, tmp_path / "ray")  # Ray tasks, one per partition (exact and near: test_dedup_ray)
-    assert run_global_dedup(steps[:1], inp, DedupContext(engine="ray", eval_set=ev)) == {"decontaminate": 3}
+    assert run_global_dedup(steps[:1], inp, DedupContext(engine="ray", eval_set=ev)) == {"dedup.decontaminate": 3}
     assert decisions_by_name(inp, names) == want
 
 
 def test_the_decontaminate_step_owns_eval_overlap_in_the_funnel_and_the_audit():
-    assert "decontaminate" not in [name for name, _ in recipe_steps("").funnel()]  # off by default
+    assert "dedup.decontaminate" not in [name for name, _ in recipe_steps("").funnel()]  # off by default
     funnel = recipe_steps("/data/eval").funnel()
-    assert ("decontaminate", (EVAL_OVERLAP,)) in funnel
-    assert [n for n, _ in funnel].index("decontaminate") < [n for n, _ in funnel].index("exact_dedup")
+    assert ("dedup.decontaminate", (EVAL_OVERLAP,)) in funnel
+    assert [n for n, _ in funnel].index("dedup.decontaminate") < [n for n, _ in funnel].index("dedup.exact")
     rows = [
         {"status": "kept", "reason": None, "notes": []},
         {"status": "dropped", "reason": EVAL_OVERLAP, "notes": []},
@@ -131,13 +131,13 @@ def test_the_decontaminate_step_owns_eval_overlap_in_the_funnel_and_the_audit():
         "errors_by_reason": {},
     }
     stats = stats_from_counts(summed, funnel, samples_in_shards=1, shards=1, descriptions=[])
-    step = next(s for s in stats["funnel"] if s["stage"] == "decontaminate")
+    step = next(s for s in stats["funnel"] if s["step"] == "dedup.decontaminate")
     assert step["removed"] == {EVAL_OVERLAP: 2} and stats["reconciled"]
     assert counts.by_reason(rows, stats) == [
-        {"status": "dropped", "reason": EVAL_OVERLAP, "count": 2, "step": "decontaminate"}
+        {"status": "dropped", "reason": EVAL_OVERLAP, "count": 2, "step": "dedup.decontaminate"}
     ]
     change = settings.Change("dedup.decontaminate.eval_images", "", "/data/eval")
-    assert settings.explaining(EVAL_OVERLAP, [change], "decontaminate") == ["dedup.decontaminate.eval_images"]
+    assert settings.explaining(EVAL_OVERLAP, [change], "dedup.decontaminate") == ["dedup.decontaminate.eval_images"]
 
 
 def test_semantic_overlap_takes_the_closest_evaluation_image():

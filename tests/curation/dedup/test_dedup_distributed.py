@@ -12,7 +12,7 @@ from curation.dedup.components import component_labels
 from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.near import NearDupConfig
 from curation.dedup.shuffle import connected_components
-from curation.dedup.steps import DedupContext, ExactDedup, ExactDupConfig, NearDedup, run_global_dedup
+from curation.dedup.steps import DedupContext, DedupExact, DedupNear, ExactDupConfig, run_global_dedup
 from infra import storage
 
 pytestmark = pytest.mark.slow
@@ -47,16 +47,16 @@ def all_decisions(inp: GlobalDedupInput) -> pa.Table:
 
 def test_distributed_exact_and_near_equal_the_in_process_decisions(ray_local, tmp_path):
     near = NearDupConfig(max_distance=6)
-    steps = [ExactDedup(ExactDupConfig()), NearDedup(near)]
+    steps = [DedupExact(ExactDupConfig()), DedupNear(near)]
     inp = staged_run(tmp_path / "out", 800, 5, seed=3)
     local = run_global_dedup(steps, inp, DedupContext(engine="local"))
     expected = all_decisions(inp)
-    assert local["exact_dedup"] > 30 and local["near_dedup"] > 100
+    assert local["dedup.exact"] > 30 and local["dedup.near"] > 100
     distributed = run_global_dedup(steps, inp, DedupContext(engine="ray"))
     assert distributed == local
     assert all_decisions(inp).equals(expected)
     files = sorted(
-        p.name for p in (tmp_path / "out" / output.DEDUP_DIR / output.DECISIONS_DIR / "near_dedup").iterdir()
+        p.name for p in (tmp_path / "out" / output.DEDUP_DIR / output.DECISIONS_DIR / "dedup.near").iterdir()
     )
     assert files == [f"{pid}.parquet" for pid in inp.pids]  # one file per partition with drops
 

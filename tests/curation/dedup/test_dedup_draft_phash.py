@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from curation.config import DecodeConfig
-from curation.decode import HASH_DRAFT_SIDE, DecodeStep, decode_image
+from curation.decode import HASH_DRAFT_SIDE, Decode, decode_image
 from curation.dedup.hashing import hamming, hex_to_uint64
 from tests.conftest import IMAGES
 
@@ -50,7 +50,7 @@ def distances(tmp_path_factory) -> dict[tuple[str, str], int]:
 
     folder, imagededup = tmp_path_factory.mktemp("phash"), PHash(verbose=False)
     files = {(p.stem, name): data for p in sorted(IMAGES.iterdir()) for name, data in variants(p).items()}
-    decoded = DecodeStep(DecodeConfig()).process(
+    decoded = Decode(DecodeConfig()).process(
         pa.table({"key": [f"{s}__{n}" for s, n in files], "raw": list(files.values()), "reason": [None] * len(files)})
     )
     out = {}

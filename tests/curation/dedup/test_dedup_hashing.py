@@ -102,7 +102,7 @@ def test_the_manifest_hash_and_imagededups_as_measured_on_real_photos(tmp_path):
     planted formats) and the shared photos, against imagededup's ``PHash().encode_image``:
 
     1. imagededup's algorithm, bit for bit, on the pixels decode hands on (``fast=False``);
-    2. the manifest's hash (``DecodeStep``: a JPEG kept as it is decoded as a draft, then the box
+    2. the manifest's hash (``Decode``: a JPEG kept as it is decoded as a draft, then the box
        pre-reduction of ``phash_hex_pair``) within SHORTCUT_BITS of that, and equal to it on most;
     3. imagededup's hash of the *file* equal to (1) exactly where decode changed no pixel imagededup
        reads (no EXIF rotation, 16-bit scaling or alpha compositing), far from it where it did."""
@@ -112,14 +112,14 @@ def test_the_manifest_hash_and_imagededups_as_measured_on_real_photos(tmp_path):
     from imagededup.methods import PHash
 
     from curation.config import DecodeConfig
-    from curation.decode import DecodeStep, decode_image
+    from curation.decode import Decode, decode_image
     from pipelines.demo_corpus import build_demo_corpus
 
     logging.getLogger("imagededup").setLevel(logging.WARNING)
     build_demo_corpus(tmp_path / "demo")
     for f in IMAGES.iterdir():
         shutil.copy(f, tmp_path / f.name)
-    step, imagededup = DecodeStep(DecodeConfig()), PHash(verbose=False)
+    step, imagededup = Decode(DecodeConfig()), PHash(verbose=False)
     seen, equal, changed = 0, 0, []
     for path in sorted(p for p in tmp_path.rglob("*") if p.is_file()):
         raw = path.read_bytes()

@@ -16,7 +16,7 @@ from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.distributed_incremental import IndexLayout, _key_bucket, _representatives
 from curation.dedup.hashing import hex_to_uint64, uint64_to_hex
 from curation.dedup.index_store import PartitionedNearIndex
-from curation.dedup.steps import DedupContext, NearDedup, run_global_dedup
+from curation.dedup.steps import DedupContext, DedupNear, run_global_dedup
 from infra import storage
 
 PIDS = ("q000", "q001", "q002")
@@ -50,7 +50,7 @@ def run(out, batch: pa.Table, against, engine: str):
     settings = DedupConfig(against=str(against), engine=engine)
     ctx = DedupContext.open(settings, CFG)
     assert isinstance(ctx.against_index, PartitionedNearIndex)
-    dropped = run_global_dedup([NearDedup(CFG, settings)], inp, ctx)
+    dropped = run_global_dedup([DedupNear(CFG, settings)], inp, ctx)
     ctx.save_index(*storage.resolve(index_dir(out)))
     decided = pa.concat_tables([partition_decisions(fs, root, p) for p in PIDS]).sort_by("key")
     return dropped, decided, PartitionedNearIndex.open(*storage.resolve(index_dir(out)))

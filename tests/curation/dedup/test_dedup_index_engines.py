@@ -19,7 +19,7 @@ from curation.dedup.decisions import read_candidates
 from curation.dedup.hashing import hex_to_uint64, uint64_to_hex
 from curation.dedup.index_store import PartitionedNearIndex, is_relative
 from curation.dedup.near import NearDupConfig
-from curation.dedup.steps import DedupContext, ExactDedup, ExactDupConfig, NearDedup, run_global_dedup
+from curation.dedup.steps import DedupContext, DedupExact, DedupNear, ExactDupConfig, run_global_dedup
 from infra import storage
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def curated(out, engine: str):
     finished output (manifest: every candidate, kept unless a decision dropped it)."""
     inp = staged_run(out, 800, 5, seed=3)
     ctx = DedupContext(engine=engine)
-    run_global_dedup([ExactDedup(ExactDupConfig()), NearDedup(CFG)], inp, ctx)
+    run_global_dedup([DedupExact(ExactDupConfig()), DedupNear(CFG)], inp, ctx)
     ctx.save_index(*storage.resolve(index_dir(out)))
     candidates = pa.concat_tables([read_candidates(inp, i) for i in range(len(inp.pids))])
     dropped = all_decisions(inp).column("key")
@@ -74,7 +74,7 @@ def new_batch(candidates: pa.Table, seed: int) -> pa.Table:
 def decide_against(against, batch: pa.Table) -> tuple[object, pa.Table]:
     settings = DedupConfig(against=str(against))
     ctx = DedupContext.open(settings, CFG)
-    return ctx.against_index, NearDedup(CFG, settings).decide(batch, ctx)
+    return ctx.against_index, DedupNear(CFG, settings).decide(batch, ctx)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_a_copied_output_is_searched_where_it_now_lies(ray_output, tmp_path):
     # the next version: its own part relative, the earlier version's part by absolute path
     settings = DedupConfig(against=str(tmp_path / "moved" / "v1"))
     ctx = DedupContext.open(settings, CFG)
-    NearDedup(CFG, settings).decide(batch, ctx)
+    DedupNear(CFG, settings).decide(batch, ctx)
     ctx.save_index(*storage.resolve(index_dir(tmp_path / "v2")))
     v2 = PartitionedNearIndex.open(*storage.resolve(index_dir(tmp_path / "v2")))
     first, own = (p["uri"] for p in v2.header["parts"])

@@ -18,7 +18,7 @@ from curation import output, schema
 from curation.config import DedupConfig
 from curation.dedup.index_store import PartitionedNearIndex
 from curation.dedup.near import NearDupConfig
-from curation.dedup.steps import DedupContext, NearDedup
+from curation.dedup.steps import DedupContext, DedupNear
 
 CFG = NearDupConfig(max_distance=4)
 
@@ -32,7 +32,7 @@ def run(batch: pa.Table, out, against=None, cfg: NearDupConfig = CFG, version: s
     output (manifest, ``_SUCCESS`` naming its dataset id). Returns (decisions, the index searched)."""
     settings = DedupConfig(against=None if against is None else str(against))
     ctx = DedupContext.open(settings, cfg)
-    got = NearDedup(cfg, settings).decide(batch, ctx)
+    got = DedupNear(cfg, settings).decide(batch, ctx)
     if version is not None:
         ctx.save_index(pafs.LocalFileSystem(), index_dir(out))
         dropped = set(got.column("key").to_pylist())

@@ -116,7 +116,7 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
     that equals the in-memory chain."""
     from curation import output
     from curation.config import DedupConfig
-    from curation.dedup.steps import DedupContext, NearDedup
+    from curation.dedup.steps import DedupContext, DedupNear
 
     cfg = NearDupConfig(max_distance=4)
     fs = pafs.LocalFileSystem()
@@ -129,7 +129,7 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
         ctx = DedupContext.open(settings, cfg)
         assert (ctx.against_index is None) == (i == 0)
         assert i == 0 or isinstance(ctx.against_index, PartitionedNearIndex)
-        got = NearDedup(cfg, settings).decide(batch, ctx)
+        got = DedupNear(cfg, settings).decide(batch, ctx)
         want, memory = (
             in_memory(batch, memory, cfg)
             if memory is not None

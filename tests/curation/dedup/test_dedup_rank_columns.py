@@ -9,7 +9,7 @@ import pytest
 
 from curation.dedup import representative_sort_key
 from curation.dedup.components import decisions_from_labels, meta_columns
-from curation.dedup.steps import DedupContext, NearDedup, candidate_columns, run_dedup
+from curation.dedup.steps import DedupContext, DedupNear, candidate_columns, run_dedup
 from curation.recipe import CurationConfig
 from curation.steps import Step
 
@@ -64,7 +64,7 @@ def test_arrow_ranking_equals_the_rule_with_two_rank_columns_and_nulls():
 
 
 def test_near_dedup_reads_the_rank_columns_earlier_steps_wrote():
-    steps = [NearDedup.from_config(CurationConfig())]
+    steps = [DedupNear.from_config(CurationConfig())]
     written = {"phash", "phash_mirror", "width", "height", "converted", "input_bytes", "rank_quality", "other"}
     columns, absent = candidate_columns(steps, written)
     assert "rank_quality" in columns and "other" not in columns and not absent
@@ -86,4 +86,4 @@ def test_near_dedup_reads_the_rank_columns_earlier_steps_wrote():
 
 def test_a_rank_column_must_be_an_integer():
     with pytest.raises(TypeError, match=r"rank column 'rank_quality' must be an integer type, not float"):
-        type("FloatRank", (Step,), {"name": "x", "fields": [pa.field("rank_quality", pa.float32())]})
+        type("FloatRank", (Step,), {"section": "x", "fields": [pa.field("rank_quality", pa.float32())]})

@@ -14,7 +14,7 @@ from curation import staging
 from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.eval_overlap import EVAL_OVERLAP, EvalSet
 from curation.dedup.semantic import SemanticDupConfig
-from curation.dedup.steps import DedupContext, SemanticDedup, run_global_dedup
+from curation.dedup.steps import DedupContext, DedupSemantic, run_global_dedup
 from infra import storage
 
 COLUMNS = ("key", "partition", "width", "height", "clip_embedding")
@@ -77,7 +77,7 @@ def test_ray_semantic_dedup_equals_the_in_process_step(ray_local, tmp_path):
     cfg = SemanticDupConfig(
         enabled=True, target_cluster_size=100, kmeans_sample_size=300, block_rows=40, max_flat_clusters=3
     )
-    step = SemanticDedup(cfg)
+    step = DedupSemantic(cfg)
     local = run_global_dedup([step], inp, DedupContext(engine="local", earlier=earlier, eval_set=ev))
     want = decisions(inp)
     got = run_global_dedup([step], inp, DedupContext(engine="ray", earlier=earlier, eval_set=ev))

@@ -9,13 +9,13 @@ import torch
 
 from curation.filters.artistic import (
     ARTISTIC,
-    ArtisticFilter,
     ArtisticFilterConfig,
+    ContentArtistic,
     PromptSet,
     class_embeddings,
     zero_shot,
 )
-from curation.filters.clip_embedding import ClipEmbedding, ClipEmbeddingConfig
+from curation.filters.clip_embedding import ClipEmbeddingConfig, ContentEmbedding
 from curation.filters.model import LinearHead
 from curation.schema import BASE_FIELDS
 from curation.steps import run_steps_locally
@@ -115,7 +115,7 @@ def _embedded_batch(embeddings: dict[str, np.ndarray | None], not_pending: dict[
 
 def test_step_annotates_pending_rows_only(prompts):
     cfg = ArtisticFilterConfig(enabled=True, natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, threshold=0.5)
-    step = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
+    step = ContentArtistic(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     batch = _embedded_batch(
         {"photo": e(1), "painting": e(0, 1), "cartoon": e(0, 0, 1), "no_embedding": None},
         not_pending={"ended": "too_small"},
@@ -137,7 +137,7 @@ def test_step_annotates_pending_rows_only(prompts):
 
 
 def test_step_needs_the_embedding_column(prompts):
-    step = ArtisticFilter(
+    step = ContentArtistic(
         ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL),
         ClipEmbeddingConfig(),
         prompt_embeddings=prompt_embeddings(prompts),
@@ -165,7 +165,7 @@ def test_linear_head_file_replaces_the_score(tmp_path, prompts, suffix):
     cfg = ArtisticFilterConfig(
         natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, head_weights=str(path), threshold=0.9
     )
-    step = ArtisticFilter(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
+    step = ContentArtistic(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     out = run_steps_locally(_embedded_batch({"a": e(1), "b": e(0, 1), "c": e(1, 1)}, {}), [step])
     scores = out.column("artistic_score").to_pylist()
     want = 1 / (1 + np.exp(-8 * (np.array([0, 1, 0]) - np.array([1, 0, 0]))))
@@ -200,7 +200,7 @@ def test_real_clip_path_scores_real_images(tiny_clip_dir, real_images, batch_of)
     clip = ClipEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}")
     names = ["obama", "starry_night", "zidane", "basketball1"]
     batch = batch_of({k: real_images[k] for k in names}, not_pending={"ended": "too_small"})
-    out = run_steps_locally(batch, [ClipEmbedding(clip), ArtisticFilter(ArtisticFilterConfig(), clip)])
+    out = run_steps_locally(batch, [ContentEmbedding(clip), ContentArtistic(ArtisticFilterConfig(), clip)])
     scores = out.column("artistic_score").to_pylist()
     labels = out.column("artistic_label").to_pylist()
     assert all(0.0 <= s <= 1.0 for s in scores[:4]) and scores[4] is None

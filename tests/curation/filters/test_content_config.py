@@ -6,13 +6,13 @@ import pickle
 
 import pytest
 
-from curation.filters.aesthetic import LOW_AESTHETIC, AestheticScore
-from curation.filters.artistic import ARTISTIC, ArtisticFilter
-from curation.filters.clip_embedding import ClipEmbedding
+from curation.filters.aesthetic import LOW_AESTHETIC, ContentAesthetic
+from curation.filters.artistic import ARTISTIC, ContentArtistic
+from curation.filters.clip_embedding import ContentEmbedding
 from curation.filters.model import WeightsUnavailableError
-from curation.filters.nsfw import NSFW, NsfwFilter
-from curation.filters.text import TEXT, WATERMARK_TEXT, TextFilter
-from curation.filters.watermark import WATERMARK, WatermarkFilter
+from curation.filters.nsfw import NSFW, ContentNsfw
+from curation.filters.text import TEXT, WATERMARK_TEXT, ContentText
+from curation.filters.watermark import WATERMARK, ContentWatermark
 from curation.recipe import HUMANS1B, ContentFiltersConfig, CurationConfig
 from curation.steps import Resources
 from infra.config import from_dict, parse_overrides
@@ -26,7 +26,7 @@ NO_WEIGHTS = {
 }
 
 
-CONTENT_STEPS = [ClipEmbedding, NsfwFilter, ArtisticFilter, WatermarkFilter, AestheticScore, TextFilter]
+CONTENT_STEPS = [ContentEmbedding, ContentNsfw, ContentArtistic, ContentWatermark, ContentAesthetic, ContentText]
 
 
 def nsfw_layout(width: int) -> dict[str, tuple[int, ...]]:
@@ -155,9 +155,9 @@ def test_all_filters_in_order(tiny_clip_dir, tmp_path):
 def test_a_step_reading_a_disabled_steps_column_is_refused():
     with pytest.raises(
         ValueError,
-        match=r"step 'artistic_filter' reads column 'clip_embedding', which no earlier "
-        r"enabled step writes: 'clip_embedding' writes it but is disabled; enable "
-        r"content\.embedding or disable content\.artistic",
+        match=r"step 'content\.artistic' reads column 'clip_embedding', which no earlier "
+        r"enabled step writes: 'content\.embedding' writes it but is disabled; set "
+        r"content\.embedding\.enabled=true or content\.artistic\.enabled=false",
     ):
         build(
             {
@@ -167,9 +167,9 @@ def test_a_step_reading_a_disabled_steps_column_is_refused():
                 "aesthetic": {"enabled": False},
             }
         )
-    with pytest.raises(ValueError, match=r"step 'nsfw_filter' reads column 'clip_embedding'"):
+    with pytest.raises(ValueError, match=r"step 'content\.nsfw' reads column 'clip_embedding'"):
         build({"embedding": {"enabled": False}})
-    with pytest.raises(ValueError, match=r"step 'watermark_filter' reads column 'clip_embedding'"):
+    with pytest.raises(ValueError, match=r"step 'content\.watermark' reads column 'clip_embedding'"):
         build(
             {
                 "embedding": {"enabled": False},
@@ -179,7 +179,7 @@ def test_a_step_reading_a_disabled_steps_column_is_refused():
                 "watermark": {"clip_head_weights": "head.pt"},
             }
         )
-    with pytest.raises(ValueError, match=r"step 'semantic_dedup' reads column 'clip_embedding'"):
+    with pytest.raises(ValueError, match=r"step 'dedup\.semantic' reads column 'clip_embedding'"):
         build(NO_WEIGHTS, dedup={"semantic": {"enabled": True}})
 
 

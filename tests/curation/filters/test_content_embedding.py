@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 
 from curation.filters.clip_embedding import (
-    ClipEmbedding,
     ClipEmbeddingConfig,
     ClipModel,
+    ContentEmbedding,
     check_clip_config,
     encode_prompts,
 )
@@ -39,7 +39,7 @@ def test_local_dir_checkpoint_batched(tiny_clip_dir, photos, batch_of, column_by
     cfg = ClipEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}", batch_size=3)  # 7 images: chunks of 3
     check_clip_config(cfg)
     batch = batch_of(photos, not_pending={"dropped_earlier": "too_small"}, undecodable=("broken",))
-    out = run_steps_locally(batch, [ClipEmbedding(cfg)])
+    out = run_steps_locally(batch, [ContentEmbedding(cfg)])
 
     assert out.schema.field("clip_embedding").type == pa.list_(pa.float32())
     emb = column_by_key(out, "clip_embedding")
@@ -61,11 +61,11 @@ def test_named_architecture_with_pt_file(tiny_clip_named, photos, batch_of):
     name, weights = tiny_clip_named
     cfg = ClipEmbeddingConfig(model=name, weights=str(weights), batch_size=4)
     check_clip_config(cfg)
-    out = run_steps_locally(batch_of(photos), [ClipEmbedding(cfg)])
+    out = run_steps_locally(batch_of(photos), [ContentEmbedding(cfg)])
     got = np.array(out.column("clip_embedding").to_pylist(), np.float32)
     assert got.shape == (len(PHOTOS), 32)
     # same image, same embedding, whatever its batch neighbours
-    again = run_steps_locally(batch_of({"obama": photos["obama"]}), [ClipEmbedding(cfg)])
+    again = run_steps_locally(batch_of({"obama": photos["obama"]}), [ContentEmbedding(cfg)])
     np.testing.assert_allclose(again.column("clip_embedding").to_pylist()[0], got[0], atol=1e-5)
 
 

@@ -9,7 +9,7 @@ import pytest
 from curation.filters.text import (
     TEXT,
     WATERMARK_TEXT,
-    TextFilter,
+    ContentText,
     TextFilterConfig,
     TextMeasures,
     classify_box,
@@ -48,7 +48,7 @@ def ocr_result(real_images, render, batch_of):
         }
     )
     batch = batch_of(cases, not_pending={"already_dropped": "no_salient_person"}, undecodable=("broken",))
-    step = TextFilter(TextFilterConfig())
+    step = ContentText(TextFilterConfig())
     return batch, run_steps_locally(batch, [step])
 
 
@@ -112,9 +112,9 @@ def test_undecodable_image_bytes_become_a_row_error(batch_of, real_images):
     images = batch.column("image").to_pylist()
     images[1] = b"\xff\xd8 not really a jpeg"
     batch = batch.set_column(batch.schema.get_field_index("image"), "image", pa.array(images, pa.binary()))
-    out = run_steps_locally(batch, [TextFilter(TextFilterConfig())])
+    out = run_steps_locally(batch, [ContentText(TextFilterConfig())])
     assert out.column("reason").to_pylist() == [None, DECODE_FAILED]
-    assert out.column("error_message").to_pylist()[1].startswith("text_filter: ")
+    assert out.column("error_message").to_pylist()[1].startswith("content.text: ")
     assert pending_mask(out) == [True, False]
 
 
@@ -183,4 +183,4 @@ def test_running_out_of_memory_while_decoding_fails_the_batch(batch_of, real_ima
 
     monkeypatch.setattr(Image.Image, "convert", out_of_memory)
     with pytest.raises(MemoryError):
-        run_steps_locally(batch_of({"fine": real_images["obama2"]}), [TextFilter(TextFilterConfig())])
+        run_steps_locally(batch_of({"fine": real_images["obama2"]}), [ContentText(TextFilterConfig())])

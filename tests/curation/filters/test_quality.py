@@ -13,9 +13,9 @@ from PIL import Image, ImageFilter
 
 from curation import schema
 from curation.config import DecodeConfig
-from curation.decode import DecodeStep
-from curation.dedup.steps import DedupContext, NearDedup, candidate_columns, run_dedup
-from curation.filters.quality import BADLY_EXPOSED, BLURRED, ImageQuality, ImageQualityConfig, sharpness
+from curation.decode import Decode
+from curation.dedup.steps import DedupContext, DedupNear, candidate_columns, run_dedup
+from curation.filters.quality import BADLY_EXPOSED, BLURRED, ImageQualityConfig, Quality, sharpness
 from curation.recipe import HUMANS1B, CurationConfig, weightless_content_filters
 from curation.steps import BuiltRecipe, run_steps_locally
 from infra.config import load_config
@@ -53,11 +53,11 @@ def decoded(files: dict[str, bytes]) -> pa.Table:
         {"partition": "p", "key": k, "source": k, "raw": v, "reason": None, "input_bytes": len(v)}
         for k, v in files.items()
     ]
-    return DecodeStep(DecodeConfig()).process(pa.Table.from_pylist(rows, schema=schema.RAW_SCHEMA))
+    return Decode(DecodeConfig()).process(pa.Table.from_pylist(rows, schema=schema.RAW_SCHEMA))
 
 
 def measured(files: dict[str, bytes], cfg: ImageQualityConfig | None = None) -> dict[str, dict]:
-    table = run_steps_locally(decoded(files), [ImageQuality(cfg or ImageQualityConfig())])
+    table = run_steps_locally(decoded(files), [Quality(cfg or ImageQualityConfig())])
     return {r["key"]: r for r in table.to_pylist()}
 
 
@@ -113,7 +113,7 @@ def test_reasons_only_when_told_and_only_on_pending_rows(photos):
     }
     batch = decoded({**files, "broken": b"not an image"})
     batch = schema.set_reasons(batch, [schema.TOO_SMALL, None, None, None])  # ended before the step
-    out = {r["key"]: r for r in ImageQuality(dropping).process(batch).to_pylist()}
+    out = {r["key"]: r for r in Quality(dropping).process(batch).to_pylist()}
     assert out["sharp"]["sharpness"] is None and out["sharp"]["reason"] == schema.TOO_SMALL
     assert out["broken"]["sharpness"] is None and out["broken"]["reason"] == "not_an_image"
     assert out["blurred"]["reason"] == BLURRED
@@ -133,9 +133,9 @@ def test_a_family_of_an_original_and_its_blurred_copy_keeps_the_original(photos)
         "b_blurred.png": (lambda b: (blurred.save(b, "PNG"), b.getvalue())[1])(io.BytesIO()),
         "z_original.jpg": _jpeg(im, quality=85),
     }
-    table = run_steps_locally(decoded(files), [ImageQuality(ImageQualityConfig())])
-    steps = [NearDedup.from_config(CurationConfig())]
-    columns, _ = candidate_columns(steps, {*DecodeStep.writes, *ImageQuality.writes})
+    table = run_steps_locally(decoded(files), [Quality(ImageQualityConfig())])
+    steps = [DedupNear.from_config(CurationConfig())]
+    columns, _ = candidate_columns(steps, {*Decode.writes, *Quality.writes})
     assert "rank_quality" in columns
     decisions = run_dedup(steps, table.select(columns), DedupContext()).to_pylist()
     assert {d["key"]: d["duplicate_of"] for d in decisions} == {
@@ -155,5 +155,5 @@ def test_the_step_runs_in_the_first_pass_on_decodes_thumbnail():
     cfg.content = weightless_content_filters()
     built = BuiltRecipe([s.from_config(cfg) for s in HUMANS1B.steps])
     first = built.passes()[0]
-    assert "image_quality" in [s.name for s in first.row_steps]
+    assert "quality" in [s.name for s in first.row_steps]
     assert "rank_quality" in built.available() and "thumbnail" not in built.available()

@@ -30,9 +30,9 @@ def test_the_diff_names_the_new_steps_settings():
         settings.Change("content.aesthetic.min_score", None, 5.0),
         settings.Change("quality.min_sharpness", 1.5, 1.6),
     ]
-    assert settings.explaining(NSFW, changes, "nsfw_filter") == ["content.nsfw.threshold"]
-    assert settings.explaining(LOW_AESTHETIC, changes, "aesthetic_filter") == ["content.aesthetic.min_score"]
-    assert settings.explaining("blurred", changes, "image_quality") == ["quality.min_sharpness"]
+    assert settings.explaining(NSFW, changes, "content.nsfw") == ["content.nsfw.threshold"]
+    assert settings.explaining(LOW_AESTHETIC, changes, "content.aesthetic") == ["content.aesthetic.min_score"]
+    assert settings.explaining("blurred", changes, "quality") == ["quality.min_sharpness"]
 
 
 def _weights(folder: Path) -> tuple[Path, Path]:
@@ -78,8 +78,8 @@ def _overrides(tmp_path: Path, clip: Path, nsfw: Path, aesthetic: Path, centerne
 def _check_manifest(out: Path, funnel: dict) -> None:
     rows = pq.read_table(out / "manifest").to_pylist()
     for reason, column, step, dropped in (
-        (NSFW, "nsfw_score", "nsfw_filter", lambda s: s >= 0.5),
-        (LOW_AESTHETIC, "aesthetic_score", "aesthetic_filter", lambda s: s < 4.0),
+        (NSFW, "nsfw_score", "content.nsfw", lambda s: s >= 0.5),
+        (LOW_AESTHETIC, "aesthetic_score", "content.aesthetic", lambda s: s < 4.0),
     ):
         mine = [r for r in rows if r["reason"] == reason]
         assert funnel[step]["removed"].get(reason, 0) == len(mine)
@@ -111,30 +111,30 @@ def test_a_run_with_the_heads_shows_them_everywhere(tmp_path, ray_local, centern
     with pytest.warns(UncalibratedThresholdWarning, match=r"^content\.aesthetic\.min_score=4\.0 says nowhere"):
         result = run_curation(load_config(CurationConfig, REPO / "configs" / "curate_demo.yaml", overrides))
 
-    funnel = {step["stage"]: step for step in result.stats["funnel"]}
+    funnel = {step["step"]: step for step in result.stats["funnel"]}
     names = list(funnel)
-    assert names.index("geometry") < names.index("image_quality") < names.index("exact_dedup")
-    assert names.index("person_detection") < names.index("nsfw_filter") < names.index("aesthetic_filter")
+    assert names.index("geometry") < names.index("quality") < names.index("dedup.exact")
+    assert names.index("detector") < names.index("content.nsfw") < names.index("content.aesthetic")
     assert result.stats["reconciled"]
-    steps = {s["name"]: s for s in result.stats["stages"]}
-    assert steps["nsfw_filter"] == {
-        "name": "nsfw_filter",
+    steps = {s["name"]: s for s in result.stats["steps"]}
+    assert steps["content.nsfw"] == {
+        "name": "content.nsfw",
         "applied": True,
         "threshold": 0.5,
         "weights": str(nsfw),
         "threshold_source": NSFW_PUBLISHED.source,
     }
-    assert steps["aesthetic_filter"]["applied"] and steps["aesthetic_filter"]["min_score"] == 4.0
-    assert steps["aesthetic_filter"]["threshold_source"] == NOT_MEASURED
-    assert steps["image_quality"]["min_sharpness"] == 1.6
+    assert steps["content.aesthetic"]["applied"] and steps["content.aesthetic"]["min_score"] == 4.0
+    assert steps["content.aesthetic"]["threshold_source"] == NOT_MEASURED
+    assert steps["quality"]["min_sharpness"] == 1.6
     _check_manifest(tmp_path / "out", funnel)
 
     run = mlflow.MlflowClient(uri).get_run(result.mlflow_run_id)
     assert run.data.params["content.nsfw.threshold"] == "0.5"
     assert run.data.params["content.aesthetic.min_score"] == "4.0"
     assert run.data.params["quality.min_sharpness"] == "1.6"
-    for step in ("nsfw_filter", "aesthetic_filter", "image_quality"):
-        assert run.data.tags[f"filter.{step}.applied"] == "true"
+    for step in ("content.nsfw", "content.aesthetic", "quality"):
+        assert run.data.tags[f"step.{step}.applied"] == "true"
         assert run.data.metrics[f"funnel.{step}.out"] == funnel[step]["out"]
 
     page = render_report(load_version(str(tmp_path / "out")))

@@ -7,13 +7,13 @@ import warnings
 
 import pytest
 
-from curation.filters.aesthetic import AestheticScore, AestheticScoreConfig
-from curation.filters.artistic import ArtisticFilter, ArtisticFilterConfig
+from curation.filters.aesthetic import AestheticScoreConfig, ContentAesthetic
+from curation.filters.artistic import ArtisticFilterConfig, ContentArtistic
 from curation.filters.clip_embedding import ClipEmbeddingConfig
-from curation.filters.nsfw import NsfwFilter, NsfwFilterConfig
-from curation.filters.person import DetectorConfig, PersonFilter
+from curation.filters.nsfw import ContentNsfw, NsfwFilterConfig
+from curation.filters.person import Detector, DetectorConfig
 from curation.filters.thresholds import NOT_MEASURED, Published, UncalibratedThresholdWarning, threshold_source
-from curation.filters.watermark import WatermarkFilter, WatermarkFilterConfig
+from curation.filters.watermark import ContentWatermark, WatermarkFilterConfig
 from tests.curation.filters.test_content_config import aesthetic_layout, nsfw_layout, random_head
 
 
@@ -45,15 +45,15 @@ def test_a_source_is_the_record_then_a_published_value():
 
 
 def test_nsfw_at_laions_value_is_quiet_and_says_so(heads):
-    step = NsfwFilter(NsfwFilterConfig(weights=heads["nsfw"]))
+    step = ContentNsfw(NsfwFilterConfig(weights=heads["nsfw"]))
     assert start_up(step) == []
     assert step.describe()["threshold_source"].startswith("LAION's cut-off with this detector")
-    step = NsfwFilter(NsfwFilterConfig(weights=heads["nsfw"], threshold=0.3))
+    step = ContentNsfw(NsfwFilterConfig(weights=heads["nsfw"], threshold=0.3))
     (message,) = start_up(step)
     assert message.startswith("content.nsfw.threshold=0.3 says nowhere what it was measured on")
     assert "python pipelines/calibrate.py nsfw" in message and "content.nsfw.calibration" in message
     assert step.describe()["threshold_source"] == NOT_MEASURED
-    step = NsfwFilter(NsfwFilterConfig(weights=heads["nsfw"], threshold=0.3, calibration="200 images, P 0.97"))
+    step = ContentNsfw(NsfwFilterConfig(weights=heads["nsfw"], threshold=0.3, calibration="200 images, P 0.97"))
     assert start_up(step) == []
     assert step.describe()["threshold_source"] == "calibration: 200 images, P 0.97"
 
@@ -61,43 +61,43 @@ def test_nsfw_at_laions_value_is_quiet_and_says_so(heads):
 def test_artistic_is_off_by_default_and_warns_when_enabled_uncalibrated(heads):
     assert not ArtisticFilterConfig().enabled
     clip = ClipEmbeddingConfig(model="ViT-B-32")
-    step = ArtisticFilter(ArtisticFilterConfig(enabled=True), clip)
+    step = ContentArtistic(ArtisticFilterConfig(enabled=True), clip)
     (message,) = start_up(step)
     assert message.startswith("content.artistic.threshold=0.5 says nowhere what it was measured on")
     assert "python pipelines/calibrate.py artistic" in message and "content.artistic.enabled=false" in message
-    step = ArtisticFilter(ArtisticFilterConfig(enabled=True, calibration="x"), clip)
+    step = ContentArtistic(ArtisticFilterConfig(enabled=True, calibration="x"), clip)
     assert start_up(step) == []
 
 
 def test_watermark_laions_value_holds_for_its_classifier_only(heads, tmp_path):
     classifier = tmp_path / "watermark_model_v1.pt"
     classifier.write_bytes(b"")  # the start-up check looks for the file; the model loads in setup
-    assert start_up(WatermarkFilter(WatermarkFilterConfig(weights=str(classifier)))) == []
-    with_head = WatermarkFilter(WatermarkFilterConfig(weights=str(classifier), clip_head_weights=heads["clip_head"]))
+    assert start_up(ContentWatermark(WatermarkFilterConfig(weights=str(classifier)))) == []
+    with_head = ContentWatermark(WatermarkFilterConfig(weights=str(classifier), clip_head_weights=heads["clip_head"]))
     (message,) = start_up(with_head)
     assert message.startswith("content.watermark.threshold=0.8 says nowhere")
 
 
 def test_aesthetic_scores_only_by_default_and_knows_laions_cut_offs(heads):
-    step = AestheticScore(AestheticScoreConfig(weights=heads["aesthetic"]))
+    step = ContentAesthetic(AestheticScoreConfig(weights=heads["aesthetic"]))
     assert start_up(step) == []
     assert step.describe()["threshold_source"].startswith("no threshold")
-    assert start_up(AestheticScore(AestheticScoreConfig(weights=heads["aesthetic"], min_score=6.5))) == []
-    (message,) = start_up(AestheticScore(AestheticScoreConfig(weights=heads["aesthetic"], min_score=4.0)))
+    assert start_up(ContentAesthetic(AestheticScoreConfig(weights=heads["aesthetic"], min_score=6.5))) == []
+    (message,) = start_up(ContentAesthetic(AestheticScoreConfig(weights=heads["aesthetic"], min_score=4.0)))
     assert message.startswith("content.aesthetic.min_score=4.0 says nowhere")
 
 
 def test_the_detector_threshold_is_per_detector(centernet_path, tmp_path):
-    centernet = PersonFilter(DetectorConfig(backend="centernet_onnx", weights=str(centernet_path)))
+    centernet = Detector(DetectorConfig(backend="centernet_onnx", weights=str(centernet_path)))
     assert start_up(centernet) == []
     assert "shared/assets/PROVENANCE.md" in centernet.describe()["threshold_source"]
     yolo = tmp_path / "yolo11x.pt"
     yolo.write_bytes(b"")
-    (message,) = start_up(PersonFilter(DetectorConfig(backend="ultralytics", weights=str(yolo))))
+    (message,) = start_up(Detector(DetectorConfig(backend="ultralytics", weights=str(yolo))))
     assert message.startswith("detector.score_threshold=0.9 says nowhere what it was measured on")
     assert "person_score_max" in message and "detector.calibration" in message
     cfg = DetectorConfig(backend="ultralytics", weights=str(yolo), score_threshold=0.6, calibration="pilot, 500 images")
-    assert start_up(PersonFilter(cfg)) == []
+    assert start_up(Detector(cfg)) == []
 
 
 def test_every_model_step_of_the_recipe_traces_the_threshold_it_drops_by():
@@ -106,9 +106,9 @@ def test_every_model_step_of_the_recipe_traces_the_threshold_it_drops_by():
     from curation.recipe import HUMANS1B
 
     exempt = {
-        "clip_embedding": "drops nothing",
+        "content.embedding": "drops nothing",
         "backbone_embedding": "drops nothing",
-        "text_filter": "OCR box geometry and counts, set on the labelled cases of test_content_text.py",
+        "content.text": "OCR box geometry and counts, set on the labelled cases of test_content_text.py",
     }
     model_steps = [cls for cls in HUMANS1B.steps if issubclass(cls, ModelStep)]
     assert {cls.name for cls in model_steps} >= set(exempt)
