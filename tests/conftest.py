@@ -16,6 +16,7 @@ SHARED = REPO.parent / "shared"
 ASSETS = SHARED / "assets"
 IMAGES = ASSETS / "images"  # the shared real photos (see shared/assets/PROVENANCE.md)
 CENTERNET = ASSETS / "models" / "person_centernet_512.onnx"
+TINY_REFERENCE = SHARED / "reference" / "sapiens2_parity_tiny.safetensors"  # the demo's embedding weights
 
 _tmp = tempfile.mkdtemp(prefix="hv-test-env-")
 for key, value in {

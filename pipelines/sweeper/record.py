@@ -23,6 +23,7 @@ class SweepRecord:
         tags = {"humanvision.stage": "sweep", "sweep.name": name}
         self.run_id = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
         self.client.log_text(self.run_id, config_yaml, "sweep.yaml")
+        self.open_variants: list[str] = []  # variant runs not yet closed (ended by ``finish`` if left)
 
     def variant(self, name: str, overrides: list[str], baseline: bool) -> str:
         """A child run for the variant (open until ``close_variant``); its DAG runs nest under it."""
@@ -30,6 +31,7 @@ class SweepRecord:
         tags["sweep.baseline"] = str(baseline).lower()
         run_id = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
         self.client.log_text(run_id, "\n".join(overrides) + "\n", "overrides.txt")
+        self.open_variants.append(run_id)
         return run_id
 
     def close_variant(self, v: VariantSummary) -> None:
@@ -46,8 +48,15 @@ class SweepRecord:
             self.client.set_tag(v.run_id, f"verdict.{key}", d.verdict)
         self.client.set_tag(v.run_id, "sweep.status", v.status)
         self.client.set_terminated(v.run_id, status="FINISHED" if v.status == "finished" else "FAILED")
+        self.open_variants.remove(v.run_id)
 
     def finish(self, files: list[Path], summary: dict, status: str) -> None:
+        """The parent run ended with ``status``; a variant run still open (the sweep was stopped or
+        failed before comparing) ends as KILLED, tagged ``sweep.status=interrupted``."""
+        for run_id in self.open_variants:
+            self.client.set_tag(run_id, "sweep.status", "interrupted")
+            self.client.set_terminated(run_id, status="KILLED")
+        self.open_variants.clear()
         for f in files:
             self.client.log_artifact(self.run_id, str(f))
         self.client.set_tag(self.run_id, "sweep.variants", json.dumps(summary, sort_keys=True))

@@ -26,9 +26,8 @@ from curation.writer import with_attributes
 from infra import storage
 from infra.config import load_config
 from pipelines.curate import provide_model_code
-from tests.conftest import IMAGES, SHARED
+from tests.conftest import IMAGES, TINY_REFERENCE
 
-REFERENCE = SHARED / "reference" / "sapiens2_parity_tiny.safetensors"
 EMB = pa.list_(pa.float32())
 
 
@@ -181,7 +180,12 @@ def test_annotations_must_match_the_kept_rows():
 
 
 def backbone_config(**overrides) -> BackboneEmbeddingConfig:
-    settings = {"enabled": True, "model": "sapiens2_tiny", "weights": str(REFERENCE), "weights_prefix": "plain/model/"}
+    settings = {
+        "enabled": True,
+        "model": "sapiens2_tiny",
+        "weights": str(TINY_REFERENCE),
+        "weights_prefix": "plain/model/",
+    }
     return BackboneEmbeddingConfig(**{**settings, **overrides})
 
 
@@ -209,7 +213,7 @@ def test_backbone_embedding_is_the_models_mean_patch_token(tmp_path):
     step.check()
     out = run_steps_locally(batch, [step]).column("backbone_embedding").to_pylist()
     assert out[2] is None and all(out[i] is not None for i in (0, 1, 3))
-    model = build_backbone("sapiens2_tiny", weights=REFERENCE, weights_prefix="plain/model/").eval()
+    model = build_backbone("sapiens2_tiny", weights=TINY_REFERENCE, weights_prefix="plain/model/").eval()
     for i, raw in zip((0, 1, 3), (data[0], data[1], data[2])):
         rgb = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB").resize((48, 64), Image.Resampling.BILINEAR))
         with torch.inference_mode():

@@ -20,10 +20,9 @@ from curation.recipe import CurationConfig, weightless_content_filters
 from infra.config import load_config
 from infra.tracking import TrackingConfig
 from pipelines.curate import provide_model_code
-from tests.conftest import REPO, SHARED
+from tests.conftest import REPO, TINY_REFERENCE
 
 DEMO_YAML = REPO / "configs" / "curate_demo.yaml"
-REFERENCE = SHARED / "reference" / "sapiens2_parity_tiny.safetensors"
 
 
 def demo_config(raw: Path, out: Path, centernet: Path, attributes: bool = False, **overrides) -> CurationConfig:
@@ -48,7 +47,7 @@ def demo_config(raw: Path, out: Path, centernet: Path, attributes: bool = False,
     if attributes:
         provide_model_code()
         shipped = load_config(
-            CurationConfig, DEMO_YAML, ["input.uri=x", "output_dir=y", f"backbone_embedding.weights={REFERENCE}"]
+            CurationConfig, DEMO_YAML, ["input.uri=x", "output_dir=y", f"backbone_embedding.weights={TINY_REFERENCE}"]
         )
         cfg.backbone_embedding, cfg.clusters, cfg.input.num_cpus = (
             shipped.backbone_embedding,
@@ -175,7 +174,7 @@ def test_attributes_stream_from_the_sidecars_and_agree_with_clusters_json(curate
         parent[f] == c for f, c in zip(ids.column("cluster_l1").to_pylist(), ids.column("cluster_l0").to_pylist())
     )
     assert doc["levels"][1]["k"] == result.stats["kept"] < cfg.clusters.levels[1]  # 14 kept: one per finest cluster
-    sha = hashlib.sha256(REFERENCE.read_bytes()).hexdigest()
+    sha = hashlib.sha256(TINY_REFERENCE.read_bytes()).hexdigest()
     assert doc["embedding"] == f"sapiens2_tiny:{sha} mean-pooled patch tokens at 128x96"
 
     manifest = read_manifest(out)
@@ -204,7 +203,7 @@ def test_the_attribute_settings_are_part_of_the_job(curated, tmp_path):
     other_seed.clusters.seed = 1
     assert job_digest(other_seed) != job_digest(cfg)
     copy = tmp_path / "tiny.safetensors"  # the checkpoint enters by content, not by path
-    copy.write_bytes(REFERENCE.read_bytes())
+    copy.write_bytes(TINY_REFERENCE.read_bytes())
     moved = demo_config(root / "raw", root / "curated", Path(cfg.detector.weights), attributes=True)
     moved.backbone_embedding.weights = str(copy)
     assert job_digest(moved) == job_digest(cfg)

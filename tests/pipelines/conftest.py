@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CENTERNET, REPO
+from tests.conftest import CENTERNET, REPO, TINY_REFERENCE
 
 # Every stage of the demo, each as short as it can be and still produce its figures.
 DEMO_FAST = [
@@ -26,6 +26,7 @@ DEMO_FAST = [
     "probe.synthetic.train_images=24",
     "probe.synthetic.val_images=8",
     f"curate.detector.weights={CENTERNET}",
+    f"curate.backbone_embedding.weights={TINY_REFERENCE}",
     "curate.ray.num_cpus=null",
     "curate.ray.progress_bars=off",
     "probe.ray.num_cpus=null",

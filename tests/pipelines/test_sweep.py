@@ -28,12 +28,13 @@ from pipelines.sweeper.compare import (
 )
 from pipelines.sweeper.config import plan_runs
 from pipelines.sweeper.page import render_page
-from tests.conftest import CENTERNET, REPO
+from tests.conftest import CENTERNET, REPO, TINY_REFERENCE
 
 SWEEP_DEMO = REPO / "configs" / "sweep_demo.yaml"
 CURATE_ONLY = [
     "stages=[curate]",
     f"curate.detector.weights={CENTERNET}",
+    f"curate.backbone_embedding.weights={TINY_REFERENCE}",
     "curate.ray.num_cpus=null",
     "curate.ray.progress_bars=off",
 ]
@@ -68,10 +69,11 @@ def test_variants_reuse_shared_stages_and_a_second_sweep_reuses_everything(sweep
     assert [s.stages for s in v["baseline"].seeds] == [{"curate": "ran"}, {"curate": "reused"}]  # seeds share it
     assert v["weighted-sharpness"].seeds[0].stages == {"curate": "reused"}  # sampling only: the baseline's
     assert v["weighted-sharpness"].dataset.dataset_id == v["baseline"].dataset.dataset_id
+    assert v["balanced"].seeds[0].stages == {"curate": "reused"}
     assert v["no-near-dedup"].seeds[0].stages == {"curate": "ran"}
     assert v["no-near-dedup"].dataset.dataset_id != v["baseline"].dataset.dataset_id
     again = by_name(second)
-    for name in ("baseline", "no-near-dedup", "weighted-sharpness"):
+    for name in ("baseline", "no-near-dedup", "weighted-sharpness", "balanced"):
         assert all(st == "reused" for s in again[name].seeds for st in s.stages.values()), name
         assert again[name].dataset.dataset_id == v[name].dataset.dataset_id
 
@@ -80,7 +82,7 @@ def test_variants_reuse_shared_stages_and_a_second_sweep_reuses_everything(sweep
 def test_a_failing_variant_is_recorded_failed_and_the_others_finish(sweeps):
     _, first, _ = sweeps
     v = by_name(first)
-    assert [x.status for x in first.variants] == ["finished", "finished", "finished", "failed"]
+    assert [x.status for x in first.variants] == ["finished", "finished", "finished", "finished", "failed"]
     failed = v["missing-detector"]
     assert all(s.status == "failed" and "no-such-model.onnx" in s.error for s in failed.seeds)
     assert failed.dataset is None and failed.fate is None
@@ -109,12 +111,17 @@ def test_the_comparison_page_in_a_browser(sweeps, open_html):
     assert loaded.errors == [] and loaded.requests == []
     rows = {r["variant"]: r for r in loaded.rows("#variants tbody tr")}
     v = by_name(first)
-    assert list(rows) == ["baseline", "no-near-dedup", "weighted-sharpness", "missing-detector"]
+    assert list(rows) == ["baseline", "no-near-dedup", "weighted-sharpness", "balanced", "missing-detector"]
     assert rows["missing-detector"]["status"] == "failed"
     assert int(rows["no-near-dedup"]["deltaKept"]) == v["no-near-dedup"].fate.added
     assert "curate.dedup.near.enabled" in rows["no-near-dedup"]["settings"].split(",")
     fates = {r["variant"]: r["fate"] for r in loaded.rows("[data-fate]")}
-    assert fates == {"no-near-dedup": "changed", "weighted-sharpness": "same", "missing-detector": "none"}
+    assert fates == {
+        "no-near-dedup": "changed",
+        "weighted-sharpness": "same",
+        "balanced": "same",
+        "missing-detector": "none",
+    }
     assert [r["variant"] for r in loaded.rows("#failures .warn")] == ["missing-detector", "missing-detector"]
     (href,) = loaded.page.eval_on_selector_all("a.diff-page", "els => els.map(e => e.getAttribute('href'))")
     diff = open_html(Path(first.page).parent / href)
@@ -139,6 +146,7 @@ def test_mlflow_has_a_sweep_run_with_one_child_per_variant_and_the_dags_under_th
         "baseline": "FINISHED",
         "no-near-dedup": "FINISHED",
         "weighted-sharpness": "FINISHED",
+        "balanced": "FINISHED",
         "missing-detector": "FAILED",
     }
     for run in children:
@@ -156,7 +164,7 @@ def test_the_demo_sweep_plans_one_budget_for_every_variant(tmp_path):
     cfg = load_config(SweepConfig, SWEEP_DEMO, [f"output_dir={tmp_path}"])
     cfg = dataclasses.replace(cfg, dag=str(REPO / cfg.dag))
     plans = plan_runs(cfg)
-    assert list(plans) == ["baseline", "no-near-dedup", "weighted-sharpness"]
+    assert list(plans) == ["baseline", "no-near-dedup", "weighted-sharpness", "balanced"]
     for runs in plans.values():
         assert [(r.seed, r.dag.pretrain.seed, r.dag.probe.seed) for r in runs] == [(0, 0, 0), (1, 1, 1)]
         assert {r.dag.workspace for r in runs} == {str(tmp_path / "dag")}  # one workspace: stages are shared
@@ -264,3 +272,21 @@ def test_the_cluster_sweeps_cost_is_the_scale_plans_formula():
     assert " / ".join(f"{h:.0f}" for h in hours) + " GPU-hours at 25 / 33 / 39% MFU" in text
     assert " / ".join(f"{8 * h:,.0f}" for h in hours) + " GPU-hours" in text
     assert " / ".join(f"{8 * h / 64:.0f}" for h in hours) + " hours" in text
+
+
+def test_a_stopped_sweep_leaves_no_variant_run_open(tmp_path):
+    """What ``run_sweep``'s ``finally`` does when the sweep stops before comparing (a Ctrl-C, a
+    crash): the parent ends FAILED and each variant run still open ends KILLED, tagged."""
+    from mlflow import MlflowClient
+
+    from pipelines.sweeper.record import SweepRecord
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    record = SweepRecord(uri, "stopped", "stopped-sweep", "name: stopped-sweep\n")
+    variants = [record.variant(name, [], name == "baseline") for name in ("baseline", "other")]
+    record.finish([], {}, "FAILED")
+    client = MlflowClient(uri)
+    assert client.get_run(record.run_id).info.status == "FAILED"
+    for run_id in variants:
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED" and run.data.tags["sweep.status"] == "interrupted"
