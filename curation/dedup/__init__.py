@@ -33,6 +33,20 @@ DECISION_SCHEMA = pa.schema(
 RANK_PREFIX = "rank_"
 
 
+def decision_rows(keys, reason: str, duplicate_of, group_prefix: str, group_of=None) -> pa.Table:
+    """``DECISION_SCHEMA`` rows: ``keys`` dropped for ``reason`` as copies of ``duplicate_of``, in the
+    group ``group_prefix`` + ``group_of`` (default: the representative's key)."""
+    group_of = duplicate_of if group_of is None else group_of
+    return pa.table(
+        {
+            "key": keys,
+            "reason": pa.array([reason] * len(keys), pa.string()),
+            "duplicate_of": duplicate_of,
+            "duplicate_group": pc.binary_join_element_wise(group_prefix, group_of, ""),
+        }
+    ).cast(DECISION_SCHEMA)
+
+
 def rank_columns(names) -> list[str]:
     """The rank columns among ``names``, in the order the rule compares them."""
     return sorted(c for c in names if c.startswith(RANK_PREFIX))

@@ -2,23 +2,17 @@
 
 Any partition of the 64 bits into B blocks keeps the search exact: two values at most t bits apart
 differ in at most t blocks, so they agree on the B - t others and on every *band* (a set of blocks
-compared as one key) among them. All (B - t)-subsets make one exact plan; a *covering design*,
-k-subsets (k < B - t) such that every (B - t)-subset contains one (``covering_bands``), makes
-another with fewer, longer bands. A plan may also hold bits ``within`` every band, for values known
-to agree on them (the distributed search's shuffle groups).
+compared as one key) among them. All (B - t)-subsets make one exact plan; a *covering design*
+(``covering_bands``) makes another with fewer, longer bands. A plan may also hold bits ``within``
+every band, for values known to agree on them (the distributed search's shuffle groups).
 
 A plan sets the cost, never the pairs found. The cost model (``Workload``): each value is hashed
-into each band (``value_cost``: a share of a sort in a search, a posting written and read back in
-the on-disk index) and each pair sharing a band key gets a Hamming check (``PAIR_COST``), among the
-values (a search) or against a later batch (the index). Bands collide at 2^-bits on uniform bits,
-far more on real PHash bits (biased, correlated), so where the values are at hand the pairs are
-counted on a deterministic sample (the values of smallest splitmix64 mix: the same whatever the
-order or partitioning) and scaled up, never below the uniform figure. ``plan_bands`` costs the
-PLAN_OPTIONS designs cheapest on uniform bits (``cheapest_designs``), each with the interleaved
-deal of the bits and, with a sample, a greedy one (most informative bits first, each into the
-block it is least correlated with), and keeps the cheapest: the same values give the same plan in
-every engine. It serves the in-process search (``near``), the distributed one (``distributed``)
-and the near-dup index (``incremental.index_plan``).
+into each band (``value_cost``) and each pair sharing a band key gets a Hamming check
+(``PAIR_COST``). Real PHash bits (biased, correlated) collide far more often than uniform ones, so
+where the values are at hand the pairs are counted on a sample of them (``sample_values``: the same
+whatever the order or partitioning). ``plan_bands`` serves the in-process search (``near``), the
+distributed one (``distributed``) and the near-dup index (``incremental.index_plan``): the same
+values give the same plan in every engine.
 """
 
 from __future__ import annotations
@@ -37,9 +31,7 @@ MAX_BANDS = 5000
 SAMPLE_SIZE = 10_000
 MIX_END = 1 << 64  # mix64 values lie in [0, MIX_END)
 VALUE_COST = 1.0  # relative cost of one value in one band (its share of the band's sort)
-# relative cost of one candidate pair (generate + Hamming check), measured against one value's share
-# of a band's sort (docs/results/dedup_scaling.md, 2026-12-07)
-PAIR_COST = 0.3
+PAIR_COST = 0.3  # of one candidate pair (generate + Hamming check), as measured: docs/results/dedup_scaling.md
 DESIGN_SEARCH_LIMIT = 500_000  # options x differing sets a covering-design search may hold
 DESIGN_ATTEMPTS = 8
 DESIGN_MAX_BLOCKS = 12  # covering designs are searched for B up to this
@@ -82,14 +74,11 @@ class BandPlan:
     def num_blocks(self) -> int:
         return len(self.blocks)
 
-    def band_sets(self) -> tuple[tuple[int, ...], ...]:
-        if self.bands is not None:
-            return self.bands
-        return tuple(itertools.combinations(range(self.num_blocks), self.num_blocks - self.max_distance))
-
     def masks(self) -> np.ndarray:
         """One mask per band: the union of its blocks, and ``within``."""
-        return np.array([self.within | sum(self.blocks[b] for b in band) for band in self.band_sets()], np.uint64)
+        b, t = self.num_blocks, self.max_distance
+        bands = self.bands if self.bands is not None else itertools.combinations(range(b), b - t)
+        return np.array([self.within | sum(self.blocks[i] for i in band) for band in bands], np.uint64)
 
 
 def covers(bands: Collection[Collection[int]], num_blocks: int, max_distance: int) -> bool:

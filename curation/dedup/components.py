@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.dedup import DECISION_SCHEMA, rank_columns, representative_order
+from curation.dedup import DECISION_SCHEMA, decision_rows, rank_columns, representative_order
 
 META_COLUMNS = ("key", "width", "height")  # what every dedup input holds
 QUALITY_COLUMNS = ("converted", "input_bytes")  # decode's quality facts, read where present (else unknown)
@@ -55,15 +55,7 @@ def decisions_from_labels(
     first = np.concatenate([[True], sorted_labels[1:] != sorted_labels[:-1]])
     dropped = pa.array(~first)
     rep_keys = ranked.column("key").take(pa.array(np.flatnonzero(first)[np.cumsum(first) - 1])).filter(dropped)
-    out = pa.table(
-        {
-            "key": ranked.column("key").filter(dropped),
-            "reason": pa.array(np.full(len(rep_keys), reason, dtype=object), pa.string()),
-            "duplicate_of": rep_keys,
-            "duplicate_group": pc.binary_join_element_wise(group_prefix, rep_keys, ""),
-        }
-    )
-    return out.cast(DECISION_SCHEMA).sort_by("key")
+    return decision_rows(ranked.column("key").filter(dropped), reason, rep_keys, group_prefix).sort_by("key")
 
 
 def canonical_order(table: pa.Table) -> pa.Table:

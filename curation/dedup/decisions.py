@@ -125,10 +125,11 @@ def write_partition_decisions(fs, root: str, step: str, pid: str, decisions: pa.
     storage.write_parquet(fs, output.decisions_path(root, step, pid), rows.cast(DECISION_SCHEMA).sort_by("key"))
 
 
-def write_step_decisions(fs, root: str, step: str, decisions: pa.Table) -> int:
-    """Replace ``step``'s decisions with ``decisions`` (``PARTITIONED_DECISION_SCHEMA``), one file per
-    partition with drops; returns rows written."""
-    clear_step(fs, root, step)
+def write_step_decisions(fs, root: str, step: str, decisions: pa.Table, *, clear: bool = True) -> int:
+    """Write ``decisions`` (``PARTITIONED_DECISION_SCHEMA``) of ``step``, one file per partition with
+    drops, replacing every file of the step (``clear``) or only those partitions'; returns rows written."""
+    if clear:
+        clear_step(fs, root, step)
     for pid in pc.unique(decisions.column("partition")).to_pylist():
         write_partition_decisions(fs, root, step, pid, decisions.filter(pc.equal(decisions.column("partition"), pid)))
     return decisions.num_rows

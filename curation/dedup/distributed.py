@@ -46,7 +46,7 @@ from curation.dedup.decisions import (
     write_partition_decisions,
 )
 from curation.dedup.earlier import KEY_SHA, EarlierVersion
-from curation.dedup.exact import exact_against, exact_duplicate_decisions
+from curation.dedup.exact import exact_duplicate_decisions
 from curation.dedup.hashing import hex_to_uint64
 from curation.dedup.incremental import index_plan, indexed_rows
 from curation.dedup.index_store import (
@@ -54,10 +54,9 @@ from curation.dedup.index_store import (
     default_buckets,
     index_settings,
     keys_sum,
-    part_bands,
-    part_dir,
     part_entry,
     part_id,
+    relative_part,
     row_records,
     settings_masks,
     write_buckets,
@@ -103,18 +102,12 @@ def write_decisions(decisions_ds, uri: str, step: str, num_partitions: int) -> i
 
 def _exact_group(group: pa.Table) -> pa.Table:
     """One shuffle group's exact duplicates. Rows marked ``_earlier`` (an earlier version's kept
-    images, ``dedup.against``) are never dropped: every new row with their digest is dropped as a
-    duplicate of the smallest earlier key with it; the other new rows group by digest."""
-    earlier = pc.fill_null(group.column("_earlier"), False) if "_earlier" in group.column_names else None
-    parts = [PARTITIONED_DECISION_SCHEMA.empty_table()]
-    if earlier is not None and pc.any(earlier).as_py():
-        old = group.filter(earlier).select(["key", "sha256"])
-        group = group.filter(pc.invert(earlier))
-        hit = pc.is_in(group.column("sha256"), value_set=old.column("sha256"))
-        parts.append(with_partitions(exact_against(group.filter(hit).select(["key", "sha256"]), old), group))
-        group = group.filter(pc.invert(hit))
-    parts.append(with_partitions(exact_duplicate_decisions(group), group))
-    return pa.concat_tables(parts)
+    images, ``dedup.against``) are never dropped (``exact_duplicate_decisions``' ``earlier_kept``)."""
+    old = None
+    if "_earlier" in group.column_names:
+        earlier = pc.fill_null(group.column("_earlier"), False)
+        old, group = group.filter(earlier).select(["key", "sha256"]), group.filter(pc.invert(earlier))
+    return with_partitions(exact_duplicate_decisions(group, old), group)
 
 
 def _sha_key(batch: pa.Table) -> pa.Table:
@@ -275,22 +268,26 @@ def _near_group(group: pa.Table, reason: str, prefix: str) -> pa.Table:
     return with_partitions(out, group)
 
 
+def write_near_components(inp: GlobalDedupInput, edges, step: str, **kw) -> int:
+    """Write the near decisions of the components of row ``edges`` (materialised; None: no values),
+    ``kw`` passed on to ``component_decisions``; returns rows dropped."""
+    n_edges = 0 if edges is None else edges.count()
+    if not n_edges:
+        clear_step(*storage.resolve(inp.out), step)
+        return 0
+    parts = inp.num_partitions(n_edges)
+    decided = component_decisions(inp, edges, NEAR_DUPLICATE, GROUP_PREFIX, parts, **kw)
+    return write_decisions(decided, inp.out, step, parts)
+
+
 def near_decisions(inp: GlobalDedupInput, cfg: NearDupConfig, step: str) -> int:
     """Near duplicates over the run (module docstring); returns rows dropped."""
     values = values_dataset(inp, cfg)
-    n_values = values.count()
-    if n_values == 0:
-        clear_step(*storage.resolve(inp.out), step)
-        return 0
-    parts = inp.num_partitions(n_values * (cfg.max_distance + 1))
-    t = time.perf_counter()
-    edges = near_edges(values, cfg, parts).materialize()
-    log.info("near dedup: %d hash values, %d row edges in %.1f s", n_values, edges.count(), time.perf_counter() - t)
-    if edges.count() == 0:
-        clear_step(*storage.resolve(inp.out), step)
-        return 0
-    parts = inp.num_partitions(edges.count())
-    return write_decisions(component_decisions(inp, edges, NEAR_DUPLICATE, GROUP_PREFIX, parts), inp.out, step, parts)
+    n_values, edges, t = values.count(), None, time.perf_counter()
+    if n_values:
+        edges = near_edges(values, cfg, inp.num_partitions(n_values * (cfg.max_distance + 1))).materialize()
+        log.info("near dedup: %d hash values, %d row edges in %.1f s", n_values, edges.count(), time.perf_counter() - t)
+    return write_near_components(inp, edges, step)
 
 
 def component_decisions(inp: GlobalDedupInput, edges, reason: str, prefix: str, parts: int, members=None, **kw):
@@ -347,36 +344,27 @@ def write_near_index(inp: GlobalDedupInput, cfg: NearDupConfig, step: str, base=
         .map_batches(_index_rows, fn_kwargs={"inp": inp, "cfg": cfg, "step": step}, batch_format="pyarrow")
         .materialize()
     )
-    sums = [
-        (int(r["rows"]), int(r["values"]), int(r["sum"]))
-        for r in rows.map_batches(_key_sums, fn_kwargs={"cfg": cfg}, batch_format="pyarrow").take_all()
-    ]
-    n, n_values = sum(r for r, _, _ in sums), sum(v for _, v, _ in sums)
-    if base is None:
-        plan, parts = index_plan(n_values, cfg), []
-        h = index_settings(
-            cfg.hash, cfg.match_mirrored, cfg.max_distance, plan.num_blocks, plan.masks(), default_buckets(n)
-        )
-    else:
-        h, parts = base.header, [base.listed_from(part, fs, index_root) for part in base.header["parts"]]
-    if n:
-        parts.append(_write_index_part(inp, cfg, rows, index_root, sums, h))
-    return write_header(fs, index_root, h, parts)
+    n, n_values, key_sum = 0, 0, 0
+    for r in rows.map_batches(_key_sums, fn_kwargs={"cfg": cfg}, batch_format="pyarrow").take_all():
+        n, n_values, key_sum = n + int(r["rows"]), n_values + int(r["values"]), key_sum + int(r["sum"])
+    plan = index_plan(n_values, cfg) if base is None else None
+    settings = base.header if base else index_settings(cfg, plan.num_blocks, plan.masks(), default_buckets(n))
+    parts = [_write_index_part(inp, cfg, rows, index_root, (n, n_values, key_sum), settings)] if n else []
+    return write_header(fs, index_root, settings, parts, base)
 
 
-def _write_index_part(inp: GlobalDedupInput, cfg, rows, index_root: str, sums: list, settings: dict) -> dict:
-    """This run's part of the index: ``rows`` (with representatives) shuffled into P key buckets and
-    their postings into (band, value bucket) files, by Ray tasks; its header entry."""
-    n, n_values = sum(r for r, _, _ in sums), sum(v for _, v, _ in sums)
-    masks, p = settings_masks(settings), settings["num_buckets"]
-    pid = part_id(n, sum(s for _, _, s in sums) % 2**128)
-    kw = {"uri": inp.out, "part": part_dir(index_root, pid), "num_buckets": p}
+def _write_index_part(inp: GlobalDedupInput, cfg, rows, index_root: str, sums: tuple, settings: dict) -> dict:
+    """This run's part of the index: ``rows`` (with representatives; ``sums``: rows, postings per band,
+    key digest) shuffled into P key buckets and their postings into (band, value bucket) files, by
+    Ray tasks; its header entry."""
+    (n, n_values, key_sum), masks, p = sums, settings_masks(settings), settings["num_buckets"]
+    pid = part_id(n, key_sum % 2**128)
+    kw = {"uri": inp.out, "part": storage.join(index_root, relative_part(pid)), "num_buckets": p}
     records = rows.map_batches(row_records, fn_kwargs={"num_buckets": p}, batch_format="pyarrow")
     row_b = shuffle(records, "_b", _write_buckets_of, inp.num_partitions(n), fn_kwargs={**kw, "kind": "rows"})
     kw_bands = {"cfg": cfg, "masks": masks, "num_buckets": p}
     records = rows.map_batches(band_records, fn_kwargs=kw_bands, batch_format="pyarrow")
-    band_b = shuffle(
-        records, "_b", _write_buckets_of, inp.num_partitions(n * len(masks)), fn_kwargs={**kw, "kind": "bands"}
-    )
-    bands = part_bands([int(r["_b"]) for r in band_b.take_all()], p, len(masks))
-    return part_entry(pid, n, [int(r["_b"]) for r in row_b.take_all()], bands, postings=n_values * len(masks))
+    parts = inp.num_partitions(n * len(masks))
+    band_b = shuffle(records, "_b", _write_buckets_of, parts, fn_kwargs={**kw, "kind": "bands"})
+    row_b, band_b = ([int(r["_b"]) for r in ds.take_all()] for ds in (row_b, band_b))
+    return part_entry(pid, n, row_b, band_b, settings, postings=n_values * len(masks))

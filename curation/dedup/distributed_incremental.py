@@ -26,19 +26,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from curation.dedup.decisions import GlobalDedupInput, clear_step
+from curation.dedup.decisions import GlobalDedupInput
 from curation.dedup.distributed import (
     candidates_dataset,
-    component_decisions,
     near_edges,
     read_members,
     values_dataset,
-    write_decisions,
+    write_near_components,
 )
+from curation.dedup.incremental import refuse_reused_keys
 from curation.dedup.index_store import PartitionedNearIndex, band_file, key_buckets, rows_file, value_buckets
-from curation.dedup.near import GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, cross_pairs
+from curation.dedup.near import NearDupConfig, cross_pairs
 from curation.dedup.shuffle import shuffle, slices
-from infra import storage
 
 OLD_NODE = 1 << 62  # node ids of stored rows: OLD_NODE | part << 44 | bucket << 32 | position in the file
 EDGE_SCHEMA = pa.schema([("row_id", pa.int64()), ("key", pa.string())])  # a batch row reaching a stored key
@@ -173,10 +172,7 @@ def _representatives(group: pa.Table, layout: IndexLayout) -> pa.Table:
         stored = _stored(layout, b, pc.unique(rows.column("key")))
         if stored is None or not stored.num_rows:
             continue
-        new = rows.filter(rows.column("new")).column("key")
-        clash = new.filter(pc.is_in(new, value_set=stored.column("key")))
-        if len(clash):
-            raise ValueError(f"new rows reuse keys of the existing version: {clash[0].as_py()!r}")
+        refuse_reused_keys(rows.filter(rows.column("new")).column("key"), stored.column("key"))
         edges = rows.filter(pc.invert(rows.column("new")))
         where = pc.index_in(edges.column("key"), value_set=stored.column("key"))
         out.append(pa.table({"row_id": edges.column("row_id"), "key": stored.column("representative").take(where)}))
@@ -229,55 +225,32 @@ def _edges_to_index(inp: GlobalDedupInput, values, layout: IndexLayout, cfg, par
     joined = shuffle(
         records, "_b", _join_buckets, parts, fn_kwargs={"layout": layout, "max_distance": cfg.max_distance}
     )
-    new_keys = candidates_dataset(inp, ["key"]).map_batches(_as_new, batch_format="pyarrow")
-    edges = joined.map_batches(_as_edge, batch_format="pyarrow").union(new_keys)
+    new_keys = candidates_dataset(inp, ["key"]).map_batches(_flagged, fn_kwargs={"new": True}, batch_format="pyarrow")
+    edges = joined.map_batches(_flagged, fn_kwargs={"new": False}, batch_format="pyarrow").union(new_keys)
     kw = {"column": "key", "num_buckets": layout.num_buckets}
-    reps = shuffle(
-        edges.map_batches(_key_bucket, fn_kwargs=kw, batch_format="pyarrow"),
-        "_kb",
-        _representatives,
-        parts,
-        fn_kwargs={"layout": layout},
-    )
-    return shuffle(
-        reps.map_batches(_key_bucket, fn_kwargs=kw, batch_format="pyarrow"),
-        "_kb",
-        _rep_nodes,
-        parts,
-        fn_kwargs={"layout": layout},
-    )
+    for reduce in (_representatives, _rep_nodes):  # stored key -> its representative -> its node
+        keyed = edges.map_batches(_key_bucket, fn_kwargs=kw, batch_format="pyarrow")
+        edges = shuffle(keyed, "_kb", reduce, parts, fn_kwargs={"layout": layout})
+    return edges
 
 
-def _as_new(batch: pa.Table) -> pa.Table:
-    return pa.table(
-        {"row_id": batch.column("row_id"), "key": batch.column("key"), "new": np.ones(batch.num_rows, bool)}
-    )
-
-
-def _as_edge(batch: pa.Table) -> pa.Table:
-    return batch.append_column("new", pa.array(np.zeros(batch.num_rows, bool)))
+def _flagged(batch: pa.Table, new: bool) -> pa.Table:
+    """(row_id, key, new): a batch row's own key (``new``) or a stored key it reaches."""
+    return batch.select(["row_id", "key"]).append_column("new", pa.array(np.full(batch.num_rows, new)))
 
 
 def near_against_decisions(inp: GlobalDedupInput, cfg: NearDupConfig, index: PartitionedNearIndex, step: str) -> int:
     """The batch's near-duplicate decisions against ``index`` (module docstring), written per
     partition; returns rows dropped."""
     index.check(cfg)
-    fs, root = storage.resolve(inp.out)
     values = values_dataset(inp, cfg)
     n_values = values.count()
     if not n_values:
-        clear_step(fs, root, step)
-        return 0
+        return write_near_components(inp, None, step)
     layout = IndexLayout.of(index)
-    parts = inp.num_partitions(n_values * len(layout.masks))
     within = near_edges(values, cfg, inp.num_partitions(n_values * (cfg.max_distance + 1)))
-    edges = within.union(_edges_to_index(inp, values, layout, cfg, parts)).materialize()
-    if not edges.count():
-        clear_step(fs, root, step)
-        return 0
+    edges = within.union(_edges_to_index(inp, values, layout, cfg, inp.num_partitions(n_values * len(layout.masks))))
     columns = [c for c in inp.meta() if c != "partition" and c in layout.columns]
-    parts = inp.num_partitions(edges.count())
-    decided = component_decisions(
-        inp, edges, NEAR_DUPLICATE, GROUP_PREFIX, parts, members=_members_with_old, layout=layout, columns=columns
+    return write_near_components(
+        inp, edges.materialize(), step, members=_members_with_old, layout=layout, columns=columns
     )
-    return write_decisions(decided, inp.out, step, parts)

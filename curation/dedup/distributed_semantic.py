@@ -26,12 +26,12 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from curation.dedup import decision_rows
 from curation.dedup.bands import mix64
 from curation.dedup.decisions import PARTITIONED_DECISION_SCHEMA, GlobalDedupInput, clear_step
 from curation.dedup.distributed import candidates_dataset, component_decisions, earlier_parts_dataset, write_decisions
-from curation.dedup.earlier import EarlierVersion, best_matches
+from curation.dedup.earlier import EarlierVersion, best_matches, best_per_row
 from curation.dedup.semantic import (
     GROUP_PREFIX,
     SEMANTIC_DUPLICATE,
@@ -220,22 +220,10 @@ def _unit_matches(group: pa.Table, column: str, threshold: float) -> pa.Table:
 
 
 def _best_of_row(group: pa.Table) -> pa.Table:
-    """Per new row its best match over the units (highest cosine, then smallest key): a decision."""
-    if not group.num_rows:
-        return PARTITIONED_DECISION_SCHEMA.empty_table()
-    group = group.sort_by([("row_id", "ascending"), ("score", "descending"), ("match", "ascending")])
-    ids = group.column("row_id").to_numpy()
-    best = group.take(pa.array(np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])))
-    match = best.column("match")
-    return pa.table(
-        {
-            "key": best.column("key"),
-            "reason": pa.array([SEMANTIC_DUPLICATE] * best.num_rows, pa.string()),
-            "duplicate_of": match,
-            "duplicate_group": pc.binary_join_element_wise(GROUP_PREFIX, match, ""),
-            "partition": best.column("partition"),
-        }
-    ).cast(PARTITIONED_DECISION_SCHEMA)
+    """Per new row its best match over the units (``earlier.best_per_row``): a decision."""
+    best = best_per_row(group, "row_id", "match")
+    decided = decision_rows(best.column("key"), SEMANTIC_DUPLICATE, best.column("match"), GROUP_PREFIX)
+    return decided.append_column("partition", best.column("partition")).cast(PARTITIONED_DECISION_SCHEMA)
 
 
 def _blocks(sizes: np.ndarray, block_rows: int, minimum: int) -> np.ndarray:

@@ -184,14 +184,17 @@ def incremental_decisions(
     return decided.filter(pc.invert(pc.is_in(decided.column("key"), value_set=old)))
 
 
+def refuse_reused_keys(keys, stored) -> None:
+    """A ValueError naming the first of ``keys`` that the existing version holds (``stored``)."""
+    clash = keys.filter(pc.is_in(keys, value_set=stored))
+    if len(clash):
+        raise ValueError(f"new rows reuse keys of the existing version: {clash[0].as_py()!r}")
+
+
 def _checked_batch(new: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa.Table:
     """The new batch prepared for the search, after checking it fits the index."""
     index.check(cfg)
     check_columns(new.column_names, cfg)
     table = prepare(new, cfg)
-    clash = pc.is_in(table.column("key"), value_set=index.rows.column("key"))
-    if pc.any(clash).as_py():
-        raise ValueError(
-            f"new rows reuse keys of the existing version: {table.filter(clash).column('key')[0].as_py()!r}"
-        )
+    refuse_reused_keys(table.column("key"), index.rows.column("key"))
     return table

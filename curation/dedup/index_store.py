@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 from curation import output
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.bands import mix64
-from curation.dedup.incremental import NearDupIndex, check_settings, incremental_decisions
+from curation.dedup.incremental import NearDupIndex, check_settings, incremental_decisions, refuse_reused_keys
 from curation.dedup.near import NearDupConfig, row_values
 from curation.dedup.shuffle import slices
 from curation.output import NEAR_INDEX_HEADER as HEADER
@@ -95,10 +95,6 @@ def part_id(num_rows: int, key_sum: int) -> str:
     return hashlib.sha256(f"{num_rows}:{key_sum:032x}".encode()).hexdigest()[:16]
 
 
-def part_dir(index_root: str, pid: str) -> str:
-    return storage.join(index_root, "parts", pid)
-
-
 def relative_part(pid: str) -> str:
     """How the header names a part under its own index folder (relative: the output may be moved)."""
     return storage.join("parts", pid)
@@ -141,47 +137,40 @@ def write_buckets(fs, part: str, records: pa.Table, num_buckets: int, kind: str)
     return written
 
 
-def part_bands(written: list[int], num_buckets: int, num_bands: int) -> list[list[int]]:
-    """The value buckets written per band, from the ``_b`` of ``band_records``."""
-    w = np.asarray(written, dtype=np.int64)
-    return [sorted((w[w // num_buckets == j] % num_buckets).tolist()) for j in range(num_bands)]
-
-
 def write_part(fs, index_root: str, rows: pa.Table, settings: dict) -> dict:
     """One part (``rows`` carry ``representative``) under ``index_root/parts/<id>``; its header entry.
     (``curation.dedup.distributed.write_near_index`` writes the same files from Ray tasks.)"""
     masks, p = settings_masks(settings), settings["num_buckets"]
     keys = rows.column("key").to_pylist()
     pid = part_id(len(keys), keys_sum(keys))
-    part = part_dir(index_root, pid)
+    part = storage.join(index_root, relative_part(pid))
     row_b = write_buckets(fs, part, row_records(rows, p), p, "rows")
     post = band_records(rows, settings_config(settings), masks, p)
-    band_b = part_bands(write_buckets(fs, part, post, p, "bands"), p, len(masks))
-    return part_entry(pid, len(keys), row_b, band_b, postings=post.num_rows)
+    band_b = write_buckets(fs, part, post, p, "bands")
+    return part_entry(pid, len(keys), row_b, band_b, settings, postings=post.num_rows)
 
 
-def part_entry(
-    pid: str, num_rows: int, row_buckets: list[int], band_buckets: list[list[int]], *, postings: int
-) -> dict:
-    """A part's header entry; ``postings``: (value, key) records written over all its bands."""
+def part_entry(pid: str, num_rows: int, row_b: list[int], band_b: list[int], settings: dict, *, postings: int) -> dict:
+    """A part's header entry from the ``_b`` written (``row_records``, ``band_records``); ``postings``:
+    (value, key) records written over all its bands."""
+    p, w = settings["num_buckets"], np.asarray(band_b, dtype=np.int64)
     return {
         "id": pid,
         "uri": relative_part(pid),
         "rows": int(num_rows),
         "postings": int(postings),
-        "row_buckets": sorted(int(b) for b in row_buckets),
-        "band_buckets": [sorted(int(b) for b in band) for band in band_buckets],
+        "row_buckets": sorted(int(b) for b in row_b),
+        "band_buckets": [sorted((w[w // p == j] % p).tolist()) for j in range(len(settings["masks"]))],
     }
 
 
 SETTINGS = ("hash", "match_mirrored", "max_distance", "num_blocks", "masks", "num_buckets")
 
 
-def index_settings(
-    hash_name: str, match_mirrored: bool, max_distance: int, num_blocks: int, masks, num_buckets: int
-) -> dict:
-    """A header's settings (``SETTINGS``): the hash, its band plan and P."""
-    values = (hash_name, match_mirrored, max_distance, num_blocks, [str(int(m)) for m in masks], num_buckets)
+def index_settings(near, num_blocks: int, masks, num_buckets: int) -> dict:
+    """A header's settings (``SETTINGS``): ``near``'s hash, match_mirrored and max_distance (of a
+    ``NearDupConfig`` or ``NearDupIndex``), the band plan and P."""
+    values = (near.hash, near.match_mirrored, near.max_distance, num_blocks, [str(int(m)) for m in masks], num_buckets)
     return dict(zip(SETTINGS, values))
 
 
@@ -194,8 +183,11 @@ def settings_masks(settings: dict) -> np.ndarray:
     return np.array([int(m) for m in settings["masks"]], dtype=np.uint64)
 
 
-def write_header(fs, index_root: str, settings: dict, parts: list[dict]) -> dict:
-    header = {"format": FORMAT, **{k: settings[k] for k in SETTINGS}, "parts": parts}
+def write_header(fs, index_root: str, settings: dict, parts: list[dict], earlier=None) -> dict:
+    """The header of an index of ``earlier``'s parts (a ``PartitionedNearIndex``, listed from here),
+    then ``parts``."""
+    listed = [earlier.listed_from(p, fs, index_root) for p in earlier.header["parts"]] if earlier else []
+    header = {"format": FORMAT, **{k: settings[k] for k in SETTINGS}, "parts": [*listed, *parts]}
     storage.atomic_write_bytes(
         fs, storage.join(index_root, HEADER), json.dumps(header, indent=2, sort_keys=True).encode()
     )
@@ -206,10 +198,9 @@ def write_index(
     fs, index_root: str, rows: pa.Table, settings: dict, earlier: PartitionedNearIndex | None = None
 ) -> dict:
     """Write ``rows`` as a new part and the header listing ``earlier``'s parts (if any) before it."""
-    parts = [earlier.listed_from(p, fs, index_root) for p in earlier.header["parts"]] if earlier else []
-    if rows.num_rows:
-        parts.append(write_part(fs, index_root, rows, settings))
-    return write_header(fs, index_root, settings, parts)
+    return write_header(
+        fs, index_root, settings, [write_part(fs, index_root, rows, settings)] if rows.num_rows else [], earlier
+    )
 
 
 @dataclasses.dataclass
@@ -375,8 +366,8 @@ class PartitionedNearIndex:
         """A small in-memory index: every stored row a new value can reach, and their representatives."""
         self.check(cfg)
         clash = self.read_rows(new.column("key").to_pylist())
-        if clash is not None and clash.num_rows:
-            raise ValueError(f"new rows reuse keys of the existing version: {clash.column('key')[0].as_py()!r}")
+        if clash is not None:
+            refuse_reused_keys(new.column("key"), clash.column("key"))
         _, values = row_values(new, cfg)
         rows = self.read_rows(self.reachable_keys(np.unique(values))) if len(values) else None
         if rows is not None and rows.num_rows:
@@ -404,8 +395,7 @@ class PartitionedNearIndex:
 def save_index(index: NearDupIndex, fs, path: str, num_buckets: int | None = None) -> dict:
     """An in-memory index written partitioned, as one part (``num_buckets`` None: ``default_buckets``)."""
     p = num_buckets or default_buckets(index.rows.num_rows)
-    settings = index_settings(index.hash, index.match_mirrored, index.max_distance, index.num_blocks, index.masks, p)
-    return write_index(fs, path, index.rows, settings)
+    return write_index(fs, path, index.rows, index_settings(index, index.num_blocks, index.masks, p))
 
 
 @dataclasses.dataclass

@@ -43,7 +43,7 @@ from curation.dedup.eval_overlap import (
     semantic_overlap,
     semantic_overlap_dataset,
 )
-from curation.dedup.exact import exact_against, exact_duplicate_decisions
+from curation.dedup.exact import exact_duplicate_decisions
 from curation.dedup.incremental import NearDupIndex
 from curation.dedup.index_store import IndexExtension, PartitionedNearIndex, decide_against, save_any
 from curation.dedup.near import NearDupConfig, near_duplicate_decisions
@@ -176,12 +176,8 @@ class ExactDedup(DedupStep):
     def decide(self, remaining: pa.Table, ctx: DedupContext) -> pa.Table:
         if not remaining.num_rows:
             return DECISION_SCHEMA.empty_table()
-        parts = []
-        if ctx.earlier is not None:
-            parts.append(exact_against(remaining, ctx.earlier.kept_with_sha(remaining.column("sha256"))))
-            remaining = without(remaining, parts[-1])
-        parts.append(exact_duplicate_decisions(remaining))
-        return pa.concat_tables(parts)
+        kept = ctx.earlier.kept_with_sha(remaining.column("sha256")) if ctx.earlier is not None else None
+        return exact_duplicate_decisions(remaining, kept)
 
     def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int:
         return exact_decisions(inp, self.name, ctx.earlier)
