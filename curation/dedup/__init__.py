@@ -1,12 +1,9 @@
 """Global deduplication on metadata (hashes, embeddings), never on re-read images.
 
-Every dedup method produces the same thing: duplicate *groups* over candidate rows and one
-kept *representative* per group, chosen by one rule (``representative_order``). Dropped rows
-record their group id and their representative's key (``DECISION_SCHEMA``).
-
-Two engines run every method: in one process (``curation.dedup.steps.run_dedup``, small runs and
-tests) and in Ray Data (``curation.dedup.distributed`` and its siblings, the cluster path), on the
-same decision files (``curation.dedup.decisions``).
+Every method gives duplicate *groups* over candidate rows, each keeping one *representative* chosen
+by one rule (``representative_order``); a dropped row records its group id and its representative's
+key (``DECISION_SCHEMA``). Two engines run every method, in one process (``steps.run_dedup``) and in
+Ray Data (``distributed`` and its siblings), on the same decision files (``decisions``).
 """
 
 from __future__ import annotations

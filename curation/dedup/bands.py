@@ -38,10 +38,6 @@ DESIGN_MAX_BLOCKS = 12  # covering designs are searched for B up to this
 PLAN_OPTIONS = 6  # designs costed on the sample
 
 
-def popcount(mask: int) -> int:
-    return bin(int(mask)).count("1")
-
-
 @dataclasses.dataclass(frozen=True)
 class BandPlan:
     """Blocks (one mask each, a partition of the bits outside ``within``), the tolerated distance t,
@@ -245,7 +241,7 @@ class Workload:
     def cost(self, plan: BandPlan, sample: np.ndarray | None) -> float:
         """Cost of ``plan``, its pairs counted on ``sample`` and scaled up, never below the uniform figure."""
         masks = plan.masks()
-        pairs = sum(self.pair_scale / 2.0 ** popcount(m) for m in masks)
+        pairs = sum(self.pair_scale / 2.0 ** int(m).bit_count() for m in masks)
         if sample is not None and len(sample) > 1:
             pairs = max(sample_pairs(sample, masks) * self.pair_scale / (len(sample) ** 2 / 2), pairs)
         return len(masks) * self.values * self.value_cost + pairs * PAIR_COST
@@ -254,10 +250,10 @@ class Workload:
 def design_shape(design: tuple[int, tuple | None], max_distance: int, within: int = 0) -> tuple[int, float]:
     """(bands, bits per band) of a design, blocks of an equal share of the bits outside ``within``."""
     b, bands = design
-    space = HASH_BITS - popcount(within)
+    fixed = int(within).bit_count()
     if bands is None:
-        return math.comb(b, max_distance), space * (b - max_distance) / b + popcount(within)
-    return len(bands), space * len(bands[0]) / b + popcount(within)
+        return math.comb(b, max_distance), (HASH_BITS - fixed) * (b - max_distance) / b + fixed
+    return len(bands), (HASH_BITS - fixed) * len(bands[0]) / b + fixed
 
 
 def fewest_bands(num_blocks: int, max_distance: int, band_blocks: int) -> int:
@@ -275,7 +271,7 @@ def cheapest_designs(
     """The ``options`` plan shapes (B, bands) cheapest by ``workload.uniform_cost``: all (B - t)-subsets
     (bands None) and the covering designs for B up to DESIGN_MAX_BLOCKS, each searched only while
     its lower bound (``fewest_bands``) could rank."""
-    t, space, fixed = max_distance, HASH_BITS - popcount(within), popcount(within)
+    t, space, fixed = max_distance, HASH_BITS - int(within).bit_count(), int(within).bit_count()
     scored = [
         (workload.uniform_cost(*design_shape((b, None), t, within)), b, None)
         for b in range(t + 1, space + 1)

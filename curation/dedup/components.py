@@ -1,9 +1,8 @@
 """Duplicate groups as connected components, and the decision rows they produce.
 
-Every method ends the same way: edges between candidate rows, connected components as the groups
-(scipy's in one process, star rounds in Ray Data: ``shuffle``), one representative per group by the
-rule (``representative_order``) and one decision row per other member. Membership is decided by
-components, not pair by pair, so a dropped row never represents another group.
+Edges between candidate rows, components as the groups (scipy's in one process, star rounds in Ray
+Data: ``shuffle``), one representative per group by the rule and one decision per other member:
+membership is decided by components, not pair by pair, so a dropped row never represents a group.
 """
 
 from __future__ import annotations
@@ -60,12 +59,10 @@ def decisions_from_labels(
 
 def canonical_order(table: pa.Table) -> pa.Table:
     """Rows sorted by key, so every later step is independent of input and partition order."""
-    keys = table.column("key")
-    if keys.null_count:
+    if table.column("key").null_count:
         raise ValueError("candidate rows need a non-null 'key'")
     table = table.sort_by("key")
-    sorted_keys = table.column("key").to_numpy(zero_copy_only=False)
-    if len(sorted_keys) > 1 and (sorted_keys[1:] == sorted_keys[:-1]).any():
-        dup = sorted_keys[1:][sorted_keys[1:] == sorted_keys[:-1]][0]
-        raise ValueError(f"candidate keys must be unique within a run; {dup!r} appears more than once")
+    keys = table.column("key").to_numpy(zero_copy_only=False)
+    if len(dup := keys[1:][keys[1:] == keys[:-1]]):
+        raise ValueError(f"candidate keys must be unique within a run; {dup[0]!r} appears more than once")
     return table

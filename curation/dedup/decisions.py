@@ -69,10 +69,9 @@ def read_candidates(inp: GlobalDedupInput, pidx: int, columns: list[str] | None 
     table = table.append_column("row_id", pa.array((np.int64(pidx) << 32) + np.arange(table.num_rows)))
     ok = pc.and_(pc.fill_null(table.column("decode_ok"), False), pc.is_null(table.column("reason")))
     out_fs, out_root = storage.resolve(inp.out)
-    dropped = [read_decisions(out_fs, out_root, pid, step).column("key") for step in inp.earlier_steps]
-    if dropped:
-        keys = pa.concat_arrays([c.combine_chunks() for c in dropped])
-        ok = pc.and_(ok, pc.invert(pc.is_in(table.column("key"), value_set=keys)))
+    for step in inp.earlier_steps:
+        dropped = read_decisions(out_fs, out_root, pid, step).column("key")
+        ok = pc.and_(ok, pc.invert(pc.is_in(table.column("key"), value_set=dropped)))
     table = table.filter(ok)
     for column in inp.absent:
         if column in names:

@@ -1,17 +1,13 @@
 """Global dedup as Ray Data jobs (``dedup.engine=ray``): nothing corpus-sized on the driver.
 
 - **Exact**: one shuffle by SHA-256 (``exact.exact_duplicate_decisions`` per group).
-- **Near**: the band planner on the values' sample gathered by tasks (``value_sample``: the
-  in-process sample exactly) gives an *outer* plan of t + 1 blocks (two values within t agree on
-  one) and, per outer block, the plan of the search among values agreeing on it. Values are
-  shuffled by outer block key, so every pair within t meets in a group, searched in process
-  (``near.value_edges``); value pairs become row edges (a value's rows: a star). Then connected
-  components, the members' metadata read back by partition and one shuffle by label choosing the
-  representatives (``component_decisions``), as in one process.
+- **Near** (``near_edges``): an *outer* plan of t + 1 blocks (two values within t agree on one) and,
+  per outer block, the plan of the search inside it, both from the values' sample (``value_sample``:
+  the in-process one); values shuffled by outer block key meet every partner within t in a group.
+  Then ``component_decisions``, as in one process.
 - **The near-dup index** (``write_near_index``): ``index_store``'s files, by the tasks of two shuffles.
 
-Decisions are written per partition by the tasks that grouped them; the driver sees counts and
-a fixed-size sample.
+Decisions are written per partition by the tasks that grouped them.
 """
 
 from __future__ import annotations
@@ -69,18 +65,20 @@ from infra import storage
 log = logging.getLogger("curation.dedup")
 
 
-def candidates_dataset(inp: GlobalDedupInput, columns: list[str] | None = None):
+def items_dataset(name: str, values):
+    """A Ray dataset of one item ``{name: value}`` per value (at most 200 blocks), for tasks reading them."""
     import ray.data
 
+    return ray.data.from_items([{name: v} for v in values], override_num_blocks=max(1, min(len(values), 200)))
+
+
+def candidates_dataset(inp: GlobalDedupInput, columns: list[str] | None = None):
     def _read(batch: dict) -> pa.Table:
         return pa.concat_tables(
             [read_candidates(inp, int(i), columns) for i in batch["pidx"]], promote_options="default"
         )
 
-    items = ray.data.from_items(
-        [{"pidx": i} for i in range(len(inp.pids))], override_num_blocks=max(1, min(len(inp.pids), 200))
-    )
-    return items.map_batches(_read, batch_size=1, batch_format="numpy")
+    return items_dataset("pidx", range(len(inp.pids))).map_batches(_read, batch_size=1, batch_format="numpy")
 
 
 def _write_group(group: pa.Table, uri: str, step: str) -> pa.Table:
@@ -124,22 +122,13 @@ def _earlier_kept(batch: dict, uri: str) -> pa.Table:
     return _sha_key(table).append_column("_earlier", pa.array(np.ones(table.num_rows, bool)))
 
 
-def earlier_parts_dataset(earlier: EarlierVersion):
-    """One item per manifest part of an earlier version (``path``), for tasks reading them."""
-    import ray.data
-
-    return ray.data.from_items(
-        [{"path": p} for p in earlier.parts], override_num_blocks=max(1, min(len(earlier.parts), 200))
-    )
-
-
 def exact_decisions(inp: GlobalDedupInput, step: str, earlier: EarlierVersion | None = None) -> int:
     """Exact duplicates (same SHA-256) over the run, one shuffle by digest; returns rows dropped.
     ``earlier``: its kept rows join the shuffle, read by Ray tasks part by part."""
     ds = candidates_dataset(inp, inp.meta("sha256")).map_batches(_sha_key, batch_format="pyarrow")
     parts = inp.partitions_by_input()
     if earlier is not None and earlier.parts:
-        old = earlier_parts_dataset(earlier).map_batches(
+        old = items_dataset("path", earlier.parts).map_batches(
             _earlier_kept, batch_size=1, batch_format="numpy", fn_kwargs={"uri": earlier.uri}
         )
         ds = ds.union(old)

@@ -1,20 +1,15 @@
 """Incremental near dedup in Ray Data: a batch against an earlier version's partitioned index,
-with the driver search's decisions (``index_store.PartitionedNearIndex.decisions``) and nothing
-corpus-sized on the driver.
+with the decisions of ``index_store.PartitionedNearIndex.decisions`` and nothing corpus-sized on
+the driver.
 
-1. **The batch**: its row edges among itself (``distributed.near_edges``).
-2. **The join**: per band j of the index's plan each (value, row) record goes to the group of its
-   bucket ``j * P + mix64(value & mask_j) % P``, as the postings are stored; a group reads that
-   bucket's file of every part, pairs new and stored values sharing a band key within t bits, and
-   joins every stored row holding a reached value to the batch (as stars: linear in postings).
-3. **Representatives**: a stored key stands for its representative, found by a shuffle by key
-   bucket reading the rows files; a second finds the representative's row and numbers it by where
-   it is stored (``OLD_NODE``). A batch key the earlier version holds is refused, as on the driver.
-4. **Components**: the batch's and (row, representative) edges through
-   ``distributed.component_decisions``, earlier rows preferred and never dropped.
-
-The graph lacks the driver's value nodes and non-representative stored rows, but has the same
-components over the batch's rows and the representatives, which is all the decisions read.
+1. The batch's row edges among itself (``distributed.near_edges``).
+2. Per band, each (value, row) record goes to its postings bucket (``index_store.value_buckets``);
+   a group reads that bucket's file of every part and joins every stored row holding a value within
+   t bits of a new one to the batch (as stars: linear in postings).
+3. Two shuffles by key bucket: a stored key to its representative, that to its row's node
+   (``OLD_NODE``); a batch key the earlier version holds is refused.
+4. ``distributed.component_decisions``, earlier rows preferred and never dropped. The graph lacks the
+   in-process value nodes but has its components over the batch's rows and the representatives.
 """
 
 from __future__ import annotations
@@ -35,7 +30,7 @@ from curation.dedup.distributed import (
     write_near_components,
 )
 from curation.dedup.incremental import refuse_reused_keys
-from curation.dedup.index_store import PartitionedNearIndex, band_file, key_buckets, rows_file, value_buckets
+from curation.dedup.index_store import PartitionedNearIndex, band_buckets, band_file, key_buckets, rows_file
 from curation.dedup.near import NearDupConfig, cross_pairs
 from curation.dedup.shuffle import shuffle, slices
 
@@ -86,14 +81,10 @@ class IndexLayout:
             columns,
         )
 
-    def rows_file(self, p: int, b: int) -> pa.Table:
+    def read(self, p: int, path_of, *at: int) -> pa.Table:
+        """A file of part ``p``: ``path_of(part folder, *at)`` (``rows_file`` or ``band_file``)."""
         fs, root = self.parts[p]
-        with fs.open_input_file(rows_file(root, b)) as fh:
-            return pq.read_table(fh)
-
-    def band_file(self, p: int, j: int, b: int) -> pa.Table:
-        fs, root = self.parts[p]
-        with fs.open_input_file(band_file(root, j, b)) as fh:
+        with fs.open_input_file(path_of(root, *at)) as fh:
             return pq.read_table(fh)
 
 
@@ -102,7 +93,7 @@ def _band_records(batch: pa.Table, masks: tuple[int, ...], num_buckets: int) -> 
     v, rows = batch.column("value").to_numpy(), batch.column("row_id").to_numpy()
     return pa.table(
         {
-            "_b": np.concatenate([j * num_buckets + value_buckets(v, m, num_buckets) for j, m in enumerate(masks)]),
+            "_b": band_buckets(v, masks, num_buckets),
             "value": np.tile(v, len(masks)),
             "row_id": np.tile(rows, len(masks)),
         }
@@ -145,7 +136,7 @@ def _join_buckets(group: pa.Table, layout: IndexLayout, max_distance: int) -> pa
         j, b = divmod(bucket, layout.num_buckets)
         for p in range(len(layout.parts)):
             if b in layout.band_buckets[p][j]:
-                out.append(_bucket_edges(rows, layout.band_file(p, j, b), layout.masks[j], max_distance))
+                out.append(_bucket_edges(rows, layout.read(p, band_file, j, b), layout.masks[j], max_distance))
     return pa.concat_tables(out)
 
 
@@ -156,7 +147,7 @@ def _key_bucket(batch: pa.Table, column: str, num_buckets: int) -> pa.Table:
 def _stored(layout: IndexLayout, b: int, keys: pa.Array) -> pa.Table | None:
     """(key, representative) of the stored rows with these keys in rows bucket ``b`` of every part."""
     tables = [
-        layout.rows_file(p, b).select(["key", "representative"])
+        layout.read(p, rows_file, b).select(["key", "representative"])
         for p in range(len(layout.parts))
         if b in layout.row_buckets[p]
     ]
@@ -186,7 +177,7 @@ def _rep_nodes(group: pa.Table, layout: IndexLayout) -> pa.Table:
         for p in range(len(layout.parts)):
             if b not in layout.row_buckets[p]:
                 continue
-            keys = layout.rows_file(p, b).column("key")
+            keys = layout.read(p, rows_file, b).column("key")
             where = pc.index_in(rows.column("key"), value_set=keys)
             found = pc.is_valid(where)
             pos = pc.fill_null(where, 0).to_numpy().astype(np.int64)[found.to_numpy(zero_copy_only=False)]
@@ -211,7 +202,7 @@ def _members_with_old(group: pa.Table, inp: GlobalDedupInput, layout: IndexLayou
         return _canonical(read_members(group, inp).select([*columns, "partition", "row_id", "label"]), old=False)
     nodes, first = np.unique(group.column("node").to_numpy(), return_index=True)
     p, b = (pidx >> 12) & 0x3FFF, pidx & 0xFFF
-    rows = layout.rows_file(p, b).take(pa.array(nodes & 0xFFFFFFFF))
+    rows = layout.read(p, rows_file, b).take(pa.array(nodes & 0xFFFFFFFF))
     meta = rows.select(columns).append_column("partition", pa.nulls(len(nodes), pa.string()))
     meta = meta.append_column("row_id", pa.array(nodes)).append_column("label", group.column("label").take(first))
     return _canonical(meta, old=True)

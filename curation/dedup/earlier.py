@@ -1,11 +1,7 @@
-"""An earlier dataset version (``dedup.against``) read manifest part by part, never whole.
-
-- **Exact** (``kept_with_sha``): the earlier kept rows whose SHA-256 is one of the new batch's.
-- **Semantic** (``best_semantic_matches``): each new row's best earlier kept match (highest cosine,
-  then smallest key) in its k-means cluster (centroids fitted on the batch, the earlier rows
-  assigned to them), merged over the parts. The driver holds the batch and one match per row.
-
-With ``dedup.engine=ray`` the same runs in Ray Data (``distributed``, ``distributed_semantic``).
+"""An earlier dataset version (``dedup.against``), read manifest part by part, never whole: the
+kept rows sharing a new row's SHA-256 (``kept_with_sha``) and each new row's best kept match in its
+k-means cluster (``best_semantic_matches``). ``distributed`` and ``distributed_semantic`` run the
+same in Ray Data.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Decontamination: the run's images that copy an evaluation image are dropped as ``eval_overlap``.
 
 ``dedup.decontaminate.eval_images`` is read and hashed with the recipe's own reader and decode step
-(``curation.eval_set``). A row overlaps it on an equal SHA-256 (exact), a hash value within
-``dedup.near.max_distance`` bits of an evaluation image's (near: ``incremental.cross_edges`` over an
-in-memory index of the set) or, with semantic dedup, an embedding within ``dedup.semantic.threshold``
-cosine (``earlier.best_matches``). No chains: ``duplicate_of`` is the row's own best match (exact,
-then fewest bits or highest cosine, then smallest source), ``duplicate_group`` ``eval:<kind>``. A
-decision depends on the row and the set only, so both engines decide partition by partition.
+(``curation.eval_set``). A row overlaps it on an equal SHA-256, a hash value within
+``dedup.near.max_distance`` bits (``incremental.cross_edges``) or, with semantic dedup, an embedding
+within ``dedup.semantic.threshold`` cosine. No chains: ``duplicate_of`` is the row's own best match
+(``_matches``), ``duplicate_group`` ``eval:<kind>``; both engines decide partition by partition.
 """
 
 from __future__ import annotations

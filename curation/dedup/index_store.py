@@ -3,33 +3,27 @@ without loading it whole.
 
 Layout (under an output's ``_dedup/near_index/``; any pyarrow filesystem)::
 
-    index.json                             header: format, the settings (hash, match_mirrored,
-                                           max_distance, num_blocks, masks: the band plan,
-                                           ``incremental.index_plan``; num_buckets P) and parts
+    index.json                             header: format, settings (``SETTINGS``: the hash, the
+                                           band plan of ``incremental.index_plan``, P) and parts
     parts/<part id>/rows/<b>.parquet       one part's rows (key, hashes, the rule's columns,
                                            representative), bucketed by crc32(key) % P
     parts/<part id>/bands/<j>/<b>.parquet  postings (value, key) of band j, bucketed by
                                            mix64(value & mask_j) % P, sorted by value
 
-A part holds the rows one version added (the first version: all its candidates); the next
-version's header lists the earlier parts and adds one: the index grows append-only, keeping its
-settings. ``<part id>`` is an order-free digest of the part's keys (content, not paths), which the
-distributed writer (``curation.dedup.distributed.write_near_index``) sums from partial digests.
+A part holds the rows one version added; the next version's header lists the earlier parts and
+adds one (append-only, the settings kept). ``<part id>`` is an order-free digest of the part's keys
+(``keys_sum``: content, not paths), which the distributed writer sums from partial digests.
 
-**Relocatable.** A header names its own parts relative to its folder (``parts/<id>``). A part of
-an earlier version is named by its ``origin`` (that output's dataset version id and index URI),
-its ``path`` in its owner's index folder, and two hints: ``relative`` (from this index's folder at
-write time: a tree of versions moved together) and ``uri`` (absolute, at write time). Opening an
-index resolves every part: under each location passed now (the searched output and
-``NearDupConfig.index_locations``), then the hints; the first that exists wins (the id names its
-content). When none does, the open fails in one line naming the missing version and what to pass.
+**Relocatable.** A header names its own parts relative to its folder (``parts/<id>``), an earlier
+version's part by its ``origin`` (version id, index URI), its ``path`` in its owner's index folder
+and two hints: ``relative`` (from this folder at write time: versions moved together) and ``uri``
+(absolute, at write time). Opening an index resolves every part under each location passed now
+(``NearDupConfig.index_locations``), then the hints; the first that exists wins. When none does,
+the open fails in one line naming the missing version and what to pass.
 
 A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets the batch's band
-keys hash to, keeps the postings whose band key equals a new one, then the rows of those keys and of
-their representatives: a small ``NearDupIndex`` of every existing row a new value can reach, on
-which ``incremental_decisions`` equals the whole index's decisions. The driver holds the batch,
-one bucket file (filtered as it is read) and the rows reached; I/O per band is min(P, b) of P bucket
-files for a batch of b distinct values.
+keys hash to, then the rows those postings reach and their representatives: a small
+``NearDupIndex`` on which ``incremental_decisions`` equals the whole index's decisions.
 """
 
 from __future__ import annotations
@@ -76,6 +70,11 @@ def value_buckets(values: np.ndarray, mask: int, num_buckets: int) -> np.ndarray
     return (mix64(values & np.uint64(mask)) % np.uint64(num_buckets)).astype(np.int64)
 
 
+def band_buckets(values: np.ndarray, masks, num_buckets: int) -> np.ndarray:
+    """Each value's postings bucket ``j * P + value bucket`` in every band j, band after band."""
+    return np.concatenate([j * num_buckets + value_buckets(values, int(m), num_buckets) for j, m in enumerate(masks)])
+
+
 def rows_file(part: str, b: int) -> str:
     return storage.join(part, "rows", f"{b:05d}.parquet")
 
@@ -100,15 +99,6 @@ def relative_part(pid: str) -> str:
     return storage.join("parts", pid)
 
 
-def postings(rows: pa.Table, cfg: NearDupConfig) -> pa.Table:
-    """(value, key) per distinct hash value of each row, sorted by value then key (the same order
-    whatever the row order, so both writers give the same files)."""
-    r, v = row_values(rows, cfg)
-    return pa.table({"value": pa.array(v, pa.uint64()), "key": rows.column("key").take(pa.array(r))}).sort_by(
-        [("value", "ascending"), ("key", "ascending")]
-    )
-
-
 def row_records(rows: pa.Table, num_buckets: int) -> pa.Table:
     """Index rows with ``_b``: their key bucket."""
     return rows.append_column("_b", pa.array(key_buckets(rows.column("key").to_pylist(), num_buckets)))
@@ -116,15 +106,15 @@ def row_records(rows: pa.Table, num_buckets: int) -> pa.Table:
 
 def band_records(rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray, num_buckets: int) -> pa.Table:
     """Per band j and distinct hash value of a row: (value, key, ``_b`` = j * P + value bucket)."""
-    post = postings(rows, cfg)
-    v = post.column("value").to_numpy()
-    buckets = [j * num_buckets + value_buckets(v, int(m), num_buckets) for j, m in enumerate(masks)]
-    return pa.concat_tables([post.append_column("_b", pa.array(b)) for b in buckets])
+    r, v = row_values(rows, cfg)
+    post = pa.table({"value": pa.array(v, pa.uint64()), "key": rows.column("key").take(pa.array(r))})
+    return pa.concat_tables([post] * len(masks)).append_column("_b", pa.array(band_buckets(v, masks, num_buckets)))
 
 
 def write_buckets(fs, part: str, records: pa.Table, num_buckets: int, kind: str) -> list[int]:
     """The bucket files of ``records`` (``row_records`` for ``kind`` "rows", else ``band_records``),
-    sorted as stored; returns the ``_b`` written."""
+    each sorted (by key; postings by value, then key: the same files whatever the row order);
+    returns the ``_b`` written."""
     written = []
     for b, bucket in slices(records, "_b"):
         body = bucket.drop_columns(["_b"])
@@ -277,14 +267,12 @@ class PartitionedNearIndex:
     def masks(self) -> np.ndarray:
         return settings_masks(self.header)
 
-    @property
-    def plan(self) -> dict:
-        """The band plan, as ``NearDupIndex.from_rows`` takes it."""
-        return {
-            "masks": self.masks,
-            "num_blocks": self.header["num_blocks"],
-            "max_distance": self.header["max_distance"],
-        }
+    def in_memory(self, rows: pa.Table | None, cfg: NearDupConfig, like: pa.Table | None = None) -> NearDupIndex:
+        """``rows`` (``NearDupIndex.from_rows``) under this index's band plan."""
+        h = self.header
+        return NearDupIndex.from_rows(
+            rows, cfg, masks=self.masks, num_blocks=h["num_blocks"], max_distance=h["max_distance"], like=like
+        )
 
     @property
     def num_files(self) -> int:
@@ -292,8 +280,7 @@ class PartitionedNearIndex:
         return sum(len(p["row_buckets"]) + sum(len(b) for b in p["band_buckets"]) for p in self.header["parts"])
 
     def check(self, cfg: NearDupConfig) -> None:
-        h = self.header
-        check_settings(h["hash"], h["match_mirrored"], h["max_distance"], cfg)
+        check_settings(settings_config(self.header), cfg)
 
     def _read(self, path_of, wanted: set[int], listed: str, j: int | None = None, keep=None) -> list[pa.Table]:
         """The files of buckets ``wanted`` in every part, each filtered by ``keep`` as it is read."""
@@ -327,14 +314,10 @@ class PartitionedNearIndex:
         same_kind = part_fs.type_name == fs.type_name
         if same_kind and path.startswith(root + "/"):
             return dict(part, uri=path[len(root) + 1 :])
-        origin = part.get("origin") or self.owner
-        entry = dict(
-            part, uri=storage.to_uri(part_fs, path), path=part.get("path") or relative_part(part["id"]), origin=origin
-        )
-        if same_kind:
-            entry["relative"] = posixpath.relpath(path, root)
-        else:
-            entry.pop("relative", None)
+        entry = dict(part, uri=storage.to_uri(part_fs, path), origin=part.get("origin") or self.owner)
+        entry.update(path=part.get("path") or relative_part(part["id"]), relative=posixpath.relpath(path, root))
+        if not same_kind:
+            del entry["relative"]
         return entry
 
     def read_rows(self, keys: list[str]) -> pa.Table | None:
@@ -375,7 +358,7 @@ class PartitionedNearIndex:
             more = self.read_rows(reps) if reps else None
             rows = pa.concat_tables([rows, more], promote_options="default") if more is not None else rows
         self.reached = 0 if rows is None else rows.num_rows
-        return NearDupIndex.from_rows(rows, cfg, **self.plan, like=new)
+        return self.in_memory(rows, cfg, like=new)
 
     def decisions(self, new: pa.Table, cfg: NearDupConfig) -> pa.Table:
         """``incremental_decisions`` of ``new`` against this index, reading only touched buckets."""
@@ -389,13 +372,7 @@ class PartitionedNearIndex:
         if not tables:
             raise ValueError(f"{self.root}: the near-dup index holds no rows")
         rows = pa.concat_tables(tables, promote_options="default")
-        return NearDupIndex.from_rows(rows, settings_config(self.header), **self.plan)
-
-
-def save_index(index: NearDupIndex, fs, path: str, num_buckets: int | None = None) -> dict:
-    """An in-memory index written partitioned, as one part (``num_buckets`` None: ``default_buckets``)."""
-    p = num_buckets or default_buckets(index.rows.num_rows)
-    return write_index(fs, path, index.rows, index_settings(index, index.num_blocks, index.masks, p))
+        return self.in_memory(rows, settings_config(self.header))
 
 
 @dataclasses.dataclass
@@ -418,6 +395,10 @@ def decide_against(new: pa.Table, index: PartitionedNearIndex, cfg: NearDupConfi
     return decisions, IndexExtension(index, rows)
 
 
-def save_any(index: NearDupIndex | IndexExtension, fs, path: str) -> dict:
-    """Write the index a run built (whole, as one part) or extended (one new part)."""
-    return save_index(index, fs, path) if isinstance(index, NearDupIndex) else index.write(fs, path)
+def save_index(index: NearDupIndex | IndexExtension, fs, path: str, num_buckets: int | None = None) -> dict:
+    """Write the index a run built (whole, as one part; ``num_buckets`` None: ``default_buckets``) or
+    extended (``IndexExtension``: its base's parts, then one new part)."""
+    if isinstance(index, IndexExtension):
+        return index.write(fs, path)
+    p = num_buckets or default_buckets(index.rows.num_rows)
+    return write_index(fs, path, index.rows, index_settings(index, index.num_blocks, index.masks, p))

@@ -223,7 +223,7 @@ def band_close_pairs(
     starts, ends = _runs(sorted_keys)
     out_i, out_j = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     big = ends - starts > REFINE_MIN
-    if big.any() and HASH_BITS - bin(mask).count("1") > max_distance:
+    if big.any() and HASH_BITS - mask.bit_count() > max_distance:
         split, sub_masks = _split_runs(in_order, starts[big], ends[big], mask, max_distance, work)
         if split.any():
             chosen = np.flatnonzero(big)[split]

@@ -15,7 +15,6 @@ import dataclasses
 import hashlib
 import heapq
 import math
-from collections.abc import Collection
 
 import numpy as np
 import pyarrow as pa
@@ -226,15 +225,6 @@ def similar_pairs(
     return i[close], j[close], score[close]
 
 
-def cluster_decisions(cluster: pa.Table, cfg: SemanticDupConfig, prefer: Collection[str] = ()) -> pa.Table:
-    """Decisions inside one cluster: components of the pairs with cosine >= threshold."""
-    table = canonical_order(cluster)
-    x = embeddings(table, cfg.embedding_column)
-    a, b, _ = similar_pairs(x, x, cfg.threshold, upper=True)
-    labels = component_labels(table.num_rows, a, b)
-    return decisions_from_labels(table, labels, SEMANTIC_DUPLICATE, GROUP_PREFIX, prefer)
-
-
 def _columns(cfg: SemanticDupConfig, names=META_COLUMNS) -> list[str]:
     return [*meta_columns(names), cfg.embedding_column]
 
@@ -256,18 +246,21 @@ def sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> C
     return fit_tree(embeddings(sample, cfg.embedding_column), cfg.clusters_for(n_rows), cfg)
 
 
-def semantic_duplicate_decisions(
-    candidates: pa.Table, cfg: SemanticDupConfig, *, prefer: Collection[str] = ()
-) -> pa.Table:
+def semantic_duplicate_decisions(candidates: pa.Table, cfg: SemanticDupConfig) -> pa.Table:
     """Decision rows (reason ``semantic_duplicate``, sorted by key) in one process, whatever the row
-    order; ``candidates``: key, the rule's columns and ``cfg.embedding_column`` (any fixed length)."""
+    order; ``candidates``: key, the rule's columns and ``cfg.embedding_column`` (any fixed length).
+    A cluster's groups are the components of its pairs with cosine >= threshold."""
     if not cfg.enabled or candidates.num_rows == 0:
         return DECISION_SCHEMA.empty_table()
     _check_columns(candidates.column_names, cfg)
     table = canonical_order(candidates.select(_columns(cfg, candidates.column_names)))
     centroids = sample_centroids(table.select(["key", cfg.embedding_column]), table.num_rows, cfg)
-    clusters = centroids.assign(embeddings(table, cfg.embedding_column))
-    order = np.argsort(clusters, kind="stable")
-    bounds = np.flatnonzero(np.diff(clusters[order])) + 1
-    parts = [cluster_decisions(table.take(idx), cfg, prefer) for idx in np.split(order, bounds) if len(idx) > 1]
-    return pa.concat_tables([DECISION_SCHEMA.empty_table(), *parts]).sort_by("key")
+    x = embeddings(table, cfg.embedding_column)
+    clusters = centroids.assign(x)
+    order = np.argsort(clusters, kind="stable")  # stable: a cluster's rows stay in key order
+    parts = [DECISION_SCHEMA.empty_table()]
+    for idx in np.split(order, np.flatnonzero(np.diff(clusters[order])) + 1):
+        a, b, _ = similar_pairs(x[idx], x[idx], cfg.threshold, upper=True)
+        labels = component_labels(len(idx), a, b)
+        parts.append(decisions_from_labels(table.take(idx), labels, SEMANTIC_DUPLICATE, GROUP_PREFIX))
+    return pa.concat_tables(parts).sort_by("key")

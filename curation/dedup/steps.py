@@ -45,7 +45,7 @@ from curation.dedup.eval_overlap import (
 )
 from curation.dedup.exact import exact_duplicate_decisions
 from curation.dedup.incremental import NearDupIndex
-from curation.dedup.index_store import IndexExtension, PartitionedNearIndex, decide_against, save_any
+from curation.dedup.index_store import IndexExtension, PartitionedNearIndex, decide_against, save_index
 from curation.dedup.near import NearDupConfig, near_duplicate_decisions
 from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
 from curation.steps import Step, section_of
@@ -83,7 +83,7 @@ class DedupContext:
     def save_index(self, fs, path: str) -> None:
         """Write this run's near-dup index (partitioned, ``curation.dedup.index_store``) if it has one."""
         if self.index is not None:
-            save_any(self.index, fs, path)
+            save_index(self.index, fs, path)
 
 
 def earlier_index(earlier: EarlierVersion, cfg: NearDupConfig) -> PartitionedNearIndex:
