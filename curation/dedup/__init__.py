@@ -15,12 +15,7 @@ import pyarrow.compute as pc
 
 # One row per dropped duplicate.
 DECISION_SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("duplicate_of", pa.string(), nullable=False),
-        pa.field("duplicate_group", pa.string(), nullable=False),
-    ]
+    [pa.field(name, pa.string(), nullable=False) for name in ("key", "reason", "duplicate_of", "duplicate_group")]
 )
 
 

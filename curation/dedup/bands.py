@@ -6,13 +6,11 @@ compared as one key) among them. All (B - t)-subsets make one exact plan; a *cov
 (``covering_bands``) makes another with fewer, longer bands. A plan may also hold bits ``within``
 every band, for values known to agree on them (the distributed search's shuffle groups).
 
-A plan sets the cost, never the pairs found. The cost model (``Workload``): each value is hashed
-into each band (``value_cost``) and each pair sharing a band key gets a Hamming check
-(``PAIR_COST``). Real PHash bits (biased, correlated) collide far more often than uniform ones, so
-where the values are at hand the pairs are counted on a sample of them (``sample_values``: the same
-whatever the order or partitioning). ``plan_bands`` serves the in-process search (``near``), the
-distributed one (``distributed``) and the near-dup index (``incremental.index_plan``): the same
-values give the same plan in every engine.
+A plan sets the cost (``Workload``), never the pairs found. Real PHash bits (biased, correlated)
+collide far more often than uniform ones, so where the values are at hand the pairs are counted
+on a sample of them (``sample_values``: the same whatever the order or partitioning).
+``plan_bands`` serves the in-process search (``near``), the distributed one (``distributed``) and
+the near-dup index (``incremental.index_plan``): the same values give the same plan in every engine.
 """
 
 from __future__ import annotations

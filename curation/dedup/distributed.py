@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation import output
-from curation.dedup import DECISION_SCHEMA
+from curation.dedup import DECISION_SCHEMA, index_store
 from curation.dedup.bands import (
     MIX_END,
     SAMPLE_SIZE,
@@ -45,19 +45,6 @@ from curation.dedup.earlier import KEY_SHA, EarlierVersion
 from curation.dedup.exact import exact_duplicate_decisions
 from curation.dedup.hashing import hex_to_uint64
 from curation.dedup.incremental import index_plan, indexed_rows
-from curation.dedup.index_store import (
-    band_records,
-    default_buckets,
-    index_settings,
-    keys_sum,
-    part_entry,
-    part_id,
-    relative_part,
-    row_records,
-    settings_masks,
-    write_buckets,
-    write_header,
-)
 from curation.dedup.near import GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, row_values, value_edges
 from curation.dedup.shuffle import connected_components, shuffle
 from infra import storage
@@ -155,12 +142,8 @@ def value_sample(values_ds) -> np.ndarray:
     bound = sample_bound(values_ds.count())
     while True:
         below = values_ds.map_batches(_values_below, fn_kwargs={"bound": bound}, batch_format="pyarrow")
-        kept = sorted_unique(
-            np.concatenate(
-                [b.column("value").to_numpy() for b in below.iter_batches(batch_format="pyarrow", batch_size=None)]
-                or [np.empty(0, np.uint64)]
-            )
-        )
+        batches = below.iter_batches(batch_format="pyarrow", batch_size=None)
+        kept = sorted_unique(np.concatenate([np.empty(0, np.uint64), *(b.column("value").to_numpy() for b in batches)]))
         if len(kept) >= SAMPLE_SIZE or bound == MIX_END:
             return sample_values(kept)
         bound = min(MIX_END, bound * 16)
@@ -169,16 +152,11 @@ def value_sample(values_ds) -> np.ndarray:
 def _outer_rows(batch: pa.Table, outer: BandPlan, num_partitions: int) -> pa.Table:
     """One record per (distinct value, outer block): shuffle group, block, value, row."""
     rows, values = batch.column("row_id").to_numpy(), batch.column("value").to_numpy()
-    blocks = outer.blocks
-    keys = [mix64((values & np.uint64(b)) ^ np.uint64(i + 1)) for i, b in enumerate(blocks)]
-    return pa.table(
-        {
-            "_part": np.concatenate([(k % np.uint64(num_partitions)).astype(np.int32) for k in keys]),
-            "outer": np.repeat(np.arange(len(blocks), dtype=np.int8), len(values)),
-            "value": np.tile(values, len(blocks)),
-            "row_id": np.tile(rows, len(blocks)),
-        }
-    )
+    n = len(outer.blocks)
+    keys = [mix64((values & np.uint64(b)) ^ np.uint64(i + 1)) for i, b in enumerate(outer.blocks)]
+    part = np.concatenate([(k % np.uint64(num_partitions)).astype(np.int32) for k in keys])
+    which = np.repeat(np.arange(n, dtype=np.int8), len(values))
+    return pa.table({"_part": part, "outer": which, "value": np.tile(values, n), "row_id": np.tile(rows, n)})
 
 
 def group_edges(group: pa.Table, inner: list[np.ndarray], max_distance: int, max_pairs: int) -> pa.Table:
@@ -281,9 +259,9 @@ def near_decisions(inp: GlobalDedupInput, cfg: NearDupConfig, step: str) -> int:
 
 def component_decisions(inp: GlobalDedupInput, edges, reason: str, prefix: str, parts: int, members=None, **kw):
     """Partitioned decisions (a lazy dataset) of the connected components of row ``edges`` (int64
-    ``a``, ``b``: row ids): star rounds, the members' metadata read back partition by partition
-    (``members``, default ``read_members``; called with ``inp`` and ``kw``), one shuffle by component
-    label choosing the representatives (``_near_group``). Near and semantic dedup share it."""
+    ``a``, ``b``: row ids): star rounds, the members' metadata read back by partition (``members``,
+    default ``read_members``, called with ``inp`` and ``kw``), one shuffle by label choosing the
+    representatives (``_near_group``)."""
     t = time.perf_counter()
     labels = connected_components(edges, parts).materialize()
     log.info("%s: components in %.1f s", prefix.rstrip(":"), time.perf_counter() - t)
@@ -306,24 +284,19 @@ def _index_rows(batch: pa.Table, inp: GlobalDedupInput, cfg: NearDupConfig, step
 
 def _key_sums(batch: pa.Table, cfg) -> pa.Table:
     """Rows, postings per band (their distinct hash values) and the key digest of one block."""
-    return pa.table(
-        {
-            "rows": [batch.num_rows],
-            "values": [len(row_values(batch, cfg)[1])],
-            "sum": [str(keys_sum(batch.column("key").to_pylist()))],
-        }
-    )
+    key_sum = str(index_store.keys_sum(batch.column("key").to_pylist()))
+    return pa.table({"rows": [batch.num_rows], "values": [len(row_values(batch, cfg)[1])], "sum": [key_sum]})
 
 
 def _write_buckets_of(group: pa.Table, uri: str, **kw) -> pa.Table:
-    return pa.table({"_b": pa.array(write_buckets(storage.resolve(uri)[0], records=group, **kw), pa.int64())})
+    written = index_store.write_buckets(storage.resolve(uri)[0], records=group, **kw)
+    return pa.table({"_b": pa.array(written, pa.int64())})
 
 
 def write_near_index(inp: GlobalDedupInput, cfg: NearDupConfig, step: str, base=None) -> dict:
-    """The run's near-dup index (``index_store``'s files: one part of every near candidate with its
-    representative), written by Ray tasks: rows shuffled by key bucket, postings by (band, value
-    bucket). A new index takes ``incremental.index_plan``; ``base`` (``dedup.against``) is extended
-    as ``index_store.IndexExtension`` does: its settings, its parts, then this run's."""
+    """The run's near-dup index (``index_store``'s files: every near candidate with its representative),
+    written by Ray tasks; a new one takes ``incremental.index_plan``, ``base`` (``dedup.against``) is
+    extended as ``index_store.IndexExtension`` is: its settings and parts, then this run's."""
     fs, root = storage.resolve(inp.out)
     index_root = output.path(root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
     if storage.exists(fs, index_root):
@@ -336,24 +309,25 @@ def write_near_index(inp: GlobalDedupInput, cfg: NearDupConfig, step: str, base=
     n, n_values, key_sum = 0, 0, 0
     for r in rows.map_batches(_key_sums, fn_kwargs={"cfg": cfg}, batch_format="pyarrow").take_all():
         n, n_values, key_sum = n + int(r["rows"]), n_values + int(r["values"]), key_sum + int(r["sum"])
-    plan = index_plan(n_values, cfg) if base is None else None
-    settings = base.header if base else index_settings(cfg, plan.num_blocks, plan.masks(), default_buckets(n))
+    settings = base.header if base else None
+    if settings is None:
+        plan = index_plan(n_values, cfg)
+        settings = index_store.index_settings(cfg, plan.num_blocks, plan.masks(), index_store.default_buckets(n))
     parts = [_write_index_part(inp, cfg, rows, index_root, (n, n_values, key_sum), settings)] if n else []
-    return write_header(fs, index_root, settings, parts, base)
+    return index_store.write_header(fs, index_root, settings, parts, base)
 
 
 def _write_index_part(inp: GlobalDedupInput, cfg, rows, index_root: str, sums: tuple, settings: dict) -> dict:
-    """This run's part of the index: ``rows`` (with representatives; ``sums``: rows, postings per band,
-    key digest) shuffled into P key buckets and their postings into (band, value bucket) files, by
-    Ray tasks; its header entry."""
-    (n, n_values, key_sum), masks, p = sums, settings_masks(settings), settings["num_buckets"]
-    pid = part_id(n, key_sum % 2**128)
-    kw = {"uri": inp.out, "part": storage.join(index_root, relative_part(pid)), "num_buckets": p}
-    records = rows.map_batches(row_records, fn_kwargs={"num_buckets": p}, batch_format="pyarrow")
+    """This run's part: ``rows`` shuffled into key bucket files and their postings into (band, value
+    bucket) files by Ray tasks (``sums``: rows, postings per band, key digest); its header entry."""
+    (n, n_values, key_sum), masks, p = sums, index_store.settings_masks(settings), settings["num_buckets"]
+    pid = index_store.part_id(n, key_sum % 2**128)
+    kw = {"uri": inp.out, "part": storage.join(index_root, index_store.relative_part(pid)), "num_buckets": p}
+    records = rows.map_batches(index_store.row_records, fn_kwargs={"num_buckets": p}, batch_format="pyarrow")
     row_b = shuffle(records, "_b", _write_buckets_of, inp.num_partitions(n), fn_kwargs={**kw, "kind": "rows"})
     kw_bands = {"cfg": cfg, "masks": masks, "num_buckets": p}
-    records = rows.map_batches(band_records, fn_kwargs=kw_bands, batch_format="pyarrow")
+    records = rows.map_batches(index_store.band_records, fn_kwargs=kw_bands, batch_format="pyarrow")
     parts = inp.num_partitions(n * len(masks))
     band_b = shuffle(records, "_b", _write_buckets_of, parts, fn_kwargs={**kw, "kind": "bands"})
     row_b, band_b = ([int(r["_b"]) for r in ds.take_all()] for ds in (row_b, band_b))
-    return part_entry(pid, n, row_b, band_b, settings, postings=n_values * len(masks))
+    return index_store.part_entry(pid, n, row_b, band_b, settings, postings=n_values * len(masks))

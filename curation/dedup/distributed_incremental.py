@@ -90,14 +90,8 @@ class IndexLayout:
 
 def _band_records(batch: pa.Table, masks: tuple[int, ...], num_buckets: int) -> pa.Table:
     """Per band j, each (value, row) record under its bucket ``j * P + value bucket``."""
-    v, rows = batch.column("value").to_numpy(), batch.column("row_id").to_numpy()
-    return pa.table(
-        {
-            "_b": band_buckets(v, masks, num_buckets),
-            "value": np.tile(v, len(masks)),
-            "row_id": np.tile(rows, len(masks)),
-        }
-    )
+    v, rows, n = batch.column("value").to_numpy(), batch.column("row_id").to_numpy(), len(masks)
+    return pa.table({"_b": band_buckets(v, masks, num_buckets), "value": np.tile(v, n), "row_id": np.tile(rows, n)})
 
 
 def _bucket_edges(rows: pa.Table, postings: pa.Table, mask: int, max_distance: int) -> pa.Table:
@@ -119,14 +113,9 @@ def _bucket_edges(rows: pa.Table, postings: pa.Table, mask: int, max_distance: i
     for v, k in zip(held.column("value").to_numpy(), held.column("key").to_pylist()):
         anchor.setdefault(int(v), k)
     held_at = np.searchsorted(old, held.column("value").to_numpy())
-    return pa.table(
-        {
-            "row_id": np.concatenate([reach[held_at], first[i]]),
-            "key": pa.concat_arrays(
-                [held.column("key").combine_chunks(), pa.array([anchor[int(w)] for w in old[j]], pa.string())]
-            ),
-        }
-    )
+    anchors = pa.array([anchor[int(w)] for w in old[j]], pa.string())
+    keys = pa.concat_arrays([held.column("key").combine_chunks(), anchors])
+    return pa.table({"row_id": np.concatenate([reach[held_at], first[i]]), "key": keys})
 
 
 def _join_buckets(group: pa.Table, layout: IndexLayout, max_distance: int) -> pa.Table:

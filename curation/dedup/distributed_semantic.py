@@ -10,8 +10,7 @@ the driver.
 4. ``distributed.component_decisions``.
 
 Against an earlier version a unit pairs a new block with an earlier one (its kept rows, assigned to
-this run's centroids), and one shuffle by row id keeps each row's best match. Each stage's
-decisions are written before the next reads the rows left.
+this run's centroids), and one shuffle by row id keeps each row's best match.
 """
 
 from __future__ import annotations
@@ -44,13 +43,7 @@ GROUP_BYTES = 256 * 2**20  # embedding bytes of one shuffle group of units (what
 MAX_GROUPS = 1024
 EMBEDDING = pa.list_(pa.float32())
 MATCH_SCHEMA = pa.schema(
-    [
-        ("row_id", pa.int64()),
-        ("key", pa.string()),
-        ("partition", pa.string()),
-        ("score", pa.float64()),
-        ("match", pa.string()),
-    ]
+    {"row_id": pa.int64(), "key": pa.string(), "partition": pa.string(), "score": pa.float64(), "match": pa.string()}
 )
 
 
@@ -107,14 +100,7 @@ def _earlier_assigned(batch: dict, uri: str, column: str, centroids) -> pa.Table
     tables = [earlier.kept_part(str(p), ["key", column]) for p in batch["path"]]
     kept = pa.concat_tables([t.cast(pa.schema([("key", pa.string()), (column, EMBEDDING)])) for t in tables])
     n = kept.num_rows
-    rows = pa.table(
-        {
-            "key": kept.column("key"),
-            "partition": pa.nulls(n, pa.string()),
-            column: kept.column(column),
-            "row_id": pa.array(np.full(n, -1, np.int64)),
-        }
-    )
+    rows = kept.add_column(1, "partition", pa.nulls(n, pa.string())).append_column("row_id", pa.array(np.full(n, -1)))
     return _assign(rows, column, centroids, side=1)
 
 
@@ -202,18 +188,8 @@ def _unit_matches(group: pa.Table, column: str, threshold: float) -> pa.Table:
         if not new.num_rows or not old.num_rows:
             continue
         best = best_matches(embeddings(new, column), embeddings(old, column), old.column("key"), threshold)
-        at = best.column("row")
-        out.append(
-            pa.table(
-                {
-                    "row_id": new.column("row_id").take(at),
-                    "key": new.column("key").take(at),
-                    "partition": new.column("partition").take(at),
-                    "score": best.column("score"),
-                    "match": best.column("key"),
-                }
-            )
-        )
+        found = new.select(["row_id", "key", "partition"]).take(best.column("row"))
+        out.append(found.append_column("score", best.column("score")).append_column("match", best.column("key")))
     return pa.concat_tables(out) if out else MATCH_SCHEMA.empty_table()
 
 

@@ -7,7 +7,6 @@ same in Ray Data.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -45,16 +44,11 @@ class EarlierVersion:
         table = self.output.read_part(path, [*columns, "status"])
         return table.filter(pc.equal(table.column("status"), schema.KEPT)).select(columns)
 
-    def kept_parts(self, columns: list[str]) -> Iterator[pa.Table]:
-        return (self.kept_part(path, columns) for path in self.parts)
-
     def kept_with_sha(self, digests: pa.Array | pa.ChunkedArray) -> pa.Table:
         """(key, sha256) of the earlier kept rows whose digest is in ``digests``."""
         wanted = pc.unique(digests)
-        found = [
-            t.filter(pc.is_in(t.column("sha256"), value_set=wanted)).cast(KEY_SHA)
-            for t in self.kept_parts(["key", "sha256"])
-        ]
+        parts = (self.kept_part(path, ["key", "sha256"]) for path in self.parts)
+        found = [t.filter(pc.is_in(t.column("sha256"), value_set=wanted)).cast(KEY_SHA) for t in parts]
         return pa.concat_tables([KEY_SHA.empty_table(), *found])
 
 
@@ -91,7 +85,7 @@ def best_semantic_matches(
     """(row, score, key): each new unit row's best earlier kept match (cosine >= ``threshold``) in its
     cluster of ``centroids``, over every manifest part, one part at a time."""
     best, clusters = BEST.empty_table(), centroids.assign(x_new)
-    for part in earlier.kept_parts(["key", column]):
+    for part in (earlier.kept_part(path, ["key", column]) for path in earlier.parts):
         if not part.num_rows or not len(x_new):
             continue
         x_old = embeddings(part, column)

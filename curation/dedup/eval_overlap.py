@@ -80,12 +80,8 @@ def _near(table: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa.Table:
     ev_rows, ev_values = row_values(index.rows, cfg)
     pairs = pa.table({"v": ea, "w": eb, "bits": hamming(distinct[ea], index.values[eb]).astype(np.float64)})
     held = pa.table({"v": inverse.astype(np.int64), "row": rows})
-    holders = pa.table(
-        {
-            "w": np.searchsorted(index.values, ev_values).astype(np.int64),
-            "source": index.rows.column("key").take(pa.array(ev_rows)),
-        }
-    )
+    held_by = np.searchsorted(index.values, ev_values).astype(np.int64)
+    holders = pa.table({"w": held_by, "source": index.rows.column("key").take(pa.array(ev_rows))})
     found = pairs.join(held, "v", join_type="inner").join(holders, "w", join_type="inner")
     return _matches(found.column("row"), pc.negate(found.column("bits")), found.column("source"), "near")
 

@@ -89,8 +89,7 @@ def phash_hex_pair(img: Image.Image, fast: bool = True) -> tuple[str, str]:
 def hex_to_uint64(hashes) -> np.ndarray:
     """16-hex-character hashes (a list or a pyarrow string array) as a uint64 array."""
     values = hashes.to_pylist() if hasattr(hashes, "to_pylist") else list(hashes)
-    if any(h is None or len(h) != HASH_HEX_CHARS for h in values):
-        bad = [h for h in values if h is None or len(h) != HASH_HEX_CHARS][:3]
+    if bad := [h for h in values if h is None or len(h) != HASH_HEX_CHARS][:3]:
         raise ValueError(f"hashes must be {HASH_HEX_CHARS} hex characters (64 bits); got {bad!r}")
     try:
         raw = bytes.fromhex("".join(values))

@@ -145,11 +145,10 @@ def cross_edges(
 def incremental_decisions(
     new: pa.Table, existing: NearDupIndex | pa.Table, cfg: NearDupConfig, *, existing_decisions: pa.Table | None = None
 ) -> pa.Table:
-    """Decision rows for a new batch (the module docstring's contract); ``existing``: a ``NearDupIndex``,
-    or the existing version's candidates and ``existing_decisions``. One graph of the batch's rows
-    and values and the index's values and rows: rows to their values, values within t (batch-batch,
-    batch-index), indexed rows to their representative (an indexed group's own edges would add no
-    more); decided over the batch and the indexed representatives, those preferred."""
+    """Decision rows for a new batch (module docstring); ``existing``: a ``NearDupIndex``, or the
+    existing version's candidates and ``existing_decisions``. One graph: the batch's rows to their
+    values, values within t of each other and of the index's values, indexed rows to their values and
+    representatives; decided over the batch and the indexed representatives, those preferred."""
     if not cfg.enabled or new.num_rows == 0:
         return DECISION_SCHEMA.empty_table()
     index = existing if isinstance(existing, NearDupIndex) else NearDupIndex.build(existing, cfg, existing_decisions)

@@ -12,14 +12,13 @@ Layout (under an output's ``_dedup/near_index/``; any pyarrow filesystem)::
 
 A part holds the rows one version added; the next version's header lists the earlier parts and
 adds one (append-only, the settings kept). ``<part id>`` is an order-free digest of the part's keys
-(``keys_sum``: content, not paths), which the distributed writer sums from partial digests.
+(``keys_sum``), which the distributed writer sums from partial digests.
 
 **Relocatable.** A header names its own parts relative to its folder (``parts/<id>``), an earlier
 version's part by its ``origin`` (version id, index URI), its ``path`` in its owner's index folder
-and two hints: ``relative`` (from this folder at write time: versions moved together) and ``uri``
-(absolute, at write time). Opening an index resolves every part under each location passed now
-(``NearDupConfig.index_locations``), then the hints; the first that exists wins. When none does,
-the open fails in one line naming the missing version and what to pass.
+and two hints from write time: ``relative`` (from this folder) and ``uri`` (absolute). Opening an
+index resolves every part under each location passed now (``NearDupConfig.index_locations``), then
+the hints; when none holds it, the open fails in one line naming the missing version.
 
 A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets the batch's band
 keys hash to, then the rows those postings reach and their representatives: a small

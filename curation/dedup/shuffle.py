@@ -1,11 +1,10 @@
 """The Ray Data shuffle the distributed dedup steps share, and connected components on it.
 
-``shuffle(ds, key, reduce)`` routes every row to one of P groups by splitmix64 of a 64-bit key and
-calls ``reduce`` once per group with the group's rows as one table (reduces sort what they need:
-results do not depend on row order). ``connected_components(edges)``: int64 edges (a, b) ->
-(node, label = the smallest node of its component), by alternating large-star / small-star rounds
-(Kiveris et al., 2014), one shuffle each, until a round changes no edge; only the per-round count
-of changed edges reaches the driver.
+``shuffle(ds, key, reduce)`` calls ``reduce`` once per group of rows (routed by splitmix64 of a
+64-bit key), with the group's rows as one table: reduces sort what they need, so results do not
+depend on row order. ``connected_components(edges)`` labels each node with the smallest node of its
+component, by alternating large-star / small-star rounds (Kiveris et al., 2014), one shuffle each,
+until a round changes no edge; only each round's count of changed edges reaches the driver.
 """
 
 from __future__ import annotations
