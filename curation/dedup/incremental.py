@@ -180,7 +180,7 @@ def incremental_decisions(
     return decided.filter(pc.invert(pc.is_in(decided.column("key"), value_set=old)))
 
 
-def refuse_reused_keys(keys, stored) -> None:
+def refuse_reused_keys(keys: pa.ChunkedArray, stored: pa.ChunkedArray) -> None:
     """A ValueError naming the first of ``keys`` that the existing version holds (``stored``)."""
     clash = keys.filter(pc.is_in(keys, value_set=stored))
     if len(clash):
