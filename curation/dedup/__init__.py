@@ -1,12 +1,9 @@
 """Global deduplication on metadata (hashes, embeddings), never on re-read images.
 
-Every dedup method produces the same thing: duplicate *groups* over candidate rows and one
-kept *representative* per group, chosen by one rule (``representative_order``). Dropped rows
-record their group id and their representative's key (``DECISION_SCHEMA``).
-
-Two engines run every method: in one process (``curation.dedup.steps.run_dedup``, small runs and
-tests) and in Ray Data (``curation.dedup.distributed`` and its siblings, the cluster path), on the
-same decision files (``curation.dedup.decisions``).
+Every method gives duplicate *groups* over candidate rows, each keeping one *representative* chosen
+by one rule (``representative_order``); a dropped row records its group id and its representative's
+key (``DECISION_SCHEMA``). Two engines run every method, in one process (``steps.run_dedup``) and in
+Ray Data (``distributed`` and its siblings), on the same decision files (``decisions``).
 """
 
 from __future__ import annotations
@@ -18,12 +15,7 @@ import pyarrow.compute as pc
 
 # One row per dropped duplicate.
 DECISION_SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-        pa.field("duplicate_of", pa.string(), nullable=False),
-        pa.field("duplicate_group", pa.string(), nullable=False),
-    ]
+    [pa.field(name, pa.string(), nullable=False) for name in ("key", "reason", "duplicate_of", "duplicate_group")]
 )
 
 
@@ -31,6 +23,20 @@ DECISION_SCHEMA = pa.schema(
 # (lower first; ``curation.steps.Step``): the dedup steps see only columns, in whichever process
 # runs them, so the name is what tells them. Several rank the copies in the order of their names.
 RANK_PREFIX = "rank_"
+
+
+def decision_rows(keys, reason: str, duplicate_of, group_prefix: str, group_of=None) -> pa.Table:
+    """``DECISION_SCHEMA`` rows: ``keys`` dropped for ``reason`` as copies of ``duplicate_of``, in the
+    group ``group_prefix`` + ``group_of`` (default: the representative's key)."""
+    group_of = duplicate_of if group_of is None else group_of
+    return pa.table(
+        {
+            "key": keys,
+            "reason": pa.array([reason] * len(keys), pa.string()),
+            "duplicate_of": duplicate_of,
+            "duplicate_group": pc.binary_join_element_wise(group_prefix, group_of, ""),
+        }
+    ).cast(DECISION_SCHEMA)
 
 
 def rank_columns(names) -> list[str]:

@@ -2,23 +2,15 @@
 
 Any partition of the 64 bits into B blocks keeps the search exact: two values at most t bits apart
 differ in at most t blocks, so they agree on the B - t others and on every *band* (a set of blocks
-compared as one key) among them. All (B - t)-subsets make one exact plan; a *covering design*,
-k-subsets (k < B - t) such that every (B - t)-subset contains one (``covering_bands``), makes
-another with fewer, longer bands. A plan may also hold bits ``within`` every band, for values known
-to agree on them (the distributed search's shuffle groups).
+compared as one key) among them. All (B - t)-subsets make one exact plan; a *covering design*
+(``covering_bands``) makes another with fewer, longer bands. A plan may also hold bits ``within``
+every band, for values known to agree on them (the distributed search's shuffle groups).
 
-A plan sets the cost, never the pairs found. The cost model (``Workload``): each value is hashed
-into each band (``value_cost``: a share of a sort in a search, a posting written and read back in
-the on-disk index) and each pair sharing a band key gets a Hamming check (``PAIR_COST``), among the
-values (a search) or against a later batch (the index). Bands collide at 2^-bits on uniform bits,
-far more on real PHash bits (biased, correlated), so where the values are at hand the pairs are
-counted on a deterministic sample (the values of smallest splitmix64 mix: the same whatever the
-order or partitioning) and scaled up, never below the uniform figure. ``plan_bands`` costs the
-PLAN_OPTIONS designs cheapest on uniform bits (``cheapest_designs``), each with the interleaved
-deal of the bits and, with a sample, a greedy one (most informative bits first, each into the
-block it is least correlated with), and keeps the cheapest: the same values give the same plan in
-every engine. It serves the in-process search (``near``), the distributed one (``distributed``)
-and the near-dup index (``incremental.index_plan``).
+A plan sets the cost (``Workload``), never the pairs found. Real PHash bits (biased, correlated)
+collide far more often than uniform ones, so where the values are at hand the pairs are counted
+on a sample of them (``sample_values``: the same whatever the order or partitioning).
+``plan_bands`` serves the in-process search (``near``), the distributed one (``distributed``) and
+the near-dup index (``incremental.index_plan``): the same values give the same plan in every engine.
 """
 
 from __future__ import annotations
@@ -37,17 +29,11 @@ MAX_BANDS = 5000
 SAMPLE_SIZE = 10_000
 MIX_END = 1 << 64  # mix64 values lie in [0, MIX_END)
 VALUE_COST = 1.0  # relative cost of one value in one band (its share of the band's sort)
-# relative cost of one candidate pair (generate + Hamming check), measured against one value's share
-# of a band's sort (docs/results/dedup_scaling.md, 2026-12-07)
-PAIR_COST = 0.3
+PAIR_COST = 0.3  # of one candidate pair (generate + Hamming check), as measured: docs/results/dedup_scaling.md
 DESIGN_SEARCH_LIMIT = 500_000  # options x differing sets a covering-design search may hold
 DESIGN_ATTEMPTS = 8
 DESIGN_MAX_BLOCKS = 12  # covering designs are searched for B up to this
 PLAN_OPTIONS = 6  # designs costed on the sample
-
-
-def popcount(mask: int) -> int:
-    return bin(int(mask)).count("1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,14 +68,11 @@ class BandPlan:
     def num_blocks(self) -> int:
         return len(self.blocks)
 
-    def band_sets(self) -> tuple[tuple[int, ...], ...]:
-        if self.bands is not None:
-            return self.bands
-        return tuple(itertools.combinations(range(self.num_blocks), self.num_blocks - self.max_distance))
-
     def masks(self) -> np.ndarray:
         """One mask per band: the union of its blocks, and ``within``."""
-        return np.array([self.within | sum(self.blocks[b] for b in band) for band in self.band_sets()], np.uint64)
+        b, t = self.num_blocks, self.max_distance
+        bands = self.bands if self.bands is not None else itertools.combinations(range(b), b - t)
+        return np.array([self.within | sum(self.blocks[i] for i in band) for band in bands], np.uint64)
 
 
 def covers(bands: Collection[Collection[int]], num_blocks: int, max_distance: int) -> bool:
@@ -256,7 +239,7 @@ class Workload:
     def cost(self, plan: BandPlan, sample: np.ndarray | None) -> float:
         """Cost of ``plan``, its pairs counted on ``sample`` and scaled up, never below the uniform figure."""
         masks = plan.masks()
-        pairs = sum(self.pair_scale / 2.0 ** popcount(m) for m in masks)
+        pairs = sum(self.pair_scale / 2.0 ** int(m).bit_count() for m in masks)
         if sample is not None and len(sample) > 1:
             pairs = max(sample_pairs(sample, masks) * self.pair_scale / (len(sample) ** 2 / 2), pairs)
         return len(masks) * self.values * self.value_cost + pairs * PAIR_COST
@@ -265,10 +248,10 @@ class Workload:
 def design_shape(design: tuple[int, tuple | None], max_distance: int, within: int = 0) -> tuple[int, float]:
     """(bands, bits per band) of a design, blocks of an equal share of the bits outside ``within``."""
     b, bands = design
-    space = HASH_BITS - popcount(within)
+    fixed = int(within).bit_count()
     if bands is None:
-        return math.comb(b, max_distance), space * (b - max_distance) / b + popcount(within)
-    return len(bands), space * len(bands[0]) / b + popcount(within)
+        return math.comb(b, max_distance), (HASH_BITS - fixed) * (b - max_distance) / b + fixed
+    return len(bands), (HASH_BITS - fixed) * len(bands[0]) / b + fixed
 
 
 def fewest_bands(num_blocks: int, max_distance: int, band_blocks: int) -> int:
@@ -286,7 +269,7 @@ def cheapest_designs(
     """The ``options`` plan shapes (B, bands) cheapest by ``workload.uniform_cost``: all (B - t)-subsets
     (bands None) and the covering designs for B up to DESIGN_MAX_BLOCKS, each searched only while
     its lower bound (``fewest_bands``) could rank."""
-    t, space, fixed = max_distance, HASH_BITS - popcount(within), popcount(within)
+    t, space, fixed = max_distance, HASH_BITS - int(within).bit_count(), int(within).bit_count()
     scored = [
         (workload.uniform_cost(*design_shape((b, None), t, within)), b, None)
         for b in range(t + 1, space + 1)

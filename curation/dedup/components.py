@@ -1,9 +1,8 @@
 """Duplicate groups as connected components, and the decision rows they produce.
 
-Every method ends the same way: edges between candidate rows, connected components as the groups
-(scipy's in one process, star rounds in Ray Data: ``shuffle``), one representative per group by the
-rule (``representative_order``) and one decision row per other member. Membership is decided by
-components, not pair by pair, so a dropped row never represents another group.
+Edges between candidate rows, components as the groups (scipy's in one process, star rounds in Ray
+Data: ``shuffle``), one representative per group by the rule and one decision per other member:
+membership is decided by components, not pair by pair, so a dropped row never represents a group.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.dedup import DECISION_SCHEMA, rank_columns, representative_order
+from curation.dedup import DECISION_SCHEMA, decision_rows, rank_columns, representative_order
 
 META_COLUMNS = ("key", "width", "height")  # what every dedup input holds
 QUALITY_COLUMNS = ("converted", "input_bytes")  # decode's quality facts, read where present (else unknown)
@@ -55,25 +54,15 @@ def decisions_from_labels(
     first = np.concatenate([[True], sorted_labels[1:] != sorted_labels[:-1]])
     dropped = pa.array(~first)
     rep_keys = ranked.column("key").take(pa.array(np.flatnonzero(first)[np.cumsum(first) - 1])).filter(dropped)
-    out = pa.table(
-        {
-            "key": ranked.column("key").filter(dropped),
-            "reason": pa.array(np.full(len(rep_keys), reason, dtype=object), pa.string()),
-            "duplicate_of": rep_keys,
-            "duplicate_group": pc.binary_join_element_wise(group_prefix, rep_keys, ""),
-        }
-    )
-    return out.cast(DECISION_SCHEMA).sort_by("key")
+    return decision_rows(ranked.column("key").filter(dropped), reason, rep_keys, group_prefix).sort_by("key")
 
 
 def canonical_order(table: pa.Table) -> pa.Table:
     """Rows sorted by key, so every later step is independent of input and partition order."""
-    keys = table.column("key")
-    if keys.null_count:
+    if table.column("key").null_count:
         raise ValueError("candidate rows need a non-null 'key'")
     table = table.sort_by("key")
-    sorted_keys = table.column("key").to_numpy(zero_copy_only=False)
-    if len(sorted_keys) > 1 and (sorted_keys[1:] == sorted_keys[:-1]).any():
-        dup = sorted_keys[1:][sorted_keys[1:] == sorted_keys[:-1]][0]
-        raise ValueError(f"candidate keys must be unique within a run; {dup!r} appears more than once")
+    keys = table.column("key").to_numpy(zero_copy_only=False)
+    if len(dup := keys[1:][keys[1:] == keys[:-1]]):
+        raise ValueError(f"candidate keys must be unique within a run; {dup[0]!r} appears more than once")
     return table

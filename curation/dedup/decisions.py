@@ -69,10 +69,9 @@ def read_candidates(inp: GlobalDedupInput, pidx: int, columns: list[str] | None 
     table = table.append_column("row_id", pa.array((np.int64(pidx) << 32) + np.arange(table.num_rows)))
     ok = pc.and_(pc.fill_null(table.column("decode_ok"), False), pc.is_null(table.column("reason")))
     out_fs, out_root = storage.resolve(inp.out)
-    dropped = [read_decisions(out_fs, out_root, pid, step).column("key") for step in inp.earlier_steps]
-    if dropped:
-        keys = pa.concat_arrays([c.combine_chunks() for c in dropped])
-        ok = pc.and_(ok, pc.invert(pc.is_in(table.column("key"), value_set=keys)))
+    for step in inp.earlier_steps:
+        dropped = read_decisions(out_fs, out_root, pid, step).column("key")
+        ok = pc.and_(ok, pc.invert(pc.is_in(table.column("key"), value_set=dropped)))
     table = table.filter(ok)
     for column in inp.absent:
         if column in names:
@@ -125,10 +124,11 @@ def write_partition_decisions(fs, root: str, step: str, pid: str, decisions: pa.
     storage.write_parquet(fs, output.decisions_path(root, step, pid), rows.cast(DECISION_SCHEMA).sort_by("key"))
 
 
-def write_step_decisions(fs, root: str, step: str, decisions: pa.Table) -> int:
-    """Replace ``step``'s decisions with ``decisions`` (``PARTITIONED_DECISION_SCHEMA``), one file per
-    partition with drops; returns rows written."""
-    clear_step(fs, root, step)
+def write_step_decisions(fs, root: str, step: str, decisions: pa.Table, *, clear: bool = True) -> int:
+    """Write ``decisions`` (``PARTITIONED_DECISION_SCHEMA``) of ``step``, one file per partition with
+    drops, replacing every file of the step (``clear``) or only those partitions'; returns rows written."""
+    if clear:
+        clear_step(fs, root, step)
     for pid in pc.unique(decisions.column("partition")).to_pylist():
         write_partition_decisions(fs, root, step, pid, decisions.filter(pc.equal(decisions.column("partition"), pid)))
     return decisions.num_rows

@@ -1,17 +1,13 @@
 """Global dedup as Ray Data jobs (``dedup.engine=ray``): nothing corpus-sized on the driver.
 
 - **Exact**: one shuffle by SHA-256 (``exact.exact_duplicate_decisions`` per group).
-- **Near**: the band planner on the values' sample gathered by tasks (``value_sample``: the
-  in-process sample exactly) gives an *outer* plan of t + 1 blocks (two values within t agree on
-  one) and, per outer block, the plan of the search among values agreeing on it. Values are
-  shuffled by outer block key, so every pair within t meets in a group, searched in process
-  (``near.value_edges``); value pairs become row edges (a value's rows: a star). Then connected
-  components, the members' metadata read back by partition and one shuffle by label choosing the
-  representatives (``component_decisions``), as in one process.
+- **Near** (``near_edges``): an *outer* plan of t + 1 blocks (two values within t agree on one) and,
+  per outer block, the plan of the search inside it, both from the values' sample (``value_sample``:
+  the in-process one); values shuffled by outer block key meet every partner within t in a group.
+  Then ``component_decisions``, as in one process.
 - **The near-dup index** (``write_near_index``): ``index_store``'s files, by the tasks of two shuffles.
 
-Decisions are written per partition by the tasks that grouped them; the driver sees counts and
-a fixed-size sample.
+Decisions are written per partition by the tasks that grouped them.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation import output
-from curation.dedup import DECISION_SCHEMA
+from curation.dedup import DECISION_SCHEMA, index_store
 from curation.dedup.bands import (
     MIX_END,
     SAMPLE_SIZE,
@@ -46,23 +42,9 @@ from curation.dedup.decisions import (
     write_partition_decisions,
 )
 from curation.dedup.earlier import KEY_SHA, EarlierVersion
-from curation.dedup.exact import exact_against, exact_duplicate_decisions
+from curation.dedup.exact import exact_duplicate_decisions
 from curation.dedup.hashing import hex_to_uint64
 from curation.dedup.incremental import index_plan, indexed_rows
-from curation.dedup.index_store import (
-    band_records,
-    default_buckets,
-    index_settings,
-    keys_sum,
-    part_bands,
-    part_dir,
-    part_entry,
-    part_id,
-    row_records,
-    settings_masks,
-    write_buckets,
-    write_header,
-)
 from curation.dedup.near import GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, row_values, value_edges
 from curation.dedup.shuffle import connected_components, shuffle
 from infra import storage
@@ -70,18 +52,20 @@ from infra import storage
 log = logging.getLogger("curation.dedup")
 
 
-def candidates_dataset(inp: GlobalDedupInput, columns: list[str] | None = None):
+def items_dataset(name: str, values):
+    """A Ray dataset of one item ``{name: value}`` per value (at most 200 blocks), for tasks reading them."""
     import ray.data
 
+    return ray.data.from_items([{name: v} for v in values], override_num_blocks=max(1, min(len(values), 200)))
+
+
+def candidates_dataset(inp: GlobalDedupInput, columns: list[str] | None = None):
     def _read(batch: dict) -> pa.Table:
         return pa.concat_tables(
             [read_candidates(inp, int(i), columns) for i in batch["pidx"]], promote_options="default"
         )
 
-    items = ray.data.from_items(
-        [{"pidx": i} for i in range(len(inp.pids))], override_num_blocks=max(1, min(len(inp.pids), 200))
-    )
-    return items.map_batches(_read, batch_size=1, batch_format="numpy")
+    return items_dataset("pidx", range(len(inp.pids))).map_batches(_read, batch_size=1, batch_format="numpy")
 
 
 def _write_group(group: pa.Table, uri: str, step: str) -> pa.Table:
@@ -103,18 +87,12 @@ def write_decisions(decisions_ds, uri: str, step: str, num_partitions: int) -> i
 
 def _exact_group(group: pa.Table) -> pa.Table:
     """One shuffle group's exact duplicates. Rows marked ``_earlier`` (an earlier version's kept
-    images, ``dedup.against``) are never dropped: every new row with their digest is dropped as a
-    duplicate of the smallest earlier key with it; the other new rows group by digest."""
-    earlier = pc.fill_null(group.column("_earlier"), False) if "_earlier" in group.column_names else None
-    parts = [PARTITIONED_DECISION_SCHEMA.empty_table()]
-    if earlier is not None and pc.any(earlier).as_py():
-        old = group.filter(earlier).select(["key", "sha256"])
-        group = group.filter(pc.invert(earlier))
-        hit = pc.is_in(group.column("sha256"), value_set=old.column("sha256"))
-        parts.append(with_partitions(exact_against(group.filter(hit).select(["key", "sha256"]), old), group))
-        group = group.filter(pc.invert(hit))
-    parts.append(with_partitions(exact_duplicate_decisions(group), group))
-    return pa.concat_tables(parts)
+    images, ``dedup.against``) are never dropped (``exact_duplicate_decisions``' ``earlier_kept``)."""
+    old = None
+    if "_earlier" in group.column_names:
+        earlier = pc.fill_null(group.column("_earlier"), False)
+        old, group = group.filter(earlier).select(["key", "sha256"]), group.filter(pc.invert(earlier))
+    return with_partitions(exact_duplicate_decisions(group, old), group)
 
 
 def _sha_key(batch: pa.Table) -> pa.Table:
@@ -131,22 +109,13 @@ def _earlier_kept(batch: dict, uri: str) -> pa.Table:
     return _sha_key(table).append_column("_earlier", pa.array(np.ones(table.num_rows, bool)))
 
 
-def earlier_parts_dataset(earlier: EarlierVersion):
-    """One item per manifest part of an earlier version (``path``), for tasks reading them."""
-    import ray.data
-
-    return ray.data.from_items(
-        [{"path": p} for p in earlier.parts], override_num_blocks=max(1, min(len(earlier.parts), 200))
-    )
-
-
 def exact_decisions(inp: GlobalDedupInput, step: str, earlier: EarlierVersion | None = None) -> int:
     """Exact duplicates (same SHA-256) over the run, one shuffle by digest; returns rows dropped.
     ``earlier``: its kept rows join the shuffle, read by Ray tasks part by part."""
     ds = candidates_dataset(inp, inp.meta("sha256")).map_batches(_sha_key, batch_format="pyarrow")
     parts = inp.partitions_by_input()
     if earlier is not None and earlier.parts:
-        old = earlier_parts_dataset(earlier).map_batches(
+        old = items_dataset("path", earlier.parts).map_batches(
             _earlier_kept, batch_size=1, batch_format="numpy", fn_kwargs={"uri": earlier.uri}
         )
         ds = ds.union(old)
@@ -173,12 +142,8 @@ def value_sample(values_ds) -> np.ndarray:
     bound = sample_bound(values_ds.count())
     while True:
         below = values_ds.map_batches(_values_below, fn_kwargs={"bound": bound}, batch_format="pyarrow")
-        kept = sorted_unique(
-            np.concatenate(
-                [b.column("value").to_numpy() for b in below.iter_batches(batch_format="pyarrow", batch_size=None)]
-                or [np.empty(0, np.uint64)]
-            )
-        )
+        batches = below.iter_batches(batch_format="pyarrow", batch_size=None)
+        kept = sorted_unique(np.concatenate([np.empty(0, np.uint64), *(b.column("value").to_numpy() for b in batches)]))
         if len(kept) >= SAMPLE_SIZE or bound == MIX_END:
             return sample_values(kept)
         bound = min(MIX_END, bound * 16)
@@ -187,16 +152,11 @@ def value_sample(values_ds) -> np.ndarray:
 def _outer_rows(batch: pa.Table, outer: BandPlan, num_partitions: int) -> pa.Table:
     """One record per (distinct value, outer block): shuffle group, block, value, row."""
     rows, values = batch.column("row_id").to_numpy(), batch.column("value").to_numpy()
-    blocks = outer.blocks
-    keys = [mix64((values & np.uint64(b)) ^ np.uint64(i + 1)) for i, b in enumerate(blocks)]
-    return pa.table(
-        {
-            "_part": np.concatenate([(k % np.uint64(num_partitions)).astype(np.int32) for k in keys]),
-            "outer": np.repeat(np.arange(len(blocks), dtype=np.int8), len(values)),
-            "value": np.tile(values, len(blocks)),
-            "row_id": np.tile(rows, len(blocks)),
-        }
-    )
+    n = len(outer.blocks)
+    keys = [mix64((values & np.uint64(b)) ^ np.uint64(i + 1)) for i, b in enumerate(outer.blocks)]
+    part = np.concatenate([(k % np.uint64(num_partitions)).astype(np.int32) for k in keys])
+    which = np.repeat(np.arange(n, dtype=np.int8), len(values))
+    return pa.table({"_part": part, "outer": which, "value": np.tile(values, n), "row_id": np.tile(rows, n)})
 
 
 def group_edges(group: pa.Table, inner: list[np.ndarray], max_distance: int, max_pairs: int) -> pa.Table:
@@ -275,29 +235,33 @@ def _near_group(group: pa.Table, reason: str, prefix: str) -> pa.Table:
     return with_partitions(out, group)
 
 
+def write_near_components(inp: GlobalDedupInput, edges, step: str, **kw) -> int:
+    """Write the near decisions of the components of row ``edges`` (materialised; None: no values),
+    ``kw`` passed on to ``component_decisions``; returns rows dropped."""
+    n_edges = 0 if edges is None else edges.count()
+    if not n_edges:
+        clear_step(*storage.resolve(inp.out), step)
+        return 0
+    parts = inp.num_partitions(n_edges)
+    decided = component_decisions(inp, edges, NEAR_DUPLICATE, GROUP_PREFIX, parts, **kw)
+    return write_decisions(decided, inp.out, step, parts)
+
+
 def near_decisions(inp: GlobalDedupInput, cfg: NearDupConfig, step: str) -> int:
     """Near duplicates over the run (module docstring); returns rows dropped."""
     values = values_dataset(inp, cfg)
-    n_values = values.count()
-    if n_values == 0:
-        clear_step(*storage.resolve(inp.out), step)
-        return 0
-    parts = inp.num_partitions(n_values * (cfg.max_distance + 1))
-    t = time.perf_counter()
-    edges = near_edges(values, cfg, parts).materialize()
-    log.info("near dedup: %d hash values, %d row edges in %.1f s", n_values, edges.count(), time.perf_counter() - t)
-    if edges.count() == 0:
-        clear_step(*storage.resolve(inp.out), step)
-        return 0
-    parts = inp.num_partitions(edges.count())
-    return write_decisions(component_decisions(inp, edges, NEAR_DUPLICATE, GROUP_PREFIX, parts), inp.out, step, parts)
+    n_values, edges, t = values.count(), None, time.perf_counter()
+    if n_values:
+        edges = near_edges(values, cfg, inp.num_partitions(n_values * (cfg.max_distance + 1))).materialize()
+        log.info("near dedup: %d hash values, %d row edges in %.1f s", n_values, edges.count(), time.perf_counter() - t)
+    return write_near_components(inp, edges, step)
 
 
 def component_decisions(inp: GlobalDedupInput, edges, reason: str, prefix: str, parts: int, members=None, **kw):
     """Partitioned decisions (a lazy dataset) of the connected components of row ``edges`` (int64
-    ``a``, ``b``: row ids): star rounds, the members' metadata read back partition by partition
-    (``members``, default ``read_members``; called with ``inp`` and ``kw``), one shuffle by component
-    label choosing the representatives (``_near_group``). Near and semantic dedup share it."""
+    ``a``, ``b``: row ids): star rounds, the members' metadata read back by partition (``members``,
+    default ``read_members``, called with ``inp`` and ``kw``), one shuffle by label choosing the
+    representatives (``_near_group``)."""
     t = time.perf_counter()
     labels = connected_components(edges, parts).materialize()
     log.info("%s: components in %.1f s", prefix.rstrip(":"), time.perf_counter() - t)
@@ -320,24 +284,19 @@ def _index_rows(batch: pa.Table, inp: GlobalDedupInput, cfg: NearDupConfig, step
 
 def _key_sums(batch: pa.Table, cfg) -> pa.Table:
     """Rows, postings per band (their distinct hash values) and the key digest of one block."""
-    return pa.table(
-        {
-            "rows": [batch.num_rows],
-            "values": [len(row_values(batch, cfg)[1])],
-            "sum": [str(keys_sum(batch.column("key").to_pylist()))],
-        }
-    )
+    key_sum = str(index_store.keys_sum(batch.column("key").to_pylist()))
+    return pa.table({"rows": [batch.num_rows], "values": [len(row_values(batch, cfg)[1])], "sum": [key_sum]})
 
 
 def _write_buckets_of(group: pa.Table, uri: str, **kw) -> pa.Table:
-    return pa.table({"_b": pa.array(write_buckets(storage.resolve(uri)[0], records=group, **kw), pa.int64())})
+    written = index_store.write_buckets(storage.resolve(uri)[0], records=group, **kw)
+    return pa.table({"_b": pa.array(written, pa.int64())})
 
 
 def write_near_index(inp: GlobalDedupInput, cfg: NearDupConfig, step: str, base=None) -> dict:
-    """The run's near-dup index (``index_store``'s files: one part of every near candidate with its
-    representative), written by Ray tasks: rows shuffled by key bucket, postings by (band, value
-    bucket). A new index takes ``incremental.index_plan``; ``base`` (``dedup.against``) is extended
-    as ``index_store.IndexExtension`` does: its settings, its parts, then this run's."""
+    """The run's near-dup index (``index_store``'s files: every near candidate with its representative),
+    written by Ray tasks; a new one takes ``incremental.index_plan``, ``base`` (``dedup.against``) is
+    extended as ``index_store.IndexExtension`` is: its settings and parts, then this run's."""
     fs, root = storage.resolve(inp.out)
     index_root = output.path(root, output.DEDUP_DIR, output.NEAR_INDEX_DIR)
     if storage.exists(fs, index_root):
@@ -347,36 +306,28 @@ def write_near_index(inp: GlobalDedupInput, cfg: NearDupConfig, step: str, base=
         .map_batches(_index_rows, fn_kwargs={"inp": inp, "cfg": cfg, "step": step}, batch_format="pyarrow")
         .materialize()
     )
-    sums = [
-        (int(r["rows"]), int(r["values"]), int(r["sum"]))
-        for r in rows.map_batches(_key_sums, fn_kwargs={"cfg": cfg}, batch_format="pyarrow").take_all()
-    ]
-    n, n_values = sum(r for r, _, _ in sums), sum(v for _, v, _ in sums)
-    if base is None:
-        plan, parts = index_plan(n_values, cfg), []
-        h = index_settings(
-            cfg.hash, cfg.match_mirrored, cfg.max_distance, plan.num_blocks, plan.masks(), default_buckets(n)
-        )
-    else:
-        h, parts = base.header, [base.listed_from(part, fs, index_root) for part in base.header["parts"]]
-    if n:
-        parts.append(_write_index_part(inp, cfg, rows, index_root, sums, h))
-    return write_header(fs, index_root, h, parts)
+    n, n_values, key_sum = 0, 0, 0
+    for r in rows.map_batches(_key_sums, fn_kwargs={"cfg": cfg}, batch_format="pyarrow").take_all():
+        n, n_values, key_sum = n + int(r["rows"]), n_values + int(r["values"]), key_sum + int(r["sum"])
+    settings = base.header if base else None
+    if settings is None:
+        plan = index_plan(n_values, cfg)
+        settings = index_store.index_settings(cfg, plan.num_blocks, plan.masks(), index_store.default_buckets(n))
+    parts = [_write_index_part(inp, cfg, rows, index_root, (n, n_values, key_sum), settings)] if n else []
+    return index_store.write_header(fs, index_root, settings, parts, base)
 
 
-def _write_index_part(inp: GlobalDedupInput, cfg, rows, index_root: str, sums: list, settings: dict) -> dict:
-    """This run's part of the index: ``rows`` (with representatives) shuffled into P key buckets and
-    their postings into (band, value bucket) files, by Ray tasks; its header entry."""
-    n, n_values = sum(r for r, _, _ in sums), sum(v for _, v, _ in sums)
-    masks, p = settings_masks(settings), settings["num_buckets"]
-    pid = part_id(n, sum(s for _, _, s in sums) % 2**128)
-    kw = {"uri": inp.out, "part": part_dir(index_root, pid), "num_buckets": p}
-    records = rows.map_batches(row_records, fn_kwargs={"num_buckets": p}, batch_format="pyarrow")
+def _write_index_part(inp: GlobalDedupInput, cfg, rows, index_root: str, sums: tuple, settings: dict) -> dict:
+    """This run's part: ``rows`` shuffled into key bucket files and their postings into (band, value
+    bucket) files by Ray tasks (``sums``: rows, postings per band, key digest); its header entry."""
+    (n, n_values, key_sum), masks, p = sums, index_store.settings_masks(settings), settings["num_buckets"]
+    pid = index_store.part_id(n, key_sum % 2**128)
+    kw = {"uri": inp.out, "part": storage.join(index_root, index_store.relative_part(pid)), "num_buckets": p}
+    records = rows.map_batches(index_store.row_records, fn_kwargs={"num_buckets": p}, batch_format="pyarrow")
     row_b = shuffle(records, "_b", _write_buckets_of, inp.num_partitions(n), fn_kwargs={**kw, "kind": "rows"})
     kw_bands = {"cfg": cfg, "masks": masks, "num_buckets": p}
-    records = rows.map_batches(band_records, fn_kwargs=kw_bands, batch_format="pyarrow")
-    band_b = shuffle(
-        records, "_b", _write_buckets_of, inp.num_partitions(n * len(masks)), fn_kwargs={**kw, "kind": "bands"}
-    )
-    bands = part_bands([int(r["_b"]) for r in band_b.take_all()], p, len(masks))
-    return part_entry(pid, n, [int(r["_b"]) for r in row_b.take_all()], bands, postings=n_values * len(masks))
+    records = rows.map_batches(index_store.band_records, fn_kwargs=kw_bands, batch_format="pyarrow")
+    parts = inp.num_partitions(n * len(masks))
+    band_b = shuffle(records, "_b", _write_buckets_of, parts, fn_kwargs={**kw, "kind": "bands"})
+    row_b, band_b = ([int(r["_b"]) for r in ds.take_all()] for ds in (row_b, band_b))
+    return index_store.part_entry(pid, n, row_b, band_b, settings, postings=n_values * len(masks))

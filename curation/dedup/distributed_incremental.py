@@ -1,20 +1,15 @@
 """Incremental near dedup in Ray Data: a batch against an earlier version's partitioned index,
-with the driver search's decisions (``index_store.PartitionedNearIndex.decisions``) and nothing
-corpus-sized on the driver.
+with the decisions of ``index_store.PartitionedNearIndex.decisions`` and nothing corpus-sized on
+the driver.
 
-1. **The batch**: its row edges among itself (``distributed.near_edges``).
-2. **The join**: per band j of the index's plan each (value, row) record goes to the group of its
-   bucket ``j * P + mix64(value & mask_j) % P``, as the postings are stored; a group reads that
-   bucket's file of every part, pairs new and stored values sharing a band key within t bits, and
-   joins every stored row holding a reached value to the batch (as stars: linear in postings).
-3. **Representatives**: a stored key stands for its representative, found by a shuffle by key
-   bucket reading the rows files; a second finds the representative's row and numbers it by where
-   it is stored (``OLD_NODE``). A batch key the earlier version holds is refused, as on the driver.
-4. **Components**: the batch's and (row, representative) edges through
-   ``distributed.component_decisions``, earlier rows preferred and never dropped.
-
-The graph lacks the driver's value nodes and non-representative stored rows, but has the same
-components over the batch's rows and the representatives, which is all the decisions read.
+1. The batch's row edges among itself (``distributed.near_edges``).
+2. Per band, each (value, row) record goes to its postings bucket (``index_store.value_buckets``);
+   a group reads that bucket's file of every part and joins every stored row holding a value within
+   t bits of a new one to the batch (as stars: linear in postings).
+3. Two shuffles by key bucket: a stored key to its representative, that to its row's node
+   (``OLD_NODE``); a batch key the earlier version holds is refused.
+4. ``distributed.component_decisions``, earlier rows preferred and never dropped. The graph lacks the
+   in-process value nodes but has its components over the batch's rows and the representatives.
 """
 
 from __future__ import annotations
@@ -26,19 +21,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from curation.dedup.decisions import GlobalDedupInput, clear_step
+from curation.dedup.decisions import GlobalDedupInput
 from curation.dedup.distributed import (
     candidates_dataset,
-    component_decisions,
     near_edges,
     read_members,
     values_dataset,
-    write_decisions,
+    write_near_components,
 )
-from curation.dedup.index_store import PartitionedNearIndex, band_file, key_buckets, rows_file, value_buckets
-from curation.dedup.near import GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, cross_pairs
+from curation.dedup.incremental import refuse_reused_keys
+from curation.dedup.index_store import PartitionedNearIndex, band_buckets, band_file, key_buckets, rows_file
+from curation.dedup.near import NearDupConfig, cross_pairs
 from curation.dedup.shuffle import shuffle, slices
-from infra import storage
 
 OLD_NODE = 1 << 62  # node ids of stored rows: OLD_NODE | part << 44 | bucket << 32 | position in the file
 EDGE_SCHEMA = pa.schema([("row_id", pa.int64()), ("key", pa.string())])  # a batch row reaching a stored key
@@ -87,27 +81,17 @@ class IndexLayout:
             columns,
         )
 
-    def rows_file(self, p: int, b: int) -> pa.Table:
+    def read(self, p: int, path_of, *at: int) -> pa.Table:
+        """A file of part ``p``: ``path_of(part folder, *at)`` (``rows_file`` or ``band_file``)."""
         fs, root = self.parts[p]
-        with fs.open_input_file(rows_file(root, b)) as fh:
-            return pq.read_table(fh)
-
-    def band_file(self, p: int, j: int, b: int) -> pa.Table:
-        fs, root = self.parts[p]
-        with fs.open_input_file(band_file(root, j, b)) as fh:
+        with fs.open_input_file(path_of(root, *at)) as fh:
             return pq.read_table(fh)
 
 
 def _band_records(batch: pa.Table, masks: tuple[int, ...], num_buckets: int) -> pa.Table:
     """Per band j, each (value, row) record under its bucket ``j * P + value bucket``."""
-    v, rows = batch.column("value").to_numpy(), batch.column("row_id").to_numpy()
-    return pa.table(
-        {
-            "_b": np.concatenate([j * num_buckets + value_buckets(v, m, num_buckets) for j, m in enumerate(masks)]),
-            "value": np.tile(v, len(masks)),
-            "row_id": np.tile(rows, len(masks)),
-        }
-    )
+    v, rows, n = batch.column("value").to_numpy(), batch.column("row_id").to_numpy(), len(masks)
+    return pa.table({"_b": band_buckets(v, masks, num_buckets), "value": np.tile(v, n), "row_id": np.tile(rows, n)})
 
 
 def _bucket_edges(rows: pa.Table, postings: pa.Table, mask: int, max_distance: int) -> pa.Table:
@@ -129,14 +113,9 @@ def _bucket_edges(rows: pa.Table, postings: pa.Table, mask: int, max_distance: i
     for v, k in zip(held.column("value").to_numpy(), held.column("key").to_pylist()):
         anchor.setdefault(int(v), k)
     held_at = np.searchsorted(old, held.column("value").to_numpy())
-    return pa.table(
-        {
-            "row_id": np.concatenate([reach[held_at], first[i]]),
-            "key": pa.concat_arrays(
-                [held.column("key").combine_chunks(), pa.array([anchor[int(w)] for w in old[j]], pa.string())]
-            ),
-        }
-    )
+    anchors = pa.array([anchor[int(w)] for w in old[j]], pa.string())
+    keys = pa.concat_arrays([held.column("key").combine_chunks(), anchors])
+    return pa.table({"row_id": np.concatenate([reach[held_at], first[i]]), "key": keys})
 
 
 def _join_buckets(group: pa.Table, layout: IndexLayout, max_distance: int) -> pa.Table:
@@ -146,7 +125,7 @@ def _join_buckets(group: pa.Table, layout: IndexLayout, max_distance: int) -> pa
         j, b = divmod(bucket, layout.num_buckets)
         for p in range(len(layout.parts)):
             if b in layout.band_buckets[p][j]:
-                out.append(_bucket_edges(rows, layout.band_file(p, j, b), layout.masks[j], max_distance))
+                out.append(_bucket_edges(rows, layout.read(p, band_file, j, b), layout.masks[j], max_distance))
     return pa.concat_tables(out)
 
 
@@ -157,7 +136,7 @@ def _key_bucket(batch: pa.Table, column: str, num_buckets: int) -> pa.Table:
 def _stored(layout: IndexLayout, b: int, keys: pa.Array) -> pa.Table | None:
     """(key, representative) of the stored rows with these keys in rows bucket ``b`` of every part."""
     tables = [
-        layout.rows_file(p, b).select(["key", "representative"])
+        layout.read(p, rows_file, b).select(["key", "representative"])
         for p in range(len(layout.parts))
         if b in layout.row_buckets[p]
     ]
@@ -173,10 +152,7 @@ def _representatives(group: pa.Table, layout: IndexLayout) -> pa.Table:
         stored = _stored(layout, b, pc.unique(rows.column("key")))
         if stored is None or not stored.num_rows:
             continue
-        new = rows.filter(rows.column("new")).column("key")
-        clash = new.filter(pc.is_in(new, value_set=stored.column("key")))
-        if len(clash):
-            raise ValueError(f"new rows reuse keys of the existing version: {clash[0].as_py()!r}")
+        refuse_reused_keys(rows.filter(rows.column("new")).column("key"), stored.column("key"))
         edges = rows.filter(pc.invert(rows.column("new")))
         where = pc.index_in(edges.column("key"), value_set=stored.column("key"))
         out.append(pa.table({"row_id": edges.column("row_id"), "key": stored.column("representative").take(where)}))
@@ -190,7 +166,7 @@ def _rep_nodes(group: pa.Table, layout: IndexLayout) -> pa.Table:
         for p in range(len(layout.parts)):
             if b not in layout.row_buckets[p]:
                 continue
-            keys = layout.rows_file(p, b).column("key")
+            keys = layout.read(p, rows_file, b).column("key")
             where = pc.index_in(rows.column("key"), value_set=keys)
             found = pc.is_valid(where)
             pos = pc.fill_null(where, 0).to_numpy().astype(np.int64)[found.to_numpy(zero_copy_only=False)]
@@ -215,7 +191,7 @@ def _members_with_old(group: pa.Table, inp: GlobalDedupInput, layout: IndexLayou
         return _canonical(read_members(group, inp).select([*columns, "partition", "row_id", "label"]), old=False)
     nodes, first = np.unique(group.column("node").to_numpy(), return_index=True)
     p, b = (pidx >> 12) & 0x3FFF, pidx & 0xFFF
-    rows = layout.rows_file(p, b).take(pa.array(nodes & 0xFFFFFFFF))
+    rows = layout.read(p, rows_file, b).take(pa.array(nodes & 0xFFFFFFFF))
     meta = rows.select(columns).append_column("partition", pa.nulls(len(nodes), pa.string()))
     meta = meta.append_column("row_id", pa.array(nodes)).append_column("label", group.column("label").take(first))
     return _canonical(meta, old=True)
@@ -229,55 +205,32 @@ def _edges_to_index(inp: GlobalDedupInput, values, layout: IndexLayout, cfg, par
     joined = shuffle(
         records, "_b", _join_buckets, parts, fn_kwargs={"layout": layout, "max_distance": cfg.max_distance}
     )
-    new_keys = candidates_dataset(inp, ["key"]).map_batches(_as_new, batch_format="pyarrow")
-    edges = joined.map_batches(_as_edge, batch_format="pyarrow").union(new_keys)
+    new_keys = candidates_dataset(inp, ["key"]).map_batches(_flagged, fn_kwargs={"new": True}, batch_format="pyarrow")
+    edges = joined.map_batches(_flagged, fn_kwargs={"new": False}, batch_format="pyarrow").union(new_keys)
     kw = {"column": "key", "num_buckets": layout.num_buckets}
-    reps = shuffle(
-        edges.map_batches(_key_bucket, fn_kwargs=kw, batch_format="pyarrow"),
-        "_kb",
-        _representatives,
-        parts,
-        fn_kwargs={"layout": layout},
-    )
-    return shuffle(
-        reps.map_batches(_key_bucket, fn_kwargs=kw, batch_format="pyarrow"),
-        "_kb",
-        _rep_nodes,
-        parts,
-        fn_kwargs={"layout": layout},
-    )
+    for reduce in (_representatives, _rep_nodes):  # stored key -> its representative -> its node
+        keyed = edges.map_batches(_key_bucket, fn_kwargs=kw, batch_format="pyarrow")
+        edges = shuffle(keyed, "_kb", reduce, parts, fn_kwargs={"layout": layout})
+    return edges
 
 
-def _as_new(batch: pa.Table) -> pa.Table:
-    return pa.table(
-        {"row_id": batch.column("row_id"), "key": batch.column("key"), "new": np.ones(batch.num_rows, bool)}
-    )
-
-
-def _as_edge(batch: pa.Table) -> pa.Table:
-    return batch.append_column("new", pa.array(np.zeros(batch.num_rows, bool)))
+def _flagged(batch: pa.Table, new: bool) -> pa.Table:
+    """(row_id, key, new): a batch row's own key (``new``) or a stored key it reaches."""
+    return batch.select(["row_id", "key"]).append_column("new", pa.array(np.full(batch.num_rows, new)))
 
 
 def near_against_decisions(inp: GlobalDedupInput, cfg: NearDupConfig, index: PartitionedNearIndex, step: str) -> int:
     """The batch's near-duplicate decisions against ``index`` (module docstring), written per
     partition; returns rows dropped."""
     index.check(cfg)
-    fs, root = storage.resolve(inp.out)
     values = values_dataset(inp, cfg)
     n_values = values.count()
     if not n_values:
-        clear_step(fs, root, step)
-        return 0
+        return write_near_components(inp, None, step)
     layout = IndexLayout.of(index)
-    parts = inp.num_partitions(n_values * len(layout.masks))
     within = near_edges(values, cfg, inp.num_partitions(n_values * (cfg.max_distance + 1)))
-    edges = within.union(_edges_to_index(inp, values, layout, cfg, parts)).materialize()
-    if not edges.count():
-        clear_step(fs, root, step)
-        return 0
+    edges = within.union(_edges_to_index(inp, values, layout, cfg, inp.num_partitions(n_values * len(layout.masks))))
     columns = [c for c in inp.meta() if c != "partition" and c in layout.columns]
-    parts = inp.num_partitions(edges.count())
-    decided = component_decisions(
-        inp, edges, NEAR_DUPLICATE, GROUP_PREFIX, parts, members=_members_with_old, layout=layout, columns=columns
+    return write_near_components(
+        inp, edges.materialize(), step, members=_members_with_old, layout=layout, columns=columns
     )
-    return write_decisions(decided, inp.out, step, parts)

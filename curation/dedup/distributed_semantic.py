@@ -1,21 +1,16 @@
-"""Semantic dedup in Ray Data (``dedup.engine=ray``): the in-process step's decisions
-(``semantic.semantic_duplicate_decisions``, ``earlier.semantic_against``), nothing corpus-sized on
+"""Semantic dedup in Ray Data (``dedup.engine=ray``): the decisions of
+``semantic.semantic_duplicate_decisions`` and ``earlier.semantic_against``, nothing corpus-sized on
 the driver.
 
-1. **Centroids**: a map keeps the rows whose key rank falls below a margin (widened until enough);
-   one task fits k-means on the smallest ranks in key order (``semantic.sample_centroids``, as in
-   process). The driver holds an object reference to the centroids.
-2. **Assignment**: a map gives every row its cluster; the driver reads the k cluster sizes.
-3. **Pairs**: a cluster of more than ``block_rows`` rows is dealt into b blocks by a mix of the row
-   id; each pair of blocks is one *unit*, routed by one shuffle into groups of bounded embedding
-   bytes (``GROUP_BYTES``); a unit's pairs with cosine >= threshold come from
-   ``semantic.similar_pairs`` (each rechecked by its own product: blocking changes no pair).
-4. **Components and representatives**: ``distributed.component_decisions``.
+1. **Centroids** (``fitted_centroids``): one task fits k-means on the in-process sample.
+2. **Assignment**: a map gives every row its cluster; the driver reads the cluster sizes.
+3. **Units**: a cluster is dealt into blocks of ``block_rows`` rows by a mix of the row id; each pair
+   of blocks is one unit, routed by one shuffle into groups of bounded bytes (``GROUP_BYTES``) and
+   searched with ``semantic.similar_pairs`` (rechecked per pair: blocking changes no pair).
+4. ``distributed.component_decisions``.
 
-**Against an earlier version**: its kept embeddings, read part by part by tasks, are assigned to
-this run's centroids; units of (new block, earlier block) find each new row's best earlier match
-(``earlier.best_matches``), one shuffle by row id keeps the best. Each stage's decisions are
-written before the next reads the rows left.
+Against an earlier version a unit pairs a new block with an earlier one (its kept rows, assigned to
+this run's centroids), and one shuffle by row id keeps each row's best match.
 """
 
 from __future__ import annotations
@@ -26,12 +21,12 @@ from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from curation.dedup import decision_rows
 from curation.dedup.bands import mix64
 from curation.dedup.decisions import PARTITIONED_DECISION_SCHEMA, GlobalDedupInput, clear_step
-from curation.dedup.distributed import candidates_dataset, component_decisions, earlier_parts_dataset, write_decisions
-from curation.dedup.earlier import EarlierVersion, best_matches
+from curation.dedup.distributed import candidates_dataset, component_decisions, items_dataset, write_decisions
+from curation.dedup.earlier import EarlierVersion, best_matches, best_per_row
 from curation.dedup.semantic import (
     GROUP_PREFIX,
     SEMANTIC_DUPLICATE,
@@ -48,13 +43,7 @@ GROUP_BYTES = 256 * 2**20  # embedding bytes of one shuffle group of units (what
 MAX_GROUPS = 1024
 EMBEDDING = pa.list_(pa.float32())
 MATCH_SCHEMA = pa.schema(
-    [
-        ("row_id", pa.int64()),
-        ("key", pa.string()),
-        ("partition", pa.string()),
-        ("score", pa.float64()),
-        ("match", pa.string()),
-    ]
+    {"row_id": pa.int64(), "key": pa.string(), "partition": pa.string(), "score": pa.float64(), "match": pa.string()}
 )
 
 
@@ -111,14 +100,7 @@ def _earlier_assigned(batch: dict, uri: str, column: str, centroids) -> pa.Table
     tables = [earlier.kept_part(str(p), ["key", column]) for p in batch["path"]]
     kept = pa.concat_tables([t.cast(pa.schema([("key", pa.string()), (column, EMBEDDING)])) for t in tables])
     n = kept.num_rows
-    rows = pa.table(
-        {
-            "key": kept.column("key"),
-            "partition": pa.nulls(n, pa.string()),
-            column: kept.column(column),
-            "row_id": pa.array(np.full(n, -1, np.int64)),
-        }
-    )
+    rows = kept.add_column(1, "partition", pa.nulls(n, pa.string())).append_column("row_id", pa.array(np.full(n, -1)))
     return _assign(rows, column, centroids, side=1)
 
 
@@ -131,11 +113,13 @@ def cluster_sizes(assigned, k: int) -> np.ndarray:
     return sizes
 
 
-def unit_groups(inp: GlobalDedupInput, assigned, rows: int, records: int) -> int:
-    """Shuffle groups for ``records`` unit records made from ``rows`` assigned rows."""
+def unit_groups(inp: GlobalDedupInput, assigned, sizes: np.ndarray, blocks: np.ndarray) -> int:
+    """Shuffle groups for the unit records of the ``assigned`` rows (``sizes``, ``blocks``: per side and
+    cluster; a row has one record per block of the other side, of its own with one side)."""
     if inp.shuffle_partitions:
         return inp.shuffle_partitions
-    per_record = assigned.size_bytes() / max(rows, 1)
+    records = int((sizes * blocks[::-1]).sum())
+    per_record = assigned.size_bytes() / max(int(sizes.sum()), 1)
     return max(1, min(MAX_GROUPS, math.ceil(records * per_record / GROUP_BYTES)))
 
 
@@ -204,38 +188,16 @@ def _unit_matches(group: pa.Table, column: str, threshold: float) -> pa.Table:
         if not new.num_rows or not old.num_rows:
             continue
         best = best_matches(embeddings(new, column), embeddings(old, column), old.column("key"), threshold)
-        at = best.column("row")
-        out.append(
-            pa.table(
-                {
-                    "row_id": new.column("row_id").take(at),
-                    "key": new.column("key").take(at),
-                    "partition": new.column("partition").take(at),
-                    "score": best.column("score"),
-                    "match": best.column("key"),
-                }
-            )
-        )
+        found = new.select(["row_id", "key", "partition"]).take(best.column("row"))
+        out.append(found.append_column("score", best.column("score")).append_column("match", best.column("key")))
     return pa.concat_tables(out) if out else MATCH_SCHEMA.empty_table()
 
 
 def _best_of_row(group: pa.Table) -> pa.Table:
-    """Per new row its best match over the units (highest cosine, then smallest key): a decision."""
-    if not group.num_rows:
-        return PARTITIONED_DECISION_SCHEMA.empty_table()
-    group = group.sort_by([("row_id", "ascending"), ("score", "descending"), ("match", "ascending")])
-    ids = group.column("row_id").to_numpy()
-    best = group.take(pa.array(np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])))
-    match = best.column("match")
-    return pa.table(
-        {
-            "key": best.column("key"),
-            "reason": pa.array([SEMANTIC_DUPLICATE] * best.num_rows, pa.string()),
-            "duplicate_of": match,
-            "duplicate_group": pc.binary_join_element_wise(GROUP_PREFIX, match, ""),
-            "partition": best.column("partition"),
-        }
-    ).cast(PARTITIONED_DECISION_SCHEMA)
+    """Per new row its best match over the units (``earlier.best_per_row``): a decision."""
+    best = best_per_row(group, "row_id", "match")
+    decided = decision_rows(best.column("key"), SEMANTIC_DUPLICATE, best.column("match"), GROUP_PREFIX)
+    return decided.append_column("partition", best.column("partition")).cast(PARTITIONED_DECISION_SCHEMA)
 
 
 def _blocks(sizes: np.ndarray, block_rows: int, minimum: int) -> np.ndarray:
@@ -243,35 +205,35 @@ def _blocks(sizes: np.ndarray, block_rows: int, minimum: int) -> np.ndarray:
     return np.where(sizes >= minimum, -(-sizes // block_rows), 0)
 
 
-def within_decisions(inp: GlobalDedupInput, cfg: SemanticDupConfig):
-    """Decisions (a lazy dataset) among the candidates, or None when there is no pair."""
+def _assigned(inp: GlobalDedupInput, columns: list[str], centroids, cfg: SemanticDupConfig):
+    """The candidates' ``columns`` with their cluster (``_assign``: this run's side)."""
+    kw = {"column": cfg.embedding_column, "centroids": centroids, "side": 0}
+    return candidates_dataset(inp, columns).map_batches(_assign, fn_kwargs=kw, batch_format="pyarrow")
+
+
+def _unit_results(inp: GlobalDedupInput, rows, sizes, blocks, reduce, cross: bool, cfg: SemanticDupConfig):
+    """``reduce`` (``_unit_pairs`` or ``_unit_matches``) on each unit of the assigned ``rows``, routed
+    by one shuffle into ``unit_groups`` groups (``sizes``, ``blocks``: per side and cluster)."""
     import ray
 
+    kw = {"column": cfg.embedding_column}
+    units = rows.map_batches(
+        _units, fn_kwargs={**kw, "blocks": ray.put(blocks), "cross": cross}, batch_format="pyarrow"
+    )
+    parts = unit_groups(inp, rows, sizes, blocks)
+    return shuffle(units, "unit", reduce, parts, fn_kwargs={**kw, "threshold": cfg.threshold})
+
+
+def within_decisions(inp: GlobalDedupInput, cfg: SemanticDupConfig):
+    """Decisions (a lazy dataset) among the candidates, or None when there is no pair."""
     n = candidates_dataset(inp, ["key"]).count()
     if n < 2:
         return None
     k = num_clusters(n, cfg)
-    centroids = fitted_centroids(inp, n, cfg)
-    assigned = (
-        candidates_dataset(inp, [cfg.embedding_column])
-        .map_batches(
-            _assign,
-            fn_kwargs={"column": cfg.embedding_column, "centroids": centroids, "side": 0},
-            batch_format="pyarrow",
-        )
-        .materialize()
-    )
-    sizes = cluster_sizes(assigned, k)[:1]
+    rows = _assigned(inp, [cfg.embedding_column], fitted_centroids(inp, n, cfg), cfg).materialize()
+    sizes = cluster_sizes(rows, k)[:1]
     blocks = _blocks(sizes, cfg.block_rows, 2)
-    parts = unit_groups(inp, assigned, n, int((sizes * blocks).sum()))
-    units = assigned.map_batches(
-        _units,
-        fn_kwargs={"blocks": ray.put(blocks), "column": cfg.embedding_column, "cross": False},
-        batch_format="pyarrow",
-    )
-    edges = shuffle(
-        units, "unit", _unit_pairs, parts, fn_kwargs={"column": cfg.embedding_column, "threshold": cfg.threshold}
-    ).materialize()
+    edges = _unit_results(inp, rows, sizes, blocks, _unit_pairs, False, cfg).materialize()
     if not edges.count():
         return None
     return component_decisions(inp, edges, SEMANTIC_DUPLICATE, GROUP_PREFIX, inp.num_partitions(edges.count()))
@@ -279,30 +241,21 @@ def within_decisions(inp: GlobalDedupInput, cfg: SemanticDupConfig):
 
 def against_decisions(inp: GlobalDedupInput, earlier: EarlierVersion, cfg: SemanticDupConfig):
     """Decisions (a lazy dataset) dropping the candidates with an earlier kept match in their cluster."""
-    import ray
-
     n = candidates_dataset(inp, ["key"]).count()
     if not n or not earlier.parts or cfg.embedding_column not in earlier.columns:
         return None
     k, column = num_clusters(n, cfg), cfg.embedding_column
     centroids = fitted_centroids(inp, n, cfg)
-    new = candidates_dataset(inp, ["key", "partition", column]).map_batches(
-        _assign, fn_kwargs={"column": column, "centroids": centroids, "side": 0}, batch_format="pyarrow"
-    )
-    old = earlier_parts_dataset(earlier).map_batches(
+    old = items_dataset("path", earlier.parts).map_batches(
         _earlier_assigned,
         batch_size=1,
         batch_format="numpy",
         fn_kwargs={"uri": earlier.uri, "column": column, "centroids": centroids},
     )
-    rows = new.union(old).materialize()
+    rows = _assigned(inp, ["key", "partition", column], centroids, cfg).union(old).materialize()
     sizes = cluster_sizes(rows, k)
     blocks = _blocks(sizes, cfg.block_rows, 1) * (sizes.min(axis=0) > 0)  # a cluster needs both sides
-    parts = unit_groups(inp, rows, int(sizes.sum()), int((sizes * blocks[::-1]).sum()))
-    units = rows.map_batches(
-        _units, fn_kwargs={"blocks": ray.put(blocks), "column": column, "cross": True}, batch_format="pyarrow"
-    )
-    matches = shuffle(units, "unit", _unit_matches, parts, fn_kwargs={"column": column, "threshold": cfg.threshold})
+    matches = _unit_results(inp, rows, sizes, blocks, _unit_matches, True, cfg)
     return shuffle(matches, "row_id", _best_of_row, inp.num_partitions(n))
 
 

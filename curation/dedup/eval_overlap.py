@@ -1,12 +1,10 @@
 """Decontamination: the run's images that copy an evaluation image are dropped as ``eval_overlap``.
 
 ``dedup.decontaminate.eval_images`` is read and hashed with the recipe's own reader and decode step
-(``curation.eval_set``). A row overlaps it on an equal SHA-256 (exact), a hash value within
-``dedup.near.max_distance`` bits of an evaluation image's (near: ``incremental.cross_edges`` over an
-in-memory index of the set) or, with semantic dedup, an embedding within ``dedup.semantic.threshold``
-cosine (``earlier.best_matches``). No chains: ``duplicate_of`` is the row's own best match (exact,
-then fewest bits or highest cosine, then smallest source), ``duplicate_group`` ``eval:<kind>``. A
-decision depends on the row and the set only, so both engines decide partition by partition.
+(``curation.eval_set``). A row overlaps it on an equal SHA-256, a hash value within
+``dedup.near.max_distance`` bits (``incremental.cross_edges``) or, with semantic dedup, an embedding
+within ``dedup.semantic.threshold`` cosine. No chains: ``duplicate_of`` is the row's own best match
+(``_matches``), ``duplicate_group`` ``eval:<kind>``; both engines decide partition by partition.
 """
 
 from __future__ import annotations
@@ -17,10 +15,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.dedup import DECISION_SCHEMA
-from curation.dedup.decisions import clear_step, with_partitions, write_partition_decisions
+from curation.dedup import DECISION_SCHEMA, decision_rows
+from curation.dedup.decisions import clear_step, with_partitions, write_step_decisions
 from curation.dedup.distributed import candidates_dataset
-from curation.dedup.earlier import best_matches
+from curation.dedup.earlier import best_matches, best_per_row
 from curation.dedup.hashing import hamming
 from curation.dedup.incremental import NearDupIndex, cross_edges
 from curation.dedup.near import NearDupConfig, row_values
@@ -44,7 +42,12 @@ class DecontaminateConfig:
         return bool(self.eval_images)
 
 
-MATCHES = pa.schema([("row", pa.int64()), ("rank", pa.float64()), ("source", pa.string()), ("kind", pa.string())])
+MATCHES = pa.schema([("row", pa.int64()), ("score", pa.float64()), ("source", pa.string()), ("kind", pa.string())])
+
+
+def _matches(rows, score, source, kind: str) -> pa.Table:
+    """Candidate matches (``MATCHES``): higher ``score`` is better (exact 1, near minus the bits)."""
+    return pa.table({"row": rows, "score": score, "source": source, "kind": [kind] * len(rows)}).cast(MATCHES)
 
 
 @dataclasses.dataclass
@@ -66,7 +69,7 @@ def _exact(table: pa.Table, ev: pa.Table) -> pa.Table:
     where = pc.index_in(table.column("sha256"), value_set=ev.column("sha256"))
     rows = np.flatnonzero(pc.is_valid(where).to_numpy(zero_copy_only=False))
     source = ev.column("source").take(where.take(pa.array(rows, pa.int64())))
-    return pa.table({"row": rows, "rank": np.full(len(rows), -1.0), "source": source, "kind": ["exact"] * len(rows)})
+    return _matches(rows, np.full(len(rows), 1.0), source, "exact")
 
 
 def _near(table: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa.Table:
@@ -77,42 +80,18 @@ def _near(table: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa.Table:
     ev_rows, ev_values = row_values(index.rows, cfg)
     pairs = pa.table({"v": ea, "w": eb, "bits": hamming(distinct[ea], index.values[eb]).astype(np.float64)})
     held = pa.table({"v": inverse.astype(np.int64), "row": rows})
-    holders = pa.table(
-        {
-            "w": np.searchsorted(index.values, ev_values).astype(np.int64),
-            "source": index.rows.column("key").take(pa.array(ev_rows)),
-        }
-    )
+    held_by = np.searchsorted(index.values, ev_values).astype(np.int64)
+    holders = pa.table({"w": held_by, "source": index.rows.column("key").take(pa.array(ev_rows))})
     found = pairs.join(held, "v", join_type="inner").join(holders, "w", join_type="inner")
-    return pa.table(
-        {
-            "row": found.column("row"),
-            "rank": found.column("bits"),
-            "source": found.column("source"),
-            "kind": ["near"] * found.num_rows,
-        }
-    )
+    return _matches(found.column("row"), pc.negate(found.column("bits")), found.column("source"), "near")
 
 
 def _decisions(table: pa.Table, matches: pa.Table) -> pa.Table:
-    """One decision per row with a match: its best (lowest rank, then smallest source)."""
-    if not matches.num_rows:
-        return DECISION_SCHEMA.empty_table()
-    best = matches.cast(MATCHES).sort_by([("row", "ascending"), ("rank", "ascending"), ("source", "ascending")])
-    r = best.column("row").to_numpy()
-    best = best.take(pa.array(np.flatnonzero(np.r_[True, r[1:] != r[:-1]])))
-    return (
-        pa.table(
-            {
-                "key": table.column("key").take(best.column("row")),
-                "reason": pa.array([EVAL_OVERLAP] * best.num_rows, pa.string()),
-                "duplicate_of": best.column("source"),
-                "duplicate_group": pc.binary_join_element_wise(GROUP, best.column("kind"), ""),
-            }
-        )
-        .cast(DECISION_SCHEMA)
-        .sort_by("key")
-    )
+    """One decision per row with a match: its best (``earlier.best_per_row``: highest score, then
+    smallest source)."""
+    best = best_per_row(matches, key="source")
+    keys = table.column("key").take(best.column("row"))
+    return decision_rows(keys, EVAL_OVERLAP, best.column("source"), GROUP, best.column("kind")).sort_by("key")
 
 
 def hash_overlap(table: pa.Table, ev: EvalSet, cfg: NearDupConfig, index: NearDupIndex | None = None) -> pa.Table:
@@ -123,7 +102,7 @@ def hash_overlap(table: pa.Table, ev: EvalSet, cfg: NearDupConfig, index: NearDu
     matches = [_exact(table, ev.rows)]
     if cfg.enabled:
         matches.append(_near(table, index or ev.near_index(cfg), cfg))
-    return _decisions(table, pa.concat_tables([m.cast(MATCHES) for m in matches]))
+    return _decisions(table, pa.concat_tables(matches))
 
 
 def semantic_overlap(table: pa.Table, ev: EvalSet, column: str, threshold: float) -> pa.Table:
@@ -132,16 +111,7 @@ def semantic_overlap(table: pa.Table, ev: EvalSet, column: str, threshold: float
     if not table.num_rows or column not in ev.rows.column_names or not ev.rows.num_rows:
         return DECISION_SCHEMA.empty_table()
     best = best_matches(embeddings(table, column), embeddings(ev.rows, column), ev.rows.column("source"), threshold)
-    n = best.num_rows
-    matches = pa.table(
-        {
-            "row": best.column("row"),
-            "rank": pc.negate(best.column("score")),
-            "source": best.column("key"),
-            "kind": ["semantic"] * n,
-        }
-    )
-    return _decisions(table, matches)
+    return _decisions(table, _matches(best.column("row"), best.column("score"), best.column("key"), "semantic"))
 
 
 def _hash_part(batch: pa.Table, ev_ref, cfg: NearDupConfig, out: str, step: str) -> pa.Table:
@@ -150,10 +120,7 @@ def _hash_part(batch: pa.Table, ev_ref, cfg: NearDupConfig, out: str, step: str)
 
     ev, index = ray.get(ev_ref)
     decisions = with_partitions(hash_overlap(batch, ev, cfg, index), batch)
-    for pid in pc.unique(decisions.column("partition")).to_pylist():
-        rows = decisions.filter(pc.equal(decisions.column("partition"), pid))
-        write_partition_decisions(*storage.resolve(out), step, pid, rows)
-    return pa.table({"dropped": [decisions.num_rows]})
+    return pa.table({"dropped": [write_step_decisions(*storage.resolve(out), step, decisions, clear=False)]})
 
 
 def decontaminate(inp, ev: EvalSet, cfg: NearDupConfig, step: str) -> int:

@@ -3,28 +3,22 @@
 The hash is imagededup's PHash algorithm (0.3.3): the whole image resized to 32x32 with Lanczos
 in RGB, then 8-bit luma (other modes through RGBA -> RGB, alpha dropped), a 2-D DCT-II, and over
 the top-left 8x8 coefficients (DC first, row-major, most significant bit first) bit = coefficient
->= the median of the 63 AC ones. The DC bit is always set and (barring ties) 32 AC bits: distances
-are even, unrelated photos about 32 bits apart. ``phash_hex_pair`` also hashes the mirrored
-thumbnail from the same coefficients, so flipped copies match (``NearDupConfig.match_mirrored``).
+>= the median of the 63 AC ones: the DC bit is always set and distances are even.
+``phash_hex_pair`` also hashes the mirrored thumbnail from the same coefficients, so flipped copies
+match (``NearDupConfig.match_mirrored``).
 
-What a manifest's ``phash`` is, against imagededup (measured on real photos by
-``tests/curation/dedup/test_dedup_hashing.py``): ``phash_hex_pair(img, fast=False)`` is
-imagededup's PHash of ``img``'s pixels, bit for bit. The decode step hashes the pixels it hands on
-(EXIF orientation applied, 16-bit scaled, alpha composited, CMYK and palettes converted) through
-two shortcuts, a JPEG draft decode (a JPEG kept as it is) and a box pre-reduction before the
-Lanczos resize (``fast``), which move a few bits on some images (the test's bound: 4) and none on
-most. So imagededup's PHash of the *file* equals the manifest's only where decode changed no pixel
-imagededup reads and the shortcuts moved no bit: a manifest's hashes can be checked against
-imagededup on the decoded pixels, within that bound, not recomputed from the files alone.
+Against imagededup (``tests/curation/dedup/test_dedup_hashing.py``, on real photos):
+``phash_hex_pair(img, fast=False)`` is imagededup's PHash of ``img``'s pixels, bit for bit. The
+decode step hashes the pixels it hands on (EXIF orientation applied, 16-bit scaled, alpha
+composited, CMYK and palettes converted) with two shortcuts, a JPEG draft decode and a box
+pre-reduction before the resize (``fast``), which move a few bits on some images (the test's
+bound: 4). So a manifest's hashes can be checked against imagededup on the decoded pixels, within
+that bound, not recomputed from the files alone.
 
-The pipeline's hash does not follow the BLAS kernel (CPU) it runs on: its coefficients are rounded
-to ``COEFFICIENT_STEP`` before they are compared, far above the rounding differences of the matrix
-products between kernels, so a bit can differ only where two coefficients lie within a step of
-each other across the median (the test perturbs the products). Without it the bits of a blank or
-symmetric image, whose coefficients are mostly zero, were the signs of that rounding noise. The
-thumbnail itself is Pillow's (decode and resize): equal where the Pillow and libjpeg builds are. (``fast=False`` keeps
-imagededup's floating-point DCT, noise included.) Almost all of the cost is the Lanczos resize
-of the full image, not the DCT (docs/results/curation_design.md).
+The pipeline's coefficients are rounded to ``COEFFICIENT_STEP`` before they are compared, far above
+the rounding differences between BLAS kernels, so its bits do not follow the CPU (the test perturbs
+the products); unrounded, a blank image's bits are the signs of that noise (as with ``fast=False``,
+imagededup's own DCT). The thumbnail is Pillow's: equal where the Pillow and libjpeg builds are.
 """
 
 from __future__ import annotations
@@ -40,9 +34,9 @@ def _rgb(img: Image.Image) -> Image.Image:
     return img if img.mode == "RGB" else img.convert("RGBA").convert("RGB")
 
 
-def _grey_thumbnail(img: Image.Image, size: tuple[int, int]) -> np.ndarray:
-    """imagededup's preprocessing: resize in RGB with Lanczos, then 8-bit luma."""
-    return np.array(_rgb(img).resize(size, Image.Resampling.LANCZOS).convert("L")).astype("uint8")
+def _grey_thumbnail(img: Image.Image) -> np.ndarray:
+    """imagededup's preprocessing: resize to 32x32 in RGB with Lanczos, then 8-bit luma."""
+    return np.array(_rgb(img).resize((32, 32), Image.Resampling.LANCZOS).convert("L")).astype("uint8")
 
 
 def _bits_hex(bits: np.ndarray) -> str:
@@ -61,7 +55,7 @@ def _phash_of_thumbnail(thumb: np.ndarray) -> str:
 
 def phash_hex(img: Image.Image) -> str:
     """imagededup's PHash of ``img`` as 16 hex characters (64 bits)."""
-    return _phash_of_thumbnail(_grey_thumbnail(img, (32, 32)))
+    return _phash_of_thumbnail(_grey_thumbnail(img))
 
 
 # The top-left 8 rows of scipy.fftpack's unnormalised 32-point DCT-II matrix: the 8x8 corner of
@@ -88,15 +82,14 @@ def phash_hex_pair(img: Image.Image, fast: bool = True) -> tuple[str, str]:
     if fast:
         small = _rgb(img).resize((32, 32), Image.Resampling.LANCZOS, reducing_gap=3.0)
         return phash_pair_of_thumbnail(np.asarray(small.convert("L")))
-    thumb = _grey_thumbnail(img, (32, 32))
+    thumb = _grey_thumbnail(img)
     return _phash_of_thumbnail(thumb), _phash_of_thumbnail(np.ascontiguousarray(thumb[:, ::-1]))
 
 
 def hex_to_uint64(hashes) -> np.ndarray:
     """16-hex-character hashes (a list or a pyarrow string array) as a uint64 array."""
     values = hashes.to_pylist() if hasattr(hashes, "to_pylist") else list(hashes)
-    if any(h is None or len(h) != HASH_HEX_CHARS for h in values):
-        bad = [h for h in values if h is None or len(h) != HASH_HEX_CHARS][:3]
+    if bad := [h for h in values if h is None or len(h) != HASH_HEX_CHARS][:3]:
         raise ValueError(f"hashes must be {HASH_HEX_CHARS} hex characters (64 bits); got {bad!r}")
     try:
         raw = bytes.fromhex("".join(values))

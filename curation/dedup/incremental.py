@@ -1,22 +1,17 @@
 """Incremental near-duplicate dedup: a new batch against an existing dataset version.
 
-The existing version is summarised by a ``NearDupIndex``: its near-dedup candidates, each row's
+A ``NearDupIndex`` summarises the existing version: its near-dedup candidates with each row's
 representative (itself when kept, else its ``duplicate_of``), the distinct hash values and their
-order under each band, so a batch is searched against it without re-deciding the old rows (on
-disk, partitioned: ``curation.dedup.index_store``). Contract of ``incremental_decisions``:
-existing rows are never dropped and an existing kept row stays its group's representative; a new
-row joined (through any chain of edges, old rows and groups included) to an existing group is
-dropped as a duplicate of the best existing representative of its component by the rule; new
-rows whose component has no existing row are grouped as in full mode. Precisely, for an index
-built from V's candidates and V's ``near_duplicate_decisions`` with the same settings, and any
-batch B: ``incremental_decisions(B, index, cfg) == near_duplicate_decisions(V + B, cfg,
-prefer=keys of V)`` restricted to B's keys, row for row (only the full recomputation may drop an
-old row, when a new one bridges two old groups; incremental mode keeps it, by design).
+order under each band (on disk, partitioned: ``index_store``). Contract of ``incremental_decisions``:
+existing rows are never dropped and an existing kept row stays its group's representative; for an
+index built from V's candidates and decisions with the same settings, and any batch B,
+``incremental_decisions(B, index, cfg) == near_duplicate_decisions(V + B, cfg, prefer=keys of V)``
+restricted to B's keys, row for row (only the full recomputation may drop an old row, when a new
+one bridges two old groups; incremental mode keeps it, by design).
 
-The index's plan (``index_plan``) is the planner's for ``index_workload``: N values stored once per
-band (``POSTING_COST``: written once, streamed once by a later batch, counted as two candidate
-checks) and a later batch of ``INDEX_BATCH_FRACTION`` of them (at least ``INDEX_MIN_BATCH``)
-checking the pairs it shares a band key with. An index appended to keeps its plan.
+The index's plan (``index_plan``) is chosen for ``index_workload``: each posting written once and
+streamed once by a later batch (``POSTING_COST``), that batch ``INDEX_BATCH_FRACTION`` of the index
+(at least ``INDEX_MIN_BATCH`` values). An index appended to keeps its plan.
 """
 
 from __future__ import annotations
@@ -34,7 +29,6 @@ from curation.dedup.near import (
     GROUP_PREFIX,
     NEAR_DUPLICATE,
     NearDupConfig,
-    check_columns,
     cross_pairs,
     prepare,
     row_values,
@@ -106,7 +100,7 @@ class NearDupIndex:
         )
 
     def check(self, cfg: NearDupConfig) -> None:
-        check_settings(self.hash, self.match_mirrored, self.max_distance, cfg)
+        check_settings(self, cfg)
 
 
 def indexed_rows(candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table | None) -> pa.Table:
@@ -120,16 +114,17 @@ def indexed_rows(candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table |
     return table.append_column("representative", pa.array(rep, pa.string()))
 
 
-def check_settings(hash_name: str, match_mirrored: bool, max_distance: int, cfg: NearDupConfig) -> None:
-    """A ValueError when ``cfg`` cannot be searched against an index built with these settings."""
-    if cfg.hash != hash_name or cfg.match_mirrored != match_mirrored:
+def check_settings(built, cfg: NearDupConfig) -> None:
+    """A ValueError when ``cfg`` cannot be searched against an index built with the settings of
+    ``built`` (its hash, match_mirrored and max_distance)."""
+    if cfg.hash != built.hash or cfg.match_mirrored != built.match_mirrored:
         raise ValueError(
-            f"the index was built with hash={hash_name!r}, match_mirrored={match_mirrored}; "
+            f"the index was built with hash={built.hash!r}, match_mirrored={built.match_mirrored}; "
             f"the config asks hash={cfg.hash!r}, match_mirrored={cfg.match_mirrored}"
         )
-    if cfg.max_distance > max_distance:
+    if cfg.max_distance > built.max_distance:
         raise ValueError(
-            f"the index was built for max_distance <= {max_distance}, the config asks "
+            f"the index was built for max_distance <= {built.max_distance}, the config asks "
             f"{cfg.max_distance}: rebuild the index (NearDupIndex.build) with the new setting"
         )
 
@@ -150,15 +145,16 @@ def cross_edges(
 def incremental_decisions(
     new: pa.Table, existing: NearDupIndex | pa.Table, cfg: NearDupConfig, *, existing_decisions: pa.Table | None = None
 ) -> pa.Table:
-    """Decision rows for a new batch (the module docstring's contract); ``existing``: a ``NearDupIndex``,
-    or the existing version's candidates and ``existing_decisions``. One graph of the batch's rows
-    and values and the index's values and rows: rows to their values, values within t (batch-batch,
-    batch-index), indexed rows to their representative (an indexed group's own edges would add no
-    more); decided over the batch and the indexed representatives, those preferred."""
+    """Decision rows for a new batch (module docstring); ``existing``: a ``NearDupIndex``, or the
+    existing version's candidates and ``existing_decisions``. One graph: the batch's rows to their
+    values, values within t of each other and of the index's values, indexed rows to their values and
+    representatives; decided over the batch and the indexed representatives, those preferred."""
     if not cfg.enabled or new.num_rows == 0:
         return DECISION_SCHEMA.empty_table()
     index = existing if isinstance(existing, NearDupIndex) else NearDupIndex.build(existing, cfg, existing_decisions)
-    table = _checked_batch(new, index, cfg)
+    index.check(cfg)
+    table = prepare(new, cfg)
+    refuse_reused_keys(table.column("key"), index.rows.column("key"))
     rows, values = row_values(table, cfg)
     distinct, value_ids = unique_inverse(values)
     ea, eb = value_edges(distinct, index.masks, cfg.max_distance, cfg.max_pairs_per_chunk)
@@ -184,14 +180,8 @@ def incremental_decisions(
     return decided.filter(pc.invert(pc.is_in(decided.column("key"), value_set=old)))
 
 
-def _checked_batch(new: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa.Table:
-    """The new batch prepared for the search, after checking it fits the index."""
-    index.check(cfg)
-    check_columns(new.column_names, cfg)
-    table = prepare(new, cfg)
-    clash = pc.is_in(table.column("key"), value_set=index.rows.column("key"))
-    if pc.any(clash).as_py():
-        raise ValueError(
-            f"new rows reuse keys of the existing version: {table.filter(clash).column('key')[0].as_py()!r}"
-        )
-    return table
+def refuse_reused_keys(keys: pa.ChunkedArray, stored: pa.ChunkedArray) -> None:
+    """A ValueError naming the first of ``keys`` that the existing version holds (``stored``)."""
+    clash = keys.filter(pc.is_in(keys, value_set=stored))
+    if len(clash):
+        raise ValueError(f"new rows reuse keys of the existing version: {clash[0].as_py()!r}")

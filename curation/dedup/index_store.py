@@ -3,33 +3,26 @@ without loading it whole.
 
 Layout (under an output's ``_dedup/near_index/``; any pyarrow filesystem)::
 
-    index.json                             header: format, the settings (hash, match_mirrored,
-                                           max_distance, num_blocks, masks: the band plan,
-                                           ``incremental.index_plan``; num_buckets P) and parts
+    index.json                             header: format, settings (``SETTINGS``: the hash, the
+                                           band plan of ``incremental.index_plan``, P) and parts
     parts/<part id>/rows/<b>.parquet       one part's rows (key, hashes, the rule's columns,
                                            representative), bucketed by crc32(key) % P
     parts/<part id>/bands/<j>/<b>.parquet  postings (value, key) of band j, bucketed by
                                            mix64(value & mask_j) % P, sorted by value
 
-A part holds the rows one version added (the first version: all its candidates); the next
-version's header lists the earlier parts and adds one: the index grows append-only, keeping its
-settings. ``<part id>`` is an order-free digest of the part's keys (content, not paths), which the
-distributed writer (``curation.dedup.distributed.write_near_index``) sums from partial digests.
+A part holds the rows one version added; the next version's header lists the earlier parts and
+adds one (append-only, the settings kept). ``<part id>`` is an order-free digest of the part's keys
+(``keys_sum``), which the distributed writer sums from partial digests.
 
-**Relocatable.** A header names its own parts relative to its folder (``parts/<id>``). A part of
-an earlier version is named by its ``origin`` (that output's dataset version id and index URI),
-its ``path`` in its owner's index folder, and two hints: ``relative`` (from this index's folder at
-write time: a tree of versions moved together) and ``uri`` (absolute, at write time). Opening an
-index resolves every part: under each location passed now (the searched output and
-``NearDupConfig.index_locations``), then the hints; the first that exists wins (the id names its
-content). When none does, the open fails in one line naming the missing version and what to pass.
+**Relocatable.** A header names its own parts relative to its folder (``parts/<id>``), an earlier
+version's part by its ``origin`` (version id, index URI), its ``path`` in its owner's index folder
+and two hints from write time: ``relative`` (from this folder) and ``uri`` (absolute). Opening an
+index resolves every part under each location passed now (``NearDupConfig.index_locations``), then
+the hints; when none holds it, the open fails in one line naming the missing version.
 
 A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets the batch's band
-keys hash to, keeps the postings whose band key equals a new one, then the rows of those keys and of
-their representatives: a small ``NearDupIndex`` of every existing row a new value can reach, on
-which ``incremental_decisions`` equals the whole index's decisions. The driver holds the batch,
-one bucket file (filtered as it is read) and the rows reached; I/O per band is min(P, b) of P bucket
-files for a batch of b distinct values.
+keys hash to, then the rows those postings reach and their representatives: a small
+``NearDupIndex`` on which ``incremental_decisions`` equals the whole index's decisions.
 """
 
 from __future__ import annotations
@@ -48,7 +41,7 @@ import pyarrow.parquet as pq
 from curation import output
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.bands import mix64
-from curation.dedup.incremental import NearDupIndex, check_settings, incremental_decisions
+from curation.dedup.incremental import NearDupIndex, check_settings, incremental_decisions, refuse_reused_keys
 from curation.dedup.near import NearDupConfig, row_values
 from curation.dedup.shuffle import slices
 from curation.output import NEAR_INDEX_HEADER as HEADER
@@ -76,6 +69,11 @@ def value_buckets(values: np.ndarray, mask: int, num_buckets: int) -> np.ndarray
     return (mix64(values & np.uint64(mask)) % np.uint64(num_buckets)).astype(np.int64)
 
 
+def band_buckets(values: np.ndarray, masks, num_buckets: int) -> np.ndarray:
+    """Each value's postings bucket ``j * P + value bucket`` in every band j, band after band."""
+    return np.concatenate([j * num_buckets + value_buckets(values, int(m), num_buckets) for j, m in enumerate(masks)])
+
+
 def rows_file(part: str, b: int) -> str:
     return storage.join(part, "rows", f"{b:05d}.parquet")
 
@@ -95,22 +93,9 @@ def part_id(num_rows: int, key_sum: int) -> str:
     return hashlib.sha256(f"{num_rows}:{key_sum:032x}".encode()).hexdigest()[:16]
 
 
-def part_dir(index_root: str, pid: str) -> str:
-    return storage.join(index_root, "parts", pid)
-
-
 def relative_part(pid: str) -> str:
     """How the header names a part under its own index folder (relative: the output may be moved)."""
     return storage.join("parts", pid)
-
-
-def postings(rows: pa.Table, cfg: NearDupConfig) -> pa.Table:
-    """(value, key) per distinct hash value of each row, sorted by value then key (the same order
-    whatever the row order, so both writers give the same files)."""
-    r, v = row_values(rows, cfg)
-    return pa.table({"value": pa.array(v, pa.uint64()), "key": rows.column("key").take(pa.array(r))}).sort_by(
-        [("value", "ascending"), ("key", "ascending")]
-    )
 
 
 def row_records(rows: pa.Table, num_buckets: int) -> pa.Table:
@@ -120,15 +105,15 @@ def row_records(rows: pa.Table, num_buckets: int) -> pa.Table:
 
 def band_records(rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray, num_buckets: int) -> pa.Table:
     """Per band j and distinct hash value of a row: (value, key, ``_b`` = j * P + value bucket)."""
-    post = postings(rows, cfg)
-    v = post.column("value").to_numpy()
-    buckets = [j * num_buckets + value_buckets(v, int(m), num_buckets) for j, m in enumerate(masks)]
-    return pa.concat_tables([post.append_column("_b", pa.array(b)) for b in buckets])
+    r, v = row_values(rows, cfg)
+    post = pa.table({"value": pa.array(v, pa.uint64()), "key": rows.column("key").take(pa.array(r))})
+    return pa.concat_tables([post] * len(masks)).append_column("_b", pa.array(band_buckets(v, masks, num_buckets)))
 
 
 def write_buckets(fs, part: str, records: pa.Table, num_buckets: int, kind: str) -> list[int]:
     """The bucket files of ``records`` (``row_records`` for ``kind`` "rows", else ``band_records``),
-    sorted as stored; returns the ``_b`` written."""
+    each sorted (by key; postings by value, then key: the same files whatever the row order);
+    returns the ``_b`` written."""
     written = []
     for b, bucket in slices(records, "_b"):
         body = bucket.drop_columns(["_b"])
@@ -141,47 +126,40 @@ def write_buckets(fs, part: str, records: pa.Table, num_buckets: int, kind: str)
     return written
 
 
-def part_bands(written: list[int], num_buckets: int, num_bands: int) -> list[list[int]]:
-    """The value buckets written per band, from the ``_b`` of ``band_records``."""
-    w = np.asarray(written, dtype=np.int64)
-    return [sorted((w[w // num_buckets == j] % num_buckets).tolist()) for j in range(num_bands)]
-
-
 def write_part(fs, index_root: str, rows: pa.Table, settings: dict) -> dict:
     """One part (``rows`` carry ``representative``) under ``index_root/parts/<id>``; its header entry.
     (``curation.dedup.distributed.write_near_index`` writes the same files from Ray tasks.)"""
     masks, p = settings_masks(settings), settings["num_buckets"]
     keys = rows.column("key").to_pylist()
     pid = part_id(len(keys), keys_sum(keys))
-    part = part_dir(index_root, pid)
+    part = storage.join(index_root, relative_part(pid))
     row_b = write_buckets(fs, part, row_records(rows, p), p, "rows")
     post = band_records(rows, settings_config(settings), masks, p)
-    band_b = part_bands(write_buckets(fs, part, post, p, "bands"), p, len(masks))
-    return part_entry(pid, len(keys), row_b, band_b, postings=post.num_rows)
+    band_b = write_buckets(fs, part, post, p, "bands")
+    return part_entry(pid, len(keys), row_b, band_b, settings, postings=post.num_rows)
 
 
-def part_entry(
-    pid: str, num_rows: int, row_buckets: list[int], band_buckets: list[list[int]], *, postings: int
-) -> dict:
-    """A part's header entry; ``postings``: (value, key) records written over all its bands."""
+def part_entry(pid: str, num_rows: int, row_b: list[int], band_b: list[int], settings: dict, *, postings: int) -> dict:
+    """A part's header entry from the ``_b`` written (``row_records``, ``band_records``); ``postings``:
+    (value, key) records written over all its bands."""
+    p, w = settings["num_buckets"], np.asarray(band_b, dtype=np.int64)
     return {
         "id": pid,
         "uri": relative_part(pid),
         "rows": int(num_rows),
         "postings": int(postings),
-        "row_buckets": sorted(int(b) for b in row_buckets),
-        "band_buckets": [sorted(int(b) for b in band) for band in band_buckets],
+        "row_buckets": sorted(int(b) for b in row_b),
+        "band_buckets": [sorted((w[w // p == j] % p).tolist()) for j in range(len(settings["masks"]))],
     }
 
 
 SETTINGS = ("hash", "match_mirrored", "max_distance", "num_blocks", "masks", "num_buckets")
 
 
-def index_settings(
-    hash_name: str, match_mirrored: bool, max_distance: int, num_blocks: int, masks, num_buckets: int
-) -> dict:
-    """A header's settings (``SETTINGS``): the hash, its band plan and P."""
-    values = (hash_name, match_mirrored, max_distance, num_blocks, [str(int(m)) for m in masks], num_buckets)
+def index_settings(near, num_blocks: int, masks, num_buckets: int) -> dict:
+    """A header's settings (``SETTINGS``): ``near``'s hash, match_mirrored and max_distance (of a
+    ``NearDupConfig`` or ``NearDupIndex``), the band plan and P."""
+    values = (near.hash, near.match_mirrored, near.max_distance, num_blocks, [str(int(m)) for m in masks], num_buckets)
     return dict(zip(SETTINGS, values))
 
 
@@ -194,8 +172,11 @@ def settings_masks(settings: dict) -> np.ndarray:
     return np.array([int(m) for m in settings["masks"]], dtype=np.uint64)
 
 
-def write_header(fs, index_root: str, settings: dict, parts: list[dict]) -> dict:
-    header = {"format": FORMAT, **{k: settings[k] for k in SETTINGS}, "parts": parts}
+def write_header(fs, index_root: str, settings: dict, parts: list[dict], earlier=None) -> dict:
+    """The header of an index of ``earlier``'s parts (a ``PartitionedNearIndex``, listed from here),
+    then ``parts``."""
+    listed = [earlier.listed_from(p, fs, index_root) for p in earlier.header["parts"]] if earlier else []
+    header = {"format": FORMAT, **{k: settings[k] for k in SETTINGS}, "parts": [*listed, *parts]}
     storage.atomic_write_bytes(
         fs, storage.join(index_root, HEADER), json.dumps(header, indent=2, sort_keys=True).encode()
     )
@@ -206,10 +187,9 @@ def write_index(
     fs, index_root: str, rows: pa.Table, settings: dict, earlier: PartitionedNearIndex | None = None
 ) -> dict:
     """Write ``rows`` as a new part and the header listing ``earlier``'s parts (if any) before it."""
-    parts = [earlier.listed_from(p, fs, index_root) for p in earlier.header["parts"]] if earlier else []
-    if rows.num_rows:
-        parts.append(write_part(fs, index_root, rows, settings))
-    return write_header(fs, index_root, settings, parts)
+    return write_header(
+        fs, index_root, settings, [write_part(fs, index_root, rows, settings)] if rows.num_rows else [], earlier
+    )
 
 
 @dataclasses.dataclass
@@ -286,14 +266,12 @@ class PartitionedNearIndex:
     def masks(self) -> np.ndarray:
         return settings_masks(self.header)
 
-    @property
-    def plan(self) -> dict:
-        """The band plan, as ``NearDupIndex.from_rows`` takes it."""
-        return {
-            "masks": self.masks,
-            "num_blocks": self.header["num_blocks"],
-            "max_distance": self.header["max_distance"],
-        }
+    def in_memory(self, rows: pa.Table | None, cfg: NearDupConfig, like: pa.Table | None = None) -> NearDupIndex:
+        """``rows`` (``NearDupIndex.from_rows``) under this index's band plan."""
+        h = self.header
+        return NearDupIndex.from_rows(
+            rows, cfg, masks=self.masks, num_blocks=h["num_blocks"], max_distance=h["max_distance"], like=like
+        )
 
     @property
     def num_files(self) -> int:
@@ -301,8 +279,7 @@ class PartitionedNearIndex:
         return sum(len(p["row_buckets"]) + sum(len(b) for b in p["band_buckets"]) for p in self.header["parts"])
 
     def check(self, cfg: NearDupConfig) -> None:
-        h = self.header
-        check_settings(h["hash"], h["match_mirrored"], h["max_distance"], cfg)
+        check_settings(settings_config(self.header), cfg)
 
     def _read(self, path_of, wanted: set[int], listed: str, j: int | None = None, keep=None) -> list[pa.Table]:
         """The files of buckets ``wanted`` in every part, each filtered by ``keep`` as it is read."""
@@ -336,14 +313,10 @@ class PartitionedNearIndex:
         same_kind = part_fs.type_name == fs.type_name
         if same_kind and path.startswith(root + "/"):
             return dict(part, uri=path[len(root) + 1 :])
-        origin = part.get("origin") or self.owner
-        entry = dict(
-            part, uri=storage.to_uri(part_fs, path), path=part.get("path") or relative_part(part["id"]), origin=origin
-        )
-        if same_kind:
-            entry["relative"] = posixpath.relpath(path, root)
-        else:
-            entry.pop("relative", None)
+        entry = dict(part, uri=storage.to_uri(part_fs, path), origin=part.get("origin") or self.owner)
+        entry.update(path=part.get("path") or relative_part(part["id"]), relative=posixpath.relpath(path, root))
+        if not same_kind:
+            del entry["relative"]
         return entry
 
     def read_rows(self, keys: list[str]) -> pa.Table | None:
@@ -375,8 +348,8 @@ class PartitionedNearIndex:
         """A small in-memory index: every stored row a new value can reach, and their representatives."""
         self.check(cfg)
         clash = self.read_rows(new.column("key").to_pylist())
-        if clash is not None and clash.num_rows:
-            raise ValueError(f"new rows reuse keys of the existing version: {clash.column('key')[0].as_py()!r}")
+        if clash is not None:
+            refuse_reused_keys(new.column("key"), clash.column("key"))
         _, values = row_values(new, cfg)
         rows = self.read_rows(self.reachable_keys(np.unique(values))) if len(values) else None
         if rows is not None and rows.num_rows:
@@ -384,7 +357,7 @@ class PartitionedNearIndex:
             more = self.read_rows(reps) if reps else None
             rows = pa.concat_tables([rows, more], promote_options="default") if more is not None else rows
         self.reached = 0 if rows is None else rows.num_rows
-        return NearDupIndex.from_rows(rows, cfg, **self.plan, like=new)
+        return self.in_memory(rows, cfg, like=new)
 
     def decisions(self, new: pa.Table, cfg: NearDupConfig) -> pa.Table:
         """``incremental_decisions`` of ``new`` against this index, reading only touched buckets."""
@@ -398,14 +371,7 @@ class PartitionedNearIndex:
         if not tables:
             raise ValueError(f"{self.root}: the near-dup index holds no rows")
         rows = pa.concat_tables(tables, promote_options="default")
-        return NearDupIndex.from_rows(rows, settings_config(self.header), **self.plan)
-
-
-def save_index(index: NearDupIndex, fs, path: str, num_buckets: int | None = None) -> dict:
-    """An in-memory index written partitioned, as one part (``num_buckets`` None: ``default_buckets``)."""
-    p = num_buckets or default_buckets(index.rows.num_rows)
-    settings = index_settings(index.hash, index.match_mirrored, index.max_distance, index.num_blocks, index.masks, p)
-    return write_index(fs, path, index.rows, settings)
+        return self.in_memory(rows, settings_config(self.header))
 
 
 @dataclasses.dataclass
@@ -428,6 +394,10 @@ def decide_against(new: pa.Table, index: PartitionedNearIndex, cfg: NearDupConfi
     return decisions, IndexExtension(index, rows)
 
 
-def save_any(index: NearDupIndex | IndexExtension, fs, path: str) -> dict:
-    """Write the index a run built (whole, as one part) or extended (one new part)."""
-    return save_index(index, fs, path) if isinstance(index, NearDupIndex) else index.write(fs, path)
+def save_index(index: NearDupIndex | IndexExtension, fs, path: str, num_buckets: int | None = None) -> dict:
+    """Write the index a run built (whole, as one part; ``num_buckets`` None: ``default_buckets``) or
+    extended (``IndexExtension``: its base's parts, then one new part)."""
+    if isinstance(index, IndexExtension):
+        return index.write(fs, path)
+    p = num_buckets or default_buckets(index.rows.num_rows)
+    return write_index(fs, path, index.rows, index_settings(index, index.num_blocks, index.masks, p))

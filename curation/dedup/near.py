@@ -2,13 +2,11 @@
 
 Two images are near-duplicates when one of their hash values (the hash and, with
 ``match_mirrored``, the mirror image's) lies within ``max_distance`` bits of one of the other's;
-groups are the connected components of that graph, each keeping one representative by the rule.
-The search is exact (the brute-force pairs) and sub-quadratic: values agreeing on a band of the
-plan (``bands.plan_bands``: pigeonhole over blocks of bits) are candidate pairs, each given the
-Hamming check. Work is on distinct hash values, so a value many rows share costs nothing
-quadratic; a bucket of many *distinct* values sharing a band key (near-blank images) is split by
-sub-bands where that is cheaper (``band_close_pairs``), so it costs about its pairs within t.
-Both engines search with these functions (the distributed one inside its shuffle groups).
+groups are the connected components. The search is exact and sub-quadratic: values agreeing on a
+band of the plan (``bands.plan_bands``) are candidate pairs, each given the Hamming check. Work is
+on distinct values, so a value many rows share costs nothing quadratic; a bucket of many distinct
+values sharing a band key (near-blank images) is split by sub-bands where that is cheaper
+(``band_close_pairs``). Both engines search with these functions.
 """
 
 from __future__ import annotations
@@ -38,17 +36,15 @@ GROUP_PREFIX = "phash:"
 
 @dataclasses.dataclass(kw_only=True, frozen=True)
 class NearDupConfig:
-    """Settings of near-duplicate dedup (``dedup.near``).
+    """Settings of near-duplicate dedup (``dedup.near``); only ``max_distance``, ``match_mirrored``
+    and ``hash`` change decisions.
 
-    ``max_distance`` (t): the largest Hamming distance (of 64 bits) that counts as a duplicate; an
-    image's expected false neighbours grow with the corpus and t (docs/results/curation_design.md):
-    t=4 (re-encodes, resizes, grey and mirror copies) stays safe at 1e9 images, crops and bursts
-    need more, only far below. ``match_mirrored``: also match the mirror image's hash.
-    ``num_blocks``: B of the search's plan, all (B - t)-subsets (``dedup.engine=ray``: in each
-    shuffle group); None: the planner's. ``index_num_blocks``: the same for the index a run saves.
-    ``max_pairs_per_chunk`` bounds the memory of the checks. ``index_locations``: where earlier
-    outputs lie now (``index_store``, "Relocatable"). Only t, ``match_mirrored`` and ``hash`` change
-    decisions.
+    ``max_distance`` (t): the largest Hamming distance (of 64 bits) that counts as a duplicate (how
+    false matches grow with the corpus and t: docs/results/curation_design.md). ``match_mirrored``:
+    also match the mirror image's hash. ``num_blocks``: B of the search's plan, all (B - t)-subsets
+    (``dedup.engine=ray``: in each shuffle group); None: the planner's. ``index_num_blocks``: the same
+    for the index a run saves. ``max_pairs_per_chunk`` bounds the memory of the checks.
+    ``index_locations``: where earlier outputs lie now (``index_store``, "Relocatable").
     """
 
     enabled: bool = True
@@ -69,16 +65,11 @@ class NearDupConfig:
                 "(beyond ~10 unrelated photos start to match; 4 is the default)"
             )
         for name in ("num_blocks", "index_num_blocks"):
-            blocks = getattr(self, name)
-            if blocks is not None and (not isinstance(blocks, int) or not self.max_distance < blocks <= HASH_BITS):
+            b, t = getattr(self, name), self.max_distance
+            if b is not None and (not isinstance(b, int) or not t < b <= HASH_BITS or math.comb(b, t) > MAX_BANDS):
                 raise ValueError(
-                    f"dedup.near.{name} must be an int in {self.max_distance + 1}..{HASH_BITS} "
-                    f"(more than max_distance), or None to choose it; got {blocks!r}"
-                )
-            if blocks is not None and math.comb(blocks, self.max_distance) > MAX_BANDS:
-                raise ValueError(
-                    f"dedup.near.{name}={blocks} gives C({blocks}, {self.max_distance}) > "
-                    f"{MAX_BANDS} bands; use fewer blocks or None"
+                    f"dedup.near.{name} must be None (the planner chooses) or an int in {t + 1}..{HASH_BITS} "
+                    f"giving C({name}, max_distance) <= {MAX_BANDS} bands; got {b!r}"
                 )
         if isinstance(self.index_locations, str) or not all(isinstance(x, str) and x for x in self.index_locations):
             raise ValueError(
@@ -97,12 +88,8 @@ class NearDupConfig:
 
 def _runs(sorted_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) of the runs of two or more equal keys in a sorted array."""
-    n = len(sorted_keys)
-    if n < 2:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
     cuts = np.flatnonzero(sorted_keys[1:] != sorted_keys[:-1]) + 1
-    starts = np.concatenate(([0], cuts))
-    ends = np.concatenate((cuts, [n]))
+    starts, ends = np.r_[0, cuts], np.r_[cuts, len(sorted_keys)]
     keep = ends - starts > 1
     return starts[keep], ends[keep]
 
@@ -223,7 +210,7 @@ def band_close_pairs(
     starts, ends = _runs(sorted_keys)
     out_i, out_j = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     big = ends - starts > REFINE_MIN
-    if big.any() and HASH_BITS - bin(mask).count("1") > max_distance:
+    if big.any() and HASH_BITS - mask.bit_count() > max_distance:
         split, sub_masks = _split_runs(in_order, starts[big], ends[big], mask, max_distance, work)
         if split.any():
             chosen = np.flatnonzero(big)[split]
@@ -247,11 +234,7 @@ def band_close_pairs(
 
 
 def value_edges(
-    values: np.ndarray,
-    masks: np.ndarray,
-    max_distance: int,
-    max_pairs: int = 2_000_000,
-    work: SearchWork | None = None,
+    values: np.ndarray, masks: np.ndarray, max_distance: int, max_pairs: int = 2_000_000, work: SearchWork | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """All index pairs (a < b) of distinct ``values`` within ``max_distance`` bits, for the masks of an
     exact plan (``bands.BandPlan.masks``); ``work`` counts what it did."""
@@ -286,17 +269,6 @@ def cross_pairs(
     return np.concatenate(out_i), np.concatenate(out_j)
 
 
-def check_columns(names: list[str], cfg: NearDupConfig) -> None:
-    missing = [c for c in (*META_COLUMNS, *cfg.hash_columns()) if c not in names]
-    if cfg.match_mirrored and cfg.mirror_column in missing:
-        raise ValueError(
-            f"candidates have no {cfg.mirror_column!r} column: compute it in the decode step "
-            "with curation.dedup.hashing.phash_hex_pair, or set dedup.near.match_mirrored=false"
-        )
-    if missing:
-        raise ValueError(f"near-duplicate candidates lack columns {missing}")
-
-
 def row_values(table: pa.Table, cfg: NearDupConfig) -> tuple[np.ndarray, np.ndarray]:
     """(row index, hash value) per distinct value of each row: its hash and mirror hash."""
     n = table.num_rows
@@ -320,18 +292,23 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def prepare(candidates: pa.Table, cfg: NearDupConfig) -> pa.Table:
-    check_columns(candidates.column_names, cfg)
-    return canonical_order(
-        candidates.select(list(dict.fromkeys([*meta_columns(candidates.column_names), *cfg.hash_columns()])))
-    )
+    """The candidates' rule and hash columns, key-sorted (``canonical_order``), once they are there."""
+    names = candidates.column_names
+    missing = [c for c in (*META_COLUMNS, *cfg.hash_columns()) if c not in names]
+    if cfg.match_mirrored and cfg.mirror_column in missing:
+        raise ValueError(
+            f"candidates have no {cfg.mirror_column!r} column: compute it in the decode step "
+            "with curation.dedup.hashing.phash_hex_pair, or set dedup.near.match_mirrored=false"
+        )
+    if missing:
+        raise ValueError(f"near-duplicate candidates lack columns {missing}")
+    return canonical_order(candidates.select(list(dict.fromkeys([*meta_columns(names), *cfg.hash_columns()]))))
 
 
 def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *, prefer: Collection[str] = ()) -> pa.Table:
     """Decision rows (reason ``near_duplicate``, sorted by key) in one process, whatever the row order.
-
     ``candidates``: key, the hash columns (16 hex chars), width, height and the rule's other columns
-    where known. ``prefer``: keys that win the representative choice first (an existing version's).
-    """
+    where known; ``prefer``: keys that win the representative choice first (an existing version's)."""
     if not cfg.enabled or candidates.num_rows == 0:
         return DECISION_SCHEMA.empty_table()
     table = prepare(candidates, cfg)

@@ -1,12 +1,11 @@
 """Semantic dedup on CLIP image embeddings: k-means, then pairwise cosine within each cluster.
 
 As in SemDeDup / NeMo Curator: unit embeddings, spherical k-means, every pair in a cluster with
-cosine >= ``threshold`` an edge; groups are the components (always inside one cluster), each
-keeping one representative by the rule. Pairs split across clusters are missed: the price of
-cost linear in the run. k grows with the run, so past ``max_flat_clusters`` the centroids are a
-two-level tree (``fit_tree``). k-means trains on the ``kmeans_sample_size`` rows of smallest key
-hash, in key order, seeded; every later step works on key-sorted rows: no input or partition
-order matters, and both engines decide the same (for one k-means backend).
+cosine >= ``threshold`` an edge; groups are the components (inside one cluster: pairs split across
+clusters are missed, the price of cost linear in the run). Past ``max_flat_clusters`` the centroids
+are a two-level tree (``fit_tree``). k-means trains on the ``kmeans_sample_size`` rows of smallest
+key hash, in key order, seeded, and every later step works on key-sorted rows: no input or
+partition order matters, and both engines decide the same (for one k-means backend).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import dataclasses
 import hashlib
 import heapq
 import math
-from collections.abc import Collection
 
 import numpy as np
 import pyarrow as pa
@@ -64,12 +62,9 @@ class SemanticDupConfig:
             raise ValueError(f"dedup.semantic.n_clusters must be >= 1 or None, got {self.n_clusters}")
         if self.target_cluster_size < 2:
             raise ValueError(f"dedup.semantic.target_cluster_size must be >= 2, got {self.target_cluster_size}")
-        if self.kmeans_iterations < 1 or self.kmeans_sample_size < 1:
-            raise ValueError("dedup.semantic.kmeans_iterations and kmeans_sample_size must be >= 1")
-        if self.max_flat_clusters < 1:
-            raise ValueError(f"dedup.semantic.max_flat_clusters must be >= 1, got {self.max_flat_clusters}")
-        if self.block_rows < 1:
-            raise ValueError(f"dedup.semantic.block_rows must be >= 1, got {self.block_rows}")
+        for name in ("kmeans_iterations", "kmeans_sample_size", "max_flat_clusters", "block_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"dedup.semantic.{name} must be >= 1, got {getattr(self, name)}")
         if self.use_faiss not in ("auto", "always", "never"):
             raise ValueError(f"dedup.semantic.use_faiss must be 'auto', 'always' or 'never', got {self.use_faiss!r}")
 
@@ -226,28 +221,6 @@ def similar_pairs(
     return i[close], j[close], score[close]
 
 
-def cluster_decisions(cluster: pa.Table, cfg: SemanticDupConfig, prefer: Collection[str] = ()) -> pa.Table:
-    """Decisions inside one cluster: components of the pairs with cosine >= threshold."""
-    table = canonical_order(cluster)
-    x = embeddings(table, cfg.embedding_column)
-    a, b, _ = similar_pairs(x, x, cfg.threshold, upper=True)
-    labels = component_labels(table.num_rows, a, b)
-    return decisions_from_labels(table, labels, SEMANTIC_DUPLICATE, GROUP_PREFIX, prefer)
-
-
-def _columns(cfg: SemanticDupConfig, names=META_COLUMNS) -> list[str]:
-    return [*meta_columns(names), cfg.embedding_column]
-
-
-def _check_columns(names, cfg: SemanticDupConfig) -> None:
-    missing = [c for c in _columns(cfg) if c not in names]
-    if missing:
-        raise ValueError(
-            f"semantic dedup candidates lack columns {missing}"
-            + (" (the CLIP embedding step must run first)" if cfg.embedding_column in missing else "")
-        )
-
-
 def sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> Centroids:
     """Centroids from the rows of ``sample`` with the smallest key ranks (then in key order)."""
     ranks = key_rank(sample.column("key").to_pylist())
@@ -256,18 +229,25 @@ def sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> C
     return fit_tree(embeddings(sample, cfg.embedding_column), cfg.clusters_for(n_rows), cfg)
 
 
-def semantic_duplicate_decisions(
-    candidates: pa.Table, cfg: SemanticDupConfig, *, prefer: Collection[str] = ()
-) -> pa.Table:
+def semantic_duplicate_decisions(candidates: pa.Table, cfg: SemanticDupConfig) -> pa.Table:
     """Decision rows (reason ``semantic_duplicate``, sorted by key) in one process, whatever the row
-    order; ``candidates``: key, the rule's columns and ``cfg.embedding_column`` (any fixed length)."""
+    order; ``candidates``: key, the rule's columns and ``cfg.embedding_column`` (any fixed length).
+    A cluster's groups are the components of its pairs with cosine >= threshold."""
     if not cfg.enabled or candidates.num_rows == 0:
         return DECISION_SCHEMA.empty_table()
-    _check_columns(candidates.column_names, cfg)
-    table = canonical_order(candidates.select(_columns(cfg, candidates.column_names)))
+    names = candidates.column_names
+    missing = [c for c in (*META_COLUMNS, cfg.embedding_column) if c not in names]
+    if missing:
+        hint = " (the CLIP embedding step must run first)" if cfg.embedding_column in missing else ""
+        raise ValueError(f"semantic dedup candidates lack columns {missing}{hint}")
+    table = canonical_order(candidates.select([*meta_columns(names), cfg.embedding_column]))
     centroids = sample_centroids(table.select(["key", cfg.embedding_column]), table.num_rows, cfg)
-    clusters = centroids.assign(embeddings(table, cfg.embedding_column))
-    order = np.argsort(clusters, kind="stable")
-    bounds = np.flatnonzero(np.diff(clusters[order])) + 1
-    parts = [cluster_decisions(table.take(idx), cfg, prefer) for idx in np.split(order, bounds) if len(idx) > 1]
-    return pa.concat_tables([DECISION_SCHEMA.empty_table(), *parts]).sort_by("key")
+    x = embeddings(table, cfg.embedding_column)
+    clusters = centroids.assign(x)
+    order = np.argsort(clusters, kind="stable")  # stable: a cluster's rows stay in key order
+    parts = [DECISION_SCHEMA.empty_table()]
+    for idx in np.split(order, np.flatnonzero(np.diff(clusters[order])) + 1):
+        a, b, _ = similar_pairs(x[idx], x[idx], cfg.threshold, upper=True)
+        labels = component_labels(len(idx), a, b)
+        parts.append(decisions_from_labels(table.take(idx), labels, SEMANTIC_DUPLICATE, GROUP_PREFIX))
+    return pa.concat_tables(parts).sort_by("key")

@@ -1,11 +1,10 @@
 """The Ray Data shuffle the distributed dedup steps share, and connected components on it.
 
-``shuffle(ds, key, reduce)`` routes every row to one of P groups by splitmix64 of a 64-bit key and
-calls ``reduce`` once per group with the group's rows as one table (reduces sort what they need:
-results do not depend on row order). ``connected_components(edges)``: int64 edges (a, b) ->
-(node, label = the smallest node of its component), by alternating large-star / small-star rounds
-(Kiveris et al., 2014), one shuffle each, until a round changes no edge; only the per-round count
-of changed edges reaches the driver.
+``shuffle(ds, key, reduce)`` calls ``reduce`` once per group of rows (routed by splitmix64 of a
+64-bit key), with the group's rows as one table: reduces sort what they need, so results do not
+depend on row order. ``connected_components(edges)`` labels each node with the smallest node of its
+component, by alternating large-star / small-star rounds (Kiveris et al., 2014), one shuffle each,
+until a round changes no edge; only each round's count of changed edges reaches the driver.
 """
 
 from __future__ import annotations
@@ -69,49 +68,38 @@ def _directed(batch: pa.Table, both: bool) -> pa.Table:
     ch = batch.column("changed").to_numpy() if "changed" in batch.column_names else np.zeros(len(a), np.int8)
     hi, lo = np.maximum(a, b), np.minimum(a, b)
     if both:
-        return pa.table(
-            {
-                "node": np.concatenate([hi, lo]),
-                "other": np.concatenate([lo, hi]),
-                "changed": np.concatenate([ch, ch]).astype(np.int8),
-            }
-        )
+        hi, lo, ch = np.concatenate([hi, lo]), np.concatenate([lo, hi]), np.concatenate([ch, ch])
     return pa.table({"node": hi, "other": lo, "changed": ch.astype(np.int8)})
 
 
-def _neighbourhoods(group: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(node per row, other per row, group start per row, min of the node's closed neighbourhood per row)."""
+def _neighbourhoods(group: pa.Table) -> tuple[np.ndarray, ...]:
+    """Per row, sorted by (node, other): node, other, changed, the node's group id and the minimum of
+    its closed neighbourhood."""
     node, other = group.column("node").to_numpy(), group.column("other").to_numpy()
     order = np.lexsort((other, node))
-    node, other = node[order], other[order]
+    node, other, changed = node[order], other[order], group.column("changed").to_numpy()[order]
     starts = np.flatnonzero(np.r_[True, node[1:] != node[:-1]]) if len(node) else np.zeros(0, np.int64)
     mins = np.minimum(np.minimum.reduceat(other, starts), node[starts]) if len(node) else other
     sizes = np.diff(np.r_[starts, len(node)])
-    return node, other, np.repeat(np.arange(len(starts)), sizes), np.repeat(mins, sizes)
+    return node, other, changed, np.repeat(np.arange(len(starts)), sizes), np.repeat(mins, sizes)
 
 
 def _large_star(group: pa.Table) -> pa.Table:
     """Each node links its larger neighbours to the minimum of its closed neighbourhood."""
-    node, other, _, m = _neighbourhoods(group)
+    node, other, _, _, m = _neighbourhoods(group)
     keep = other > node
     return unique_edges(other[keep], m[keep], (m[keep] < node[keep]).astype(np.int8))
 
 
-def _changed_in(group: pa.Table) -> np.ndarray:
-    """The ``changed`` flags of a group's rows, in ``_neighbourhoods``' (node, other) order."""
-    node, other = group.column("node").to_numpy(), group.column("other").to_numpy()
-    return group.column("changed").to_numpy()[np.lexsort((other, node))]
-
-
 def _small_star(group: pa.Table) -> pa.Table:
     """Each node links itself and its smaller neighbours to the smallest of them."""
-    node, other, gid, m = _neighbourhoods(group)
+    node, other, incoming_changed, gid, m = _neighbourhoods(group)
     if not len(node):
         return EDGE_SCHEMA.empty_table()
     counts = np.bincount(gid)
     starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
     incoming = np.zeros(len(counts), np.int8)
-    np.maximum.at(incoming, gid, _changed_in(group))
+    np.maximum.at(incoming, gid, incoming_changed)
     changed = ((counts[gid] > 1) | (incoming[gid] > 0)).astype(np.int8)  # this star or the large-star before it
     a = np.concatenate([other, node[starts]])
     b = np.concatenate([m, m[starts]])

@@ -43,9 +43,9 @@ from curation.dedup.eval_overlap import (
     semantic_overlap,
     semantic_overlap_dataset,
 )
-from curation.dedup.exact import exact_against, exact_duplicate_decisions
+from curation.dedup.exact import exact_duplicate_decisions
 from curation.dedup.incremental import NearDupIndex
-from curation.dedup.index_store import IndexExtension, PartitionedNearIndex, decide_against, save_any
+from curation.dedup.index_store import IndexExtension, PartitionedNearIndex, decide_against, save_index
 from curation.dedup.near import NearDupConfig, near_duplicate_decisions
 from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
 from curation.steps import Step, section_of
@@ -83,7 +83,7 @@ class DedupContext:
     def save_index(self, fs, path: str) -> None:
         """Write this run's near-dup index (partitioned, ``curation.dedup.index_store``) if it has one."""
         if self.index is not None:
-            save_any(self.index, fs, path)
+            save_index(self.index, fs, path)
 
 
 def earlier_index(earlier: EarlierVersion, cfg: NearDupConfig) -> PartitionedNearIndex:
@@ -174,12 +174,8 @@ class DedupExact(DedupStep):
     def decide(self, remaining: pa.Table, ctx: DedupContext) -> pa.Table:
         if not remaining.num_rows:
             return DECISION_SCHEMA.empty_table()
-        parts = []
-        if ctx.earlier is not None:
-            parts.append(exact_against(remaining, ctx.earlier.kept_with_sha(remaining.column("sha256"))))
-            remaining = without(remaining, parts[-1])
-        parts.append(exact_duplicate_decisions(remaining))
-        return pa.concat_tables(parts)
+        kept = ctx.earlier.kept_with_sha(remaining.column("sha256")) if ctx.earlier is not None else None
+        return exact_duplicate_decisions(remaining, kept)
 
     def decide_distributed(self, inp: GlobalDedupInput, ctx: DedupContext) -> int:
         return exact_decisions(inp, self.name, ctx.earlier)
