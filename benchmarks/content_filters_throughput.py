@@ -49,13 +49,13 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from curation.filters.aesthetic import LAYERS, AestheticScoreConfig, ContentAesthetic  # noqa: E402
-from curation.filters.artistic import ArtisticFilterConfig, ContentArtistic, zero_shot  # noqa: E402
-from curation.filters.clip_embedding import ClipEmbeddingConfig, ContentEmbedding  # noqa: E402
+from curation.filters.aesthetic import LAYERS, ContentAesthetic, ContentAestheticConfig  # noqa: E402
+from curation.filters.artistic import ContentArtistic, ContentArtisticConfig, zero_shot  # noqa: E402
+from curation.filters.clip_embedding import ContentEmbedding, ContentEmbeddingConfig  # noqa: E402
 from curation.filters.model import decode_rgb  # noqa: E402
-from curation.filters.nsfw import ContentNsfw, NsfwFilterConfig  # noqa: E402
-from curation.filters.text import ContentText, TextFilterConfig  # noqa: E402
-from curation.filters.watermark import ContentWatermark, WatermarkFilterConfig, build_classifier  # noqa: E402
+from curation.filters.nsfw import ContentNsfw, ContentNsfwConfig  # noqa: E402
+from curation.filters.text import ContentText, ContentTextConfig  # noqa: E402
+from curation.filters.watermark import ContentWatermark, ContentWatermarkConfig, build_classifier  # noqa: E402
 from curation.schema import BASE_FIELDS  # noqa: E402
 from pipelines.demo_corpus import person_photos  # noqa: E402
 
@@ -176,7 +176,7 @@ def bench_heads(report, embedded: pa.Table, clip_cfg, folder: Path, batch_sizes:
 
     embedded = pa.concat_tables([embedded] * -(-report.n // embedded.num_rows)).slice(0, report.n)
     emb = np.asarray(embedded.column("clip_embedding").to_pylist(), np.float32)
-    heads = {"nsfw": (ContentNsfw, NsfwFilterConfig), "aesthetic": (ContentAesthetic, AestheticScoreConfig)}
+    heads = {"nsfw": (ContentNsfw, ContentNsfwConfig), "aesthetic": (ContentAesthetic, ContentAestheticConfig)}
     for kind, (cls, config) in heads.items():
         if kind not in only:
             continue
@@ -229,7 +229,7 @@ def main() -> None:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     only = set(args.only.split(","))
     n, w = args.images, args.warmup_batches
-    table = batch_table(n + w * max(batch_sizes + [TextFilterConfig().batch_size]))
+    table = batch_table(n + w * max(batch_sizes + [ContentTextConfig().batch_size]))
     timed_rows = table.slice(0, n)
     print(
         f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, torch {torch.__version__} "
@@ -245,7 +245,7 @@ def main() -> None:
 
             weights = Path(tmp) / f"clip-{clip_model}.pt"
             torch.save(open_clip.create_model(clip_model, pretrained=None).state_dict(), weights)
-            clip_cfg = ClipEmbeddingConfig(model=clip_model, weights=str(weights))
+            clip_cfg = ContentEmbeddingConfig(model=clip_model, weights=str(weights))
             stage = ContentEmbedding(clip_cfg)
             setup_s = setup(stage)
             clip = stage.clip
@@ -278,7 +278,7 @@ def main() -> None:
                 heads, embedded, clip_cfg, Path(tmp), [int(b) for b in args.head_batch_sizes.split(",")], w, only
             )
             if "artistic" in only:
-                a_stage = ContentArtistic(ArtisticFilterConfig(), clip_cfg)
+                a_stage = ContentArtistic(ContentArtisticConfig(), clip_cfg)
                 setup_s = setup(a_stage)
                 emb = np.asarray(embedded.column("clip_embedding").to_pylist(), np.float32)
                 for bs in batch_sizes:
@@ -308,7 +308,7 @@ def main() -> None:
         if "watermark" in only:
             weights = Path(tmp) / "watermark.pt"
             torch.save(build_classifier(args.watermark_backbone, (625, 256)).state_dict(), weights)
-            wcfg = WatermarkFilterConfig(weights=str(weights), backbone=args.watermark_backbone)
+            wcfg = ContentWatermarkConfig(weights=str(weights), backbone=args.watermark_backbone)
             stage = ContentWatermark(wcfg)
             setup_s = setup(stage)
             clf = stage.classifier
@@ -340,7 +340,7 @@ def main() -> None:
 
         if "text" in only:
             for side in (int(s) for s in args.ocr_max_sides.split(",")):
-                cfg = TextFilterConfig(max_side=side)
+                cfg = ContentTextConfig(max_side=side)
                 stage = ContentText(cfg)
                 setup_s = setup(stage)
                 bs = cfg.batch_size

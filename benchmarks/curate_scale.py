@@ -190,7 +190,7 @@ def bench_job(
     """A ``curation.job.CurationJob`` over the corpus staged at ``root`` (decisions under ``out``,
     default ``root``): the recipe's reader, decode, CLIP and dedup steps (semantic dedup on) and its
     shard writer (``samples_per_shard``), built without start-up checks (no model runs here)."""
-    from curation.dedup.semantic import SemanticDupConfig
+    from curation.dedup.semantic import DedupSemanticConfig
     from curation.job import CurationJob
     from curation.recipe import HUMANS1B, CurationConfig
     from curation.steps import BuiltRecipe
@@ -200,7 +200,7 @@ def bench_job(
     cfg.input.uri = root
     cfg.dedup.engine, cfg.dedup.against = engine, against
     cfg.shards.samples_per_shard = samples_per_shard
-    cfg.dedup.semantic = SemanticDupConfig(enabled=True)
+    cfg.dedup.semantic = DedupSemanticConfig(enabled=True)
     kept = (
         "input",
         "decode",
@@ -329,7 +329,7 @@ def local_near(root: str, pids: list[str]) -> float:
     import pyarrow as pa
 
     from curation import staging
-    from curation.dedup.near import NearDupConfig, near_duplicate_decisions
+    from curation.dedup.near import DedupNearConfig, near_duplicate_decisions
     from infra import storage
 
     fs, path = storage.resolve(root)
@@ -338,7 +338,7 @@ def local_near(root: str, pids: list[str]) -> float:
     ]
     table = pa.concat_tables(tables)
     t = time.perf_counter()
-    near_duplicate_decisions(table, NearDupConfig(max_distance=4))
+    near_duplicate_decisions(table, DedupNearConfig(max_distance=4))
     return time.perf_counter() - t
 
 

@@ -681,13 +681,13 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
     import logging
 
     logging.disable(logging.INFO)  # imagededup logs every call at INFO
-    from curation.dedup.near import NearDupConfig, near_duplicate_decisions
+    from curation.dedup.near import DedupNearConfig, near_duplicate_decisions
 
     t = args.max_distance
     table, unplanted = family_table(n, kind, args)
     n = table.num_rows
     keys = table.column("key").to_pylist()
-    cfg = NearDupConfig(max_distance=t, match_mirrored=mirrored(kind))
+    cfg = DedupNearConfig(max_distance=t, match_mirrored=mirrored(kind))
     if method == "ray":
         import ray
         import ray.data
@@ -757,7 +757,7 @@ def measure_one(method: str, n: int, kind: str, args) -> dict:
         dropped = decisions.num_rows
         digest = decisions_digest(decisions, keys) if n <= args.digest_max else ""
         if method == "ours" and cfg.match_mirrored and n <= args.digest_max:  # imagededup's view: hash only
-            plain = near_duplicate_decisions(table, NearDupConfig(max_distance=t, match_mirrored=False))
+            plain = near_duplicate_decisions(table, DedupNearConfig(max_distance=t, match_mirrored=False))
             digest_plain = f"{plain.num_rows}:{decisions_digest(plain, keys)}"
     if method == "ray":
         ray.shutdown()

@@ -26,7 +26,7 @@ from PIL import Image, ImageFilter
 
 from curation.config import DecodeConfig
 from curation.decode import Decode, thumbnail_pixels
-from curation.filters.quality import ImageQualityConfig, measure
+from curation.filters.quality import QualityConfig, measure
 from pipelines.demo_corpus import non_person_photos, person_photos
 
 BLURS = {
@@ -72,7 +72,7 @@ def laplacian_variance(g: np.ndarray) -> float:
     return float((g[1:-1, :-2] + g[1:-1, 2:] + g[:-2, 1:-1] + g[2:, 1:-1] - 4 * g[1:-1, 1:-1]).var())
 
 
-def measured(photos: dict[str, Image.Image], cfg: ImageQualityConfig) -> dict[str, dict[str, dict]]:
+def measured(photos: dict[str, Image.Image], cfg: QualityConfig) -> dict[str, dict[str, dict]]:
     """photo -> copy -> the step's measures (and the plain Laplacian variance) of its thumbnail."""
     out = {}
     for name, im in photos.items():
@@ -109,7 +109,7 @@ def _summary_line(m: dict, kind: str, column: str, worse) -> str:
     )
 
 
-def print_summary(m: dict[str, dict[str, dict]], cfg: ImageQualityConfig) -> None:
+def print_summary(m: dict[str, dict[str, dict]], cfg: QualityConfig) -> None:
     print(f"\n## per kind of copy ({len(m)} photos); thresholds: {cfg}")
     flagged = {k: sum(row[k]["rank_quality"] > 0 for row in m.values()) for k in next(iter(m.values()))}
     below, above = (lambda a, b: a < b), (lambda a, b: a > b)
@@ -133,7 +133,7 @@ def main() -> None:
     photos = {k: (Image.open(p) if isinstance(p, Path) else p).convert("RGB") for k, p in sources.items()}
     if args.photos:
         photos = dict(list(photos.items())[: args.photos])
-    cfg = ImageQualityConfig()
+    cfg = QualityConfig()
     m = measured(photos, cfg)
     print_tables(m, {k: im.size for k, im in photos.items()})
     print_summary(m, cfg)

@@ -24,7 +24,7 @@ from dedup_scaling import synthetic_table  # this script's folder is first on sy
 
 from curation.dedup.incremental import NearDupIndex, incremental_decisions
 from curation.dedup.index_store import PartitionedNearIndex, save_index
-from curation.dedup.near import NearDupConfig, near_duplicate_decisions
+from curation.dedup.near import DedupNearConfig, near_duplicate_decisions
 
 
 def measured(fn):
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[100, 10_000])
     ap.add_argument("--buckets", type=int, default=None, help="P (default: index_store.default_buckets)")
     args = ap.parse_args()
-    cfg = NearDupConfig(match_mirrored=False)
+    cfg = DedupNearConfig(match_mirrored=False)
     table = synthetic_table(args.n + max(args.batches), cfg.max_distance, 0.3, seed=1)
     old = table.slice(0, args.n)
     fs = pafs.LocalFileSystem()

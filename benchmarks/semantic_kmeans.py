@@ -54,7 +54,7 @@ def rows(n: int, args) -> tuple[pa.Table, int]:
     return table, int(len(which) - len(np.unique(which)))
 
 
-def run(table: pa.Table, cfg: semantic.SemanticDupConfig) -> dict:
+def run(table: pa.Table, cfg: semantic.DedupSemanticConfig) -> dict:
     cand = table.drop_columns(["planted"])
     t0 = time.perf_counter()
     out = semantic.semantic_duplicate_decisions(cand, cfg)
@@ -81,7 +81,7 @@ def main() -> None:
         table, planted = rows(n, args)
         group = table.column("planted").to_numpy()
         keys = np.array(table.column("key").to_pylist())
-        base = semantic.SemanticDupConfig(enabled=True, target_cluster_size=args.cluster_size, use_faiss="never")
+        base = semantic.DedupSemanticConfig(enabled=True, target_cluster_size=args.cluster_size, use_faiss="never")
         k = base.clusters_for(n)
         got = {}
         for name, max_flat in (("flat", k), ("tree", 1)):

@@ -47,7 +47,7 @@ import pyarrow as pa
 from curation import output
 from curation.dedup.distributed import GlobalDedupInput, candidates_dataset, read_candidates
 from curation.dedup.distributed_semantic import fitted_centroids
-from curation.dedup.semantic import Centroids, SemanticDupConfig, embeddings, fit_tree, sample_centroids
+from curation.dedup.semantic import Centroids, DedupSemanticConfig, embeddings, fit_tree, sample_centroids
 from curation.steps import AttributeStep
 from infra import storage
 
@@ -95,9 +95,9 @@ class ClustersConfig:
         if self.engine not in ("local", "ray") or self.use_faiss not in KMEANS_BACKENDS:
             raise ValueError(f"clusters.engine must be local or ray, clusters.use_faiss one of {list(KMEANS_BACKENDS)}")
 
-    def kmeans(self) -> SemanticDupConfig:
+    def kmeans(self) -> DedupSemanticConfig:
         """The k-means settings of semantic dedup's fitting code, for the finest level."""
-        return SemanticDupConfig(
+        return DedupSemanticConfig(
             enabled=True,
             embedding_column=self.embedding_column,
             n_clusters=self.levels[-1],
@@ -135,7 +135,7 @@ def empty_hierarchy(levels: int) -> Hierarchy:
     return Hierarchy(None, tuple(np.zeros(0, np.int32) for _ in range(levels - 1)), (0,) * levels)
 
 
-def fit_hierarchy(finest: Centroids, levels: Sequence[int], km: SemanticDupConfig) -> Hierarchy:
+def fit_hierarchy(finest: Centroids, levels: Sequence[int], km: DedupSemanticConfig) -> Hierarchy:
     """The coarser levels on top of the finest one's centroids: each a k-means of the level below's
     centroids (at most as many clusters as those), coarse centroids that no finer one chose dropped."""
     child, parents, sizes = finest.fine, [], [len(finest)]

@@ -45,7 +45,7 @@ from curation.dedup.earlier import KEY_SHA, EarlierVersion
 from curation.dedup.exact import exact_duplicate_decisions
 from curation.dedup.hashing import hex_to_uint64
 from curation.dedup.incremental import index_plan, indexed_rows
-from curation.dedup.near import GROUP_PREFIX, NEAR_DUPLICATE, NearDupConfig, row_values, value_edges
+from curation.dedup.near import GROUP_PREFIX, NEAR_DUPLICATE, DedupNearConfig, row_values, value_edges
 from curation.dedup.shuffle import connected_components, shuffle
 from infra import storage
 
@@ -124,7 +124,7 @@ def exact_decisions(inp: GlobalDedupInput, step: str, earlier: EarlierVersion | 
     return write_decisions(decided, inp.out, step, parts)
 
 
-def value_records(batch: pa.Table, cfg: NearDupConfig) -> pa.Table:
+def value_records(batch: pa.Table, cfg: DedupNearConfig) -> pa.Table:
     """(row_id, value) per distinct hash value of each row (``near.row_values``)."""
     rows, values = row_values(batch, cfg)
     return pa.table({"row_id": batch.column("row_id").take(pa.array(rows)), "value": pa.array(values, pa.uint64())})
@@ -180,7 +180,7 @@ def group_edges(group: pa.Table, inner: list[np.ndarray], max_distance: int, max
     return pa.table({"a": a[keep], "b": b[keep]})
 
 
-def near_edges(values_ds, cfg: NearDupConfig, num_partitions: int):
+def near_edges(values_ds, cfg: DedupNearConfig, num_partitions: int):
     """Row edges (a lazy dataset) of the rows whose values lie within t bits (module docstring)."""
     sample, t = value_sample(values_ds), cfg.max_distance  # the outer plan, then the search's in each block
     outer = plan_bands(sample, t, num_blocks=t + 1)
@@ -194,7 +194,7 @@ def near_edges(values_ds, cfg: NearDupConfig, num_partitions: int):
     )
 
 
-def values_dataset(inp: GlobalDedupInput, cfg: NearDupConfig):
+def values_dataset(inp: GlobalDedupInput, cfg: DedupNearConfig):
     """Every candidate's distinct hash values with its row id (materialised: read twice)."""
     return (
         candidates_dataset(inp, ["row_id", *cfg.hash_columns()])
@@ -247,7 +247,7 @@ def write_near_components(inp: GlobalDedupInput, edges, step: str, **kw) -> int:
     return write_decisions(decided, inp.out, step, parts)
 
 
-def near_decisions(inp: GlobalDedupInput, cfg: NearDupConfig, step: str) -> int:
+def near_decisions(inp: GlobalDedupInput, cfg: DedupNearConfig, step: str) -> int:
     """Near duplicates over the run (module docstring); returns rows dropped."""
     values = values_dataset(inp, cfg)
     n_values, edges, t = values.count(), None, time.perf_counter()
@@ -273,7 +273,7 @@ def component_decisions(inp: GlobalDedupInput, edges, reason: str, prefix: str, 
     return shuffle(labelled, "label", _near_group, parts, fn_kwargs={"reason": reason, "prefix": prefix})
 
 
-def _index_rows(batch: pa.Table, inp: GlobalDedupInput, cfg: NearDupConfig, step: str) -> pa.Table:
+def _index_rows(batch: pa.Table, inp: GlobalDedupInput, cfg: DedupNearConfig, step: str) -> pa.Table:
     """Index rows (``incremental.indexed_rows``) of the batch's partitions, each representative read
     from the partition's decisions of ``step``."""
     fs, root = storage.resolve(inp.out)
@@ -293,7 +293,7 @@ def _write_buckets_of(group: pa.Table, uri: str, **kw) -> pa.Table:
     return pa.table({"_b": pa.array(written, pa.int64())})
 
 
-def write_near_index(inp: GlobalDedupInput, cfg: NearDupConfig, step: str, base=None) -> dict:
+def write_near_index(inp: GlobalDedupInput, cfg: DedupNearConfig, step: str, base=None) -> dict:
     """The run's near-dup index (``index_store``'s files: every near candidate with its representative),
     written by Ray tasks; a new one takes ``incremental.index_plan``, ``base`` (``dedup.against``) is
     extended as ``index_store.IndexExtension`` is: its settings and parts, then this run's."""

@@ -31,7 +31,7 @@ from curation.dedup.distributed import (
 )
 from curation.dedup.incremental import refuse_reused_keys
 from curation.dedup.index_store import PartitionedNearIndex, band_buckets, band_file, key_buckets, rows_file
-from curation.dedup.near import NearDupConfig, cross_pairs
+from curation.dedup.near import DedupNearConfig, cross_pairs
 from curation.dedup.shuffle import shuffle, slices
 
 OLD_NODE = 1 << 62  # node ids of stored rows: OLD_NODE | part << 44 | bucket << 32 | position in the file
@@ -219,7 +219,7 @@ def _flagged(batch: pa.Table, new: bool) -> pa.Table:
     return batch.select(["row_id", "key"]).append_column("new", pa.array(np.full(batch.num_rows, new)))
 
 
-def near_against_decisions(inp: GlobalDedupInput, cfg: NearDupConfig, index: PartitionedNearIndex, step: str) -> int:
+def near_against_decisions(inp: GlobalDedupInput, cfg: DedupNearConfig, index: PartitionedNearIndex, step: str) -> int:
     """The batch's near-duplicate decisions against ``index`` (module docstring), written per
     partition; returns rows dropped."""
     index.check(cfg)

@@ -30,7 +30,7 @@ from curation.dedup.earlier import EarlierVersion, best_matches, best_per_row
 from curation.dedup.semantic import (
     GROUP_PREFIX,
     SEMANTIC_DUPLICATE,
-    SemanticDupConfig,
+    DedupSemanticConfig,
     embeddings,
     key_rank,
     sample_centroids,
@@ -47,7 +47,7 @@ MATCH_SCHEMA = pa.schema(
 )
 
 
-def _fit(refs: list, n_rows: int, cfg: SemanticDupConfig) -> np.ndarray:
+def _fit(refs: list, n_rows: int, cfg: DedupSemanticConfig) -> np.ndarray:
     import ray
 
     tables = [t for t in ray.get(list(refs)) if t.num_rows]
@@ -59,7 +59,7 @@ def _ranked_below(batch: pa.Table, limit: int) -> pa.Table:
     return batch.filter(pa.array(key_rank(batch.column("key").to_pylist()) < np.uint64(limit)))
 
 
-def fitted_centroids(inp: GlobalDedupInput, n_rows: int, cfg: SemanticDupConfig):
+def fitted_centroids(inp: GlobalDedupInput, n_rows: int, cfg: DedupSemanticConfig):
     """An object reference to the k-means centroids of the candidates, fitted in a Ray task on the
     in-process sample (the ``kmeans_sample_size`` smallest key ranks, in key order)."""
     import ray
@@ -78,7 +78,7 @@ def fitted_centroids(inp: GlobalDedupInput, n_rows: int, cfg: SemanticDupConfig)
     return ray.remote(_fit).remote(sample.to_arrow_refs(), n_rows, cfg)
 
 
-def num_clusters(n_rows: int, cfg: SemanticDupConfig) -> int:
+def num_clusters(n_rows: int, cfg: DedupSemanticConfig) -> int:
     """k of the fit (``fit_centroids`` caps it at the sample size)."""
     return min(cfg.clusters_for(n_rows), cfg.kmeans_sample_size, n_rows)
 
@@ -205,13 +205,13 @@ def _blocks(sizes: np.ndarray, block_rows: int, minimum: int) -> np.ndarray:
     return np.where(sizes >= minimum, -(-sizes // block_rows), 0)
 
 
-def _assigned(inp: GlobalDedupInput, columns: list[str], centroids, cfg: SemanticDupConfig):
+def _assigned(inp: GlobalDedupInput, columns: list[str], centroids, cfg: DedupSemanticConfig):
     """The candidates' ``columns`` with their cluster (``_assign``: this run's side)."""
     kw = {"column": cfg.embedding_column, "centroids": centroids, "side": 0}
     return candidates_dataset(inp, columns).map_batches(_assign, fn_kwargs=kw, batch_format="pyarrow")
 
 
-def _unit_results(inp: GlobalDedupInput, rows, sizes, blocks, reduce, cross: bool, cfg: SemanticDupConfig):
+def _unit_results(inp: GlobalDedupInput, rows, sizes, blocks, reduce, cross: bool, cfg: DedupSemanticConfig):
     """``reduce`` (``_unit_pairs`` or ``_unit_matches``) on each unit of the assigned ``rows``, routed
     by one shuffle into ``unit_groups`` groups (``sizes``, ``blocks``: per side and cluster)."""
     import ray
@@ -224,7 +224,7 @@ def _unit_results(inp: GlobalDedupInput, rows, sizes, blocks, reduce, cross: boo
     return shuffle(units, "unit", reduce, parts, fn_kwargs={**kw, "threshold": cfg.threshold})
 
 
-def within_decisions(inp: GlobalDedupInput, cfg: SemanticDupConfig):
+def within_decisions(inp: GlobalDedupInput, cfg: DedupSemanticConfig):
     """Decisions (a lazy dataset) among the candidates, or None when there is no pair."""
     n = candidates_dataset(inp, ["key"]).count()
     if n < 2:
@@ -239,7 +239,7 @@ def within_decisions(inp: GlobalDedupInput, cfg: SemanticDupConfig):
     return component_decisions(inp, edges, SEMANTIC_DUPLICATE, GROUP_PREFIX, inp.num_partitions(edges.count()))
 
 
-def against_decisions(inp: GlobalDedupInput, earlier: EarlierVersion, cfg: SemanticDupConfig):
+def against_decisions(inp: GlobalDedupInput, earlier: EarlierVersion, cfg: DedupSemanticConfig):
     """Decisions (a lazy dataset) dropping the candidates with an earlier kept match in their cluster."""
     n = candidates_dataset(inp, ["key"]).count()
     if not n or not earlier.parts or cfg.embedding_column not in earlier.columns:
@@ -261,7 +261,7 @@ def against_decisions(inp: GlobalDedupInput, earlier: EarlierVersion, cfg: Seman
 
 def semantic_decisions(
     inp: GlobalDedupInput,
-    cfg: SemanticDupConfig,
+    cfg: DedupSemanticConfig,
     step: str,
     earlier: EarlierVersion | None = None,
     before: tuple[Callable, ...] = (),

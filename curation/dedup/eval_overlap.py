@@ -21,7 +21,7 @@ from curation.dedup.distributed import candidates_dataset
 from curation.dedup.earlier import best_matches, best_per_row
 from curation.dedup.hashing import hamming
 from curation.dedup.incremental import NearDupIndex, cross_edges
-from curation.dedup.near import NearDupConfig, row_values
+from curation.dedup.near import DedupNearConfig, row_values
 from curation.dedup.semantic import embeddings
 from infra import storage
 
@@ -30,7 +30,7 @@ GROUP = "eval:"
 
 
 @dataclasses.dataclass(kw_only=True)
-class DecontaminateConfig:
+class DedupDecontaminateConfig:
     """``dedup.decontaminate``: ``eval_images``, images the dataset must not contain (a folder,
     WebDataset tars or Parquet, read as ``input`` is; empty: off), entering the job's identity by
     content; near and semantic copies judged with ``dedup.near`` and ``dedup.semantic``."""
@@ -56,7 +56,7 @@ class EvalSet:
 
     rows: pa.Table
 
-    def near_index(self, cfg: NearDupConfig) -> NearDupIndex:
+    def near_index(self, cfg: DedupNearConfig) -> NearDupIndex:
         """The set's hash values, indexed for the banded search (their ``representative``: the source)."""
         table = self.rows.select(["source", *cfg.hash_columns(), "width", "height"]).rename_columns(
             ["key", *cfg.hash_columns(), "width", "height"]
@@ -72,7 +72,7 @@ def _exact(table: pa.Table, ev: pa.Table) -> pa.Table:
     return _matches(rows, np.full(len(rows), 1.0), source, "exact")
 
 
-def _near(table: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> pa.Table:
+def _near(table: pa.Table, index: NearDupIndex, cfg: DedupNearConfig) -> pa.Table:
     """(row, bits, eval source) of every row value within t bits of an evaluation value."""
     rows, values = row_values(table, cfg)
     distinct, inverse = np.unique(values, return_inverse=True)
@@ -94,7 +94,7 @@ def _decisions(table: pa.Table, matches: pa.Table) -> pa.Table:
     return decision_rows(keys, EVAL_OVERLAP, best.column("source"), GROUP, best.column("kind")).sort_by("key")
 
 
-def hash_overlap(table: pa.Table, ev: EvalSet, cfg: NearDupConfig, index: NearDupIndex | None = None) -> pa.Table:
+def hash_overlap(table: pa.Table, ev: EvalSet, cfg: DedupNearConfig, index: NearDupIndex | None = None) -> pa.Table:
     """Decisions for the rows of ``table`` (key, sha256, the hash columns) with an exact or near
     copy in the evaluation set."""
     if not table.num_rows or not ev.rows.num_rows:
@@ -114,7 +114,7 @@ def semantic_overlap(table: pa.Table, ev: EvalSet, column: str, threshold: float
     return _decisions(table, _matches(best.column("row"), best.column("score"), best.column("key"), "semantic"))
 
 
-def _hash_part(batch: pa.Table, ev_ref, cfg: NearDupConfig, out: str, step: str) -> pa.Table:
+def _hash_part(batch: pa.Table, ev_ref, cfg: DedupNearConfig, out: str, step: str) -> pa.Table:
     """A batch of candidates' exact and near overlaps, written as their partitions' decisions files."""
     import ray
 
@@ -123,7 +123,7 @@ def _hash_part(batch: pa.Table, ev_ref, cfg: NearDupConfig, out: str, step: str)
     return pa.table({"dropped": [write_step_decisions(*storage.resolve(out), step, decisions, clear=False)]})
 
 
-def decontaminate(inp, ev: EvalSet, cfg: NearDupConfig, step: str) -> int:
+def decontaminate(inp, ev: EvalSet, cfg: DedupNearConfig, step: str) -> int:
     """Every partition's exact and near overlaps with the evaluation set, decided and written by
     the task reading the partition (no shuffle); rows dropped."""
     import ray

@@ -5,7 +5,7 @@ in RGB, then 8-bit luma (other modes through RGBA -> RGB, alpha dropped), a 2-D 
 the top-left 8x8 coefficients (DC first, row-major, most significant bit first) bit = coefficient
 >= the median of the 63 AC ones: the DC bit is always set and distances are even.
 ``phash_hex_pair`` also hashes the mirrored thumbnail from the same coefficients, so flipped copies
-match (``NearDupConfig.match_mirrored``).
+match (``DedupNearConfig.match_mirrored``).
 
 Against imagededup (``tests/curation/dedup/test_dedup_hashing.py``, on real photos):
 ``phash_hex_pair(img, fast=False)`` is imagededup's PHash of ``img``'s pixels, bit for bit. The

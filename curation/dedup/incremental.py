@@ -28,7 +28,7 @@ from curation.dedup.components import component_labels, decisions_from_labels, m
 from curation.dedup.near import (
     GROUP_PREFIX,
     NEAR_DUPLICATE,
-    NearDupConfig,
+    DedupNearConfig,
     cross_pairs,
     prepare,
     row_values,
@@ -46,8 +46,8 @@ def index_workload(n_values: int) -> Workload:
     return Workload(n_values, POSTING_COST, max(INDEX_MIN_BATCH, int(INDEX_BATCH_FRACTION * n_values)))
 
 
-def index_plan(n_values: int, cfg: NearDupConfig) -> BandPlan:
-    """The band plan of a new index of ``n_values`` postings per band (``NearDupConfig.index_num_blocks``
+def index_plan(n_values: int, cfg: DedupNearConfig) -> BandPlan:
+    """The band plan of a new index of ``n_values`` postings per band (``DedupNearConfig.index_num_blocks``
     when set); every engine writing an index calls it."""
     return plan_bands(None, cfg.max_distance, index_workload(n_values), num_blocks=cfg.index_num_blocks)
 
@@ -71,7 +71,7 @@ class NearDupIndex:
         return np.array(self.plan_masks, dtype=np.uint64)
 
     @classmethod
-    def build(cls, candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table | None = None) -> NearDupIndex:
+    def build(cls, candidates: pa.Table, cfg: DedupNearConfig, decisions: pa.Table | None = None) -> NearDupIndex:
         """Index of a version's candidates; ``decisions``: its near-dup decisions (None: all kept)."""
         rows = indexed_rows(candidates, cfg, decisions)
         plan = index_plan(len(row_values(rows, cfg)[1]), cfg)
@@ -81,7 +81,7 @@ class NearDupIndex:
     def from_rows(
         cls,
         rows: pa.Table | None,
-        cfg: NearDupConfig,
+        cfg: DedupNearConfig,
         *,
         masks: np.ndarray,
         num_blocks: int,
@@ -99,11 +99,11 @@ class NearDupIndex:
             rows, distinct, orders, cfg.hash, cfg.match_mirrored, max_distance, num_blocks, tuple(int(m) for m in masks)
         )
 
-    def check(self, cfg: NearDupConfig) -> None:
+    def check(self, cfg: DedupNearConfig) -> None:
         check_settings(self, cfg)
 
 
-def indexed_rows(candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table | None) -> pa.Table:
+def indexed_rows(candidates: pa.Table, cfg: DedupNearConfig, decisions: pa.Table | None) -> pa.Table:
     """Prepared candidates with a ``representative`` column (each row's own key unless ``decisions``
     name another)."""
     table = prepare(candidates, cfg)
@@ -114,7 +114,7 @@ def indexed_rows(candidates: pa.Table, cfg: NearDupConfig, decisions: pa.Table |
     return table.append_column("representative", pa.array(rep, pa.string()))
 
 
-def check_settings(built, cfg: NearDupConfig) -> None:
+def check_settings(built, cfg: DedupNearConfig) -> None:
     """A ValueError when ``cfg`` cannot be searched against an index built with the settings of
     ``built`` (its hash, match_mirrored and max_distance)."""
     if cfg.hash != built.hash or cfg.match_mirrored != built.match_mirrored:
@@ -143,7 +143,11 @@ def cross_edges(
 
 
 def incremental_decisions(
-    new: pa.Table, existing: NearDupIndex | pa.Table, cfg: NearDupConfig, *, existing_decisions: pa.Table | None = None
+    new: pa.Table,
+    existing: NearDupIndex | pa.Table,
+    cfg: DedupNearConfig,
+    *,
+    existing_decisions: pa.Table | None = None,
 ) -> pa.Table:
     """Decision rows for a new batch (module docstring); ``existing``: a ``NearDupIndex``, or the
     existing version's candidates and ``existing_decisions``. One graph: the batch's rows to their

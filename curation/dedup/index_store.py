@@ -17,7 +17,7 @@ adds one (append-only, the settings kept). ``<part id>`` is an order-free digest
 **Relocatable.** A header names its own parts relative to its folder (``parts/<id>``), an earlier
 version's part by its ``origin`` (version id, index URI), its ``path`` in its owner's index folder
 and two hints from write time: ``relative`` (from this folder) and ``uri`` (absolute). Opening an
-index resolves every part under each location passed now (``NearDupConfig.index_locations``), then
+index resolves every part under each location passed now (``DedupNearConfig.index_locations``), then
 the hints; when none holds it, the open fails in one line naming the missing version.
 
 A search (``PartitionedNearIndex.sub_index``) reads, per band, only the buckets the batch's band
@@ -42,7 +42,7 @@ from curation import output
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.bands import mix64
 from curation.dedup.incremental import NearDupIndex, check_settings, incremental_decisions, refuse_reused_keys
-from curation.dedup.near import NearDupConfig, row_values
+from curation.dedup.near import DedupNearConfig, row_values
 from curation.dedup.shuffle import slices
 from curation.output import NEAR_INDEX_HEADER as HEADER
 from infra import storage
@@ -103,7 +103,7 @@ def row_records(rows: pa.Table, num_buckets: int) -> pa.Table:
     return rows.append_column("_b", pa.array(key_buckets(rows.column("key").to_pylist(), num_buckets)))
 
 
-def band_records(rows: pa.Table, cfg: NearDupConfig, masks: np.ndarray, num_buckets: int) -> pa.Table:
+def band_records(rows: pa.Table, cfg: DedupNearConfig, masks: np.ndarray, num_buckets: int) -> pa.Table:
     """Per band j and distinct hash value of a row: (value, key, ``_b`` = j * P + value bucket)."""
     r, v = row_values(rows, cfg)
     post = pa.table({"value": pa.array(v, pa.uint64()), "key": rows.column("key").take(pa.array(r))})
@@ -158,14 +158,14 @@ SETTINGS = ("hash", "match_mirrored", "max_distance", "num_blocks", "masks", "nu
 
 def index_settings(near, num_blocks: int, masks, num_buckets: int) -> dict:
     """A header's settings (``SETTINGS``): ``near``'s hash, match_mirrored and max_distance (of a
-    ``NearDupConfig`` or ``NearDupIndex``), the band plan and P."""
+    ``DedupNearConfig`` or ``NearDupIndex``), the band plan and P."""
     values = (near.hash, near.match_mirrored, near.max_distance, num_blocks, [str(int(m)) for m in masks], num_buckets)
     return dict(zip(SETTINGS, values))
 
 
-def settings_config(settings: dict) -> NearDupConfig:
+def settings_config(settings: dict) -> DedupNearConfig:
     """The near-dedup settings an index's rows were prepared with (their hash columns)."""
-    return NearDupConfig(**{k: settings[k] for k in ("hash", "match_mirrored", "max_distance")})
+    return DedupNearConfig(**{k: settings[k] for k in ("hash", "match_mirrored", "max_distance")})
 
 
 def settings_masks(settings: dict) -> np.ndarray:
@@ -266,7 +266,7 @@ class PartitionedNearIndex:
     def masks(self) -> np.ndarray:
         return settings_masks(self.header)
 
-    def in_memory(self, rows: pa.Table | None, cfg: NearDupConfig, like: pa.Table | None = None) -> NearDupIndex:
+    def in_memory(self, rows: pa.Table | None, cfg: DedupNearConfig, like: pa.Table | None = None) -> NearDupIndex:
         """``rows`` (``NearDupIndex.from_rows``) under this index's band plan."""
         h = self.header
         return NearDupIndex.from_rows(
@@ -278,7 +278,7 @@ class PartitionedNearIndex:
         """Bucket files of the whole index (what a full load would open)."""
         return sum(len(p["row_buckets"]) + sum(len(b) for b in p["band_buckets"]) for p in self.header["parts"])
 
-    def check(self, cfg: NearDupConfig) -> None:
+    def check(self, cfg: DedupNearConfig) -> None:
         check_settings(settings_config(self.header), cfg)
 
     def _read(self, path_of, wanted: set[int], listed: str, j: int | None = None, keep=None) -> list[pa.Table]:
@@ -344,7 +344,7 @@ class PartitionedNearIndex:
                 found.update(t.column("key").to_pylist())
         return sorted(found)
 
-    def sub_index(self, new: pa.Table, cfg: NearDupConfig) -> NearDupIndex:
+    def sub_index(self, new: pa.Table, cfg: DedupNearConfig) -> NearDupIndex:
         """A small in-memory index: every stored row a new value can reach, and their representatives."""
         self.check(cfg)
         clash = self.read_rows(new.column("key").to_pylist())
@@ -359,7 +359,7 @@ class PartitionedNearIndex:
         self.reached = 0 if rows is None else rows.num_rows
         return self.in_memory(rows, cfg, like=new)
 
-    def decisions(self, new: pa.Table, cfg: NearDupConfig) -> pa.Table:
+    def decisions(self, new: pa.Table, cfg: DedupNearConfig) -> pa.Table:
         """``incremental_decisions`` of ``new`` against this index, reading only touched buckets."""
         if not cfg.enabled or new.num_rows == 0:
             return DECISION_SCHEMA.empty_table()
@@ -386,7 +386,7 @@ class IndexExtension:
         return write_index(fs, path, self.rows, self.base.header, earlier=self.base)
 
 
-def decide_against(new: pa.Table, index: PartitionedNearIndex, cfg: NearDupConfig) -> tuple[pa.Table, IndexExtension]:
+def decide_against(new: pa.Table, index: PartitionedNearIndex, cfg: DedupNearConfig) -> tuple[pa.Table, IndexExtension]:
     """A new batch's near-dup decisions against an earlier version's index, and the index the run
     saves: the earlier one grown by one part (the batch's rows)."""
     decisions = index.decisions(new, cfg)

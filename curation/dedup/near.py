@@ -35,7 +35,7 @@ GROUP_PREFIX = "phash:"
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True)
-class NearDupConfig:
+class DedupNearConfig:
     """Settings of near-duplicate dedup (``dedup.near``); only ``max_distance``, ``match_mirrored``
     and ``hash`` change decisions.
 
@@ -269,7 +269,7 @@ def cross_pairs(
     return np.concatenate(out_i), np.concatenate(out_j)
 
 
-def row_values(table: pa.Table, cfg: NearDupConfig) -> tuple[np.ndarray, np.ndarray]:
+def row_values(table: pa.Table, cfg: DedupNearConfig) -> tuple[np.ndarray, np.ndarray]:
     """(row index, hash value) per distinct value of each row: its hash and mirror hash."""
     n = table.num_rows
     cols = [hex_to_uint64(table.column(c)) for c in cfg.hash_columns()]
@@ -291,7 +291,7 @@ def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered[first], inverse
 
 
-def prepare(candidates: pa.Table, cfg: NearDupConfig) -> pa.Table:
+def prepare(candidates: pa.Table, cfg: DedupNearConfig) -> pa.Table:
     """The candidates' rule and hash columns, key-sorted (``canonical_order``), once they are there."""
     names = candidates.column_names
     missing = [c for c in (*META_COLUMNS, *cfg.hash_columns()) if c not in names]
@@ -305,7 +305,7 @@ def prepare(candidates: pa.Table, cfg: NearDupConfig) -> pa.Table:
     return canonical_order(candidates.select(list(dict.fromkeys([*meta_columns(names), *cfg.hash_columns()]))))
 
 
-def near_duplicate_decisions(candidates: pa.Table, cfg: NearDupConfig, *, prefer: Collection[str] = ()) -> pa.Table:
+def near_duplicate_decisions(candidates: pa.Table, cfg: DedupNearConfig, *, prefer: Collection[str] = ()) -> pa.Table:
     """Decision rows (reason ``near_duplicate``, sorted by key) in one process, whatever the row order.
     ``candidates``: key, the hash columns (16 hex chars), width, height and the rule's other columns
     where known; ``prefer``: keys that win the representative choice first (an existing version's)."""

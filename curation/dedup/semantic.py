@@ -34,7 +34,7 @@ _SLACK = 1e-9  # candidates this far below the threshold are rechecked exactly (
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True)
-class SemanticDupConfig:
+class DedupSemanticConfig:
     """Settings of semantic dedup (``dedup.semantic``), off by default (the CLIP embedding step may be).
 
     ``threshold``: the cosine at or above which two images are duplicates (NeMo Curator's 0.99; not
@@ -104,7 +104,7 @@ def _faiss_or_none(use_faiss: str):
     return faiss
 
 
-def fit_centroids(sample: np.ndarray, k: int, cfg: SemanticDupConfig, seed: int | None = None) -> np.ndarray:
+def fit_centroids(sample: np.ndarray, k: int, cfg: DedupSemanticConfig, seed: int | None = None) -> np.ndarray:
     """Spherical k-means centroids (unit rows) of a key-sorted sample, seeded by ``seed``
     (default ``cfg.seed``)."""
     k, seed = min(k, len(sample)), cfg.seed if seed is None else seed
@@ -184,7 +184,7 @@ def split_clusters(rows: np.ndarray, k: int) -> np.ndarray:
     return per
 
 
-def fit_tree(sample: np.ndarray, k: int, cfg: SemanticDupConfig) -> Centroids:
+def fit_tree(sample: np.ndarray, k: int, cfg: DedupSemanticConfig) -> Centroids:
     """k centroids of a key-sorted sample: flat up to ``cfg.max_flat_clusters``, else ceil(sqrt(k))
     coarse centroids (those unused dropped), each coarse cluster's rows fitted with its share of k
     (``split_clusters``), seeded ``cfg.seed`` + 1 + its index: about 2 sqrt(k) products per row."""
@@ -221,7 +221,7 @@ def similar_pairs(
     return i[close], j[close], score[close]
 
 
-def sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> Centroids:
+def sample_centroids(sample: pa.Table, n_rows: int, cfg: DedupSemanticConfig) -> Centroids:
     """Centroids from the rows of ``sample`` with the smallest key ranks (then in key order)."""
     ranks = key_rank(sample.column("key").to_pylist())
     chosen = np.sort(np.argsort(ranks, kind="stable")[: cfg.kmeans_sample_size])
@@ -229,7 +229,7 @@ def sample_centroids(sample: pa.Table, n_rows: int, cfg: SemanticDupConfig) -> C
     return fit_tree(embeddings(sample, cfg.embedding_column), cfg.clusters_for(n_rows), cfg)
 
 
-def semantic_duplicate_decisions(candidates: pa.Table, cfg: SemanticDupConfig) -> pa.Table:
+def semantic_duplicate_decisions(candidates: pa.Table, cfg: DedupSemanticConfig) -> pa.Table:
     """Decision rows (reason ``semantic_duplicate``, sorted by key) in one process, whatever the row
     order; ``candidates``: key, the rule's columns and ``cfg.embedding_column`` (any fixed length).
     A cluster's groups are the components of its pairs with cosine >= threshold."""

@@ -36,7 +36,7 @@ from curation.dedup.distributed_semantic import semantic_decisions
 from curation.dedup.earlier import EarlierVersion, semantic_against
 from curation.dedup.eval_overlap import (
     EVAL_OVERLAP,
-    DecontaminateConfig,
+    DedupDecontaminateConfig,
     EvalSet,
     decontaminate,
     hash_overlap,
@@ -46,14 +46,14 @@ from curation.dedup.eval_overlap import (
 from curation.dedup.exact import exact_duplicate_decisions
 from curation.dedup.incremental import NearDupIndex
 from curation.dedup.index_store import IndexExtension, PartitionedNearIndex, decide_against, save_index
-from curation.dedup.near import NearDupConfig, near_duplicate_decisions
-from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
+from curation.dedup.near import DedupNearConfig, near_duplicate_decisions
+from curation.dedup.semantic import DedupSemanticConfig, semantic_duplicate_decisions
 from curation.steps import Step, section_of
 from infra import storage
 
 
 @dataclasses.dataclass(kw_only=True)
-class ExactDupConfig:
+class DedupExactConfig:
     enabled: bool = True  # identical input bytes keep one copy, across the whole run
 
 
@@ -69,14 +69,14 @@ class DedupContext:
     eval_set: EvalSet | None = None  # dedup.decontaminate: the evaluation images, hashed (curation.eval_set)
 
     @classmethod
-    def open(cls, settings: DedupConfig, near: NearDupConfig | bool | None) -> DedupContext:
+    def open(cls, settings: DedupConfig, near: DedupNearConfig | bool | None) -> DedupContext:
         """``near``: the near-dedup settings when that step runs (True: the defaults), else None/False."""
         ctx = cls(engine=settings.engine, against=settings.against)
         if settings.against:
             ctx.earlier = EarlierVersion.open(settings.against)
             if near:
                 ctx.against_index = earlier_index(
-                    ctx.earlier, near if isinstance(near, NearDupConfig) else NearDupConfig()
+                    ctx.earlier, near if isinstance(near, DedupNearConfig) else DedupNearConfig()
                 )
         return ctx
 
@@ -86,7 +86,7 @@ class DedupContext:
             save_index(self.index, fs, path)
 
 
-def earlier_index(earlier: EarlierVersion, cfg: NearDupConfig) -> PartitionedNearIndex:
+def earlier_index(earlier: EarlierVersion, cfg: DedupNearConfig) -> PartitionedNearIndex:
     """The near-dup index an earlier version saved (every run with near dedup saves one), opened by
     its header only: searches read the buckets a new batch touches."""
     out = earlier.output
@@ -130,13 +130,13 @@ class DedupDecontaminate(DedupStep):
     ``DedupSemantic``, under this step's reason). First, so such a copy is recorded as one."""
 
     section = "dedup.decontaminate"
-    Config = DecontaminateConfig
+    Config = DedupDecontaminateConfig
     reasons = (EVAL_OVERLAP,)
     reads = ("sha256", "phash", "phash_mirror", "width", "height")  # with the default hash (``columns_read``)
 
     @property
-    def near(self) -> NearDupConfig:
-        return getattr(self.dedup, "near", None) or NearDupConfig()
+    def near(self) -> DedupNearConfig:
+        return getattr(self.dedup, "near", None) or DedupNearConfig()
 
     def columns_read(self) -> tuple[str, ...]:
         return ("sha256", *self.near.hash_columns(), "width", "height")
@@ -164,7 +164,7 @@ def _eval_set(ctx: DedupContext) -> EvalSet:
 
 class DedupExact(DedupStep):
     section = "dedup.exact"
-    Config = ExactDupConfig
+    Config = DedupExactConfig
     reasons = (schema.EXACT_DUPLICATE,)
     reads = ("sha256", "width", "height")
 
@@ -183,7 +183,7 @@ class DedupExact(DedupStep):
 
 class DedupNear(DedupStep):
     section = "dedup.near"
-    Config = NearDupConfig
+    Config = DedupNearConfig
     reasons = (schema.NEAR_DUPLICATE,)
 
     def columns_read(self) -> tuple[str, ...]:
@@ -213,7 +213,7 @@ class DedupNear(DedupStep):
 
 class DedupSemantic(DedupStep):
     section = "dedup.semantic"
-    Config = SemanticDupConfig
+    Config = DedupSemanticConfig
     reasons = (schema.SEMANTIC_DUPLICATE, EVAL_OVERLAP)
 
     def columns_read(self) -> tuple[str, ...]:

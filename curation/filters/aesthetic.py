@@ -44,7 +44,7 @@ PUBLISHED = Published(
 
 
 @dataclasses.dataclass(kw_only=True)
-class AestheticScoreConfig(Placement):
+class ContentAestheticConfig(Placement):
     """Settings of the aesthetic score (``content.aesthetic``)."""
 
     enabled: bool = True
@@ -78,7 +78,7 @@ class ContentAesthetic(EmbeddingHead):
     """Adds ``aesthetic_score`` to pending rows; sets ``low_aesthetic`` below ``min_score`` when set."""
 
     section = "content.aesthetic"
-    Config = AestheticScoreConfig
+    Config = ContentAestheticConfig
     reasons = (LOW_AESTHETIC,)
     fields = AESTHETIC_FIELDS
     scores = (Score("aesthetic_score", "min_score", "predicted aesthetic rating (1-10)"),)

@@ -25,7 +25,7 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from curation.filters.clip_embedding import ClipEmbeddingConfig, encode_prompts
+from curation.filters.clip_embedding import ContentEmbeddingConfig, encode_prompts
 from curation.filters.model import EMBEDDING_COLUMN, LinearHead, ModelStep, Placement, embeddings_of
 from curation.steps import Score, section_of
 
@@ -70,7 +70,7 @@ DEFAULT_NON_NATURAL_PROMPTS = {
 
 
 @dataclasses.dataclass(kw_only=True)
-class ArtisticFilterConfig(Placement):
+class ContentArtisticConfig(Placement):
     """Settings of the artistic / non-natural depiction filter (``content.artistic``); ``device``
     is where the prompts are encoded at start."""
 
@@ -142,7 +142,7 @@ class ContentArtistic(ModelStep):
     """Scores pending rows' ``clip_embedding``; sets ``artistic`` where P(non-natural) >= threshold."""
 
     section = "content.artistic"
-    Config = ArtisticFilterConfig
+    Config = ContentArtisticConfig
     reasons = (ARTISTIC,)
     reads = (EMBEDDING_COLUMN,)
     fields = ARTISTIC_FIELDS
@@ -151,7 +151,7 @@ class ContentArtistic(ModelStep):
     threshold_setting = "threshold"
 
     def __init__(
-        self, cfg: ArtisticFilterConfig, clip: ClipEmbeddingConfig, prompt_embeddings: np.ndarray | None = None
+        self, cfg: ContentArtisticConfig, clip: ContentEmbeddingConfig, prompt_embeddings: np.ndarray | None = None
     ) -> None:
         """``prompt_embeddings`` [P, D] (in ``PromptSet`` order) skips encoding the prompts in setup."""
         super().__init__(cfg)

@@ -34,7 +34,7 @@ _SCHEMAS = ("hf-hub:", "local-dir:")
 
 
 @dataclasses.dataclass(kw_only=True)
-class ClipEmbeddingConfig(Placement):
+class ContentEmbeddingConfig(Placement):
     """Settings of the CLIP embedding step (``content.embedding``)."""
 
     enabled: bool = True
@@ -48,7 +48,7 @@ class ClipEmbeddingConfig(Placement):
     batch_size: int = 64
 
 
-def check_clip_config(cfg: ClipEmbeddingConfig, where: str = "content.embedding") -> None:
+def check_clip_config(cfg: ContentEmbeddingConfig, where: str = "content.embedding") -> None:
     """Start-up validation: the model and its weights are available (raises with what to fix)."""
     enabled = f"{where}.enabled"
     if cfg.model.startswith("local-dir:"):
@@ -85,7 +85,7 @@ def check_clip_config(cfg: ClipEmbeddingConfig, where: str = "content.embedding"
     )
 
 
-def embedding_width(cfg: ClipEmbeddingConfig) -> int | None:
+def embedding_width(cfg: ContentEmbeddingConfig) -> int | None:
     """The width D of the configured model's embeddings, from its config, without building it
     (None where only a worker can tell: an ``hf-hub:`` model, an unknown architecture). Heads on the
     embedding check their input width against it at start-up."""
@@ -103,7 +103,7 @@ def embedding_width(cfg: ClipEmbeddingConfig) -> int | None:
 class ClipModel:
     """An open_clip model ready for inference, with its image transform and tokenizer."""
 
-    def __init__(self, cfg: ClipEmbeddingConfig, where: str = "content.embedding") -> None:
+    def __init__(self, cfg: ContentEmbeddingConfig, where: str = "content.embedding") -> None:
         import open_clip
 
         self.device = resolve_device(cfg.device, where)
@@ -144,12 +144,12 @@ def _normalise(x: np.ndarray) -> np.ndarray:
     return (x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
-def encode_prompts(cfg: ClipEmbeddingConfig, prompts: list[str]) -> np.ndarray:
+def encode_prompts(cfg: ContentEmbeddingConfig, prompts: list[str]) -> np.ndarray:
     """Text embeddings [P, D] of ``prompts`` with the configured CLIP model (loads it, then lets it go)."""
     return ClipModel(cfg).encode_texts(prompts)
 
 
-def _weight_files(cfg: ClipEmbeddingConfig) -> dict[str, str]:
+def _weight_files(cfg: ContentEmbeddingConfig) -> dict[str, str]:
     if cfg.model.startswith("local-dir:"):
         return {"model": cfg.model[len("local-dir:") :]}
     return {"weights": cfg.weights} if cfg.weights and Path(cfg.weights).expanduser().is_file() else {}
@@ -159,7 +159,7 @@ class ContentEmbedding(ModelStep):
     """Adds ``clip_embedding`` to every pending row (null elsewhere)."""
 
     section = "content.embedding"
-    Config = ClipEmbeddingConfig
+    Config = ContentEmbeddingConfig
     reads = ("image",)
     fields = EMBEDDING_FIELDS
 

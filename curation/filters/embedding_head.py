@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
-from curation.filters.clip_embedding import ClipEmbeddingConfig, embedding_width
+from curation.filters.clip_embedding import ContentEmbeddingConfig, embedding_width
 from curation.filters.model import EMBEDDING_COLUMN, ModelStep, embeddings_of, load_state_file
 from curation.steps import section_of
 
@@ -36,7 +36,7 @@ class EmbeddingHead(ModelStep):
     score_column: ClassVar[str]  # the column its value goes to
     weights_what: ClassVar[str]  # what the weights file is, for the error when it is missing
 
-    def __init__(self, cfg: Any, clip: ClipEmbeddingConfig | None = None) -> None:
+    def __init__(self, cfg: Any, clip: ContentEmbeddingConfig | None = None) -> None:
         super().__init__(cfg)
         self.clip_cfg = clip
         self.tensors: dict | None = None

@@ -43,7 +43,7 @@ NSFW_FIELDS = [pa.field("nsfw_score", pa.float32())]  # P(NSFW)
 
 
 @dataclasses.dataclass(kw_only=True)
-class NsfwFilterConfig(Placement):
+class ContentNsfwConfig(Placement):
     """Settings of the NSFW filter (``content.nsfw``)."""
 
     enabled: bool = True
@@ -79,7 +79,7 @@ class ContentNsfw(EmbeddingHead):
     """Adds ``nsfw_score`` (P(NSFW)) to pending rows; sets ``nsfw`` where it is >= threshold."""
 
     section = "content.nsfw"
-    Config = NsfwFilterConfig
+    Config = ContentNsfwConfig
     reasons = (NSFW,)
     fields = NSFW_FIELDS
     scores = (Score("nsfw_score", "threshold", "P(NSFW)"),)

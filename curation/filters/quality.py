@@ -48,7 +48,7 @@ QUALITY_FIELDS = [
 
 
 @dataclasses.dataclass(kw_only=True)
-class ImageQualityConfig:
+class QualityConfig:
     """The ``quality`` section: sharpness and exposure thresholds (calibration:
     ``docs/results/image_quality.md``), and whether flawed images are dropped or only ranked."""
 
@@ -92,7 +92,7 @@ def clipped_shares(grey_HW: np.ndarray, dark_level: int, bright_level: int) -> t
     return float((g <= dark_level).mean()), float((g >= bright_level).mean())
 
 
-def measure(grey_HW: np.ndarray, cfg: ImageQualityConfig) -> dict:
+def measure(grey_HW: np.ndarray, cfg: QualityConfig) -> dict:
     """The step's columns for one thumbnail, plus the flaws behind ``rank_quality``."""
     dark, bright = clipped_shares(grey_HW, cfg.dark_level, cfg.bright_level)
     value = sharpness(grey_HW)
@@ -112,7 +112,7 @@ class Quality(RowStep):
     """Adds sharpness, clipped shares and ``rank_quality`` to pending rows; drops only when told to."""
 
     section = "quality"
-    Config = ImageQualityConfig
+    Config = QualityConfig
     reasons = (BLURRED, BADLY_EXPOSED)
     reads = ("thumbnail",)
     fields = QUALITY_FIELDS

@@ -42,7 +42,7 @@ TEXT_FIELDS = [
 
 
 @dataclasses.dataclass(kw_only=True)
-class TextFilterConfig(Placement):
+class ContentTextConfig(Placement):
     """Settings of the OCR text filter (``content.text``). The thresholds were set on the labelled
     cases of ``tests/curation/filters/test_content_text.py`` (real photos with and without overlaid
     text, rendered captions and watermarks), which they separate; docs/results/content_filters.md."""
@@ -62,7 +62,7 @@ class TextFilterConfig(Placement):
     # device: GPU only with onnxruntime-gpu and num_gpus > 0; num_cpus is also the ONNX Runtime thread count
 
 
-def check_text_config(cfg: TextFilterConfig, where: str = "content.text") -> None:
+def check_text_config(cfg: ContentTextConfig, where: str = "content.text") -> None:
     import importlib.util
 
     for name in (
@@ -111,7 +111,7 @@ def _geometry(box_42: np.ndarray) -> tuple[float, float, float]:
     return max(n1, n2), min(n1, n2), float(min(angle, 180.0 - angle))
 
 
-def classify_box(box_42: np.ndarray, width: int, height: int, cfg: TextFilterConfig) -> str | None:
+def classify_box(box_42: np.ndarray, width: int, height: int, cfg: ContentTextConfig) -> str | None:
     """``diagonal``, ``caption``, ``edge_mark`` or None for one text box."""
     length, thickness, tilt = _geometry(box_42)
     short_side = min(width, height)
@@ -129,7 +129,7 @@ def classify_box(box_42: np.ndarray, width: int, height: int, cfg: TextFilterCon
     return "edge_mark" if hi <= band or lo >= across - band else None
 
 
-def measure_text(boxes: list[np.ndarray], width: int, height: int, cfg: TextFilterConfig) -> TextMeasures:
+def measure_text(boxes: list[np.ndarray], width: int, height: int, cfg: ContentTextConfig) -> TextMeasures:
     """Coverage, count and box kinds from confident text boxes in a ``width`` x ``height`` image."""
     import cv2
 
@@ -148,7 +148,7 @@ def measure_text(boxes: list[np.ndarray], width: int, height: int, cfg: TextFilt
     )
 
 
-def text_reason(m: TextMeasures, cfg: TextFilterConfig) -> str | None:
+def text_reason(m: TextMeasures, cfg: ContentTextConfig) -> str | None:
     """Diagonal text is a watermark even when large; else text-dominated; else an edge watermark."""
     if m.diagonal and cfg.drop_watermark_text:
         return WATERMARK_TEXT
@@ -162,7 +162,7 @@ def text_reason(m: TextMeasures, cfg: TextFilterConfig) -> str | None:
 class OcrEngine:
     """rapidocr's detector and recogniser (no angle classifier), on RGB arrays."""
 
-    def __init__(self, cfg: TextFilterConfig, where: str = "content.text") -> None:
+    def __init__(self, cfg: ContentTextConfig, where: str = "content.text") -> None:
         import onnxruntime
         from rapidocr_onnxruntime import RapidOCR
 
@@ -199,7 +199,7 @@ class ContentText(ModelStep):
     """Adds ``text_coverage``, ``text_box_count``, ``text_watermark``; sets ``text``/``watermark_text``."""
 
     section = "content.text"
-    Config = TextFilterConfig
+    Config = ContentTextConfig
     reasons = (TEXT, WATERMARK_TEXT)
     reads = ("image",)
     fields = TEXT_FIELDS

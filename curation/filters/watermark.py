@@ -49,7 +49,7 @@ _STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
 @dataclasses.dataclass(kw_only=True)
-class WatermarkFilterConfig(Placement):
+class ContentWatermarkConfig(Placement):
     """Settings of the watermark filter (``content.watermark``)."""
 
     enabled: bool = True
@@ -87,7 +87,7 @@ def build_classifier(backbone: str, head_hidden: tuple[int, ...], num_classes: i
 class WatermarkClassifier:
     """The classifier loaded from its weights file, batched P(watermark) for PIL RGB images."""
 
-    def __init__(self, cfg: WatermarkFilterConfig, where: str = "content.watermark") -> None:
+    def __init__(self, cfg: ContentWatermarkConfig, where: str = "content.watermark") -> None:
 
         self.cfg = cfg
         self.device = resolve_device(cfg.device, where)
@@ -117,13 +117,13 @@ class ContentWatermark(ModelStep):
     """Adds ``watermark_score`` to pending rows; sets ``watermark`` where it is >= threshold."""
 
     section = "content.watermark"
-    Config = WatermarkFilterConfig
+    Config = ContentWatermarkConfig
     reasons = (WATERMARK,)
     fields = WATERMARK_FIELDS
     scores = (Score("watermark_score", "threshold", "P(watermark)"),)
     threshold_setting = "threshold"
 
-    def __init__(self, cfg: WatermarkFilterConfig) -> None:
+    def __init__(self, cfg: ContentWatermarkConfig) -> None:
         super().__init__(cfg)
         self.classifier: WatermarkClassifier | None = None
         self.clip_head: LinearHead | None = None

@@ -78,6 +78,7 @@ def test_every_step_of_every_recipe_is_named_by_its_section():
         for cls in recipe.steps:
             assert cls.section and cls.name == cls.section, cls.__qualname__
             assert cls.__name__ == section_class_name(cls.section), (cls.__name__, cls.section)
+            assert cls.Config is None or cls.Config.__name__ == f"{cls.__name__}Config", cls.Config
     assert [cls.__name__ for cls in HUMANS1B.steps] == SHIPPED_CLASSES
 
 

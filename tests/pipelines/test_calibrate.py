@@ -124,11 +124,11 @@ def embeddings(clip: Path, folder: Path) -> dict[str, np.ndarray]:
     curation's decode and CLIP steps."""
     from curation.config import DecodeConfig
     from curation.decode import Decode
-    from curation.filters.clip_embedding import ClipEmbeddingConfig, ContentEmbedding
+    from curation.filters.clip_embedding import ContentEmbedding, ContentEmbeddingConfig
     from curation.steps import run_steps_locally
     from pipelines.calibrate import labelled_files, raw_rows
 
-    steps = [Decode(DecodeConfig()), ContentEmbedding(ClipEmbeddingConfig(model=f"local-dir:{clip}", device="cpu"))]
+    steps = [Decode(DecodeConfig()), ContentEmbedding(ContentEmbeddingConfig(model=f"local-dir:{clip}", device="cpu"))]
     paths = [p for found in labelled_files(folder).values() for p in found]
     out = run_steps_locally(raw_rows(paths, folder), steps).to_pydict()
     return {k: np.array(e, np.float64) for k, e in zip(out["key"], out["clip_embedding"]) if e is not None}

@@ -142,7 +142,7 @@ def compare_with_imagededup(
     from imagededup.methods import PHash
 
     from curation.dedup.hashing import phash_hex_pair
-    from curation.dedup.near import NearDupConfig, near_duplicate_decisions
+    from curation.dedup.near import DedupNearConfig, near_duplicate_decisions
 
     rows, truth_groups = [], []
     for name, photo in sorted(photos.items()):
@@ -195,7 +195,7 @@ def compare_with_imagededup(
         ours = {
             name: pairs_of_groups(
                 groups_from_decisions(
-                    keys, near_duplicate_decisions(table, NearDupConfig(max_distance=t, match_mirrored=mirrored))
+                    keys, near_duplicate_decisions(table, DedupNearConfig(max_distance=t, match_mirrored=mirrored))
                 )
             )
             for name, mirrored in (("ours", match_mirrored), ("ours_no_mirror", False))

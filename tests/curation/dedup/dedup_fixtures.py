@@ -88,11 +88,11 @@ def staged_table(root, table: pa.Table, partitions: int, shuffle_partitions: int
 def distributed_decisions(root, table: pa.Table, cfg, partitions: int, shuffle_partitions: int | None = 3) -> pa.Table:
     """The distributed engine's (``dedup.engine=ray``) decisions of the one step ``cfg`` sets up
     (near or semantic dedup) on ``table`` staged at ``root``, sorted by key."""
-    from curation.dedup.near import NearDupConfig
+    from curation.dedup.near import DedupNearConfig
     from curation.dedup.steps import DedupContext, DedupNear, DedupSemantic, run_global_dedup
 
     inp = staged_table(root, table, partitions, shuffle_partitions)
-    step = DedupNear(cfg) if isinstance(cfg, NearDupConfig) else DedupSemantic(cfg)
+    step = DedupNear(cfg) if isinstance(cfg, DedupNearConfig) else DedupSemantic(cfg)
     run_global_dedup([step], inp, DedupContext(engine="ray"))
     fs, path = storage.resolve(inp.out)
     return pa.concat_tables([partition_decisions(fs, path, pid) for pid in inp.pids]).sort_by("key")

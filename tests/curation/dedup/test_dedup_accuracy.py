@@ -12,7 +12,7 @@ quarter tiles each as distinct hard negatives; pairwise precision / recall):
 Without mirror hashes ours finds exactly imagededup's pairs (the banded search is exact); the
 lead at equal t is the mirror hashes alone, which match flipped copies and, through them, the
 crops and frames close to a flipped copy. Larger crops (10%) and moving frames need t >= 8-10;
-see NearDupConfig for why the default is 4.
+see DedupNearConfig for why the default is 4.
 """
 
 import numpy as np

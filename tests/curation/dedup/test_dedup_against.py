@@ -14,8 +14,8 @@ from curation import output, schema
 from curation.dedup.decisions import read_candidates
 from curation.dedup.earlier import EarlierVersion, semantic_against
 from curation.dedup.exact import exact_against, exact_duplicate_decisions
-from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
-from curation.dedup.steps import DedupContext, DedupExact, DedupSemantic, ExactDupConfig, run_global_dedup, without
+from curation.dedup.semantic import DedupSemanticConfig, semantic_duplicate_decisions
+from curation.dedup.steps import DedupContext, DedupExact, DedupExactConfig, DedupSemantic, run_global_dedup, without
 
 
 def earlier_output(root, table: pa.Table, parts: int, seed: int) -> EarlierVersion:
@@ -52,7 +52,7 @@ def test_exact_against_an_earlier_version_equals_the_whole_version_reference(ray
     earlier = earlier_output(
         tmp_path / "v1", pa.table({"key": [f"old{i:04d}" for i in range(500)], "sha256": old_sha}), parts=5, seed=11
     )
-    dropped = run_global_dedup([DedupExact(ExactDupConfig())], inp, DedupContext(engine=engine, earlier=earlier))
+    dropped = run_global_dedup([DedupExact(DedupExactConfig())], inp, DedupContext(engine=engine, earlier=earlier))
     got = all_decisions(inp)
     against = exact_against(new, whole_kept(earlier, ["key", "sha256"]))
     within = exact_duplicate_decisions(without(new.select(["key", "sha256", "width", "height"]), against))
@@ -111,7 +111,7 @@ def test_semantic_against_an_earlier_version_equals_brute_force(tmp_path):
     new[:60] = old[copies] + rng.normal(scale=0.02, size=(60, 16))  # copies of earlier rows (kept or dropped)
     new[60:80] = new[80:100] + rng.normal(scale=0.02, size=(20, 16))  # copies within the batch
     new_table = embedding_table([f"new{i:04d}" for i in range(200)], new)
-    cfg = SemanticDupConfig(enabled=True, threshold=0.98, n_clusters=2, use_faiss="never")
+    cfg = DedupSemanticConfig(enabled=True, threshold=0.98, n_clusters=2, use_faiss="never")
     against = semantic_against(new_table, earlier, cfg)
     want = brute_force_against(new_table, whole_kept(earlier, ["key", "clip_embedding"]), cfg.threshold)
     assert 25 < want.num_rows < 60 and against.equals(want)
@@ -123,7 +123,7 @@ def test_semantic_against_an_earlier_version_equals_brute_force(tmp_path):
 def test_an_earlier_version_without_embeddings_gives_no_semantic_decisions(tmp_path):
     earlier = earlier_output(tmp_path / "v1", pa.table({"key": ["a"], "sha256": ["0" * 64]}), 1, seed=0)
     new = embedding_table(["b"], np.ones((1, 4)))
-    assert semantic_against(new, earlier, SemanticDupConfig(enabled=True)).num_rows == 0
+    assert semantic_against(new, earlier, DedupSemanticConfig(enabled=True)).num_rows == 0
 
 
 def test_against_an_unfinished_output_is_refused(tmp_path):

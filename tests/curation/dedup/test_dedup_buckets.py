@@ -12,7 +12,7 @@ from curation.dedup.distributed import group_edges
 from curation.dedup.hashing import hamming, uint64_to_hex
 from curation.dedup.near import (
     REFINE_MIN,
-    NearDupConfig,
+    DedupNearConfig,
     SearchWork,
     band_close_pairs,
     near_duplicate_decisions,
@@ -132,7 +132,7 @@ def test_ray_decisions_equal_local_on_a_clustered_corpus(ray_local, tmp_path):
         },
         schema=CANDIDATE_SCHEMA,
     )
-    cfg = NearDupConfig(max_distance=T, num_blocks=6)
+    cfg = DedupNearConfig(max_distance=T, num_blocks=6)
     local = near_duplicate_decisions(table, cfg)
     assert local.num_rows > 100
     assert distributed_decisions(tmp_path, table, cfg, partitions=3).equals(local)

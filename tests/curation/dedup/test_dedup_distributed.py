@@ -10,9 +10,9 @@ from dedup_fixtures import planted_table
 from curation import output, staging
 from curation.dedup.components import component_labels
 from curation.dedup.decisions import GlobalDedupInput, partition_decisions
-from curation.dedup.near import NearDupConfig
+from curation.dedup.near import DedupNearConfig
 from curation.dedup.shuffle import connected_components
-from curation.dedup.steps import DedupContext, DedupExact, DedupNear, ExactDupConfig, run_global_dedup
+from curation.dedup.steps import DedupContext, DedupExact, DedupExactConfig, DedupNear, run_global_dedup
 from infra import storage
 
 pytestmark = pytest.mark.slow
@@ -46,8 +46,8 @@ def all_decisions(inp: GlobalDedupInput) -> pa.Table:
 
 
 def test_distributed_exact_and_near_equal_the_in_process_decisions(ray_local, tmp_path):
-    near = NearDupConfig(max_distance=6)
-    steps = [DedupExact(ExactDupConfig()), DedupNear(near)]
+    near = DedupNearConfig(max_distance=6)
+    steps = [DedupExact(DedupExactConfig()), DedupNear(near)]
     inp = staged_run(tmp_path / "out", 800, 5, seed=3)
     local = run_global_dedup(steps, inp, DedupContext(engine="local"))
     expected = all_decisions(inp)

@@ -5,7 +5,7 @@ import pytest
 from dedup_fixtures import BASE, flip_bits, planted_table, rows, shuffled
 
 from curation.dedup.incremental import NearDupIndex, incremental_decisions
-from curation.dedup.near import NearDupConfig, near_duplicate_decisions
+from curation.dedup.near import DedupNearConfig, near_duplicate_decisions
 
 
 def split(table: pa.Table, seed: int, new_fraction: float = 0.3) -> tuple[pa.Table, pa.Table]:
@@ -20,7 +20,7 @@ def restricted(decisions: pa.Table, keys: pa.Table) -> pa.Table:
 
 @pytest.mark.parametrize("seed, t", [(0, 4), (1, 6), (2, 2)])
 def test_incremental_equals_full_recomputation_with_existing_rows_preferred(seed, t):
-    cfg = NearDupConfig(max_distance=t)
+    cfg = DedupNearConfig(max_distance=t)
     old, new = split(planted_table(2500, seed=seed, max_flips=t + 1), seed)
     index = NearDupIndex.build(old, cfg, near_duplicate_decisions(old, cfg))
     inc = incremental_decisions(new, index, cfg)
@@ -33,7 +33,7 @@ def test_incremental_equals_full_recomputation_with_existing_rows_preferred(seed
 
 
 def test_incremental_equals_plain_full_recomputation_when_old_copies_are_larger():
-    cfg = NearDupConfig()
+    cfg = DedupNearConfig()
     table = planted_table(2500, seed=5)
     old, new = split(table, 5)
     old = old.set_column(old.schema.get_field_index("width"), "width", pa.array(np.full(old.num_rows, 4000, np.int32)))
@@ -47,7 +47,7 @@ def test_index_save_load_and_extension(tmp_path):
 
     from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index
 
-    cfg = NearDupConfig()
+    cfg = DedupNearConfig()
     fs = pafs.LocalFileSystem()
     table = planted_table(3000, seed=7)
     v1, rest = split(table, 7, new_fraction=0.5)
@@ -72,22 +72,22 @@ def test_index_save_load_and_extension(tmp_path):
 
 def test_index_settings_must_match():
     table = planted_table(200, seed=1)
-    index = NearDupIndex.build(table, NearDupConfig(max_distance=4))
+    index = NearDupIndex.build(table, DedupNearConfig(max_distance=4))
     other = planted_table(50, seed=2, key_prefix="n")
-    incremental_decisions(other, index, NearDupConfig(max_distance=2))  # a smaller distance stays exact
+    incremental_decisions(other, index, DedupNearConfig(max_distance=2))  # a smaller distance stays exact
     with pytest.raises(ValueError, match="rebuild"):
-        incremental_decisions(other, index, NearDupConfig(max_distance=6))
+        incremental_decisions(other, index, DedupNearConfig(max_distance=6))
     with pytest.raises(ValueError, match="match_mirrored"):
-        incremental_decisions(other, index, NearDupConfig(match_mirrored=False))
+        incremental_decisions(other, index, DedupNearConfig(match_mirrored=False))
     with pytest.raises(ValueError, match="reuse keys"):
-        incremental_decisions(table.slice(0, 5), index, NearDupConfig())
+        incremental_decisions(table.slice(0, 5), index, DedupNearConfig())
 
 
 def test_a_new_row_bridging_two_old_groups_joins_the_better_one():
     o1, o2 = BASE, flip_bits(BASE, [0, 1, 2, 3, 4, 5, 6, 7])  # 8 bits apart: two old groups
     old = rows(("o1", o1, 100, 100, None), ("o2", o2, 300, 300, None), ("o1b", flip_bits(o1, [60]), 50, 50, None))
     new = rows(("n", flip_bits(BASE, [0, 1, 2, 3]), 999, 999, 0.9), ("m", BASE ^ 0xFFFF_FFFF, 10, 10, None))
-    cfg = NearDupConfig()
+    cfg = DedupNearConfig()
     old_decisions = near_duplicate_decisions(old, cfg)
     assert [(d["key"], d["duplicate_of"]) for d in old_decisions.to_pylist()] == [("o1b", "o1")]
     inc = incremental_decisions(new, old, cfg, existing_decisions=old_decisions).to_pylist()
@@ -110,5 +110,5 @@ def test_an_earlier_version_without_a_saved_index_is_refused(tmp_path):
     pq.write_table(manifest, tmp_path / output.MANIFEST / "p0.parquet")
     (tmp_path / output.SUCCESS_FILE).write_text("{}")
     with pytest.raises(ValueError, match=r"has no near-dup index .*dedup\.near\.enabled=false") as err:
-        DedupContext.open(DedupConfig(against=str(tmp_path)), NearDupConfig())
+        DedupContext.open(DedupConfig(against=str(tmp_path)), DedupNearConfig())
     assert "\n" not in str(err.value)

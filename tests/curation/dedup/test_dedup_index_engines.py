@@ -18,12 +18,12 @@ from curation.config import DedupConfig
 from curation.dedup.decisions import read_candidates
 from curation.dedup.hashing import hex_to_uint64, uint64_to_hex
 from curation.dedup.index_store import PartitionedNearIndex, is_relative
-from curation.dedup.near import NearDupConfig
-from curation.dedup.steps import DedupContext, DedupExact, DedupNear, ExactDupConfig, run_global_dedup
+from curation.dedup.near import DedupNearConfig
+from curation.dedup.steps import DedupContext, DedupExact, DedupExactConfig, DedupNear, run_global_dedup
 from infra import storage
 
 pytestmark = pytest.mark.slow
-CFG = NearDupConfig(max_distance=4)
+CFG = DedupNearConfig(max_distance=4)
 
 
 def index_dir(out) -> str:
@@ -35,7 +35,7 @@ def curated(out, engine: str):
     finished output (manifest: every candidate, kept unless a decision dropped it)."""
     inp = staged_run(out, 800, 5, seed=3)
     ctx = DedupContext(engine=engine)
-    run_global_dedup([DedupExact(ExactDupConfig()), DedupNear(CFG)], inp, ctx)
+    run_global_dedup([DedupExact(DedupExactConfig()), DedupNear(CFG)], inp, ctx)
     ctx.save_index(*storage.resolve(index_dir(out)))
     candidates = pa.concat_tables([read_candidates(inp, i) for i in range(len(inp.pids))])
     dropped = all_decisions(inp).column("key")

@@ -13,12 +13,12 @@ from test_dedup_near import reference_decisions
 
 from curation.dedup.incremental import NearDupIndex, index_plan, index_workload
 from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index
-from curation.dedup.near import NearDupConfig, near_duplicate_decisions, row_values
+from curation.dedup.near import DedupNearConfig, near_duplicate_decisions, row_values
 
 
 def test_the_index_plan_grows_with_the_index_and_stays_bounded():
     sizes = [10**k for k in range(3, 12)]
-    plans = [index_plan(n, NearDupConfig(max_distance=4)) for n in sizes]
+    plans = [index_plan(n, DedupNearConfig(max_distance=4)) for n in sizes]
     shapes = [(len(p.masks()), min(bin(int(m)).count("1") for m in p.masks())) for p in plans]
     assert [bits for _, bits in shapes] == sorted(bits for _, bits in shapes)  # longer bands as it grows
     assert all(bands <= 126 for bands, _ in shapes)  # bounded: <= C(9, 4) bands up to 1e11
@@ -28,15 +28,15 @@ def test_the_index_plan_grows_with_the_index_and_stays_bounded():
     # the chosen plan is the cheapest under the stated model, of every plan with the same design search
     for n in sizes:
         workload = index_workload(n)
-        cost = workload.cost(index_plan(n, NearDupConfig(max_distance=4)), None)
+        cost = workload.cost(index_plan(n, DedupNearConfig(max_distance=4)), None)
         for b in range(5, 12):
-            assert cost <= workload.cost(index_plan(n, NearDupConfig(max_distance=4, index_num_blocks=b)), None)
+            assert cost <= workload.cost(index_plan(n, DedupNearConfig(max_distance=4, index_num_blocks=b)), None)
 
 
 def test_an_index_stores_its_covering_design_and_keeps_it_when_extended(tmp_path):
     """The default plan is a covering design (fewer postings than all subsets); the header records
     its masks, and an extension keeps them; decisions against it equal brute force."""
-    cfg = NearDupConfig(max_distance=4)
+    cfg = DedupNearConfig(max_distance=4)
     fs = pafs.LocalFileSystem()
     v1, b1, b2 = three_batches(37)
     memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
@@ -61,14 +61,14 @@ def test_an_index_stores_its_covering_design_and_keeps_it_when_extended(tmp_path
 )
 def test_invalid_index_plans_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        NearDupConfig(**kwargs)
+        DedupNearConfig(**kwargs)
 
 
 @pytest.mark.parametrize("blocks", [5, 9])
 def test_decisions_through_an_index_with_a_non_default_plan_equal_brute_force(tmp_path, blocks):
     """v1 indexed with B = ``blocks``; b1 against it; the extension (asked for another plan) keeps
     v1's plan; b2 against version 2 equals the whole-table brute force."""
-    cfg = NearDupConfig(max_distance=4, index_num_blocks=blocks)
+    cfg = DedupNearConfig(max_distance=4, index_num_blocks=blocks)
     fs = pafs.LocalFileSystem()
     v1, b1, b2 = three_batches(31)
     memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
@@ -78,7 +78,7 @@ def test_decisions_through_an_index_with_a_non_default_plan_equal_brute_force(tm
         set(zip(v1.column("key").to_pylist(), v1.column("phash").to_pylist()))
         | set(zip(v1.column("key").to_pylist(), v1.column("phash_mirror").to_pylist()))
     )
-    other = NearDupConfig(max_distance=4, index_num_blocks=6 if blocks != 6 else 7)
+    other = DedupNearConfig(max_distance=4, index_num_blocks=6 if blocks != 6 else 7)
     d1, ext = decide_against(b1, PartitionedNearIndex.open(fs, str(tmp_path / "v1")), other)
     v2 = ext.write(fs, str(tmp_path / "v2"))
     assert v2["num_blocks"] == blocks and v2["masks"] == header["masks"]

@@ -17,17 +17,17 @@ from dedup_fixtures import planted_table
 from curation import output, schema
 from curation.config import DedupConfig
 from curation.dedup.index_store import PartitionedNearIndex
-from curation.dedup.near import NearDupConfig
+from curation.dedup.near import DedupNearConfig
 from curation.dedup.steps import DedupContext, DedupNear
 
-CFG = NearDupConfig(max_distance=4)
+CFG = DedupNearConfig(max_distance=4)
 
 
 def index_dir(out) -> str:
     return output.path(str(out), output.DEDUP_DIR, output.NEAR_INDEX_DIR)
 
 
-def run(batch: pa.Table, out, against=None, cfg: NearDupConfig = CFG, version: str | None = None) -> tuple:
+def run(batch: pa.Table, out, against=None, cfg: DedupNearConfig = CFG, version: str | None = None) -> tuple:
     """One run's near dedup as the steps do it (decide, save the index); with ``version`` a finished
     output (manifest, ``_SUCCESS`` naming its dataset id). Returns (decisions, the index searched)."""
     settings = DedupConfig(against=None if against is None else str(against))
@@ -81,7 +81,7 @@ def test_a_moved_earlier_output_is_named_when_missing_and_found_where_it_is_pass
     with pytest.raises(ValueError, match=r"of earlier version id-v1 .*dedup\.near\.index_locations") as err:
         run(batch, tmp_path / "v4", against=tmp_path / "runs" / "v3")
     assert "\n" not in str(err.value)
-    cfg = NearDupConfig(max_distance=4, index_locations=(str(tmp_path / "elsewhere"),))
+    cfg = DedupNearConfig(max_distance=4, index_locations=(str(tmp_path / "elsewhere"),))
     got, index = run(batch, tmp_path / "v4", against=tmp_path / "runs" / "v3", cfg=cfg, version="id-v4")
     assert got.equals(want)
     v1_files = [p for p in index.opened if p.startswith(str(tmp_path / "elsewhere") + "/")]
@@ -102,4 +102,4 @@ def test_a_moved_earlier_output_is_named_when_missing_and_found_where_it_is_pass
 
 def test_index_locations_must_be_a_list_of_places():
     with pytest.raises(ValueError, match="index_locations"):
-        NearDupConfig(index_locations="runs/v1")
+        DedupNearConfig(index_locations="runs/v1")

@@ -10,7 +10,7 @@ from test_dedup_near import reference_decisions
 
 from curation.dedup.incremental import NearDupIndex, incremental_decisions
 from curation.dedup.index_store import PartitionedNearIndex, decide_against, save_index, value_buckets
-from curation.dedup.near import NearDupConfig, near_duplicate_decisions, row_values
+from curation.dedup.near import DedupNearConfig, near_duplicate_decisions, row_values
 from tests.curation.test_object_store import BUCKET, s3  # noqa: F401  (the moto S3 fixture)
 
 
@@ -32,7 +32,7 @@ def only(decisions, keys: pa.Table) -> list[dict]:
     return decisions.filter(pc.is_in(decisions.column("key"), value_set=keys.column("key"))).to_pylist()
 
 
-def in_memory(new: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> tuple[pa.Table, NearDupIndex]:
+def in_memory(new: pa.Table, index: NearDupIndex, cfg: DedupNearConfig) -> tuple[pa.Table, NearDupIndex]:
     """The in-memory reference: the batch's decisions against ``index``, and the next version's index
     (``index``'s rows, then the batch's with their representatives, under ``index``'s plan)."""
     decisions = incremental_decisions(new, index, cfg)
@@ -44,7 +44,7 @@ def in_memory(new: pa.Table, index: NearDupIndex, cfg: NearDupConfig) -> tuple[p
 def test_chain_of_two_versions_partitioned_equals_in_memory_equals_brute_force(tmp_path):
     """v1, then b1 against v1 (version 2 = one more part), then b2 against version 2. Older rows
     are larger, so the brute-force reference over everything picks the same representatives."""
-    cfg = NearDupConfig(max_distance=4)
+    cfg = DedupNearConfig(max_distance=4)
     fs = pafs.LocalFileSystem()
     v1, b1, b2 = three_batches(21)
     memory = NearDupIndex.build(v1, cfg, near_duplicate_decisions(v1, cfg))
@@ -64,7 +64,7 @@ def test_chain_of_two_versions_partitioned_equals_in_memory_equals_brute_force(t
 
 
 def test_a_small_batch_opens_only_the_buckets_its_band_keys_fall_into(tmp_path):
-    cfg = NearDupConfig(max_distance=4)
+    cfg = DedupNearConfig(max_distance=4)
     fs = pafs.LocalFileSystem()
     table = planted_table(4000, seed=3)
     copies = near_duplicate_decisions(table, cfg).column("key").to_pylist()[-3:]  # planted copies, late keys
@@ -118,7 +118,7 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
     from curation.config import DedupConfig
     from curation.dedup.steps import DedupContext, DedupNear
 
-    cfg = NearDupConfig(max_distance=4)
+    cfg = DedupNearConfig(max_distance=4)
     fs = pafs.LocalFileSystem()
     table = planted_table(1500, seed=9)
     part = np.random.default_rng(9).integers(0, 3, table.num_rows)
@@ -149,7 +149,7 @@ def test_dedup_against_goes_through_the_saved_partitioned_index(tmp_path):
 def test_the_index_lives_on_s3(s3):  # noqa: F811  (the imported fixture)
     """Written to and searched on S3 (moto's server through pyarrow); the earlier version's part named by
     its s3:// URI, the index's own part relative to its folder."""
-    cfg = NearDupConfig()
+    cfg = DedupNearConfig()
     table = planted_table(1200, seed=4)
     part = np.random.default_rng(4).integers(0, 3, table.num_rows)
     v1, b1, b2 = (table.filter(pa.array(part == i)) for i in range(3))

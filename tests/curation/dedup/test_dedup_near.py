@@ -9,11 +9,11 @@ from dedup_fixtures import BASE, flip_bits, planted_table, rows, shuffled
 from curation.dedup import DECISION_SCHEMA
 from curation.dedup.bands import interleaved, plan_bands
 from curation.dedup.hashing import hamming, hex_to_uint64
-from curation.dedup.near import NearDupConfig, near_duplicate_decisions, value_edges
+from curation.dedup.near import DedupNearConfig, near_duplicate_decisions, value_edges
 
 
 def decisions(table, **cfg):
-    return near_duplicate_decisions(table, NearDupConfig(**cfg)).to_pylist()
+    return near_duplicate_decisions(table, DedupNearConfig(**cfg)).to_pylist()
 
 
 def test_representative_rule_resolution_then_key():
@@ -79,8 +79,10 @@ def test_mirror_hash_matches_flipped_copies_only_when_enabled():
     assert [(d["key"], d["duplicate_of"]) for d in decisions(t)] == [("flip", "orig")]
     assert decisions(t, match_mirrored=False) == []
     with pytest.raises(ValueError, match="phash_mirror"):
-        near_duplicate_decisions(t.drop_columns(["phash_mirror"]), NearDupConfig())
-    assert near_duplicate_decisions(t.drop_columns(["phash_mirror"]), NearDupConfig(match_mirrored=False)).num_rows == 0
+        near_duplicate_decisions(t.drop_columns(["phash_mirror"]), DedupNearConfig())
+    assert (
+        near_duplicate_decisions(t.drop_columns(["phash_mirror"]), DedupNearConfig(match_mirrored=False)).num_rows == 0
+    )
 
 
 @pytest.mark.parametrize("t", [0, 1, 3, 4, 6, 8])
@@ -98,18 +100,18 @@ def test_banded_search_finds_exactly_the_brute_force_pairs(t):
 
 def test_decisions_do_not_depend_on_row_order():
     table = planted_table(3000, seed=1)
-    expected = near_duplicate_decisions(table, NearDupConfig())
+    expected = near_duplicate_decisions(table, DedupNearConfig())
     assert expected.num_rows > 500
     assert expected.schema == DECISION_SCHEMA
     for seed in range(3):
-        assert near_duplicate_decisions(shuffled(table, seed), NearDupConfig()).equals(expected)
+        assert near_duplicate_decisions(shuffled(table, seed), DedupNearConfig()).equals(expected)
     # the number of blocks changes the cost only
-    assert near_duplicate_decisions(table, NearDupConfig(num_blocks=9)).equals(expected)
+    assert near_duplicate_decisions(table, DedupNearConfig(num_blocks=9)).equals(expected)
 
 
 def test_every_dropped_row_points_at_a_kept_row_of_its_group():
     table = planted_table(3000, seed=2, max_flips=6)
-    out = near_duplicate_decisions(table, NearDupConfig(max_distance=6))
+    out = near_duplicate_decisions(table, DedupNearConfig(max_distance=6))
     dropped = set(out.column("key").to_pylist())
     groups = {}
     for d in out.to_pylist():
@@ -121,14 +123,14 @@ def test_every_dropped_row_points_at_a_kept_row_of_its_group():
 
 def test_prefer_makes_rows_win_the_representative_choice():
     t = rows(("old", BASE, 10, 10, None), ("new", flip_bits(BASE, [4]), 1000, 1000, 0.9))
-    out = near_duplicate_decisions(t, NearDupConfig(), prefer={"old"}).to_pylist()
+    out = near_duplicate_decisions(t, DedupNearConfig(), prefer={"old"}).to_pylist()
     assert [(d["key"], d["duplicate_of"]) for d in out] == [("new", "old")]
 
 
 def test_disabled_and_empty():
     t = planted_table(50)
-    assert near_duplicate_decisions(t, NearDupConfig(enabled=False)).num_rows == 0
-    assert near_duplicate_decisions(t.slice(0, 0), NearDupConfig()).num_rows == 0
+    assert near_duplicate_decisions(t, DedupNearConfig(enabled=False)).num_rows == 0
+    assert near_duplicate_decisions(t.slice(0, 0), DedupNearConfig()).num_rows == 0
 
 
 @pytest.mark.parametrize(
@@ -143,7 +145,7 @@ def test_disabled_and_empty():
 )
 def test_invalid_settings_say_what_to_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        NearDupConfig(**kwargs)
+        DedupNearConfig(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -169,7 +171,7 @@ def test_a_bad_value_in_the_curation_config_names_its_real_key(override):
 def test_duplicate_keys_are_refused():
     t = rows(("a", BASE, 10, 10, None), ("a", BASE, 10, 10, None))
     with pytest.raises(ValueError, match="unique"):
-        near_duplicate_decisions(t, NearDupConfig())
+        near_duplicate_decisions(t, DedupNearConfig())
 
 
 def reference_decisions(table: pa.Table, t: int) -> list[dict]:
@@ -209,7 +211,7 @@ def reference_decisions(table: pa.Table, t: int) -> list[dict]:
 @pytest.mark.parametrize("t", [2, 4, 6])
 def test_decisions_equal_a_brute_force_reference(t):
     table = planted_table(400, seed=10 + t, max_flips=t + 2)
-    assert near_duplicate_decisions(table, NearDupConfig(max_distance=t)).to_pylist() == reference_decisions(table, t)
+    assert near_duplicate_decisions(table, DedupNearConfig(max_distance=t)).to_pylist() == reference_decisions(table, t)
 
 
 @pytest.mark.parametrize("t", [2, 4, 6])

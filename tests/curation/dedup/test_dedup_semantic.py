@@ -4,7 +4,7 @@ import pytest
 from dedup_fixtures import EMB, embedding_table, shuffled
 
 from curation.dedup.components import component_labels, decisions_from_labels
-from curation.dedup.semantic import SemanticDupConfig, semantic_duplicate_decisions
+from curation.dedup.semantic import DedupSemanticConfig, semantic_duplicate_decisions
 
 
 def brute_force(table: pa.Table, threshold: float) -> pa.Table:
@@ -25,7 +25,7 @@ def test_exact_outcome_on_a_tiny_set():
             "clip_embedding": pa.array([[1, 0, 0], [0.999, 0.03, 0], [2, 0.02, 0.01], [0, 1, 0]], EMB),
         }
     )
-    out = semantic_duplicate_decisions(t, SemanticDupConfig(enabled=True, n_clusters=2)).to_pylist()
+    out = semantic_duplicate_decisions(t, DedupSemanticConfig(enabled=True, n_clusters=2)).to_pylist()
     assert out == [
         {"key": "a", "reason": "semantic_duplicate", "duplicate_of": "c", "duplicate_group": "semantic:c"},
         {"key": "b", "reason": "semantic_duplicate", "duplicate_of": "c", "duplicate_group": "semantic:c"},
@@ -35,7 +35,7 @@ def test_exact_outcome_on_a_tiny_set():
 @pytest.mark.parametrize("max_flat", [1024, 2], ids=["flat", "tree"])
 def test_planted_duplicates_are_found_like_all_pairs_search_and_order_does_not_matter(max_flat):
     table = embedding_table()
-    cfg = SemanticDupConfig(enabled=True, target_cluster_size=100, kmeans_sample_size=300, max_flat_clusters=max_flat)
+    cfg = DedupSemanticConfig(enabled=True, target_cluster_size=100, kmeans_sample_size=300, max_flat_clusters=max_flat)
     out = semantic_duplicate_decisions(table, cfg)
     assert out.num_rows > 150
     assert out.equals(brute_force(table, cfg.threshold))  # well-separated duplicates never straddle clusters
@@ -45,9 +45,9 @@ def test_planted_duplicates_are_found_like_all_pairs_search_and_order_does_not_m
 
 def test_disabled_by_default_and_needs_embeddings():
     table = embedding_table(20)
-    assert semantic_duplicate_decisions(table, SemanticDupConfig()).num_rows == 0
+    assert semantic_duplicate_decisions(table, DedupSemanticConfig()).num_rows == 0
     with pytest.raises(ValueError, match="embedding step"):
-        semantic_duplicate_decisions(table.drop_columns(["clip_embedding"]), SemanticDupConfig(enabled=True))
+        semantic_duplicate_decisions(table.drop_columns(["clip_embedding"]), DedupSemanticConfig(enabled=True))
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_disabled_by_default_and_needs_embeddings():
 )
 def test_invalid_settings_say_what_to_fix(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        SemanticDupConfig(**kwargs)
+        DedupSemanticConfig(**kwargs)
 
 
 def test_faiss_always_without_faiss_says_how_to_install():
@@ -74,7 +74,7 @@ def test_faiss_always_without_faiss_says_how_to_install():
     except ImportError:
         pass
     with pytest.raises(ValueError, match="faiss-cpu"):
-        semantic_duplicate_decisions(embedding_table(50), SemanticDupConfig(enabled=True, use_faiss="always"))
+        semantic_duplicate_decisions(embedding_table(50), DedupSemanticConfig(enabled=True, use_faiss="always"))
 
 
 def test_cluster_assignment_scores_in_bounded_blocks(monkeypatch):
@@ -113,7 +113,7 @@ def test_two_level_tree_assigns_each_row_its_best_fine_centroid_under_its_best_c
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3_000, 16))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    cfg = SemanticDupConfig(enabled=True, max_flat_clusters=10, kmeans_iterations=5)
+    cfg = DedupSemanticConfig(enabled=True, max_flat_clusters=10, kmeans_iterations=5)
     tree = fit_tree(x, 50, cfg)
     assert len(tree) == 50 and tree.coarse is not None and len(tree.coarse) <= 8  # ceil(sqrt(50))
     assert tree.offsets[0] == 0 and tree.offsets[-1] == 50 and (np.diff(tree.offsets) >= 1).all()

@@ -13,7 +13,7 @@ from test_dedup_against import earlier_output
 from curation import staging
 from curation.dedup.decisions import GlobalDedupInput, partition_decisions
 from curation.dedup.eval_overlap import EVAL_OVERLAP, EvalSet
-from curation.dedup.semantic import SemanticDupConfig
+from curation.dedup.semantic import DedupSemanticConfig
 from curation.dedup.steps import DedupContext, DedupSemantic, run_global_dedup
 from infra import storage
 
@@ -74,7 +74,7 @@ def test_ray_semantic_dedup_equals_the_in_process_step(ray_local, tmp_path):
     earlier, ev = earlier_and_eval(tmp_path, inp)
     # ~8 clusters of ~100 rows (a two-level tree: 3 coarse), each dealt into 3 blocks: units of two
     # blocks, never a whole cluster
-    cfg = SemanticDupConfig(
+    cfg = DedupSemanticConfig(
         enabled=True, target_cluster_size=100, kmeans_sample_size=300, block_rows=40, max_flat_clusters=3
     )
     step = DedupSemantic(cfg)

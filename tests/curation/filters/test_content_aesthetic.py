@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from curation.filters.aesthetic import LOW_AESTHETIC, AestheticScoreConfig, ContentAesthetic
-from curation.filters.clip_embedding import ClipEmbeddingConfig
+from curation.filters.aesthetic import LOW_AESTHETIC, ContentAesthetic, ContentAestheticConfig
+from curation.filters.clip_embedding import ContentEmbeddingConfig
 from curation.filters.model import WeightsUnavailableError
 from curation.filters.thresholds import NOT_MEASURED
 from curation.steps import run_steps_locally
 from tests.curation.filters.test_content_nsfw import PortedDetector, table_of, unit_rows, with_embeddings
 
-VIT_L14 = ClipEmbeddingConfig(model="ViT-L-14")
+VIT_L14 = ContentEmbeddingConfig(model="ViT-L-14")
 
 
 class AestheticMLP(nn.Module):
@@ -72,7 +72,7 @@ def test_the_file_has_the_v2_keys(predictor):
 @pytest.mark.parametrize("name", ["sac+logos+ava1-l14-linearMSE.pth", "aesthetic.safetensors"])
 def test_the_step_scores_as_the_predictor_does_and_stores_every_score(predictor, name):
     model, folder = predictor
-    step = ContentAesthetic(AestheticScoreConfig(weights=str(folder / name), batch_size=4), VIT_L14)
+    step = ContentAesthetic(ContentAestheticConfig(weights=str(folder / name), batch_size=4), VIT_L14)
     step.check()
     emb = unit_rows(9, seed=3)
     out = run_steps_locally(with_embeddings(table_of(9), emb, missing=(0,)), [step])
@@ -88,10 +88,10 @@ def test_the_step_scores_as_the_predictor_does_and_stores_every_score(predictor,
 def test_min_score_drops_the_rows_below_it(predictor):
     _, folder = predictor
     emb = unit_rows(20, seed=4)
-    plain = ContentAesthetic(AestheticScoreConfig(weights=str(folder / "aesthetic.safetensors")), VIT_L14)
+    plain = ContentAesthetic(ContentAestheticConfig(weights=str(folder / "aesthetic.safetensors")), VIT_L14)
     scores = run_steps_locally(with_embeddings(table_of(20), emb), [plain]).column("aesthetic_score").to_pylist()
     floor = float(np.median(scores))
-    step = ContentAesthetic(AestheticScoreConfig(weights=plain.cfg.weights, min_score=floor), VIT_L14)
+    step = ContentAesthetic(ContentAestheticConfig(weights=plain.cfg.weights, min_score=floor), VIT_L14)
     reasons = run_steps_locally(with_embeddings(table_of(20), emb), [step]).column("reason").to_pylist()
     assert reasons == [LOW_AESTHETIC if s < floor else None for s in scores]
     assert 0 < reasons.count(LOW_AESTHETIC) < 20
@@ -106,12 +106,12 @@ def test_min_score_drops_the_rows_below_it(predictor):
 
 def test_missing_or_mismatched_weights_are_one_line_naming_the_setting_or_file(tmp_path):
     with pytest.raises(WeightsUnavailableError, match=r"^content\.aesthetic\.weights is not set") as err:
-        ContentAesthetic(AestheticScoreConfig(), VIT_L14).check()
+        ContentAesthetic(ContentAestheticConfig(), VIT_L14).check()
     assert "\n" not in str(err.value) and "content.aesthetic.enabled=false" in str(err.value)
     nsfw = tmp_path / "clip_autokeras_binary_nsfw.pth"
     torch.save(PortedDetector().state_dict(), nsfw)
     with pytest.raises(ValueError) as err:
-        ContentAesthetic(AestheticScoreConfig(weights=str(nsfw)), VIT_L14).check()
+        ContentAesthetic(ContentAestheticConfig(weights=str(nsfw)), VIT_L14).check()
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"content.aesthetic.weights={str(nsfw)!r}: not LAION's aesthetic")
     assert "it holds norm.mean [768], norm.variance [768], linear_1.weight [64, 768]" in message
@@ -120,4 +120,4 @@ def test_missing_or_mismatched_weights_are_one_line_naming_the_setting_or_file(t
     with pytest.raises(
         ValueError, match=r"takes 32-d embeddings, and content\.embedding\.model='ViT-L-14' gives 768-d"
     ):
-        ContentAesthetic(AestheticScoreConfig(weights=str(small)), VIT_L14).check()
+        ContentAesthetic(ContentAestheticConfig(weights=str(small)), VIT_L14).check()

@@ -9,13 +9,13 @@ import torch
 
 from curation.filters.artistic import (
     ARTISTIC,
-    ArtisticFilterConfig,
     ContentArtistic,
+    ContentArtisticConfig,
     PromptSet,
     class_embeddings,
     zero_shot,
 )
-from curation.filters.clip_embedding import ClipEmbeddingConfig, ContentEmbedding
+from curation.filters.clip_embedding import ContentEmbedding, ContentEmbeddingConfig
 from curation.filters.model import LinearHead
 from curation.schema import BASE_FIELDS
 from curation.steps import run_steps_locally
@@ -114,8 +114,8 @@ def _embedded_batch(embeddings: dict[str, np.ndarray | None], not_pending: dict[
 
 
 def test_step_annotates_pending_rows_only(prompts):
-    cfg = ArtisticFilterConfig(enabled=True, natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, threshold=0.5)
-    step = ContentArtistic(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
+    cfg = ContentArtisticConfig(enabled=True, natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, threshold=0.5)
+    step = ContentArtistic(cfg, ContentEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     batch = _embedded_batch(
         {"photo": e(1), "painting": e(0, 1), "cartoon": e(0, 0, 1), "no_embedding": None},
         not_pending={"ended": "too_small"},
@@ -138,8 +138,8 @@ def test_step_annotates_pending_rows_only(prompts):
 
 def test_step_needs_the_embedding_column(prompts):
     step = ContentArtistic(
-        ArtisticFilterConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL),
-        ClipEmbeddingConfig(),
+        ContentArtisticConfig(natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL),
+        ContentEmbeddingConfig(),
         prompt_embeddings=prompt_embeddings(prompts),
     )
     batch = pa.Table.from_pylist(
@@ -162,10 +162,10 @@ def test_linear_head_file_replaces_the_score(tmp_path, prompts, suffix):
         from safetensors.torch import save_file
 
         save_file(state, str(path))
-    cfg = ArtisticFilterConfig(
+    cfg = ContentArtisticConfig(
         natural_prompts=NATURAL, non_natural_prompts=NON_NATURAL, head_weights=str(path), threshold=0.9
     )
-    step = ContentArtistic(cfg, ClipEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
+    step = ContentArtistic(cfg, ContentEmbeddingConfig(), prompt_embeddings=prompt_embeddings(prompts))
     out = run_steps_locally(_embedded_batch({"a": e(1), "b": e(0, 1), "c": e(1, 1)}, {}), [step])
     scores = out.column("artistic_score").to_pylist()
     want = 1 / (1 + np.exp(-8 * (np.array([0, 1, 0]) - np.array([1, 0, 0]))))
@@ -197,14 +197,14 @@ def test_two_logit_head_and_bad_heads(tmp_path):
 
 def test_real_clip_path_scores_real_images(tiny_clip_dir, real_images, batch_of):
     """Prompts encoded by the CLIP text tower loaded from the checkpoint; scores of the right shape."""
-    clip = ClipEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}")
+    clip = ContentEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}")
     names = ["obama", "starry_night", "zidane", "basketball1"]
     batch = batch_of({k: real_images[k] for k in names}, not_pending={"ended": "too_small"})
-    out = run_steps_locally(batch, [ContentEmbedding(clip), ContentArtistic(ArtisticFilterConfig(), clip)])
+    out = run_steps_locally(batch, [ContentEmbedding(clip), ContentArtistic(ContentArtisticConfig(), clip)])
     scores = out.column("artistic_score").to_pylist()
     labels = out.column("artistic_label").to_pylist()
     assert all(0.0 <= s <= 1.0 for s in scores[:4]) and scores[4] is None
-    classes = set(ArtisticFilterConfig().natural_prompts) | set(ArtisticFilterConfig().non_natural_prompts)
+    classes = set(ContentArtisticConfig().natural_prompts) | set(ContentArtisticConfig().non_natural_prompts)
     assert set(labels[:4]) <= classes and labels[4] is None
     # a random model decides nothing meaningful; the reasons are exactly those its scores imply
     assert out.column("reason").to_pylist()[:4] == [ARTISTIC if s >= 0.5 else None for s in scores[:4]]

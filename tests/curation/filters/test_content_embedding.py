@@ -7,9 +7,9 @@ import pyarrow as pa
 import pytest
 
 from curation.filters.clip_embedding import (
-    ClipEmbeddingConfig,
     ClipModel,
     ContentEmbedding,
+    ContentEmbeddingConfig,
     check_clip_config,
     encode_prompts,
 )
@@ -36,7 +36,7 @@ def photos(real_images):
 
 
 def test_local_dir_checkpoint_batched(tiny_clip_dir, photos, batch_of, column_by_key):
-    cfg = ClipEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}", batch_size=3)  # 7 images: chunks of 3
+    cfg = ContentEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}", batch_size=3)  # 7 images: chunks of 3
     check_clip_config(cfg)
     batch = batch_of(photos, not_pending={"dropped_earlier": "too_small"}, undecodable=("broken",))
     out = run_steps_locally(batch, [ContentEmbedding(cfg)])
@@ -59,7 +59,7 @@ def test_local_dir_checkpoint_batched(tiny_clip_dir, photos, batch_of, column_by
 
 def test_named_architecture_with_pt_file(tiny_clip_named, photos, batch_of):
     name, weights = tiny_clip_named
-    cfg = ClipEmbeddingConfig(model=name, weights=str(weights), batch_size=4)
+    cfg = ContentEmbeddingConfig(model=name, weights=str(weights), batch_size=4)
     check_clip_config(cfg)
     out = run_steps_locally(batch_of(photos), [ContentEmbedding(cfg)])
     got = np.array(out.column("clip_embedding").to_pylist(), np.float32)
@@ -70,7 +70,7 @@ def test_named_architecture_with_pt_file(tiny_clip_named, photos, batch_of):
 
 
 def test_prompt_embeddings(tiny_clip_dir):
-    cfg = ClipEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}")
+    cfg = ContentEmbeddingConfig(model=f"local-dir:{tiny_clip_dir}")
     emb = encode_prompts(cfg, ["a photo of a person", "an oil painting", "a cartoon"])
     assert emb.shape == (3, 32) and emb.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
@@ -84,12 +84,12 @@ def test_missing_or_unset_weights_are_startup_errors(tmp_path, tiny_clip_named):
         match=r"content\.embedding\.weights is not set.*"
         r"content\.embedding\.enabled=false",
     ):
-        check_clip_config(ClipEmbeddingConfig(model="ViT-B-32"))
+        check_clip_config(ContentEmbeddingConfig(model="ViT-B-32"))
     with pytest.raises(FileNotFoundError, match="no such file"):
-        check_clip_config(ClipEmbeddingConfig(model=name, weights=str(tmp_path / "missing.pt")))
+        check_clip_config(ContentEmbeddingConfig(model=name, weights=str(tmp_path / "missing.pt")))
     with pytest.raises(ValueError, match="no open_clip_config.json"):
-        check_clip_config(ClipEmbeddingConfig(model=f"local-dir:{tmp_path}"))
+        check_clip_config(ContentEmbeddingConfig(model=f"local-dir:{tmp_path}"))
     with pytest.raises(ValueError, match="not an open_clip architecture"):
-        check_clip_config(ClipEmbeddingConfig(model="ViT-Q-99", weights="x.pt"))
+        check_clip_config(ContentEmbeddingConfig(model="ViT-Q-99", weights="x.pt"))
     # a known pretrained tag passes the start-up check (each worker downloads it where it can)
-    check_clip_config(ClipEmbeddingConfig(model="ViT-B-32", weights="openai"))
+    check_clip_config(ContentEmbeddingConfig(model="ViT-B-32", weights="openai"))

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-from curation.filters.clip_embedding import ClipEmbeddingConfig
+from curation.filters.clip_embedding import ContentEmbeddingConfig
 from curation.filters.model import WeightsUnavailableError
-from curation.filters.nsfw import NSFW, ContentNsfw, NsfwFilterConfig
+from curation.filters.nsfw import NSFW, ContentNsfw, ContentNsfwConfig
 from curation.filters.thresholds import NOT_MEASURED
 from curation.schema import BASE_FIELDS
 from curation.steps import run_steps_locally
 
-VIT_L14 = ClipEmbeddingConfig(model="ViT-L-14")  # its width, 768, comes from open_clip's config
+VIT_L14 = ContentEmbeddingConfig(model="ViT-L-14")  # its width, 768, comes from open_clip's config
 
 
 class Normalization(nn.Module):
@@ -81,7 +81,7 @@ def table_of(n: int) -> pa.Table:
 @pytest.mark.parametrize("name", ["clip_autokeras_binary_nsfw.pth", "nsfw.safetensors"])
 def test_the_step_scores_as_the_port_does(detector, name):
     model, folder = detector
-    cfg = NsfwFilterConfig(weights=str(folder / name), batch_size=3, threshold=0.5)
+    cfg = ContentNsfwConfig(weights=str(folder / name), batch_size=3, threshold=0.5)
     step = ContentNsfw(cfg, VIT_L14)
     step.check()
     emb = unit_rows(7)
@@ -100,7 +100,7 @@ def test_the_step_scores_as_the_port_does(detector, name):
 
 def test_enabled_without_weights_is_one_line_naming_the_setting():
     with pytest.raises(WeightsUnavailableError) as err:
-        ContentNsfw(NsfwFilterConfig(), VIT_L14).check()
+        ContentNsfw(ContentNsfwConfig(), VIT_L14).check()
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith("content.nsfw.weights is not set")
@@ -112,7 +112,7 @@ def test_a_file_of_another_layout_is_named_with_what_it_holds(tmp_path):
     path = tmp_path / "sac+logos+ava1-l14-linearMSE.pth"
     torch.save({f"layers.{k}": v for k, v in aesthetic.state_dict().items()}, path)  # its Sequential is `layers`
     with pytest.raises(ValueError) as err:
-        ContentNsfw(NsfwFilterConfig(weights=str(path)), VIT_L14).check()
+        ContentNsfw(ContentNsfwConfig(weights=str(path)), VIT_L14).check()
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"content.nsfw.weights={str(path)!r}: not LAION's CLIP NSFW detector")
@@ -123,17 +123,17 @@ def test_a_head_for_another_clip_width_is_refused_at_start_up(tmp_path):
     torch.manual_seed(1)
     path = tmp_path / "nsfw_b32.pth"
     torch.save(PortedDetector((512, 32, 32, 1)).state_dict(), path)  # LAION's ViT-B/32 port: same keys
-    cfg = NsfwFilterConfig(weights=str(path))
+    cfg = ContentNsfwConfig(weights=str(path))
     with pytest.raises(
         ValueError, match=r"takes 512-d embeddings, and content\.embedding\.model='ViT-L-14' gives 768-d"
     ):
         ContentNsfw(cfg, VIT_L14).check()
-    ContentNsfw(cfg, ClipEmbeddingConfig(model="ViT-B-32")).check()
+    ContentNsfw(cfg, ContentEmbeddingConfig(model="ViT-B-32")).check()
 
 
 def test_settings_and_the_disabled_report(detector):
     _, folder = detector
-    cfg = NsfwFilterConfig(weights=str(folder / "nsfw.safetensors"), threshold=0.3)
+    cfg = ContentNsfwConfig(weights=str(folder / "nsfw.safetensors"), threshold=0.3)
     assert ContentNsfw(cfg).describe() == {
         "name": "content.nsfw",
         "applied": True,
@@ -141,7 +141,7 @@ def test_settings_and_the_disabled_report(detector):
         "weights": cfg.weights,
         "threshold_source": NOT_MEASURED,  # not LAION's 0.5, and no calibration record
     }
-    off = ContentNsfw(NsfwFilterConfig(enabled=False)).describe()
+    off = ContentNsfw(ContentNsfwConfig(enabled=False)).describe()
     assert off["applied"] is False and off["disabled_by"] == "content.nsfw.enabled=false"
     with pytest.raises(ValueError, match=r"content\.nsfw\.threshold=1\.5: a probability"):
-        ContentNsfw(NsfwFilterConfig(weights=cfg.weights, threshold=1.5)).check()
+        ContentNsfw(ContentNsfwConfig(weights=cfg.weights, threshold=1.5)).check()

@@ -10,7 +10,7 @@ from curation.filters.text import (
     TEXT,
     WATERMARK_TEXT,
     ContentText,
-    TextFilterConfig,
+    ContentTextConfig,
     TextMeasures,
     classify_box,
     measure_text,
@@ -48,7 +48,7 @@ def ocr_result(real_images, render, batch_of):
         }
     )
     batch = batch_of(cases, not_pending={"already_dropped": "no_salient_person"}, undecodable=("broken",))
-    step = ContentText(TextFilterConfig())
+    step = ContentText(ContentTextConfig())
     return batch, run_steps_locally(batch, [step])
 
 
@@ -56,7 +56,7 @@ def test_clean_photos_pass(ocr_result, column_by_key):
     _, out = ocr_result
     reason, cov, mark = (column_by_key(out, c) for c in ("reason", "text_coverage", "text_watermark"))
     assert {k: reason[k] for k in CLEAN} == {k: None for k in CLEAN}
-    assert all(cov[k] < TextFilterConfig().coverage_threshold for k in CLEAN)
+    assert all(cov[k] < ContentTextConfig().coverage_threshold for k in CLEAN)
     assert not any(mark[k] for k in CLEAN)
 
 
@@ -112,7 +112,7 @@ def test_undecodable_image_bytes_become_a_row_error(batch_of, real_images):
     images = batch.column("image").to_pylist()
     images[1] = b"\xff\xd8 not really a jpeg"
     batch = batch.set_column(batch.schema.get_field_index("image"), "image", pa.array(images, pa.binary()))
-    out = run_steps_locally(batch, [ContentText(TextFilterConfig())])
+    out = run_steps_locally(batch, [ContentText(ContentTextConfig())])
     assert out.column("reason").to_pylist() == [None, DECODE_FAILED]
     assert out.column("error_message").to_pylist()[1].startswith("content.text: ")
     assert pending_mask(out) == [True, False]
@@ -148,11 +148,11 @@ def _box(x0, y0, x1, y1, angle=0.0):
     ],
 )
 def test_box_kinds(box, kind):
-    assert classify_box(box, W, H, TextFilterConfig()) == kind
+    assert classify_box(box, W, H, ContentTextConfig()) == kind
 
 
 def test_reasons_from_measures():
-    cfg = TextFilterConfig()
+    cfg = ContentTextConfig()
     assert text_reason(TextMeasures(), cfg) is None
     assert text_reason(TextMeasures(coverage=0.049, box_count=3), cfg) is None
     assert text_reason(TextMeasures(coverage=0.05, box_count=3), cfg) == TEXT
@@ -163,12 +163,12 @@ def test_reasons_from_measures():
     assert text_reason(TextMeasures(coverage=0.2, box_count=1, diagonal=True), cfg) == WATERMARK_TEXT
     # a caption touching the bottom edge is text, not a watermark
     assert text_reason(TextMeasures(coverage=0.1, box_count=2, caption=True, edge_mark=True), cfg) == TEXT
-    keep = TextFilterConfig(drop_watermark_text=False)
+    keep = ContentTextConfig(drop_watermark_text=False)
     assert text_reason(TextMeasures(coverage=0.01, box_count=1, edge_mark=True), keep) is None
 
 
 def test_coverage_is_the_union_of_boxes():
-    cfg = TextFilterConfig()
+    cfg = ContentTextConfig()
     a = _box(0, 0, 100, 80)
     m = measure_text([a, a.copy(), _box(500, 400, 600, 480)], W, H, cfg)
     assert m.box_count == 3
@@ -183,4 +183,4 @@ def test_running_out_of_memory_while_decoding_fails_the_batch(batch_of, real_ima
 
     monkeypatch.setattr(Image.Image, "convert", out_of_memory)
     with pytest.raises(MemoryError):
-        run_steps_locally(batch_of({"fine": real_images["obama2"]}), [ContentText(TextFilterConfig())])
+        run_steps_locally(batch_of({"fine": real_images["obama2"]}), [ContentText(ContentTextConfig())])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from curation.filters.model import WeightsUnavailableError
-from curation.filters.watermark import WATERMARK, ContentWatermark, WatermarkFilterConfig, build_classifier
+from curation.filters.watermark import WATERMARK, ContentWatermark, ContentWatermarkConfig, build_classifier
 from curation.steps import run_steps_locally
 
 PHOTOS = ["obama", "messi5", "starry_night"]
@@ -49,7 +49,7 @@ def test_head_has_the_laion_layout(laion_layout_weights):
 
 def test_classifier_checkpoint_scores_real_images_batched(laion_layout_weights, real_images, batch_of):
     model, path = laion_layout_weights
-    cfg = WatermarkFilterConfig(weights=str(path), batch_size=2)  # 3 images: batches of 2 and 1
+    cfg = ContentWatermarkConfig(weights=str(path), batch_size=2)  # 3 images: batches of 2 and 1
     ContentWatermark(cfg).check()
     batch = batch_of({k: real_images[k] for k in PHOTOS}, not_pending={"ended": "too_small"}, undecodable=("broken",))
     out = run_steps_locally(batch, [ContentWatermark(cfg)])
@@ -89,9 +89,9 @@ def test_threshold_decides(tmp_path, small_weights, real_images, batch_of):
     torch.save(state, path)
     batch = batch_of({k: real_images[k] for k in ["obama", "zidane"]}, not_pending={"ended": "too_small"})
     small = dict(weights=str(path), backbone="mobilenetv3_small_050")
-    out = run_steps_locally(batch, [ContentWatermark(WatermarkFilterConfig(**small))])
+    out = run_steps_locally(batch, [ContentWatermark(ContentWatermarkConfig(**small))])
     assert out.column("reason").to_pylist() == [WATERMARK, WATERMARK, "too_small"]
-    out = run_steps_locally(batch, [ContentWatermark(WatermarkFilterConfig(**small, watermark_class=1))])
+    out = run_steps_locally(batch, [ContentWatermark(ContentWatermarkConfig(**small, watermark_class=1))])
     assert out.column("reason").to_pylist() == [None, None, "too_small"]
 
 
@@ -106,13 +106,13 @@ def test_clip_head_alone_and_combined(tmp_path, small_weights, real_images, batc
     )
     sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
 
-    out = run_steps_locally(batch, [ContentWatermark(WatermarkFilterConfig(clip_head_weights=str(head)))])
+    out = run_steps_locally(batch, [ContentWatermark(ContentWatermarkConfig(clip_head_weights=str(head)))])
     np.testing.assert_allclose(out.column("watermark_score").to_pylist(), [sig(3.0), sig(-3.0)], rtol=1e-5)
     assert out.column("reason").to_pylist() == [WATERMARK, None]
 
     small = dict(weights=str(classifier), backbone="mobilenetv3_small_050")
-    alone = run_steps_locally(batch, [ContentWatermark(WatermarkFilterConfig(**small))])
-    both_cfg = WatermarkFilterConfig(**small, clip_head_weights=str(head))
+    alone = run_steps_locally(batch, [ContentWatermark(ContentWatermarkConfig(**small))])
+    both_cfg = ContentWatermarkConfig(**small, clip_head_weights=str(head))
     both = run_steps_locally(batch, [ContentWatermark(both_cfg)])
     want = np.maximum(alone.column("watermark_score").to_pylist(), [sig(3.0), sig(-3.0)])
     np.testing.assert_allclose(both.column("watermark_score").to_pylist(), want, rtol=1e-5)
@@ -120,7 +120,7 @@ def test_clip_head_alone_and_combined(tmp_path, small_weights, real_images, batc
 
 def test_mismatched_weights_and_missing_files_are_clear_errors(tmp_path, laion_layout_weights):
     _, path = laion_layout_weights
-    step = ContentWatermark(WatermarkFilterConfig(weights=str(path), backbone="resnet18"))
+    step = ContentWatermark(ContentWatermarkConfig(weights=str(path), backbone="resnet18"))
     with pytest.raises(ValueError, match=r"does not fit content\.watermark\.backbone='resnet18'"):
         step.setup()
     with pytest.raises(
@@ -128,6 +128,6 @@ def test_mismatched_weights_and_missing_files_are_clear_errors(tmp_path, laion_l
         match=r"content\.watermark\.weights is not set.*"
         r"content\.watermark\.enabled=false",
     ):
-        ContentWatermark(WatermarkFilterConfig()).check()
+        ContentWatermark(ContentWatermarkConfig()).check()
     with pytest.raises(FileNotFoundError, match=r"content\.watermark\.weights='.*nope\.pt': no such file"):
-        ContentWatermark(WatermarkFilterConfig(weights=str(tmp_path / "nope.pt"))).check()
+        ContentWatermark(ContentWatermarkConfig(weights=str(tmp_path / "nope.pt"))).check()

@@ -15,7 +15,7 @@ from curation import schema
 from curation.config import DecodeConfig
 from curation.decode import Decode
 from curation.dedup.steps import DedupContext, DedupNear, candidate_columns, run_dedup
-from curation.filters.quality import BADLY_EXPOSED, BLURRED, ImageQualityConfig, Quality, sharpness
+from curation.filters.quality import BADLY_EXPOSED, BLURRED, Quality, QualityConfig, sharpness
 from curation.recipe import HUMANS1B, CurationConfig, weightless_content_filters
 from curation.steps import BuiltRecipe, run_steps_locally
 from infra.config import load_config
@@ -56,8 +56,8 @@ def decoded(files: dict[str, bytes]) -> pa.Table:
     return Decode(DecodeConfig()).process(pa.Table.from_pylist(rows, schema=schema.RAW_SCHEMA))
 
 
-def measured(files: dict[str, bytes], cfg: ImageQualityConfig | None = None) -> dict[str, dict]:
-    table = run_steps_locally(decoded(files), [Quality(cfg or ImageQualityConfig())])
+def measured(files: dict[str, bytes], cfg: QualityConfig | None = None) -> dict[str, dict]:
+    table = run_steps_locally(decoded(files), [Quality(cfg or QualityConfig())])
     return {r["key"]: r for r in table.to_pylist()}
 
 
@@ -105,7 +105,7 @@ def test_reasons_only_when_told_and_only_on_pending_rows(photos):
     rows = measured(files)
     assert {k: r["reason"] for k, r in rows.items()} == dict.fromkeys(files)  # by default it only ranks
     assert {k: r["rank_quality"] for k, r in rows.items()} == {"sharp": 0, "blurred": 1, "blown": 1}
-    dropping = ImageQualityConfig(drop_blurred=True, drop_badly_exposed=True)
+    dropping = QualityConfig(drop_blurred=True, drop_badly_exposed=True)
     assert {k: r["reason"] for k, r in measured(files, dropping).items()} == {
         "sharp": None,
         "blurred": BLURRED,
@@ -133,7 +133,7 @@ def test_a_family_of_an_original_and_its_blurred_copy_keeps_the_original(photos)
         "b_blurred.png": (lambda b: (blurred.save(b, "PNG"), b.getvalue())[1])(io.BytesIO()),
         "z_original.jpg": _jpeg(im, quality=85),
     }
-    table = run_steps_locally(decoded(files), [Quality(ImageQualityConfig())])
+    table = run_steps_locally(decoded(files), [Quality(QualityConfig())])
     steps = [DedupNear.from_config(CurationConfig())]
     columns, _ = candidate_columns(steps, {*Decode.writes, *Quality.writes})
     assert "rank_quality" in columns

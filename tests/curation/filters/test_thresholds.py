@@ -7,13 +7,13 @@ import warnings
 
 import pytest
 
-from curation.filters.aesthetic import AestheticScoreConfig, ContentAesthetic
-from curation.filters.artistic import ArtisticFilterConfig, ContentArtistic
-from curation.filters.clip_embedding import ClipEmbeddingConfig
-from curation.filters.nsfw import ContentNsfw, NsfwFilterConfig
+from curation.filters.aesthetic import ContentAesthetic, ContentAestheticConfig
+from curation.filters.artistic import ContentArtistic, ContentArtisticConfig
+from curation.filters.clip_embedding import ContentEmbeddingConfig
+from curation.filters.nsfw import ContentNsfw, ContentNsfwConfig
 from curation.filters.person import Detector, DetectorConfig
 from curation.filters.thresholds import NOT_MEASURED, Published, UncalibratedThresholdWarning, threshold_source
-from curation.filters.watermark import ContentWatermark, WatermarkFilterConfig
+from curation.filters.watermark import ContentWatermark, ContentWatermarkConfig
 from tests.curation.filters.test_content_config import aesthetic_layout, nsfw_layout, random_head
 
 
@@ -45,45 +45,45 @@ def test_a_source_is_the_record_then_a_published_value():
 
 
 def test_nsfw_at_laions_value_is_quiet_and_says_so(heads):
-    step = ContentNsfw(NsfwFilterConfig(weights=heads["nsfw"]))
+    step = ContentNsfw(ContentNsfwConfig(weights=heads["nsfw"]))
     assert start_up(step) == []
     assert step.describe()["threshold_source"].startswith("LAION's cut-off with this detector")
-    step = ContentNsfw(NsfwFilterConfig(weights=heads["nsfw"], threshold=0.3))
+    step = ContentNsfw(ContentNsfwConfig(weights=heads["nsfw"], threshold=0.3))
     (message,) = start_up(step)
     assert message.startswith("content.nsfw.threshold=0.3 says nowhere what it was measured on")
     assert "python pipelines/calibrate.py nsfw" in message and "content.nsfw.calibration" in message
     assert step.describe()["threshold_source"] == NOT_MEASURED
-    step = ContentNsfw(NsfwFilterConfig(weights=heads["nsfw"], threshold=0.3, calibration="200 images, P 0.97"))
+    step = ContentNsfw(ContentNsfwConfig(weights=heads["nsfw"], threshold=0.3, calibration="200 images, P 0.97"))
     assert start_up(step) == []
     assert step.describe()["threshold_source"] == "calibration: 200 images, P 0.97"
 
 
 def test_artistic_is_off_by_default_and_warns_when_enabled_uncalibrated(heads):
-    assert not ArtisticFilterConfig().enabled
-    clip = ClipEmbeddingConfig(model="ViT-B-32")
-    step = ContentArtistic(ArtisticFilterConfig(enabled=True), clip)
+    assert not ContentArtisticConfig().enabled
+    clip = ContentEmbeddingConfig(model="ViT-B-32")
+    step = ContentArtistic(ContentArtisticConfig(enabled=True), clip)
     (message,) = start_up(step)
     assert message.startswith("content.artistic.threshold=0.5 says nowhere what it was measured on")
     assert "python pipelines/calibrate.py artistic" in message and "content.artistic.enabled=false" in message
-    step = ContentArtistic(ArtisticFilterConfig(enabled=True, calibration="x"), clip)
+    step = ContentArtistic(ContentArtisticConfig(enabled=True, calibration="x"), clip)
     assert start_up(step) == []
 
 
 def test_watermark_laions_value_holds_for_its_classifier_only(heads, tmp_path):
     classifier = tmp_path / "watermark_model_v1.pt"
     classifier.write_bytes(b"")  # the start-up check looks for the file; the model loads in setup
-    assert start_up(ContentWatermark(WatermarkFilterConfig(weights=str(classifier)))) == []
-    with_head = ContentWatermark(WatermarkFilterConfig(weights=str(classifier), clip_head_weights=heads["clip_head"]))
+    assert start_up(ContentWatermark(ContentWatermarkConfig(weights=str(classifier)))) == []
+    with_head = ContentWatermark(ContentWatermarkConfig(weights=str(classifier), clip_head_weights=heads["clip_head"]))
     (message,) = start_up(with_head)
     assert message.startswith("content.watermark.threshold=0.8 says nowhere")
 
 
 def test_aesthetic_scores_only_by_default_and_knows_laions_cut_offs(heads):
-    step = ContentAesthetic(AestheticScoreConfig(weights=heads["aesthetic"]))
+    step = ContentAesthetic(ContentAestheticConfig(weights=heads["aesthetic"]))
     assert start_up(step) == []
     assert step.describe()["threshold_source"].startswith("no threshold")
-    assert start_up(ContentAesthetic(AestheticScoreConfig(weights=heads["aesthetic"], min_score=6.5))) == []
-    (message,) = start_up(ContentAesthetic(AestheticScoreConfig(weights=heads["aesthetic"], min_score=4.0)))
+    assert start_up(ContentAesthetic(ContentAestheticConfig(weights=heads["aesthetic"], min_score=6.5))) == []
+    (message,) = start_up(ContentAesthetic(ContentAestheticConfig(weights=heads["aesthetic"], min_score=4.0)))
     assert message.startswith("content.aesthetic.min_score=4.0 says nowhere")
 
 
