@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from pathlib import Path
 
@@ -29,17 +28,19 @@ from evaluation.spec import settings_from_spec
 from evaluation.tasks import TASKS, TaskData
 from evaluation.visualize import save_png
 from models.io import save_state_dict_file
+from training.schedules import cosine
 
 log = logging.getLogger("evaluation")
 HISTORY_EVERY = 10
 
 
 def warmup_cosine(step: int, total: int, warmup: int) -> float:
-    """Learning-rate factor: linear warm-up to 1, then cosine decay to 0 at ``total``."""
+    """Learning-rate factor: linear warm-up to 1, then cosine decay to 0 at step ``total`` (one past
+    the last step, the common fine-tuning convention; pretraining's ``training.schedules.
+    warmup_cosine`` reaches its final value at the last step, as DINO's schedules do)."""
     if step < warmup:
         return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return cosine(step - warmup, max(1, total - warmup), 1.0, 0.0)
 
 
 def _batches(loader: DataLoader):
