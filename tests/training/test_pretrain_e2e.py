@@ -125,7 +125,8 @@ def test_balanced_sampling_trains_the_tiny_model_on_the_demos_own_clusters(runs,
     """``pipelines/pretrain.py ... data.sampling.policy=balanced`` on the session's curated demo, whose
     ``clusters`` step (configs/curate_demo.yaml) wrote ``cluster_l0``/``cluster_l1`` and clusters.json:
     in this process on the session's Ray, it trains, draws only the version's samples, and records
-    the policy and its acceptance."""
+    the policy and its acceptance. It also runs the real sizes' parallel settings (bf16, activation
+    checkpointing, one FSDP unit per block over the two ranks), which the CPU configs turn off."""
     import json
     import sys
 
@@ -144,6 +145,7 @@ def test_balanced_sampling_trains_the_tiny_model_on_the_demos_own_clusters(runs,
     settings = [f"data.dataset={version}", f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}", f"storage_path={tmp}"]
     settings += [f"steps={steps}", f"checkpoint.every={steps}", "metrics.log_every=1", "metrics.images_every=0"]
     settings += ["record_batch_keys=true", "run_name=balanced", "data.sampling.policy=balanced"]
+    settings += ["parallel.precision=bf16", "parallel.activation_checkpointing=true", "parallel.shard_blocks=true"]
     in_process([sys.executable, str(REPO / "pipelines" / "pretrain.py"), "--config", str(TINY), *settings])
     client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])

@@ -141,7 +141,9 @@ def test_fsdp2_wrapping_in_a_one_rank_group_trains_in_bf16_with_checkpointing(ba
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
-        cfg = tiny_config("parallel.precision=bf16", "parallel.activation_checkpointing=true")
+        cfg = tiny_config(
+            "parallel.precision=bf16", "parallel.activation_checkpointing=true", "parallel.shard_blocks=true"
+        )
         arch, opt = build(cfg, torch.device("cpu"), 1)
         assert isinstance(arch, FSDPModule) and isinstance(arch.student["backbone"].blocks[0], FSDPModule)
         assert isinstance(arch.teacher["backbone"].blocks[0], FSDPModule)
