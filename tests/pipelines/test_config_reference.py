@@ -16,7 +16,7 @@ from typing import Literal
 import pytest
 
 from pipelines import config_reference
-from pipelines.config_reference import JOBS, JobReference, render
+from pipelines.config_reference import JOBS, JobReference, anchors, render
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "configuration.md"
@@ -93,6 +93,14 @@ def test_dag_links_the_stage_sections_instead_of_repeating_them():
     assert not re.search(r"^\| `(curate|pretrain|distill|finetune|probe|annotate)\.", dag, re.M), dag
     # the curate job's own part has the keys, without the DAG's prefix
     assert "| `detector.score_threshold` | `float \\| None` | `null` |" in text
+
+
+def test_readme_links_into_the_reference_reach_a_heading():
+    readme = (REPO / "README.md").read_text()
+    targets = re.findall(r"docs/configuration\.md#([\w-]+)", readme)
+    assert targets, "README.md links no part of docs/configuration.md"
+    missing = sorted(set(targets) - set(anchors(REFERENCE.read_text())))
+    assert not missing, f"README.md links to parts of docs/configuration.md that do not exist: {missing}"
 
 
 def test_check_mode_fails_on_a_stale_file_and_passes_on_a_fresh_one(tmp_path, capsys):
