@@ -39,6 +39,12 @@ class InputConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class DecodeConfig:
+    """Safe decoding (``decode``): a header over ``max_pixels`` (Pillow's own warning limit) or a
+    file over ``max_bytes`` is recorded (``decompression_bomb``, ``file_too_large``) without being
+    decoded; transparency is flattened on ``alpha_background``; ``max_side`` > 0 resizes the long
+    side down to it; ``reencode: if_needed`` keeps untouched RGB JPEG bytes, else re-encodes at
+    ``jpeg_quality``."""
+
     max_pixels: int = 89_478_485  # Pillow's own warning limit; larger headers are rejected undecoded
     max_bytes: int = 64 * 2**20  # larger files are recorded as file_too_large without being read
     alpha_background: list[int] = field(default_factory=lambda: [255, 255, 255])

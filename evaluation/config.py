@@ -81,6 +81,10 @@ class ProbePoseConfig(ProbeTaskConfig):
 
 @dataclasses.dataclass(kw_only=True)
 class ProbeSegConfig(ProbeTaskConfig):
+    """Body-part segmentation probe (``seg``): ``num_classes`` 0 takes the synthetic set's (else
+    required for real data), ``class_names`` for per-class IoU, ``ignore_index``, ``dice_weight``
+    of the Dice term beside cross-entropy, ``class_weights`` (empty: inverse-sqrt frequency)."""
+
     num_classes: int = 0  # 0: from the synthetic set (7), else required for real data
     class_names: list[str] = field(default_factory=list)  # optional, for per-class IoU names
     ignore_index: int = 255
@@ -109,6 +113,11 @@ class SyntheticConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class BackboneConfig:
+    """The frozen backbone (``backbone``): ``name`` a registered model, ``checkpoint`` an
+    official-layout ``.safetensors``/``.pt`` (empty: random init, recorded as such),
+    ``weights_prefix`` stripped from its keys, ``pretrain_run_id`` the MLflow run that made it
+    (empty: found by the file's digest), ``dtype`` of the forward."""
+
     name: str = "sapiens2_tiny"
     checkpoint: str = ""  # official-layout .safetensors/.pt; empty = random init (recorded as such)
     weights_prefix: str = ""  # stripped from the file's keys, e.g. "backbone."
@@ -118,6 +127,10 @@ class BackboneConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class ProbeConfig:
+    """The probe suite (``pipelines/probe.py``): frozen-backbone heads for each task in ``tasks``
+    (and k-NN on the CLS token), on real data given per task or on the synthetic set, on Ray
+    Train; metrics to MLflow with the backbone's lineage."""
+
     name: str = "probe"
     output_dir: str = ""
     seed: int = 0

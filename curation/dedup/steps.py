@@ -54,6 +54,9 @@ from infra import storage
 
 @dataclasses.dataclass(kw_only=True)
 class DedupExactConfig:
+    """Exact dedup (``dedup.exact``): identical input bytes (SHA-256) keep one copy across the whole
+    run (and, with ``dedup.against``, against the earlier version's kept samples)."""
+
     enabled: bool = True  # identical input bytes keep one copy, across the whole run
 
 

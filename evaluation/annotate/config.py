@@ -72,6 +72,8 @@ class AnnotatePoseConfig(AnnotateTaskConfig):
 
 @dataclasses.dataclass(kw_only=True)
 class TasksConfig:
+    """One section per task model the job can run; each is off unless ``enabled``."""
+
     pose: AnnotatePoseConfig = field(default_factory=AnnotatePoseConfig)
     seg: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
     normal: AnnotateTaskConfig = field(default_factory=AnnotateTaskConfig)
@@ -109,11 +111,17 @@ class AnnotateDataConfig:
 
 @dataclasses.dataclass(kw_only=True)
 class GalleryConfig:
+    """The gallery page: ``samples`` drawn deterministically by key hash (0: no page)."""
+
     samples: int = 12  # samples drawn in the gallery page (deterministic: by key hash); 0 = no page
 
 
 @dataclasses.dataclass(kw_only=True)
 class AnnotateConfig:
+    """Labelling a dataset version (``pipelines/annotate.py``): each enabled task's model over
+    ``data.dataset``'s samples on Ray Data actors, outputs in ``output_dir``; a share of samples
+    missing or in error above ``max_error_share`` fails the job after writing what it could."""
+
     name: str = "annotate"
     output_dir: str = "runs/annotations"
     max_error_share: float = 0.05  # of the samples, missing or in error; more fails the job (after writing)

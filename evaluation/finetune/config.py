@@ -30,6 +30,12 @@ FINETUNE_TASKS = ("pose", "seg", "depth", "normal", "pointmap", "albedo")
 
 @dataclasses.dataclass(kw_only=True)
 class FinetuneOptim:
+    """AdamW over layer-wise lr decay groups (``optim``): ``layer_decay`` per block (embeddings
+    lowest, head 1.0), ``warmup_steps`` from ``warmup_start_factor``, then ``schedule`` (``poly``
+    with ``poly_power``, ``multistep`` at ``milestones`` (fractions of the steps) by ``gamma``, or
+    ``cosine``); ``clip_grad`` 0 = no clipping; the backbone's extra lr factor and LP-FT's frozen
+    first steps below."""
+
     lr: float = 5e-4
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.999)
